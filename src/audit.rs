@@ -1,0 +1,521 @@
+//! The audit log: append-only, hash-chained JSONL.
+//!
+//! Every line carries `prev`, the sha256 of the previous line's bytes, so an
+//! edited, deleted or reordered line breaks the chain and `runwarden audit
+//! verify` names the first line where it breaks. (Cutting lines off the end
+//! cannot be seen from inside the file; `verify` prints the head hash so it
+//! can be pinned elsewhere.)
+//!
+//! Where the write sits relative to the side effect: the `intent` line is on
+//! disk (written and fsynced) *before* a call is dispatched, and
+//! [`AuditLog::intent`] returns the [`AuditTicket`] the executor demands. If
+//! the intent cannot be persisted, nothing runs. Result lines of tier-1 calls
+//! are written but not fsynced on their own; the next synced line (the next
+//! intent, or the verdict) carries them to disk. A crash in between leaves an
+//! intent without a result, which `audit show` and the daemon report as
+//! interrupted. Everything else (tier-2 results, denials, proposals,
+//! suggestions, verdicts) is fsynced.
+//!
+//! Several processes may append to one log (the daemon and a person running
+//! `runwarden run`): each append holds an exclusive `flock` and re-reads the
+//! chain's head when the file grew under it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::gate::{Denial, Permit, Proposal};
+use crate::tools::ToolResult;
+
+/// `prev` of the first line.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Start,
+    Intent,
+    Result,
+    Denied,
+    Proposal,
+    DryRun,
+    Suggestion,
+    Verdict,
+}
+
+/// One line of the log.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Entry {
+    pub ts: String,
+    pub run_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    pub phase: Option<Phase>,
+    pub runbook: String,
+    pub runbook_version: String,
+    pub host: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    pub planner: String,
+    /// Phase-specific detail: the parsed result, the denial, the argv of a dry run, the verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
+    pub prev: String,
+}
+
+/// What every line of one run carries.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub runbook: String,
+    pub runbook_version: String,
+    pub host: String,
+    pub planner: String,
+}
+
+impl RunInfo {
+    pub fn entry(&self, phase: Phase, step: Option<u32>) -> Entry {
+        Entry {
+            ts: jiff::Timestamp::now().to_string(),
+            run_id: self.run_id.clone(),
+            step,
+            phase: Some(phase),
+            runbook: self.runbook.clone(),
+            runbook_version: self.runbook_version.clone(),
+            host: self.host.clone(),
+            planner: self.planner.clone(),
+            ..Entry::default()
+        }
+    }
+}
+
+/// Proof that a call's intent line is on disk. Only [`AuditLog::intent`] makes these.
+#[derive(Debug)]
+pub struct AuditTicket {
+    step: u32,
+    tool: String,
+    tier: u8,
+}
+
+impl AuditTicket {
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(
+        "audit log {path}: {source} (no call runs without its audit line; fix the file or its filesystem)"
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "audit log {path} ends with an incomplete line (a write was cut short); run `runwarden audit verify {path}` and move the file aside"
+    )]
+    Torn { path: PathBuf },
+}
+
+struct Head {
+    file: File,
+    /// Hash of the last line, and the file length it was read at.
+    hash: String,
+    len: u64,
+}
+
+pub struct AuditLog {
+    path: PathBuf,
+    head: Mutex<Head>,
+}
+
+impl AuditLog {
+    /// Open (creating it and its directory if needed) for appending.
+    pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        let io = |source| AuditError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .read(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(io)?;
+        let (hash, len) = last_hash(&file)
+            .map_err(io)?
+            .ok_or_else(|| AuditError::Torn {
+                path: path.to_path_buf(),
+            })?;
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            head: Mutex::new(Head { file, hash, len }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one line (chained to the previous one); fsync it when `sync`.
+    pub fn append(&self, mut entry: Entry, sync: bool) -> Result<(), AuditError> {
+        let io = |source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        head.file.lock().map_err(io)?;
+        let written = (|| {
+            let len = head.file.metadata()?.len();
+            if len != head.len {
+                // Another process appended since our last write: continue its chain.
+                match last_hash(&head.file)? {
+                    Some((hash, len)) => {
+                        head.hash = hash;
+                        head.len = len;
+                    }
+                    None => {
+                        return Err(std::io::Error::other(
+                            "the log ends with an incomplete line",
+                        ));
+                    }
+                }
+            }
+            entry.prev = head.hash.clone();
+            let mut line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
+            let hash = hex(&Sha256::digest(&line));
+            line.push(b'\n');
+            head.file.write_all(&line)?;
+            if sync {
+                head.file.sync_data()?;
+            }
+            head.hash = hash;
+            head.len += line.len() as u64;
+            Ok(())
+        })();
+        let _ = head.file.unlock();
+        written.map_err(io)
+    }
+
+    /// Write and sync the intent of a permitted call; the ticket lets the executor run it.
+    pub fn intent(&self, run: &RunInfo, permit: &Permit) -> Result<AuditTicket, AuditError> {
+        let action = permit.action();
+        let mut e = run.entry(Phase::Intent, Some(permit.step()));
+        e.tool = Some(action.tool().name().into());
+        e.args = Some(action.args_json());
+        e.tier = Some(action.tier().number());
+        e.approved_by = Some(permit.approved_by().to_string());
+        e.reason = action.reason().map(str::to_string);
+        self.append(e, true)?;
+        Ok(AuditTicket {
+            step: permit.step(),
+            tool: action.tool().name().into(),
+            tier: action.tier().number(),
+        })
+    }
+
+    /// Close a ticket with the call's result.
+    pub fn result(
+        &self,
+        run: &RunInfo,
+        ticket: AuditTicket,
+        result: &ToolResult,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Result, Some(ticket.step));
+        e.tool = Some(ticket.tool);
+        e.tier = Some(ticket.tier);
+        e.outcome = Some(
+            serde_json::to_value(result.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+        );
+        e.exit_code = result.exit_code;
+        e.duration_ms = Some(result.duration_ms);
+        e.detail = Some(serde_json::json!({
+            "data": result.data,
+            "error": result.error,
+            "truncated": result.truncated,
+            "verified": result.verified,
+            "argv": result.argv,
+        }));
+        self.append(e, ticket.tier > 1)
+    }
+
+    pub fn denied(
+        &self,
+        run: &RunInfo,
+        tool: &str,
+        args: &Value,
+        denial: &Denial,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Denied, Some(denial.step));
+        e.tool = Some(tool.chars().take(200).collect());
+        e.args = Some(bounded(args));
+        e.tier = denial.tool.map(|t| t.tier().number());
+        e.outcome = Some("denied".into());
+        e.detail =
+            Some(serde_json::json!({ "reason": denial.reason.as_str(), "message": denial.detail }));
+        self.append(e, true)
+    }
+
+    pub fn proposal(&self, run: &RunInfo, p: &Proposal, argv: &[String]) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Proposal, Some(p.step));
+        e.tool = Some(p.action.tool().name().into());
+        e.args = Some(p.action.args_json());
+        e.tier = Some(p.action.tier().number());
+        e.reason = p.action.reason().map(str::to_string);
+        e.outcome = Some("proposed".into());
+        e.detail = Some(serde_json::json!({ "argv": argv }));
+        self.append(e, true)
+    }
+}
+
+/// Untrusted arguments of a denied call, kept but bounded.
+fn bounded(args: &Value) -> Value {
+    let text = args.to_string();
+    if text.len() <= 4096 {
+        args.clone()
+    } else {
+        Value::String(format!(
+            "{}… ({} bytes)",
+            text.chars().take(512).collect::<String>(),
+            text.len()
+        ))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hash of the file's last line and the file's length; `None` when the last line is incomplete.
+fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(Some((GENESIS.to_string(), 0)));
+    }
+    let mut f = file.try_clone()?;
+    let mut window: u64 = 64 * 1024;
+    loop {
+        let start = len.saturating_sub(window);
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = Vec::with_capacity((len - start) as usize);
+        (&mut f).take(len - start).read_to_end(&mut buf)?;
+        if buf.last() != Some(&b'\n') {
+            return Ok(None);
+        }
+        let body = &buf[..buf.len() - 1];
+        match body.iter().rposition(|&b| b == b'\n') {
+            Some(i) => return Ok(Some((hex(&Sha256::digest(&body[i + 1..])), len))),
+            None if start == 0 => return Ok(Some((hex(&Sha256::digest(body)), len))),
+            None => window *= 4,
+        }
+    }
+}
+
+/// What `audit verify` found.
+#[derive(Debug)]
+pub struct Verification {
+    pub lines: usize,
+    pub head: String,
+    /// The first problem: (line number, what is wrong).
+    pub broken: Option<(usize, String)>,
+}
+
+/// Walk the whole chain.
+pub fn verify(path: &Path) -> std::io::Result<Verification> {
+    let mut reader = BufReader::new(File::open(path)?);
+    let mut prev = GENESIS.to_string();
+    let mut n = 0;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        n += 1;
+        if line.last() != Some(&b'\n') {
+            return Ok(Verification {
+                lines: n,
+                head: prev,
+                broken: Some((n, "incomplete line (a write was cut short)".into())),
+            });
+        }
+        let body = &line[..line.len() - 1];
+        let claimed = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v["prev"].as_str().map(String::from));
+        match claimed {
+            None => {
+                return Ok(Verification {
+                    lines: n,
+                    head: prev,
+                    broken: Some((n, "not a JSON audit line".into())),
+                });
+            }
+            Some(p) if p != prev => {
+                let what = if n == 1 {
+                    "the first line does not start the chain (lines before it were deleted)"
+                        .to_string()
+                } else {
+                    format!(
+                        "`prev` does not match line {}: a line was edited, deleted or reordered here",
+                        n - 1
+                    )
+                };
+                return Ok(Verification {
+                    lines: n,
+                    head: prev,
+                    broken: Some((n, what)),
+                });
+            }
+            Some(_) => prev = hex(&Sha256::digest(body)),
+        }
+    }
+    Ok(Verification {
+        lines: n,
+        head: prev,
+        broken: None,
+    })
+}
+
+/// Every line of one run, in order.
+pub fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
+    let reader = BufReader::new(File::open(path)?);
+    let mut out = Vec::new();
+    for line in reader.lines() {
+        let line = line?;
+        if !line.contains(run_id) {
+            continue;
+        }
+        if let Ok(e) = serde_json::from_str::<Entry>(&line)
+            && e.run_id == run_id
+        {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> RunInfo {
+        RunInfo {
+            run_id: "r1".into(),
+            runbook: "rb".into(),
+            runbook_version: "v".into(),
+            host: "local".into(),
+            planner: "steps".into(),
+        }
+    }
+
+    fn write_lines(path: &Path, n: u32) {
+        let log = AuditLog::open(path).unwrap();
+        for i in 0..n {
+            log.append(info().entry(Phase::Start, Some(i)), false)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn chain_verifies_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/audit.jsonl");
+        write_lines(&path, 3);
+        write_lines(&path, 2);
+        let v = verify(&path).unwrap();
+        assert_eq!(v.lines, 5);
+        assert!(v.broken.is_none(), "{:?}", v.broken);
+    }
+
+    #[test]
+    fn edit_delete_and_reorder_are_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        write_lines(&path, 4);
+        let original = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = original.lines().collect();
+
+        let edited = original.replacen("\"step\":1", "\"step\":7", 1);
+        std::fs::write(&path, edited).unwrap();
+        assert_eq!(
+            verify(&path).unwrap().broken.unwrap().0,
+            3,
+            "the line after the edited one breaks"
+        );
+
+        let deleted = [lines[0], lines[2], lines[3]].join("\n") + "\n";
+        std::fs::write(&path, deleted).unwrap();
+        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 2);
+
+        let reordered = [lines[0], lines[2], lines[1], lines[3]].join("\n") + "\n";
+        std::fs::write(&path, reordered).unwrap();
+        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 2);
+
+        let headless = lines[1..].join("\n") + "\n";
+        std::fs::write(&path, headless).unwrap();
+        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 1);
+    }
+
+    #[test]
+    fn torn_tail_refuses_to_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        write_lines(&path, 1);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"half")
+            .unwrap();
+        assert!(matches!(
+            AuditLog::open(&path),
+            Err(AuditError::Torn { .. })
+        ));
+    }
+
+    #[test]
+    fn two_writers_keep_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let a = AuditLog::open(&path).unwrap();
+        let b = AuditLog::open(&path).unwrap();
+        for i in 0..5 {
+            a.append(info().entry(Phase::Start, Some(i)), false)
+                .unwrap();
+            b.append(info().entry(Phase::Start, Some(i)), false)
+                .unwrap();
+        }
+        let v = verify(&path).unwrap();
+        assert_eq!(v.lines, 10);
+        assert!(v.broken.is_none(), "{:?}", v.broken);
+    }
+}

@@ -1,0 +1,524 @@
+//! The command line: clap types and one function per subcommand.
+//!
+//! Exit codes: 0 success; 1 a run failed (see [`Verdict::exit_code`] for the
+//! others of `run`); 2 usage or configuration error, or a broken audit chain.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+
+use crate::audit::{self, AuditLog, Phase};
+use crate::config::{Config, Connection};
+use crate::gate::KillSwitch;
+use crate::run::{RunReport, RunRequest, Runner, StepReport, Trigger, Verdict};
+use crate::tools::ToolId;
+
+/// Exit code for usage and configuration errors.
+pub const EXIT_USAGE: i32 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "runwarden",
+    version,
+    about = "Runbook-scoped remediation runner: narrow typed tools, one gate, a hash-chained audit log"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and validate runwarden.yaml, hosts/ and runbooks/; print every problem as FILE:LINE:COLUMN.
+    Check {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// List every tool with its tier, description and argument schema.
+    Tools {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one runbook on one host through the gate and print the report.
+    Run {
+        runbook: String,
+        #[arg(long)]
+        host: String,
+        /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read the audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Stop every run (or one runbook's) at its next call.
+    KillSwitch {
+        #[command(subcommand)]
+        command: KillSwitchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain; report the first broken or missing line.
+    Verify {
+        /// The log file (default: the configured audit log).
+        file: Option<PathBuf>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Print one run's lines in order; an intent without a result is marked.
+    Show {
+        run_id: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KillSwitchCommand {
+    /// Engage: every run stops before its next call.
+    Engage {
+        #[arg(long)]
+        reason: String,
+        /// Stop only this runbook.
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Release the switch.
+    Release {
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Print the state and what each engaged switch file says.
+    Status {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+}
+
+/// Run a parsed command; returns the process exit code.
+pub async fn main(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Tools { json } => tools(json),
+        Command::Run {
+            runbook,
+            host,
+            dry_run,
+            config,
+            json,
+        } => {
+            run(
+                &config,
+                RunRequest {
+                    runbook,
+                    host,
+                    dry_run,
+                    trigger: Trigger::Cli,
+                },
+                json,
+            )
+            .await
+        }
+        Command::Audit {
+            command: AuditCommand::Verify { file, config },
+        } => audit_verify(file, &config),
+        Command::Audit {
+            command:
+                AuditCommand::Show {
+                    run_id,
+                    config,
+                    json,
+                },
+        } => audit_show(&run_id, &config, json),
+        Command::KillSwitch { command } => kill_switch(command),
+    }
+}
+
+fn load(dir: &Path) -> Result<Config, i32> {
+    Config::load(dir).map_err(|e| {
+        eprintln!("{e}");
+        eprintln!(
+            "runwarden: {} problem(s) in {}; nothing was loaded",
+            e.0.len(),
+            dir.display()
+        );
+        EXIT_USAGE
+    })
+}
+
+fn check(dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    for h in cfg.hosts.values() {
+        let conn = match &h.connection {
+            Connection::Local => "local".to_string(),
+            Connection::Ssh(s) => format!("ssh {}@{}:{}", s.user, s.address, s.port),
+        };
+        println!("host {:<24} {conn:<28} {}", h.name, h.source.display());
+    }
+    for r in cfg.runbooks.values() {
+        println!(
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={} {}",
+            r.name,
+            r.autonomy.as_str(),
+            r.hosts.join(","),
+            r.observe.len(),
+            r.approve.len(),
+            r.steps.len(),
+            r.source.display()
+        );
+    }
+    println!(
+        "ok: {} host(s), {} runbook(s)",
+        cfg.hosts.len(),
+        cfg.runbooks.len()
+    );
+    0
+}
+
+fn tools(json: bool) -> i32 {
+    if json {
+        let list: Vec<Value> = ToolId::ALL
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name(),
+                    "tier": t.tier().number(),
+                    "description": t.description(),
+                    "parameters": t.schema(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        );
+    } else {
+        for t in ToolId::ALL {
+            println!(
+                "{} (tier {})\n    {}\n    parameters: {}\n",
+                t.name(),
+                t.tier().number(),
+                t.description(),
+                t.schema()
+            );
+        }
+        println!(
+            "Tier 3 (destructive, irreversible) is never a tool: runbooks may only `suggest:` such a command for a person."
+        );
+    }
+    0
+}
+
+async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let audit = match AuditLog::open(&cfg.settings.audit_log) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            eprintln!("runwarden: {e}");
+            return Verdict::Broken.exit_code();
+        }
+    };
+    let runner = Runner::new(Arc::new(cfg), audit);
+    match runner.run(&req).await {
+        Ok(report) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+            } else {
+                print!("{}", render(&report));
+            }
+            report.verdict.exit_code()
+        }
+        Err(e) => {
+            eprintln!("runwarden: {e}");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// The report as a person reads it.
+pub fn render(r: &RunReport) -> String {
+    let mut s = format!(
+        "run {}  runbook {} ({}, {}{})  host {}\n",
+        r.run_id,
+        r.runbook,
+        r.autonomy,
+        r.planner,
+        if r.dry_run { ", dry run" } else { "" },
+        r.host
+    );
+    for step in &r.steps {
+        s += &render_step(step);
+    }
+    for sug in &r.suggestions {
+        s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
+    }
+    s += &format!(
+        "verdict: {} ({}) in {} ms, {} mutation(s)\n",
+        r.verdict.as_str(),
+        r.verdict_detail,
+        r.duration_ms,
+        r.mutations
+    );
+    s
+}
+
+fn render_step(step: &StepReport) -> String {
+    let mut s = format!("{:>3}. {:<12} ", step.step, step.id);
+    match &step.tool {
+        Some(tool) => {
+            s += &format!("{tool} {}", compact(&step.args));
+            if let Some(t) = step.tier {
+                s += &format!("  tier {t}");
+            }
+            if let Some(a) = &step.approved_by {
+                s += &format!("  approved_by {a}");
+            }
+        }
+        None => s += "-",
+    }
+    let duration = step
+        .result
+        .as_ref()
+        .map(|r| format!("  {} ms", r.duration_ms))
+        .unwrap_or_default();
+    let verified = match step.result.as_ref().and_then(|r| r.verified) {
+        Some(true) => " (verified)",
+        Some(false) => " (NOT verified)",
+        None => "",
+    };
+    s += &format!("  => {}{verified}{duration}\n", step.status);
+    if let Some(reason) = &step.reason {
+        s += &format!("       reason: {reason}\n");
+    }
+    if let Some(d) = &step.detail {
+        s += &format!("       {d}\n");
+    }
+    for argv in step.argv.iter().flatten() {
+        s += &format!(
+            "       argv: {}\n",
+            serde_json::to_string(argv).unwrap_or_default()
+        );
+    }
+    if let Some(res) = &step.result {
+        if let Some(e) = &res.error {
+            s += &format!("       error: {e}\n");
+        }
+        if !res.data.is_null() {
+            let text = compact(&res.data);
+            let cut: String = text.chars().take(600).collect();
+            s += &format!(
+                "       result: {cut}{}\n",
+                if cut.len() < text.len() { " …" } else { "" }
+            );
+        }
+    }
+    s
+}
+
+fn compact(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
+    match file {
+        Some(f) => Ok(f),
+        None => load(dir).map(|c| c.settings.audit_log),
+    }
+}
+
+fn audit_verify(file: Option<PathBuf>, dir: &Path) -> i32 {
+    let path = match audit_path(file, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    match audit::verify(&path) {
+        Ok(v) => match v.broken {
+            None => {
+                println!(
+                    "{}: {} line(s), chain intact; head {}",
+                    path.display(),
+                    v.lines,
+                    v.head
+                );
+                0
+            }
+            Some((line, why)) => {
+                println!("{}:{line}: chain broken: {why}", path.display());
+                println!(
+                    "{} line(s) before it verify; their head is {}",
+                    line - 1,
+                    v.head
+                );
+                EXIT_USAGE
+            }
+        },
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            EXIT_USAGE
+        }
+    }
+}
+
+fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let lines = match audit::run_lines(&path, run_id) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            return EXIT_USAGE;
+        }
+    };
+    if lines.is_empty() {
+        eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
+        return 1;
+    }
+    let finished: std::collections::BTreeSet<u32> = lines
+        .iter()
+        .filter(|e| e.phase == Some(Phase::Result))
+        .filter_map(|e| e.step)
+        .collect();
+    let has_verdict = lines.iter().any(|e| e.phase == Some(Phase::Verdict));
+    for e in &lines {
+        let interrupted =
+            e.phase == Some(Phase::Intent) && !e.step.is_some_and(|s| finished.contains(&s));
+        if json {
+            let mut v = serde_json::to_value(e).unwrap_or_default();
+            if interrupted {
+                v["interrupted"] = Value::Bool(true);
+            }
+            println!("{v}");
+            continue;
+        }
+        let phase = e
+            .phase
+            .map(|p| {
+                serde_json::to_value(p)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        let mut line = format!("{} {:<10}", e.ts, phase);
+        if let Some(s) = e.step {
+            line += &format!(" step {s}");
+        }
+        if let Some(t) = &e.tool {
+            line += &format!(" {t}");
+        }
+        if let Some(a) = &e.args {
+            line += &format!(" {}", compact(a));
+        }
+        if let Some(a) = &e.approved_by {
+            line += &format!(" approved_by={a}");
+        }
+        if let Some(o) = &e.outcome {
+            line += &format!(" outcome={o}");
+        }
+        if let Some(d) = e.duration_ms {
+            line += &format!(" {d}ms");
+        }
+        if let Some(r) = &e.reason {
+            line += &format!(" reason={r:?}");
+        }
+        if interrupted {
+            line += "  INTERRUPTED: no result line (the process stopped during this call)";
+        }
+        println!("{line}");
+    }
+    if !has_verdict {
+        println!("(no verdict line: the run was interrupted or is still running)");
+    }
+    0
+}
+
+fn kill_switch(command: KillSwitchCommand) -> i32 {
+    let dir = match &command {
+        KillSwitchCommand::Engage { config, .. }
+        | KillSwitchCommand::Release { config, .. }
+        | KillSwitchCommand::Status { config } => config,
+    };
+    // The switch must work even when the rest of the config is broken.
+    let ks = KillSwitch::new(match Config::load(dir) {
+        Ok(c) => c.settings.kill_switch_dir,
+        Err(_) => dir.join("kill-switch"),
+    });
+    match command {
+        KillSwitchCommand::Engage {
+            reason, runbook, ..
+        } => match ks.engage(runbook.as_deref(), &reason) {
+            Ok(path) => {
+                println!(
+                    "engaged: {} (runs stop before their next call)",
+                    path.display()
+                );
+                0
+            }
+            Err(e) => {
+                eprintln!(
+                    "runwarden: cannot engage the kill switch in {}: {e}; as a fallback, `touch {}/ENGAGED` or remove the directory (both stop everything)",
+                    ks.dir().display(),
+                    ks.dir().display()
+                );
+                1
+            }
+        },
+        KillSwitchCommand::Release { runbook, .. } => match ks.release(runbook.as_deref()) {
+            Ok(true) => {
+                println!("released");
+                0
+            }
+            Ok(false) => {
+                println!("was not engaged");
+                0
+            }
+            Err(e) => {
+                eprintln!("runwarden: cannot release: {e}");
+                1
+            }
+        },
+        KillSwitchCommand::Status { .. } => match ks.status() {
+            Ok(list) if list.is_empty() => {
+                println!("released: no switch file in {}", ks.dir().display());
+                0
+            }
+            Ok(list) => {
+                for (scope, detail) in list {
+                    println!("ENGAGED {scope}: {detail}");
+                }
+                0
+            }
+            Err(e) => {
+                println!("ENGAGED {e}");
+                0
+            }
+        },
+    }
+}

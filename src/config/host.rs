@@ -1,0 +1,448 @@
+//! A named target and the allowlists its tool arguments resolve against.
+//!
+//! Tool arguments are names or values checked against these lists, never
+//! free strings: a runbook or a model cannot reach a unit, path, URL or
+//! command that the host file does not name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::diag::Diagnostics;
+use super::raw;
+use super::{abs_path, duration, safe_name};
+
+/// A validated host file.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub name: String,
+    pub connection: Connection,
+    /// Run mutating commands through `sudo -n` (never through a shell).
+    pub sudo: bool,
+    /// Working directory of every spawned tool: a directory with nothing in it.
+    pub jail: PathBuf,
+    /// Upper bound for one tool call; the run's own time budget may cut it shorter.
+    pub tool_timeout: Duration,
+    pub units: BTreeSet<String>,
+    pub journals: BTreeSet<String>,
+    pub paths: Vec<PathBuf>,
+    pub logrotate_configs: Vec<PathBuf>,
+    pub logrotate_state: Option<PathBuf>,
+    pub certificates: BTreeMap<String, Certificate>,
+    pub health_checks: BTreeMap<String, String>,
+    pub worker_pools: BTreeMap<String, WorkerPool>,
+    pub binaries: Binaries,
+    /// The file this host came from (for messages).
+    pub source: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connection {
+    Local,
+    Ssh(Ssh),
+}
+
+/// How to reach a remote host; the runner never accepts a host key on first use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ssh {
+    pub address: String,
+    pub port: u16,
+    pub user: String,
+    pub identity: PathBuf,
+    pub known_hosts: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct Certificate {
+    pub path: PathBuf,
+    /// The unit that serves this certificate (reloaded after a renewal).
+    pub unit: Option<String>,
+    /// The renewal command as argv, absolute program first. Written by the operator.
+    pub renew: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerPool {
+    pub master: PoolMaster,
+    pub recycle: Recycle,
+    /// Name of a health check in the same host file.
+    pub health_check: Option<String>,
+}
+
+/// Where the pool's master process is found.
+#[derive(Debug, Clone)]
+pub enum PoolMaster {
+    Unit(String),
+    PidFile(PathBuf),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recycle {
+    /// `systemctl reload UNIT`.
+    Reload,
+    /// Send this signal to the master process.
+    Signal(PoolSignal),
+}
+
+/// The signals a pool master understands as "replace your workers".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSignal {
+    Hup,
+    Usr2,
+}
+
+impl PoolSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolSignal::Hup => "HUP",
+            PoolSignal::Usr2 => "USR2",
+        }
+    }
+}
+
+/// Absolute paths of every program a tool may spawn (Debian defaults).
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub systemctl: PathBuf,
+    pub journalctl: PathBuf,
+    pub logrotate: PathBuf,
+    pub df: PathBuf,
+    pub du: PathBuf,
+    pub ps: PathBuf,
+    pub kill: PathBuf,
+    pub sudo: PathBuf,
+}
+
+impl Default for Binaries {
+    fn default() -> Self {
+        Binaries {
+            systemctl: "/usr/bin/systemctl".into(),
+            journalctl: "/usr/bin/journalctl".into(),
+            logrotate: "/usr/sbin/logrotate".into(),
+            df: "/usr/bin/df".into(),
+            du: "/usr/bin/du".into(),
+            ps: "/usr/bin/ps".into(),
+            kill: "/usr/bin/kill".into(),
+            sudo: "/usr/bin/sudo".into(),
+        }
+    }
+}
+
+const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
+const UNIT_SUFFIXES: &[&str] = &[
+    ".service", ".socket", ".timer", ".target", ".path", ".mount", ".slice", ".scope",
+];
+
+/// A systemd unit name as runwarden accepts it: no escapes, no shell metacharacters.
+pub fn is_unit_name(s: &str) -> bool {
+    let Some(first) = s.chars().next() else {
+        return false;
+    };
+    s.len() <= 255
+        && first.is_ascii_alphanumeric()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@' | ':'))
+        && UNIT_SUFFIXES.iter().any(|suffix| s.ends_with(suffix))
+}
+
+pub(super) fn validate(
+    raw: raw::Host,
+    file: &Path,
+    config_dir: &Path,
+    diags: &mut Diagnostics,
+) -> Option<Host> {
+    let before = diags.len();
+    let name = raw.name.value.clone();
+    if !safe_name(&name) {
+        diags.at(
+            file,
+            raw.name.referenced,
+            format!("host name \"{name}\" must be 1-64 characters of a-z, 0-9, '-' or '_', starting with a letter or digit"),
+        );
+    }
+    let connection = match raw.connection.value {
+        raw::Connection::Local => Connection::Local,
+        raw::Connection::Ssh(ssh) => {
+            if ssh.address.value.is_empty()
+                || ssh.address.value.starts_with('-')
+                || ssh
+                    .address
+                    .value
+                    .contains(|c: char| c.is_whitespace() || c == '@')
+            {
+                diags.at(
+                    file,
+                    ssh.address.referenced,
+                    "ssh.address must be a host name or an IP address",
+                );
+            }
+            if !safe_name(&ssh.user.value) {
+                diags.at(
+                    file,
+                    ssh.user.referenced,
+                    "ssh.user must be a plain account name",
+                );
+            }
+            Connection::Ssh(Ssh {
+                address: ssh.address.value.clone(),
+                port: ssh.port.unwrap_or(22),
+                user: ssh.user.value.clone(),
+                identity: abs_path(&ssh.identity, "ssh.identity", file, diags),
+                known_hosts: abs_path(&ssh.known_hosts, "ssh.known_hosts", file, diags),
+            })
+        }
+    };
+    let jail = match &raw.jail {
+        Some(j) => abs_path(j, "jail", file, diags),
+        None => config_dir.join("state/jail"),
+    };
+    let tool_timeout = raw
+        .tool_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "tool_timeout", file, diags))
+        .unwrap_or(DEFAULT_TOOL_TIMEOUT);
+
+    let units = unit_set(&raw.units, "units", file, diags);
+    let journals = unit_set(&raw.journals, "journals", file, diags);
+    let paths = raw
+        .paths
+        .iter()
+        .map(|p| abs_path(p, "paths", file, diags))
+        .collect();
+    let logrotate_configs = raw
+        .logrotate_configs
+        .iter()
+        .map(|p| abs_path(p, "logrotate_configs", file, diags))
+        .collect();
+    let logrotate_state = raw
+        .logrotate_state
+        .as_ref()
+        .map(|p| abs_path(p, "logrotate_state", file, diags));
+
+    let mut certificates = BTreeMap::new();
+    for (cname, c) in &raw.certificates {
+        check_key(cname, "certificates", c.referenced, file, diags);
+        let unit = c.value.unit.as_ref().map(|u| {
+            if !is_unit_name(&u.value) {
+                diags.at(file, u.referenced, bad_unit_message(&u.value));
+            }
+            u.value.clone()
+        });
+        let renew = c.value.renew.as_ref().map(|argv| {
+            match argv.value.first() {
+                Some(p) if Path::new(p).is_absolute() => {}
+                _ => diags.at(
+                    file,
+                    argv.referenced,
+                    format!("certificates.{cname}.renew must be an argv list whose first element is an absolute program path, e.g. [/usr/bin/certbot, renew, --cert-name, {cname}]"),
+                ),
+            }
+            if argv.value.iter().any(|a| a.contains('\0')) {
+                diags.at(file, argv.referenced, "renew arguments must not contain NUL bytes");
+            }
+            argv.value.clone()
+        });
+        certificates.insert(
+            cname.clone(),
+            Certificate {
+                path: abs_path(&c.value.path, "certificates.path", file, diags),
+                unit,
+                renew,
+            },
+        );
+    }
+
+    let mut health_checks = BTreeMap::new();
+    for (hname, url) in &raw.health_checks {
+        check_key(hname, "health_checks", url.referenced, file, diags);
+        if let Err(why) = loopback_url(&url.value) {
+            diags.at(
+                file,
+                url.referenced,
+                format!("health_checks.{hname}: {why}"),
+            );
+        }
+        health_checks.insert(hname.clone(), url.value.clone());
+    }
+
+    let mut worker_pools = BTreeMap::new();
+    for (pname, p) in &raw.worker_pools {
+        check_key(pname, "worker_pools", p.referenced, file, diags);
+        let pool = &p.value;
+        let master = match (&pool.unit, &pool.pid_file) {
+            (Some(u), None) => {
+                if !is_unit_name(&u.value) {
+                    diags.at(file, u.referenced, bad_unit_message(&u.value));
+                }
+                PoolMaster::Unit(u.value.clone())
+            }
+            (None, Some(f)) => {
+                PoolMaster::PidFile(abs_path(f, "worker_pools.pid_file", file, diags))
+            }
+            _ => {
+                diags.at(
+                    file,
+                    p.referenced,
+                    format!("worker_pools.{pname}: give exactly one of `unit` or `pid_file` to find the master process"),
+                );
+                PoolMaster::PidFile(PathBuf::new())
+            }
+        };
+        let recycle = match &pool.recycle.value {
+            raw::Recycle::Reload => {
+                if !matches!(master, PoolMaster::Unit(_)) {
+                    diags.at(
+                        file,
+                        pool.recycle.referenced,
+                        format!("worker_pools.{pname}: `recycle: reload` needs `unit`; with a pid_file use `recycle: {{signal: HUP}}`"),
+                    );
+                }
+                Recycle::Reload
+            }
+            raw::Recycle::Signal(s) => match s.trim_start_matches("SIG") {
+                "HUP" => Recycle::Signal(PoolSignal::Hup),
+                "USR2" => Recycle::Signal(PoolSignal::Usr2),
+                other => {
+                    diags.at(
+                        file,
+                        pool.recycle.referenced,
+                        format!("worker_pools.{pname}: signal \"{other}\" is not a recycle signal; use HUP (nginx, gunicorn) or USR2 (php-fpm)"),
+                    );
+                    Recycle::Signal(PoolSignal::Hup)
+                }
+            },
+        };
+        let health_check = pool.health_check.as_ref().map(|h| {
+            if !raw.health_checks.contains_key(&h.value) {
+                diags.at(
+                    file,
+                    h.referenced,
+                    format!("worker_pools.{pname}.health_check \"{}\" is not defined under health_checks", h.value),
+                );
+            }
+            h.value.clone()
+        });
+        worker_pools.insert(
+            pname.clone(),
+            WorkerPool {
+                master,
+                recycle,
+                health_check,
+            },
+        );
+    }
+
+    let defaults = Binaries::default();
+    let b = &raw.binaries;
+    let bin = |v: &Option<serde_saphyr::Spanned<String>>,
+               default: &PathBuf,
+               diags: &mut Diagnostics| match v {
+        Some(p) => abs_path(p, "binaries", file, diags),
+        None => default.clone(),
+    };
+    let binaries = Binaries {
+        systemctl: bin(&b.systemctl, &defaults.systemctl, diags),
+        journalctl: bin(&b.journalctl, &defaults.journalctl, diags),
+        logrotate: bin(&b.logrotate, &defaults.logrotate, diags),
+        df: bin(&b.df, &defaults.df, diags),
+        du: bin(&b.du, &defaults.du, diags),
+        ps: bin(&b.ps, &defaults.ps, diags),
+        kill: bin(&b.kill, &defaults.kill, diags),
+        sudo: bin(&b.sudo, &defaults.sudo, diags),
+    };
+
+    if diags.len() != before {
+        return None;
+    }
+    Some(Host {
+        name,
+        connection,
+        sudo: raw.sudo,
+        jail,
+        tool_timeout,
+        units,
+        journals,
+        paths,
+        logrotate_configs,
+        logrotate_state,
+        certificates,
+        health_checks,
+        worker_pools,
+        binaries,
+        source: file.to_path_buf(),
+    })
+}
+
+fn unit_set(
+    list: &[serde_saphyr::Spanned<String>],
+    field: &str,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeSet<String> {
+    let mut set = BTreeSet::new();
+    for u in list {
+        if !is_unit_name(&u.value) {
+            diags.at(
+                file,
+                u.referenced,
+                format!("{field}: {}", bad_unit_message(&u.value)),
+            );
+        } else if !set.insert(u.value.clone()) {
+            diags.at(
+                file,
+                u.referenced,
+                format!("{field}: \"{}\" is listed twice", u.value),
+            );
+        }
+    }
+    set
+}
+
+fn bad_unit_message(u: &str) -> String {
+    format!(
+        "\"{}\" is not a unit name runwarden accepts: use the full name with its suffix (e.g. nginx.service), letters, digits and . _ - @ : only",
+        u.escape_debug()
+    )
+}
+
+fn check_key(
+    key: &str,
+    field: &str,
+    loc: serde_saphyr::Location,
+    file: &Path,
+    diags: &mut Diagnostics,
+) {
+    if !safe_name(key) {
+        diags.at(
+            file,
+            loc,
+            format!(
+                "{field}: name \"{}\" must be 1-64 characters of a-z, 0-9, '-' or '_'",
+                key.escape_debug()
+            ),
+        );
+    }
+}
+
+/// Health checks run on the host itself; only loopback HTTP URLs are allowed.
+pub fn loopback_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("\"{url}\" is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("\"{url}\" must be an http:// or https:// URL"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("credentials do not belong in a health-check URL".into());
+    }
+    let loopback = match parsed.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    if !loopback {
+        return Err(format!(
+            "\"{url}\" is not a loopback URL: health checks run on the host itself (127.0.0.1, ::1 or localhost)"
+        ));
+    }
+    Ok(())
+}

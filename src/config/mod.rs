@@ -1,0 +1,318 @@
+//! Loading and validating the configuration directory.
+//!
+//! ```text
+//! DIR/runwarden.yaml     settings (optional)
+//! DIR/hosts/*.yaml       one host per file
+//! DIR/runbooks/*.yaml    one runbook per file
+//! ```
+//!
+//! Every file is read and parsed into the raw structs of [`raw`], then turned
+//! into the validated [`Host`] and [`Runbook`] types, checked against each
+//! other (a runbook's hosts must exist, its tools must be known and of the
+//! right tier). All problems are collected and reported together as
+//! `FILE:LINE:COLUMN: message`; a config with any problem is rejected whole,
+//! so nothing is ever half-loaded. `runwarden check` and every other command
+//! call this same loader.
+
+mod diag;
+pub mod host;
+mod raw;
+pub mod runbook;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_saphyr::Spanned;
+use sha2::{Digest, Sha256};
+
+pub use diag::{ConfigError, Diagnostic};
+pub use host::{Connection, Host};
+pub use runbook::{Autonomy, Runbook, Step, StepAction};
+
+use diag::Diagnostics;
+
+/// Config files larger than this are refused before parsing.
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// Settings of the runner, with paths resolved against the config directory.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub audit_log: PathBuf,
+    pub kill_switch_dir: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+/// A complete, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub dir: PathBuf,
+    pub settings: Settings,
+    pub runbooks: BTreeMap<String, Arc<Runbook>>,
+    pub hosts: BTreeMap<String, Arc<Host>>,
+}
+
+impl Config {
+    /// Load and validate everything under `dir`; any problem rejects the whole config.
+    pub fn load(dir: &Path) -> Result<Config, ConfigError> {
+        let mut diags = Diagnostics::default();
+        let settings_file = dir.join("runwarden.yaml");
+        let settings = match read_file(&settings_file, &mut diags, true) {
+            Some((text, _)) => {
+                parse::<raw::Settings>(&settings_file, &text, &mut diags).unwrap_or_default()
+            }
+            None => raw::Settings::default(),
+        };
+        let resolve = |v: &Option<Spanned<String>>, default: &str| -> PathBuf {
+            let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
+            dir.join(p)
+        };
+        let settings = Settings {
+            audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
+            kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
+            state_dir: resolve(&settings.state_dir, "state"),
+        };
+
+        let host_files = yaml_files(&dir.join("hosts"), &mut diags);
+        let runbook_files = yaml_files(&dir.join("runbooks"), &mut diags);
+
+        let mut hosts = BTreeMap::new();
+        let mut host_names = BTreeSet::new();
+        for file in &host_files {
+            let Some((text, _)) = read_file(file, &mut diags, false) else {
+                continue;
+            };
+            let Some(raw) = parse::<raw::Host>(file, &text, &mut diags) else {
+                continue;
+            };
+            let name = raw.name.clone();
+            if !host_names.insert(name.value.clone()) {
+                diags.at(
+                    file,
+                    name.referenced,
+                    format!(
+                        "host \"{}\" is defined twice (also in {})",
+                        name.value,
+                        other_file(&hosts, &name.value)
+                    ),
+                );
+                continue;
+            }
+            if let Some(host) = host::validate(raw, file, dir, &mut diags) {
+                hosts.insert(host.name.clone(), Arc::new(host));
+            }
+        }
+
+        let mut runbooks: BTreeMap<String, Arc<Runbook>> = BTreeMap::new();
+        let mut runbook_names = BTreeSet::new();
+        for file in &runbook_files {
+            let Some((text, version)) = read_file(file, &mut diags, false) else {
+                continue;
+            };
+            let Some(raw) = parse::<raw::Runbook>(file, &text, &mut diags) else {
+                continue;
+            };
+            let name = raw.name.clone();
+            if !runbook_names.insert(name.value.clone()) {
+                let other = runbooks
+                    .get(&name.value)
+                    .map(|r| r.source.display().to_string())
+                    .unwrap_or_default();
+                diags.at(
+                    file,
+                    name.referenced,
+                    format!(
+                        "runbook \"{}\" is defined twice (also in {other})",
+                        name.value
+                    ),
+                );
+                continue;
+            }
+            if let Some(rb) = runbook::validate(raw, file, version, &host_names, &mut diags) {
+                runbooks.insert(rb.name.clone(), Arc::new(rb));
+            }
+        }
+
+        if !diags.is_empty() {
+            return Err(ConfigError(diags.into_vec()));
+        }
+        Ok(Config {
+            dir: dir.to_path_buf(),
+            settings,
+            runbooks,
+            hosts,
+        })
+    }
+}
+
+fn other_file(hosts: &BTreeMap<String, Arc<Host>>, name: &str) -> String {
+    hosts
+        .get(name)
+        .map(|h| h.source.display().to_string())
+        .unwrap_or_else(|| "another file".into())
+}
+
+fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            diags.file(dir, format!("cannot list directory: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Read a config file: bounded size, UTF-8, and its sha256 (the version recorded in the audit log).
+fn read_file(file: &Path, diags: &mut Diagnostics, optional: bool) -> Option<(String, String)> {
+    let meta = match std::fs::metadata(file) {
+        Ok(m) => m,
+        Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            diags.file(file, format!("cannot read: {e}"));
+            return None;
+        }
+    };
+    if !meta.is_file() {
+        diags.file(file, "not a regular file");
+        return None;
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        diags.file(
+            file,
+            format!(
+                "file is {} bytes; config files are limited to {MAX_FILE_BYTES} bytes",
+                meta.len()
+            ),
+        );
+        return None;
+    }
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            diags.file(file, format!("cannot read: {e}"));
+            return None;
+        }
+    };
+    let version = format!("{:x}", Sha256::digest(&bytes));
+    match String::from_utf8(bytes) {
+        Ok(text) => Some((text, version)),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let text = String::from_utf8_lossy(&e.into_bytes()[..at]).into_owned();
+            let line = text.matches('\n').count() as u32 + 1;
+            let column = text.rsplit('\n').next().map_or(0, |l| l.chars().count()) as u32 + 1;
+            diags.push(Diagnostic {
+                file: file.to_path_buf(),
+                line,
+                column,
+                message: "file is not valid UTF-8".into(),
+            });
+            None
+        }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    text: &str,
+    diags: &mut Diagnostics,
+) -> Option<T> {
+    match serde_saphyr::from_str::<T>(text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let loc = e.location().unwrap_or(serde_saphyr::Location::UNKNOWN);
+            let msg = e.without_snippet().to_string();
+            diags.at(file, loc, strip_location(&msg));
+            None
+        }
+    }
+}
+
+/// serde-saphyr may prefix its message with its own "line N column M"; we print our own.
+fn strip_location(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or(msg).trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    match first.find(" at line ") {
+        Some(i) => first[..i].to_string(),
+        None => first.to_string(),
+    }
+}
+
+/// Names that end up in metric labels, file names and audit lines.
+pub(crate) fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+fn abs_path(v: &Spanned<String>, field: &str, file: &Path, diags: &mut Diagnostics) -> PathBuf {
+    let p = PathBuf::from(&v.value);
+    if !p.is_absolute() {
+        diags.at(
+            file,
+            v.referenced,
+            format!(
+                "{field}: \"{}\" is not an absolute path",
+                v.value.escape_debug()
+            ),
+        );
+    } else if v.value.contains('\0') {
+        diags.at(
+            file,
+            v.referenced,
+            format!("{field}: path contains a NUL byte"),
+        );
+    } else if p.components().any(|c| c == std::path::Component::ParentDir) {
+        diags.at(
+            file,
+            v.referenced,
+            format!(
+                "{field}: \"{}\" contains `..`; write the path it means",
+                v.value
+            ),
+        );
+    }
+    p
+}
+
+fn duration(
+    v: &Spanned<String>,
+    field: &str,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<Duration> {
+    match humantime::parse_duration(&v.value) {
+        Ok(d) if !d.is_zero() => Some(d),
+        Ok(_) => {
+            diags.at(
+                file,
+                v.referenced,
+                format!("{field} must be longer than zero"),
+            );
+            None
+        }
+        Err(e) => {
+            diags.at(
+                file,
+                v.referenced,
+                format!(
+                    "{field} \"{}\" is not a duration ({e}); write e.g. 30s, 10m or 1h",
+                    v.value
+                ),
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The files as written: serde structs that mirror the YAML one to one.
+//!
+//! Every struct denies unknown fields, so a typo is an error with a location
+//! instead of a silently ignored key. Values that later checks may reject are
+//! kept [`Spanned`] so the error can point at them. Nothing outside
+//! [`crate::config`] sees these types.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+type S<T> = Spanned<T>;
+
+/// `runwarden.yaml`: settings of the runner itself (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub audit_log: Option<S<String>>,
+    pub kill_switch_dir: Option<S<String>>,
+    pub state_dir: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Runbook {
+    pub name: S<String>,
+    pub description: String,
+    pub hosts: S<Vec<S<String>>>,
+    pub autonomy: S<String>,
+    pub schedule: Option<S<String>>,
+    pub on_alert: Option<OnAlert>,
+    pub cooldown: Option<S<String>>,
+    #[serde(default)]
+    pub tools: Tools,
+    #[serde(default)]
+    pub budget: Budget,
+    #[serde(default)]
+    pub steps: Vec<S<Step>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnAlert {
+    pub matchers: Vec<S<String>>,
+    pub host_label: S<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tools {
+    #[serde(default)]
+    pub observe: Vec<S<String>>,
+    #[serde(default)]
+    pub approve: Vec<S<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub max_steps: Option<S<u32>>,
+    pub max_mutations: Option<S<u32>>,
+    pub max_duration: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub id: Option<S<String>>,
+    pub call: Option<S<String>>,
+    #[serde(default)]
+    pub args: BTreeMap<String, S<serde_json::Value>>,
+    pub when: Option<S<String>>,
+    pub reason: Option<S<String>>,
+    pub suggest: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: S<String>,
+    pub connection: S<Connection>,
+    #[serde(default)]
+    pub sudo: bool,
+    pub jail: Option<S<String>>,
+    pub tool_timeout: Option<S<String>>,
+    #[serde(default)]
+    pub units: Vec<S<String>>,
+    #[serde(default)]
+    pub journals: Vec<S<String>>,
+    #[serde(default)]
+    pub paths: Vec<S<String>>,
+    #[serde(default)]
+    pub logrotate_configs: Vec<S<String>>,
+    pub logrotate_state: Option<S<String>>,
+    #[serde(default)]
+    pub certificates: BTreeMap<String, S<Certificate>>,
+    #[serde(default)]
+    pub health_checks: BTreeMap<String, S<String>>,
+    #[serde(default)]
+    pub worker_pools: BTreeMap<String, S<WorkerPool>>,
+    #[serde(default)]
+    pub binaries: Binaries,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Connection {
+    Local,
+    Ssh(Box<Ssh>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ssh {
+    pub address: S<String>,
+    pub port: Option<u16>,
+    pub user: S<String>,
+    pub identity: S<String>,
+    pub known_hosts: S<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    pub path: S<String>,
+    pub unit: Option<S<String>>,
+    pub renew: Option<S<Vec<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerPool {
+    pub unit: Option<S<String>>,
+    pub pid_file: Option<S<String>>,
+    pub recycle: S<Recycle>,
+    pub health_check: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Recycle {
+    Reload,
+    Signal(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binaries {
+    pub systemctl: Option<S<String>>,
+    pub journalctl: Option<S<String>>,
+    pub logrotate: Option<S<String>>,
+    pub df: Option<S<String>>,
+    pub du: Option<S<String>>,
+    pub ps: Option<S<String>>,
+    pub kill: Option<S<String>>,
+    pub sudo: Option<S<String>>,
+}

@@ -1,0 +1,464 @@
+//! A runbook: which hosts it may touch, which tools it may call (and with
+//! what standing approval), what it may spend, and the steps it runs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_saphyr::Spanned;
+
+use super::diag::{Diagnostics, did_you_mean};
+use super::raw;
+use super::{duration, safe_name};
+use crate::tools::{self, Tier, ToolId};
+
+/// How much a runbook may change on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Autonomy {
+    /// Tier-2 calls are recorded as proposals and never run.
+    L1,
+    /// Standing approval for exactly the tier-2 tools listed under `tools.approve`.
+    L3,
+}
+
+impl Autonomy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Autonomy::L1 => "L1",
+            Autonomy::L3 => "L3",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub max_steps: u32,
+    pub max_mutations: u32,
+    pub max_duration: Duration,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_steps: 12,
+            max_mutations: 3,
+            max_duration: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct OnAlert {
+    pub matchers: Vec<String>,
+    pub host_label: String,
+}
+
+/// One deterministic step, as written (templates are rendered at run time).
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// The name later steps use (`steps.ID.field`); defaults to `step<N>`.
+    pub id: String,
+    pub when: Option<String>,
+    pub line: u32,
+    pub action: StepAction,
+}
+
+#[derive(Debug, Clone)]
+pub enum StepAction {
+    Call {
+        tool: ToolId,
+        /// Argument values; strings may be minijinja templates.
+        args: BTreeMap<String, serde_json::Value>,
+        /// Required for tier-2 calls; a template.
+        reason: Option<String>,
+    },
+    /// A tier-3 command for a person to run; recorded, never executed.
+    Suggest(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Runbook {
+    pub name: String,
+    pub description: String,
+    pub hosts: Vec<String>,
+    pub autonomy: Autonomy,
+    pub schedule: Option<String>,
+    pub on_alert: Option<OnAlert>,
+    pub cooldown: Option<Duration>,
+    /// Tier-1 tools the runbook may call.
+    pub observe: BTreeSet<ToolId>,
+    /// Tier-2 tools: standing approval at L3, proposals only at L1.
+    pub approve: BTreeSet<ToolId>,
+    pub budget: Budget,
+    pub steps: Vec<Step>,
+    /// sha256 of the file's bytes: which version of the runbook a run used.
+    pub version: String,
+    pub source: PathBuf,
+}
+
+impl Runbook {
+    pub fn allows_tool(&self, tool: ToolId) -> bool {
+        self.observe.contains(&tool) || self.approve.contains(&tool)
+    }
+
+    pub fn allows_host(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| h == host)
+    }
+}
+
+/// The template engine shared by `when` conditions and templated values.
+/// Strict undefined: a misspelt `steps.root.use_pct` is an error, not a silent false.
+pub fn template_env() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.set_recursion_limit(32);
+    env
+}
+
+pub fn is_template(s: &str) -> bool {
+    s.contains("{{") || s.contains("{%") || s.contains("{#")
+}
+
+pub(super) fn validate(
+    raw: raw::Runbook,
+    file: &Path,
+    version: String,
+    hosts: &BTreeSet<String>,
+    diags: &mut Diagnostics,
+) -> Option<Runbook> {
+    let before = diags.len();
+    let name = raw.name.value.clone();
+    if !safe_name(&name) {
+        diags.at(
+            file,
+            raw.name.referenced,
+            format!("runbook name \"{name}\" must be 1-64 characters of a-z, 0-9, '-' or '_', starting with a letter or digit (it names metrics and kill-switch files)"),
+        );
+    }
+
+    let autonomy = match raw.autonomy.value.as_str() {
+        "L1" => Some(Autonomy::L1),
+        "L3" => Some(Autonomy::L3),
+        "L2" => {
+            diags.at(file, raw.autonomy.referenced, "autonomy L2 (a person approves each change) is not available in this version; use L1 to record tier-2 calls as proposals, or L3 for standing approval of the tools under tools.approve");
+            None
+        }
+        other => {
+            diags.at(
+                file,
+                raw.autonomy.referenced,
+                format!(
+                    "autonomy \"{other}\" is not one of L1 (propose only) or L3 (standing approval)"
+                ),
+            );
+            None
+        }
+    };
+
+    let mut host_names = Vec::new();
+    if raw.hosts.value.is_empty() {
+        diags.at(
+            file,
+            raw.hosts.referenced,
+            "hosts is empty: name at least one host from hosts/",
+        );
+    }
+    for h in &raw.hosts.value {
+        if host_names.contains(&h.value) {
+            diags.at(
+                file,
+                h.referenced,
+                format!("host \"{}\" is listed twice", h.value),
+            );
+        } else if !hosts.contains(&h.value) {
+            diags.at(
+                file,
+                h.referenced,
+                format!(
+                    "host \"{}\" is not defined in hosts/{}",
+                    h.value,
+                    did_you_mean(&h.value, hosts.iter().map(String::as_str))
+                ),
+            );
+        }
+        host_names.push(h.value.clone());
+    }
+
+    let observe = tool_list(&raw.tools.observe, Tier::Observe, file, diags);
+    let approve = tool_list(&raw.tools.approve, Tier::Change, file, diags);
+
+    if let Some(s) = &raw.schedule
+        && let Err(e) = croner::parser::CronParser::new().parse(&s.value)
+    {
+        diags.at(file, s.referenced, format!("schedule \"{}\" does not parse: {e}; use 5-field crontab syntax such as \"0 3 * * 1\" or @daily", s.value));
+    }
+    let cooldown = raw
+        .cooldown
+        .as_ref()
+        .and_then(|c| duration(c, "cooldown", file, diags));
+    let on_alert = raw.on_alert.as_ref().map(|a| OnAlert {
+        matchers: a.matchers.iter().map(|m| m.value.clone()).collect(),
+        host_label: a.host_label.value.clone(),
+    });
+
+    let mut budget = Budget::default();
+    if let Some(s) = &raw.budget.max_steps {
+        if s.value == 0 || s.value > 1000 {
+            diags.at(
+                file,
+                s.referenced,
+                "budget.max_steps must be between 1 and 1000",
+            );
+        }
+        budget.max_steps = s.value;
+    }
+    if let Some(m) = &raw.budget.max_mutations {
+        if m.value > 100 {
+            diags.at(
+                file,
+                m.referenced,
+                "budget.max_mutations must be at most 100",
+            );
+        }
+        budget.max_mutations = m.value;
+    }
+    if let Some(d) = &raw.budget.max_duration
+        && let Some(d) = duration(d, "budget.max_duration", file, diags)
+    {
+        budget.max_duration = d;
+    }
+
+    let env = template_env();
+    let mut ids = BTreeSet::new();
+    let mut steps = Vec::new();
+    for (i, step) in raw.steps.iter().enumerate() {
+        if let Some(s) = validate_step(i, step, file, &observe, &approve, &env, &mut ids, diags) {
+            steps.push(s);
+        }
+    }
+
+    if diags.len() != before {
+        return None;
+    }
+    Some(Runbook {
+        name,
+        description: raw.description,
+        hosts: host_names,
+        autonomy: autonomy?,
+        schedule: raw.schedule.map(|s| s.value),
+        on_alert,
+        cooldown,
+        observe,
+        approve,
+        budget,
+        steps,
+        version,
+        source: file.to_path_buf(),
+    })
+}
+
+fn tool_list(
+    list: &[Spanned<String>],
+    tier: Tier,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeSet<ToolId> {
+    let mut set = BTreeSet::new();
+    for t in list {
+        match ToolId::from_name(&t.value) {
+            None => diags.at(file, t.referenced, unknown_tool(&t.value)),
+            Some(id) if id.tier() != tier => {
+                let msg = match tier {
+                    Tier::Observe => format!(
+                        "\"{}\" is a tier-2 tool (it changes the host); list it under tools.approve, not tools.observe",
+                        t.value
+                    ),
+                    Tier::Change => format!(
+                        "\"{}\" is a tier-1 tool (it only observes); list it under tools.observe, not tools.approve",
+                        t.value
+                    ),
+                };
+                diags.at(file, t.referenced, msg);
+            }
+            Some(id) => {
+                if !set.insert(id) {
+                    diags.at(
+                        file,
+                        t.referenced,
+                        format!("\"{}\" is listed twice", t.value),
+                    );
+                }
+            }
+        }
+    }
+    set
+}
+
+fn unknown_tool(name: &str) -> String {
+    format!(
+        "unknown tool \"{}\"{}; `runwarden tools` lists them (tier-3 operations are never tools: write them as `suggest:` steps)",
+        name.escape_debug(),
+        did_you_mean(name, ToolId::ALL.iter().map(|t| t.name()))
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn validate_step(
+    index: usize,
+    step: &Spanned<raw::Step>,
+    file: &Path,
+    observe: &BTreeSet<ToolId>,
+    approve: &BTreeSet<ToolId>,
+    env: &minijinja::Environment<'static>,
+    ids: &mut BTreeSet<String>,
+    diags: &mut Diagnostics,
+) -> Option<Step> {
+    let before = diags.len();
+    let s = &step.value;
+    let loc = step.referenced;
+    let id = match &s.id {
+        Some(id) => {
+            let ok = id
+                .value
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && id.value.len() <= 64
+                && id
+                    .value
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                diags.at(file, id.referenced, format!("step id \"{}\" must be a lower-case identifier (a-z, 0-9, _) so templates can say steps.{}", id.value.escape_debug(), id.value.escape_debug()));
+            }
+            if !ids.insert(id.value.clone()) {
+                diags.at(
+                    file,
+                    id.referenced,
+                    format!("step id \"{}\" is used twice", id.value),
+                );
+            }
+            id.value.clone()
+        }
+        None => format!("step{}", index + 1),
+    };
+    if let Some(w) = &s.when
+        && let Err(e) = env.compile_expression(&w.value)
+    {
+        diags.at(file, w.referenced, format!("`when` does not parse: {e}"));
+    }
+    let action = match (&s.call, &s.suggest) {
+        (Some(_), Some(_)) | (None, None) => {
+            diags.at(
+                file,
+                loc,
+                "a step has exactly one of `call` (a tool) or `suggest` (a command for a person)",
+            );
+            return None;
+        }
+        (None, Some(text)) => {
+            if !s.args.is_empty() || s.reason.is_some() {
+                diags.at(file, text.referenced, "a `suggest` step takes no `args` or `reason`: the suggestion is text for a person");
+            }
+            if let Err(e) = env.template_from_str(&text.value) {
+                diags.at(
+                    file,
+                    text.referenced,
+                    format!("suggestion template does not parse: {e}"),
+                );
+            }
+            StepAction::Suggest(text.value.clone())
+        }
+        (Some(call), None) => {
+            let Some(tool) = ToolId::from_name(&call.value) else {
+                diags.at(file, call.referenced, unknown_tool(&call.value));
+                return None;
+            };
+            if !observe.contains(&tool) && !approve.contains(&tool) {
+                let list = if tool.tier() == Tier::Observe {
+                    "tools.observe"
+                } else {
+                    "tools.approve"
+                };
+                diags.at(
+                    file,
+                    call.referenced,
+                    format!(
+                        "step calls \"{}\" but the runbook does not list it under {list}",
+                        tool.name()
+                    ),
+                );
+            }
+            match (tool.tier(), &s.reason) {
+                (Tier::Change, None) => diags.at(file, call.referenced, format!("\"{}\" is a tier-2 tool: the step needs a `reason` (a template such as \"/ at {{{{ steps.root.use_pct }}}}%\")", tool.name())),
+                (Tier::Observe, Some(r)) => diags.at(file, r.referenced, format!("`reason` is only for tier-2 calls; \"{}\" only observes", tool.name())),
+                _ => {}
+            }
+            if let Some(r) = &s.reason
+                && let Err(e) = env.template_from_str(&r.value)
+            {
+                diags.at(
+                    file,
+                    r.referenced,
+                    format!("reason template does not parse: {e}"),
+                );
+            }
+            let mut args = BTreeMap::new();
+            let mut templated = false;
+            for (k, v) in &s.args {
+                if k == "reason" {
+                    diags.at(
+                        file,
+                        v.referenced,
+                        "write the reason as the step's `reason`, not as an argument",
+                    );
+                    continue;
+                }
+                if let serde_json::Value::String(text) = &v.value
+                    && is_template(text)
+                {
+                    templated = true;
+                    if let Err(e) = env.template_from_str(text) {
+                        diags.at(
+                            file,
+                            v.referenced,
+                            format!("argument `{k}`: template does not parse: {e}"),
+                        );
+                    }
+                }
+                args.insert(k.clone(), v.value.clone());
+            }
+            // Literal arguments are checked against the tool's own argument type now;
+            // templated ones are checked the same way at run time, after rendering.
+            let mut probe: serde_json::Map<String, serde_json::Value> =
+                args.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            if tool.tier() == Tier::Change {
+                probe.insert("reason".into(), "check".into());
+            }
+            if let Err(e) = tools::check_shape(tool, &serde_json::Value::Object(probe), templated) {
+                let at = s
+                    .args
+                    .values()
+                    .next()
+                    .map(|v| v.referenced)
+                    .unwrap_or(call.referenced);
+                diags.at(file, at, format!("arguments of \"{}\": {e}", tool.name()));
+            }
+            StepAction::Call {
+                tool,
+                args,
+                reason: s.reason.as_ref().map(|r| r.value.clone()),
+            }
+        }
+    };
+    if diags.len() != before {
+        return None;
+    }
+    Some(Step {
+        id,
+        when: s.when.as_ref().map(|w| w.value.clone()),
+        line: loc.line() as u32,
+        action,
+    })
+}

@@ -1,0 +1,219 @@
+//! The kill switch: one file stops everything.
+//!
+//! `DIR/ENGAGED` stops every run; `DIR/RUNBOOK.ENGAGED` stops one runbook.
+//! The gate checks these files synchronously before every call, so a run
+//! learns of the switch before its next call however it was engaged (the CLI,
+//! `touch`, a config-management tool). Anything unexpected about the
+//! directory (missing, unreadable, not a directory) counts as engaged: the
+//! switch fails closed.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// The file name of the global switch.
+pub const GLOBAL: &str = "ENGAGED";
+
+#[derive(Debug, Clone)]
+pub struct KillSwitch {
+    dir: PathBuf,
+}
+
+/// Why calls are stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engaged {
+    /// `global`, or the runbook's name.
+    pub scope: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Engaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "kill switch engaged ({}): {}", self.scope, self.detail)
+    }
+}
+
+impl KillSwitch {
+    pub fn new(dir: impl Into<PathBuf>) -> KillSwitch {
+        KillSwitch { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file(&self, runbook: Option<&str>) -> PathBuf {
+        match runbook {
+            None => self.dir.join(GLOBAL),
+            Some(r) => self.dir.join(format!("{r}.{GLOBAL}")),
+        }
+    }
+
+    /// Why the directory itself counts as engaged, if it does (missing, not a directory, unreadable).
+    fn dir_problem(&self) -> Option<String> {
+        let dir = self.dir.display();
+        match std::fs::metadata(&self.dir) {
+            Ok(m) if !m.is_dir() => {
+                return Some(format!(
+                    "{dir} is not a directory; treated as engaged (fail closed). Replace it with a directory to release"
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Some(format!(
+                    "cannot read the kill-switch directory {dir}: {e}; treated as engaged (fail closed). Create it with `mkdir -p {dir}` to release"
+                ));
+            }
+        }
+        let flags = nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::X_OK;
+        nix::unistd::access(&self.dir, flags)
+            .err()
+            .map(|e| format!("the kill-switch directory {dir} is not readable ({e}); treated as engaged (fail closed)"))
+    }
+
+    /// Ok when calls of `runbook` may proceed; every doubt is an `Engaged`.
+    pub fn check(&self, runbook: &str) -> Result<(), Engaged> {
+        if let Some(detail) = self.dir_problem() {
+            return Err(Engaged {
+                scope: "global".into(),
+                detail,
+            });
+        }
+        for (scope, file) in [
+            ("global", self.file(None)),
+            (runbook, self.file(Some(runbook))),
+        ] {
+            match std::fs::symlink_metadata(&file) {
+                Ok(_) => {
+                    return Err(Engaged {
+                        scope: scope.to_string(),
+                        detail: describe(&file),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Engaged {
+                        scope: scope.to_string(),
+                        detail: format!(
+                            "cannot check {}: {e}; treated as engaged (fail closed)",
+                            file.display()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Engage atomically (write a temporary file, then rename): who, when, why.
+    pub fn engage(&self, runbook: Option<&str>, reason: &str) -> std::io::Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir)?;
+        let target = self.file(runbook);
+        let tmp = self
+            .dir
+            .join(format!(".{}.tmp-{}", GLOBAL, std::process::id()));
+        let who = nix::unistd::User::from_uid(nix::unistd::getuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| nix::unistd::getuid().to_string());
+        let body = format!(
+            "engaged_by: {who}\nengaged_at: {}\nreason: {}\n",
+            jiff::Timestamp::now(),
+            reason.replace('\n', " ")
+        );
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(body.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)?;
+        if let Ok(d) = std::fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(target)
+    }
+
+    /// Remove the switch file; false when it was not engaged.
+    pub fn release(&self, runbook: Option<&str>) -> std::io::Result<bool> {
+        match std::fs::remove_file(self.file(runbook)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every engaged switch file and what it says.
+    pub fn status(&self) -> Result<Vec<(String, String)>, Engaged> {
+        if let Some(detail) = self.dir_problem() {
+            return Err(Engaged {
+                scope: "global".into(),
+                detail,
+            });
+        }
+        let mut out = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(&self.dir) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name == GLOBAL {
+                    out.push(("global".to_string(), describe(&e.path())));
+                } else if let Some(rb) = name.strip_suffix(&format!(".{GLOBAL}")) {
+                    out.push((rb.to_string(), describe(&e.path())));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// The switch file's content (who, when, why), cut short; a bare `touch` says so.
+fn describe(file: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(f) = std::fs::File::open(file) {
+        let _ = f.take(2048).read_to_string(&mut text);
+    }
+    let text: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if text.is_empty() {
+        format!("{} exists (no reason given)", file.display())
+    } else {
+        format!("{} ({})", file.display(), text.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engage_release_and_fail_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = KillSwitch::new(dir.path().join("ks"));
+        let missing = ks.check("disk").unwrap_err();
+        assert!(missing.detail.contains("fail closed"), "{missing}");
+        std::fs::create_dir(ks.dir()).unwrap();
+        assert!(ks.check("disk").is_ok());
+        ks.engage(Some("disk"), "investigating").unwrap();
+        let e = ks.check("disk").unwrap_err();
+        assert_eq!(e.scope, "disk");
+        assert!(e.detail.contains("investigating"));
+        assert!(
+            ks.check("other").is_ok(),
+            "a runbook switch stops only that runbook"
+        );
+        std::fs::write(ks.dir().join(GLOBAL), "").unwrap();
+        assert_eq!(ks.check("other").unwrap_err().scope, "global");
+        assert!(ks.release(None).unwrap());
+        assert!(ks.release(Some("disk")).unwrap());
+        assert!(ks.check("disk").is_ok());
+        std::fs::remove_dir(ks.dir()).unwrap();
+        std::fs::write(ks.dir(), "not a dir").unwrap();
+        assert!(
+            ks.check("disk")
+                .unwrap_err()
+                .detail
+                .contains("not a directory")
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! runwarden: a runbook-scoped remediation runner.
+//!
+//! A runbook names the hosts it may touch, the narrow typed tools it may call
+//! and the budget it may spend. A planner (the runbook's deterministic
+//! `steps`) proposes one call at a time; every call passes the same gate
+//! before anything runs, and the audit log holds the intent on disk before
+//! the call is dispatched.
+//!
+//! # Layout
+//!
+//! ```text
+//! cli ──[RunRequest]──> run ── planner.next(&transcript)  -> Call | Suggest | Finish
+//!                            │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
+//!                            │                             -> Allow(Permit)
+//!                            │ audit.intent(&permit)       -> AuditTicket  (synced before the call)
+//!                            │ executor.dispatch(&permit, &ticket, deadline) -> ToolResult
+//!                            └ audit.result(ticket, &result); transcript += result
+//! ```
+//!
+//! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`config::Host`], errors as `FILE:LINE:COLUMN`.
+//! - [`tools`]: the static registry; tiers live here, in code, keyed by tool.
+//! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget).
+//! - [`audit`]: append-only, hash-chained JSONL.
+//! - [`executor`]: runs a permitted, audited call; [`executor::process`] spawns argv safely.
+//! - [`planner`]: picks the next call; it can only propose.
+//! - [`run`]: one runbook on one host, from the first call to the verdict.
+//!
+//! Two types make the order of operations a compile-time fact: a
+//! [`gate::Permit`] can only be made by the gate, an [`audit::AuditTicket`]
+//! only by the audit log, and the executor demands both.
+
+pub mod audit;
+pub mod cli;
+pub mod config;
+pub mod executor;
+pub mod gate;
+pub mod planner;
+pub mod run;
+pub mod tools;

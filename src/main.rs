@@ -1,0 +1,28 @@
+//! The `runwarden` binary: parse the command line, set up logging, hand over
+//! to [`runwarden::cli`], exit with its code.
+
+use clap::Parser;
+
+fn main() {
+    let cli = runwarden::cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUNWARDEN_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runwarden: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(runwarden::cli::main(cli));
+    std::process::exit(code);
+}

@@ -1,0 +1,128 @@
+//! The deterministic planner: a runbook's `steps`, in order, with `when`
+//! conditions over earlier results and minijinja templates in values.
+//!
+//! A rendered value is only a proposal like any other: it goes through the
+//! same argument checks at the gate as a literal one.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{Next, Transcript};
+use crate::config::Runbook;
+use crate::config::runbook::{StepAction, template_env};
+use crate::gate::ProposedCall;
+
+pub struct StepsPlanner {
+    runbook: Arc<Runbook>,
+    /// Extra template context: `run` (id, runbook, host) and, for alert triggers, `alert`.
+    context: Value,
+    index: usize,
+    env: minijinja::Environment<'static>,
+}
+
+impl StepsPlanner {
+    pub fn new(runbook: Arc<Runbook>, context: Value) -> StepsPlanner {
+        StepsPlanner {
+            runbook,
+            context,
+            index: 0,
+            env: template_env(),
+        }
+    }
+
+    fn scope(&self, transcript: &Transcript) -> Value {
+        let mut scope = self.context.clone();
+        scope["steps"] = Value::Object(transcript.steps.clone());
+        scope
+    }
+
+    pub fn next(&mut self, transcript: &Transcript) -> Next {
+        let Some(step) = self.runbook.steps.get(self.index).cloned() else {
+            return Next::Finish;
+        };
+        self.index += 1;
+        let n = self.index as u32;
+        let scope = self.scope(transcript);
+        let label = format!("step {n} ({}, line {})", step.id, step.line);
+        if let Some(when) = &step.when {
+            let verdict = self
+                .env
+                .compile_expression(when)
+                .and_then(|e| e.eval(&scope))
+                .map(|v| v.is_true());
+            match verdict {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Next::Skip {
+                        id: step.id,
+                        when: when.clone(),
+                    };
+                }
+                Err(e) => {
+                    return Next::Fail(format!("{label}: `when: {when}` failed: {}", detail(&e)));
+                }
+            }
+        }
+        match &step.action {
+            StepAction::Suggest(text) => match self.env.render_str(text, &scope) {
+                Ok(text) => Next::Suggest { id: step.id, text },
+                Err(e) => Next::Fail(format!(
+                    "{label}: suggestion template failed: {}",
+                    detail(&e)
+                )),
+            },
+            StepAction::Call { tool, args, reason } => {
+                let mut rendered = serde_json::Map::new();
+                for (k, v) in args {
+                    let v = match v {
+                        Value::String(s) if crate::config::runbook::is_template(s) => {
+                            match self.env.render_str(s, &scope) {
+                                Ok(s) => Value::String(s),
+                                Err(e) => {
+                                    return Next::Fail(format!(
+                                        "{label}: argument `{k}` failed to render: {}",
+                                        detail(&e)
+                                    ));
+                                }
+                            }
+                        }
+                        other => other.clone(),
+                    };
+                    rendered.insert(k.clone(), v);
+                }
+                if let Some(reason) = reason {
+                    match self.env.render_str(reason, &scope) {
+                        Ok(r) => {
+                            rendered.insert("reason".into(), json!(r));
+                        }
+                        Err(e) => {
+                            return Next::Fail(format!(
+                                "{label}: reason failed to render: {}",
+                                detail(&e)
+                            ));
+                        }
+                    }
+                }
+                Next::Call {
+                    id: step.id,
+                    call: ProposedCall {
+                        step: n,
+                        tool: tool.name().to_string(),
+                        args: Value::Object(rendered),
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn detail(e: &minijinja::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s = format!("{s}: {inner}");
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,451 @@
+//! One runbook on one host: planner -> gate -> audit -> executor, until the
+//! planner finishes or a limit stops it; then a verdict.
+//!
+//! The verdict is judged from the tool events (every call's outcome and, for
+//! tier-2 calls, its own verification), never from an exit code alone.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
+use crate::config::{Config, Host, Runbook};
+use crate::executor::Executor;
+use crate::gate::{Decision, DenyReason, Gate, KillSwitch};
+use crate::planner::{Next, Planner, StepsPlanner, Transcript};
+use crate::tools::{Outcome, Tier, ToolResult};
+
+/// Why a run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    Cli,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub runbook: String,
+    pub host: String,
+    pub dry_run: bool,
+    pub trigger: Trigger,
+}
+
+/// How a run ended. Ordered from best to worst; the worst event decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every call succeeded and every change verified.
+    Ok,
+    /// A call failed, timed out, or a change could not be verified.
+    Failed,
+    /// The gate refused at least one call.
+    Denied,
+    /// `max_steps` ran out.
+    StepLimit,
+    /// The mutation or wall-time budget ran out.
+    BudgetExhausted,
+    /// The run could not go on: the audit log failed, or a `when` or template did.
+    Broken,
+    /// The kill switch stopped the run.
+    Halted,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed => "failed",
+            Verdict::Denied => "denied",
+            Verdict::StepLimit => "step_limit",
+            Verdict::BudgetExhausted => "budget_exhausted",
+            Verdict::Broken => "broken",
+            Verdict::Halted => "halted",
+        }
+    }
+
+    /// The process exit code of `runwarden run` (2 is kept for usage and config errors).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Ok => 0,
+            Verdict::Failed => 1,
+            Verdict::Denied => 3,
+            Verdict::StepLimit => 4,
+            Verdict::BudgetExhausted => 5,
+            Verdict::Broken => 6,
+            Verdict::Halted => 7,
+        }
+    }
+}
+
+/// One line of the report: what was asked, what the gate said, what happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    pub step: u32,
+    pub id: String,
+    /// `ok`, `error`, `timeout`, `denied`, `proposed`, `dry_run`, `skipped`, `suggested`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<u8>,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub args: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<Vec<String>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResult>,
+}
+
+impl StepReport {
+    fn new(step: u32, id: &str, status: &str) -> StepReport {
+        StepReport {
+            step,
+            id: id.to_string(),
+            status: status.to_string(),
+            tool: None,
+            tier: None,
+            args: Value::Null,
+            approved_by: None,
+            reason: None,
+            detail: None,
+            argv: None,
+            result: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    pub runbook: String,
+    pub runbook_version: String,
+    pub host: String,
+    pub autonomy: &'static str,
+    pub planner: &'static str,
+    pub trigger: Trigger,
+    pub dry_run: bool,
+    pub started_at: String,
+    pub duration_ms: u64,
+    pub steps: Vec<StepReport>,
+    pub suggestions: Vec<String>,
+    pub mutations: u32,
+    pub verdict: Verdict,
+    pub verdict_detail: String,
+}
+
+/// Problems that keep a run from starting at all (nothing was called or audited).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no runbook named \"{0}\" (runwarden check lists them)")]
+    UnknownRunbook(String),
+    #[error("no host named \"{0}\" in hosts/")]
+    UnknownHost(String),
+    #[error("{0}")]
+    Unreachable(String),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+}
+
+/// Everything a run needs from outside: the config it started with, the audit log, the switch.
+pub struct Runner {
+    pub config: Arc<Config>,
+    pub audit: Arc<AuditLog>,
+    pub killswitch: KillSwitch,
+}
+
+impl Runner {
+    pub fn new(config: Arc<Config>, audit: Arc<AuditLog>) -> Runner {
+        let killswitch = KillSwitch::new(config.settings.kill_switch_dir.clone());
+        Runner {
+            config,
+            audit,
+            killswitch,
+        }
+    }
+
+    pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
+        let runbook = self
+            .config
+            .runbooks
+            .get(&req.runbook)
+            .cloned()
+            .ok_or_else(|| StartError::UnknownRunbook(req.runbook.clone()))?;
+        let host = self
+            .config
+            .hosts
+            .get(&req.host)
+            .cloned()
+            .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
+        let executor = Executor::for_host(&host).map_err(StartError::Unreachable)?;
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let info = RunInfo {
+            run_id: run_id.clone(),
+            runbook: runbook.name.clone(),
+            runbook_version: runbook.version.clone(),
+            host: host.name.clone(),
+            planner: "steps".into(),
+        };
+        let context =
+            json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name } });
+        let planner = Planner::Steps(StepsPlanner::new(runbook.clone(), context));
+        let mut start = info.entry(Phase::Start, None);
+        start.detail = Some(
+            json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str() }),
+        );
+        self.audit.append(start, true)?;
+        Ok(RunLoop {
+            runner: self,
+            runbook,
+            host,
+            executor,
+            info,
+            planner,
+            req,
+        }
+        .go()
+        .await)
+    }
+}
+
+struct RunLoop<'a> {
+    runner: &'a Runner,
+    runbook: Arc<Runbook>,
+    host: Arc<Host>,
+    executor: Executor,
+    info: RunInfo,
+    planner: Planner,
+    req: &'a RunRequest,
+}
+
+impl RunLoop<'_> {
+    async fn go(mut self) -> RunReport {
+        let started = Instant::now();
+        let started_at = jiff::Timestamp::now().to_string();
+        let audit = self.runner.audit.clone();
+        let mut gate = Gate::new(
+            self.runbook.clone(),
+            self.host.clone(),
+            self.runner.killswitch.clone(),
+        );
+        let mut transcript = Transcript::default();
+        let mut steps = Vec::new();
+        let mut suggestions = Vec::new();
+        let mut worst = Verdict::Ok;
+        let mut stop: Option<(Verdict, String)> = None;
+        let mut worst_detail = String::new();
+        let mut note = |v: Verdict, why: String, worst: &mut Verdict| {
+            if v > *worst {
+                *worst = v;
+                worst_detail = why;
+            }
+        };
+
+        while stop.is_none() {
+            let n = steps.len() as u32 + 1;
+            match self.planner.next(&transcript).await {
+                Next::Finish => break,
+                Next::Fail(msg) => stop = Some((Verdict::Broken, msg)),
+                Next::Skip { id, when } => {
+                    let mut r = StepReport::new(n, &id, "skipped");
+                    r.detail = Some(format!("when: {when}"));
+                    transcript.steps.insert(
+                        id,
+                        json!({ "outcome": "skipped", "ok": false, "skipped": true }),
+                    );
+                    steps.push(r);
+                }
+                Next::Suggest { id, text } => {
+                    let mut e = self.info.entry(Phase::Suggestion, Some(n));
+                    e.detail = Some(json!({ "suggestion": text, "tier": 3 }));
+                    if let Err(err) = audit.append(e, true) {
+                        stop = Some((Verdict::Broken, err.to_string()));
+                    }
+                    let mut r = StepReport::new(n, &id, "suggested");
+                    r.detail = Some(text.clone());
+                    suggestions.push(text);
+                    steps.push(r);
+                }
+                Next::Call { id, mut call } => {
+                    call.step = n;
+                    let mut r = StepReport::new(n, &id, "");
+                    r.tool = Some(call.tool.chars().take(200).collect());
+                    match gate.check(&call) {
+                        Decision::Deny(denial) => {
+                            r.status = "denied".into();
+                            r.args = call.args.clone();
+                            r.tier = denial.tool.map(|t| t.tier().number());
+                            r.detail = Some(denial.to_string());
+                            transcript.steps.insert(id, json!({ "outcome": "denied", "ok": false, "error": denial.to_string() }));
+                            if let Err(err) =
+                                audit.denied(&self.info, &call.tool, &call.args, &denial)
+                            {
+                                stop = Some((Verdict::Broken, err.to_string()));
+                            }
+                            let v = match denial.reason {
+                                DenyReason::KillSwitch => Verdict::Halted,
+                                DenyReason::StepLimit => Verdict::StepLimit,
+                                DenyReason::TimeBudget | DenyReason::MutationBudget => {
+                                    Verdict::BudgetExhausted
+                                }
+                                _ => Verdict::Denied,
+                            };
+                            if denial.reason.stops_run() && stop.is_none() {
+                                stop = Some((v, denial.to_string()));
+                            }
+                            note(v, format!("step {n}: {denial}"), &mut worst);
+                        }
+                        Decision::Propose(p) => {
+                            let argv: Vec<Vec<String>> = p
+                                .action
+                                .planned_argv(&self.host)
+                                .iter()
+                                .map(|a| a.to_vec())
+                                .collect();
+                            r.status = "proposed".into();
+                            r.tier = Some(p.action.tier().number());
+                            r.args = p.action.args_json();
+                            r.reason = p.action.reason().map(String::from);
+                            r.detail =
+                                Some("L1: recorded as a proposal for a person; not run".into());
+                            let flat: Vec<String> = argv
+                                .iter()
+                                .map(|a| serde_json::to_string(a).unwrap_or_default())
+                                .collect();
+                            r.argv = Some(argv);
+                            transcript
+                                .steps
+                                .insert(id, json!({ "outcome": "proposed", "ok": false }));
+                            if let Err(err) = audit.proposal(&self.info, &p, &flat) {
+                                stop = Some((Verdict::Broken, err.to_string()));
+                            }
+                        }
+                        Decision::Allow(permit) => {
+                            let action = permit.action();
+                            r.tier = Some(action.tier().number());
+                            r.args = action.args_json();
+                            r.approved_by = Some(permit.approved_by().to_string());
+                            r.reason = action.reason().map(String::from);
+                            if self.req.dry_run && action.tier() == Tier::Change {
+                                let argv: Vec<Vec<String>> = action
+                                    .planned_argv(&self.host)
+                                    .iter()
+                                    .map(|a| a.to_vec())
+                                    .collect();
+                                let mut e = self.info.entry(Phase::DryRun, Some(n));
+                                e.tool = Some(action.tool().name().into());
+                                e.args = Some(action.args_json());
+                                e.tier = Some(2);
+                                e.approved_by = Some(permit.approved_by().to_string());
+                                e.reason = action.reason().map(String::from);
+                                e.outcome = Some("dry_run".into());
+                                e.detail = Some(json!({ "argv": argv }));
+                                if let Err(err) = audit.append(e, true) {
+                                    stop = Some((Verdict::Broken, err.to_string()));
+                                }
+                                r.status = "dry_run".into();
+                                r.argv = Some(argv);
+                                transcript
+                                    .steps
+                                    .insert(id, json!({ "outcome": "dry_run", "ok": false }));
+                            } else {
+                                let ticket = match audit.intent(&self.info, &permit) {
+                                    Ok(t) => t,
+                                    Err(err) => {
+                                        r.status = "denied".into();
+                                        r.detail = Some(format!(
+                                            "not run: the intent line could not be written: {err}"
+                                        ));
+                                        steps.push(r);
+                                        stop = Some((
+                                            Verdict::Broken,
+                                            format!("audit log unusable, no call was made: {err}"),
+                                        ));
+                                        continue;
+                                    }
+                                };
+                                let deadline = tokio::time::Instant::now()
+                                    + self.host.tool_timeout.min(gate.budget().remaining());
+                                let result = self
+                                    .executor
+                                    .dispatch(&permit, &ticket, &self.host, deadline)
+                                    .await;
+                                if let Err(err) = audit.result(&self.info, ticket, &result) {
+                                    stop = Some((
+                                        Verdict::Broken,
+                                        format!("the result line could not be written: {err}"),
+                                    ));
+                                }
+                                r.status = match result.outcome {
+                                    Outcome::Ok => "ok",
+                                    Outcome::Error => "error",
+                                    Outcome::Timeout => "timeout",
+                                }
+                                .into();
+                                if result.outcome != Outcome::Ok || result.verified == Some(false) {
+                                    let why = result
+                                        .error
+                                        .clone()
+                                        .unwrap_or_else(|| "change not verified".into());
+                                    note(
+                                        Verdict::Failed,
+                                        format!("step {n} ({}): {why}", action.tool().name()),
+                                        &mut worst,
+                                    );
+                                }
+                                transcript.steps.insert(id, result.view());
+                                r.result = Some(result);
+                            }
+                        }
+                    }
+                    steps.push(r);
+                }
+            }
+        }
+
+        let (verdict, verdict_detail) = match stop {
+            Some((v, why)) => (v.max(worst), why),
+            None if worst == Verdict::Ok => (
+                Verdict::Ok,
+                "every call succeeded and every change verified".into(),
+            ),
+            None => (worst, worst_detail),
+        };
+        let mut e = self.info.entry(Phase::Verdict, None);
+        e.outcome = Some(verdict.as_str().into());
+        e.duration_ms = Some(started.elapsed().as_millis() as u64);
+        e.detail = Some(json!({
+            "detail": verdict_detail,
+            "steps": gate.budget().steps(),
+            "mutations": gate.budget().mutations(),
+            "suggestions": suggestions,
+        }));
+        if let Err(err) = audit.append(e, true) {
+            tracing::error!(run_id = %self.info.run_id, "verdict line not written: {err}");
+        }
+        RunReport {
+            run_id: self.info.run_id.clone(),
+            runbook: self.runbook.name.clone(),
+            runbook_version: self.runbook.version.clone(),
+            host: self.host.name.clone(),
+            autonomy: self.runbook.autonomy.as_str(),
+            planner: self.planner.name(),
+            trigger: self.req.trigger,
+            dry_run: self.req.dry_run,
+            started_at,
+            duration_ms: started.elapsed().as_millis() as u64,
+            steps,
+            suggestions,
+            mutations: gate.budget().mutations(),
+            verdict,
+            verdict_detail,
+        }
+    }
+}

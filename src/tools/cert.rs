@@ -1,0 +1,148 @@
+//! `cert_expiry` and `renew_certificate`: certificates parsed in Rust, renewed by the host's own command.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::{Ctx, Outcome, ToolResult, from_process, privileged};
+use crate::config::Host;
+use crate::executor::process::Argv;
+
+/// Certificate files larger than this are not read.
+const MAX_CERT_BYTES: u64 = 1 << 20;
+
+pub fn renew_argv(host: &Host, name: &str) -> Option<Argv> {
+    let renew = host.certificates.get(name)?.renew.as_ref()?;
+    let (program, args) = renew.split_first()?;
+    Some(privileged(
+        host,
+        Argv::new(Path::new(program)).args(args.iter().cloned()),
+    ))
+}
+
+/// What a certificate file says about itself.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    pub not_before: i64,
+    pub not_after: i64,
+    pub subject: String,
+    pub issuer: String,
+    pub serial: String,
+}
+
+pub fn read_cert(path: &Path) -> Result<CertInfo, String> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.len() > MAX_CERT_BYTES {
+        return Err(format!(
+            "{} is {} bytes; not a certificate",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse_cert(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn parse_cert(bytes: &[u8]) -> Result<CertInfo, String> {
+    let der;
+    let der_bytes: &[u8] =
+        if bytes.starts_with(b"-----") || bytes.iter().take(64).all(|b| b.is_ascii()) {
+            let (_, pem) = x509_parser::pem::parse_x509_pem(bytes)
+                .map_err(|e| format!("not a PEM certificate: {e}"))?;
+            der = pem.contents;
+            &der
+        } else {
+            bytes
+        };
+    let (_, cert) = x509_parser::parse_x509_certificate(der_bytes)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let validity = cert.validity();
+    Ok(CertInfo {
+        not_before: validity.not_before.timestamp(),
+        not_after: validity.not_after.timestamp(),
+        subject: cert.subject().to_string(),
+        issuer: cert.issuer().to_string(),
+        serial: cert.raw_serial_as_string(),
+    })
+}
+
+fn rfc3339(secs: i64) -> String {
+    jiff::Timestamp::from_second(secs)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn info_json(name: &str, path: &Path, info: &CertInfo) -> Value {
+    let now = jiff::Timestamp::now().as_second();
+    let left = info.not_after - now;
+    json!({
+        "name": name,
+        "path": path,
+        "not_before": rfc3339(info.not_before),
+        "not_after": rfc3339(info.not_after),
+        "seconds_left": left,
+        "days_left": left.div_euclid(86_400),
+        "expired": left <= 0,
+        "subject": info.subject,
+        "issuer": info.issuer,
+        "serial": info.serial,
+    })
+}
+
+pub async fn expiry(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+    let path = &ctx.host.certificates[name].path;
+    match read_cert(path) {
+        Ok(info) => ToolResult::observed(info_json(name, path, &info)),
+        Err(e) => ToolResult::failed(e),
+    }
+}
+
+pub async fn renew(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+    let path = &ctx.host.certificates[name].path;
+    let before = read_cert(path).ok();
+    let Some(argv) = renew_argv(ctx.host, name) else {
+        return ToolResult::failed(format!("certificate {name} has no renew command"));
+    };
+    let out = match ctx.run(&argv).await {
+        Ok(o) => o,
+        Err(e) => return ToolResult::failed(e),
+    };
+    let mut result = from_process(&out, json!({ "name": name }));
+    result.data["before"] = before
+        .as_ref()
+        .map(|i| info_json(name, path, i))
+        .unwrap_or(Value::Null);
+    if result.outcome != Outcome::Ok {
+        result.verified = Some(false);
+        return result;
+    }
+    let after = read_cert(path);
+    let verified = match (&before, &after) {
+        (Some(b), Ok(a)) => a.not_after > b.not_after,
+        (None, Ok(a)) => a.not_after > jiff::Timestamp::now().as_second(),
+        (_, Err(_)) => false,
+    };
+    result.data["after"] = after
+        .as_ref()
+        .map(|i| info_json(name, path, i))
+        .unwrap_or(Value::Null);
+    result.data["evidence"] = json!(match (&before, &after) {
+        (_, Err(e)) => format!("not verified: cannot read the certificate after renewal: {e}"),
+        (Some(b), Ok(a)) if verified => format!(
+            "not_after moved from {} to {}",
+            rfc3339(b.not_after),
+            rfc3339(a.not_after)
+        ),
+        (Some(b), Ok(_)) => format!("not verified: not_after is still {}", rfc3339(b.not_after)),
+        (None, Ok(a)) => format!("new certificate valid until {}", rfc3339(a.not_after)),
+    });
+    result.verified = Some(verified);
+    if !verified {
+        result.outcome = Outcome::Error;
+        result.error = Some(format!(
+            "renewal of {name} ran but the certificate's not_after did not move later"
+        ));
+    }
+    result
+}

@@ -1,0 +1,81 @@
+//! `http_check`: GET a loopback health-check URL named by the host file.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::{Ctx, ToolResult};
+
+/// Hard timeout of one check (the call's deadline may cut it shorter).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bytes of the body kept as an excerpt.
+const EXCERPT: usize = 512;
+
+pub async fn check(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+    let url = &ctx.host.health_checks[name];
+    let until = (tokio::time::Instant::now() + CHECK_TIMEOUT).min(ctx.deadline);
+    let mut data = probe(url, until).await;
+    data["name"] = json!(name);
+    ToolResult::observed(data)
+}
+
+/// One GET; the result says `healthy` (2xx) or why not. Never follows redirects:
+/// a redirect could lead off the loopback interface.
+pub async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value {
+    let started = Instant::now();
+    let client = match reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => return json!({ "url": url, "healthy": false, "error": e.to_string() }),
+    };
+    let attempt = async {
+        let mut resp = client.get(url).send().await?;
+        let status = resp.status();
+        let mut body = Vec::new();
+        let mut cut = false;
+        while let Some(chunk) = resp.chunk().await? {
+            let room = EXCERPT.saturating_sub(body.len());
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if chunk.len() > room {
+                cut = true;
+                break;
+            }
+        }
+        Ok::<_, reqwest::Error>((status, body, cut))
+    };
+    match tokio::time::timeout_at(until, attempt).await {
+        Ok(Ok((status, body, cut))) => json!({
+            "url": url,
+            "healthy": status.is_success(),
+            "status": status.as_u16(),
+            "latency_ms": started.elapsed().as_millis() as u64,
+            "body_excerpt": String::from_utf8_lossy(&body),
+            "body_truncated": cut,
+        }),
+        Ok(Err(e)) => json!({
+            "url": url,
+            "healthy": false,
+            "error": error_text(&e),
+            "latency_ms": started.elapsed().as_millis() as u64,
+        }),
+        Err(_) => json!({
+            "url": url,
+            "healthy": false,
+            "error": format!("no answer within {} ms", started.elapsed().as_millis()),
+            "latency_ms": started.elapsed().as_millis() as u64,
+        }),
+    }
+}
+
+fn error_text(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s = format!("{s}: {inner}");
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,85 @@
+//! `rotate_logs`: force logrotate on one allowed configuration and check what it did.
+//!
+//! logrotate's exit status is not enough: some of its errors (an unknown
+//! directive) exit 0, so stderr is read too and any `error:` line fails the
+//! verification.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde_json::json;
+
+use super::{Ctx, Outcome, ToolResult, from_process, privileged};
+use crate::config::Host;
+use crate::executor::process::Argv;
+
+const DEFAULT_STATE: &str = "/var/lib/logrotate/status";
+
+fn state_file(host: &Host) -> PathBuf {
+    host.logrotate_state
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE))
+}
+
+pub fn argv(host: &Host, config: &Path) -> Argv {
+    let mut a = Argv::new(&host.binaries.logrotate).args(["--verbose", "--force"]);
+    if let Some(state) = &host.logrotate_state {
+        a = a.arg("--state").arg(state.to_string_lossy());
+    }
+    privileged(host, a.arg(config.to_string_lossy()))
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+pub async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
+    let state = state_file(ctx.host);
+    let before = mtime(&state);
+    let out = match ctx.run(&argv(ctx.host, config)).await {
+        Ok(o) => o,
+        Err(e) => return ToolResult::failed(e),
+    };
+    let stderr = out.stderr_text();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .take(10)
+        .collect();
+    let rotated: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("renaming "))
+        .take(50)
+        .collect();
+    let after = mtime(&state);
+    let state_updated = after.is_some() && after != before;
+    let mut result = from_process(
+        &out,
+        json!({
+            "config": config,
+            "errors": errors,
+            "rotated": rotated,
+            "state_file": state,
+            "state_updated": state_updated,
+        }),
+    );
+    let verified = result.outcome == Outcome::Ok && errors.is_empty() && state_updated;
+    result.data["evidence"] = json!(if verified {
+        format!(
+            "exit 0, no error lines, {} file(s) rotated, state file updated",
+            rotated.len()
+        )
+    } else if let Some(e) = errors.first() {
+        format!("not verified: {e}")
+    } else if !state_updated {
+        "not verified: the state file was not updated".to_string()
+    } else {
+        format!("not verified: {}", out.failure_text())
+    });
+    if result.outcome == Outcome::Ok && !errors.is_empty() {
+        result.outcome = Outcome::Error;
+        result.error = Some(format!("logrotate exited 0 but reported: {}", errors[0]));
+    }
+    result.verified = Some(verified);
+    result
+}

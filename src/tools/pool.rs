@@ -1,0 +1,153 @@
+//! `recycle_worker_pool`: replace a pool's workers through its master, then
+//! verify that every old worker is gone, new ones serve, and the health check passes.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Ctx, Outcome, ToolResult, from_process, http, poll, privileged, service};
+use crate::config::Host;
+use crate::config::host::{PoolMaster, Recycle};
+use crate::executor::process::Argv;
+
+/// Longest wait for old workers to leave after the recycle.
+const VERIFY_WAIT: Duration = Duration::from_secs(15);
+
+/// The argv of the recycle; with a signal the master pid is only known at run time.
+pub fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
+    let p = &host.worker_pools[pool];
+    match (&p.master, p.recycle) {
+        (PoolMaster::Unit(unit), Recycle::Reload) => {
+            vec![service::change_argv(host, "reload", unit)]
+        }
+        (_, Recycle::Signal(sig)) => vec![signal_argv(host, sig.name(), "<master pid>")],
+        (PoolMaster::PidFile(_), Recycle::Reload) => Vec::new(),
+    }
+}
+
+fn signal_argv(host: &Host, signal: &str, pid: &str) -> Argv {
+    privileged(
+        host,
+        Argv::new(&host.binaries.kill).args(["-s", signal, "--", pid]),
+    )
+}
+
+async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, String> {
+    let pid = match master {
+        PoolMaster::PidFile(f) => {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read pid file {}: {e}", f.display()))?;
+            text.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("pid file {} does not hold a pid", f.display()))?
+        }
+        PoolMaster::Unit(unit) => {
+            let out = ctx.run(&service::show_argv(ctx.host, unit)).await?;
+            let state = service::UnitState::parse(&out.stdout_text());
+            state.main_pid() as u32
+        }
+    };
+    if pid <= 1 || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(format!("the pool's master process ({pid}) is not running"));
+    }
+    Ok(pid)
+}
+
+/// Children of `pid`, from /proc (works the same on the runner and on an agent host).
+pub fn children(pid: u32) -> BTreeSet<u32> {
+    let mut kids = BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return kids;
+    };
+    for entry in dir.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The command name may hold spaces and parentheses: fields start after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next();
+        if f.next().and_then(|p| p.parse::<u32>().ok()) == Some(pid) && state != Some("Z") {
+            kids.insert(child);
+        }
+    }
+    kids
+}
+
+pub async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+    let pool = &ctx.host.worker_pools[name];
+    let master = match master_pid(ctx, &pool.master).await {
+        Ok(p) => p,
+        Err(e) => {
+            return ToolResult {
+                verified: Some(false),
+                ..ToolResult::failed(e)
+            };
+        }
+    };
+    let before = children(master);
+    let argv = match (&pool.master, pool.recycle) {
+        (PoolMaster::Unit(unit), Recycle::Reload) => service::change_argv(ctx.host, "reload", unit),
+        (_, Recycle::Signal(sig)) => signal_argv(ctx.host, sig.name(), &master.to_string()),
+        (PoolMaster::PidFile(_), Recycle::Reload) => {
+            return ToolResult::failed("reload needs a unit");
+        }
+    };
+    let out = match ctx.run(&argv).await {
+        Ok(o) => o,
+        Err(e) => return ToolResult::failed(e),
+    };
+    let mut result = from_process(
+        &out,
+        json!({ "pool": name, "master_pid": master, "workers_before": before }),
+    );
+    if result.outcome != Outcome::Ok {
+        result.verified = Some(false);
+        return result;
+    }
+    let until = (tokio::time::Instant::now() + VERIFY_WAIT).min(ctx.deadline);
+    let replaced = poll(until, Duration::from_millis(100), || async {
+        let now = children(master);
+        (!now.is_empty() && now.is_disjoint(&before)).then_some(now)
+    })
+    .await;
+    let master_alive = Path::new(&format!("/proc/{master}")).exists();
+    let health = match &pool.health_check {
+        Some(check) => Some(http::probe(&ctx.host.health_checks[check], until).await),
+        None => None,
+    };
+    let healthy = health.as_ref().is_none_or(|h| h["healthy"] == true);
+    let verified = replaced.is_some() && master_alive && healthy;
+    result.data["workers_after"] = json!(replaced.clone().unwrap_or_else(|| children(master)));
+    result.data["master_alive"] = json!(master_alive);
+    result.data["health"] = health.unwrap_or(serde_json::Value::Null);
+    result.data["evidence"] = json!(match (&replaced, master_alive, healthy) {
+        (Some(now), true, true) => format!(
+            "{} old worker(s) replaced by {}; master {master} unchanged; healthy",
+            before.len(),
+            now.len()
+        ),
+        (None, _, _) => "not verified: the old workers were not all replaced in time".to_string(),
+        (_, false, _) => format!("not verified: master {master} is gone"),
+        (_, _, false) => "not verified: the health check failed after the recycle".to_string(),
+    });
+    result.verified = Some(verified);
+    if !verified {
+        result.outcome = Outcome::Error;
+        result.error = Some(format!(
+            "recycle of pool {name} ran but could not be verified"
+        ));
+    }
+    result
+}

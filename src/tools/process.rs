@@ -1,0 +1,74 @@
+//! `list_processes`: the top processes via `ps`.
+
+use serde_json::{Value, json};
+
+use super::args::ProcessSort;
+use super::{Ctx, Outcome, ToolResult, from_process};
+use crate::config::Host;
+use crate::executor::process::Argv;
+
+pub fn argv(host: &Host, sort: ProcessSort) -> Argv {
+    let key = match sort {
+        ProcessSort::Cpu => "-pcpu",
+        ProcessSort::Memory => "-rss",
+        ProcessSort::Oldest => "-etimes",
+        ProcessSort::Newest => "etimes",
+    };
+    Argv::new(&host.binaries.ps)
+        .args([
+            "-e",
+            "--no-headers",
+            "-o",
+            "pid=,ppid=,user:32=,stat=,etimes=,pcpu=,rss=,comm=",
+        ])
+        .arg(format!("--sort={key}"))
+}
+
+pub async fn list(ctx: &Ctx<'_>, sort: ProcessSort, limit: usize) -> ToolResult {
+    let out = match ctx.run(&argv(ctx.host, sort)).await {
+        Ok(o) => o,
+        Err(e) => return ToolResult::failed(e),
+    };
+    let mut result = from_process(&out, Value::Null);
+    if result.outcome != Outcome::Ok {
+        return result;
+    }
+    let all = parse(&out.stdout_text());
+    let total = all.len();
+    result.truncated |= total > limit;
+    result.data = json!({ "sort": sort, "total": total, "processes": all.into_iter().take(limit).collect::<Vec<_>>() });
+    result
+}
+
+pub fn parse(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid: u64 = f.next()?.parse().ok()?;
+            let ppid: u64 = f.next()?.parse().ok()?;
+            let user = f.next()?;
+            let stat = f.next()?;
+            let etimes: u64 = f.next()?.parse().ok()?;
+            let pcpu: f64 = f.next()?.parse().ok()?;
+            let rss: u64 = f.next()?.parse().ok()?;
+            let comm = f.collect::<Vec<_>>().join(" ");
+            Some(json!({
+                "pid": pid, "ppid": ppid, "user": user, "state": stat,
+                "elapsed_s": etimes, "cpu_pct": pcpu, "rss_kb": rss, "command": comm,
+            }))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_ps_lines() {
+        let v = super::parse(
+            "    1     0 root     Ss   86400  0.0  11800 systemd\n  312     1 www-data S    60  1.5  5200 nginx: worker\n",
+        );
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1]["command"], "nginx: worker");
+        assert_eq!(v[1]["cpu_pct"], 1.5);
+    }
+}
