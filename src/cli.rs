@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::audit::{self, AuditLog, Phase};
 use crate::config::{Config, Connection};
 use crate::gate::KillSwitch;
-use crate::run::{RunReport, RunRequest, Runner, StepReport, Trigger, Verdict};
+use crate::run::{RunReport, RunRequest, Runner, StartError, StepReport, Trigger, Verdict};
 use crate::tools::ToolId;
 
 /// Exit code for usage and configuration errors.
@@ -252,6 +252,10 @@ async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
                 print!("{}", render(&report));
             }
             report.verdict.exit_code()
+        }
+        Err(e @ StartError::Audit(_)) => {
+            eprintln!("runwarden: {e}");
+            Verdict::Broken.exit_code()
         }
         Err(e) => {
             eprintln!("runwarden: {e}");

@@ -78,25 +78,27 @@ impl Config {
         let runbook_files = yaml_files(&dir.join("runbooks"), &mut diags);
 
         let mut hosts = BTreeMap::new();
-        let mut host_names = BTreeSet::new();
+        // Every name seen, valid or not, and its file: for "defined twice" and dangling-name checks.
+        let mut host_names: BTreeMap<String, PathBuf> = BTreeMap::new();
         for file in &host_files {
             let Some((text, _)) = read_file(file, &mut diags, false) else {
                 continue;
             };
             let Some(raw) = parse::<raw::Host>(file, &text, &mut diags) else {
+                // Keep the name known so runbooks naming it do not report it as undefined too.
+                if let Ok(raw::NameOnly { name: Some(name) }) = serde_saphyr::from_str(&text) {
+                    host_names.entry(name).or_insert_with(|| file.clone());
+                }
                 continue;
             };
             let name = raw.name.clone();
-            if !host_names.insert(name.value.clone()) {
-                diags.at(
-                    file,
-                    name.referenced,
-                    format!(
-                        "host \"{}\" is defined twice (also in {})",
-                        name.value,
-                        other_file(&hosts, &name.value)
-                    ),
+            if let Some(other) = host_names.insert(name.value.clone(), file.clone()) {
+                let msg = format!(
+                    "host \"{}\" is defined twice (also in {})",
+                    name.value,
+                    other.display()
                 );
+                diags.at(file, name.referenced, msg);
                 continue;
             }
             if let Some(host) = host::validate(raw, file, dir, &mut diags) {
@@ -105,7 +107,7 @@ impl Config {
         }
 
         let mut runbooks: BTreeMap<String, Arc<Runbook>> = BTreeMap::new();
-        let mut runbook_names = BTreeSet::new();
+        let mut runbook_names: BTreeMap<String, PathBuf> = BTreeMap::new();
         for file in &runbook_files {
             let Some((text, version)) = read_file(file, &mut diags, false) else {
                 continue;
@@ -114,22 +116,17 @@ impl Config {
                 continue;
             };
             let name = raw.name.clone();
-            if !runbook_names.insert(name.value.clone()) {
-                let other = runbooks
-                    .get(&name.value)
-                    .map(|r| r.source.display().to_string())
-                    .unwrap_or_default();
-                diags.at(
-                    file,
-                    name.referenced,
-                    format!(
-                        "runbook \"{}\" is defined twice (also in {other})",
-                        name.value
-                    ),
+            if let Some(other) = runbook_names.insert(name.value.clone(), file.clone()) {
+                let msg = format!(
+                    "runbook \"{}\" is defined twice (also in {})",
+                    name.value,
+                    other.display()
                 );
+                diags.at(file, name.referenced, msg);
                 continue;
             }
-            if let Some(rb) = runbook::validate(raw, file, version, &host_names, &mut diags) {
+            let known_hosts: BTreeSet<String> = host_names.keys().cloned().collect();
+            if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, &mut diags) {
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }
         }
@@ -144,13 +141,6 @@ impl Config {
             hosts,
         })
     }
-}
-
-fn other_file(hosts: &BTreeMap<String, Arc<Host>>, name: &str) -> String {
-    hosts
-        .get(name)
-        .map(|h| h.source.display().to_string())
-        .unwrap_or_else(|| "another file".into())
 }
 
 fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {

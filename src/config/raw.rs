@@ -12,6 +12,13 @@ use serde_saphyr::Spanned;
 
 type S<T> = Spanned<T>;
 
+/// Just the name of a file that failed to parse, so one broken host file
+/// does not also make every runbook that names it fail.
+#[derive(Debug, Deserialize)]
+pub struct NameOnly {
+    pub name: Option<String>,
+}
+
 /// `runwarden.yaml`: settings of the runner itself (all optional).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

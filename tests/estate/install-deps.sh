@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite drives for real (idempotent:
+# nothing is fetched when everything is already there). Needs root.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+# program -> Debian package
+declare -A need=(
+  [/usr/sbin/logrotate]=logrotate
+  [/usr/bin/openssl]=openssl
+  [/usr/bin/gunicorn]=gunicorn
+  [/usr/bin/unshare]=util-linux
+  [/usr/bin/fallocate]=util-linux
+  [/usr/bin/ps]=procps
+  [/usr/sbin/debootstrap]=debootstrap
+  [/usr/bin/systemd-nspawn]=systemd-container
+  [/usr/bin/nsenter]=util-linux
+  [/usr/sbin/ip]=iproute2
+  [/usr/bin/curl]=curl
+)
+missing=()
+for prog in "${!need[@]}"; do
+  [ -x "$prog" ] || missing+=("${need[$prog]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  pkgs=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')
+  echo "install-deps: installing $pkgs" >&2
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  # shellcheck disable=SC2086
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $pkgs >/dev/null
+fi
+# `adm` is the group the logrotate tests give a log directory.
+getent group adm >/dev/null || groupadd --system adm

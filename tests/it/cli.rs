@@ -1,0 +1,156 @@
+//! The command line: `check` errors with locations, `tools`, `audit verify/show`, the kill switch.
+
+use crate::util::*;
+
+#[test]
+fn check_accepts_the_repository_config() {
+    let out = std::process::Command::new(bin())
+        .args(["check", "--config"])
+        .arg(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for rb in [
+        "staging-disk-full",
+        "worker-pool-recycle",
+        "cert-expiry",
+        "local-health",
+    ] {
+        assert!(text.contains(&format!("runbook {rb}")), "{text}");
+    }
+}
+
+#[test]
+fn check_reports_every_problem_with_file_line_and_column() {
+    let e = Estate::new();
+    e.host("web", "name: web\nconnection: local\npaths: [/var, relative/path]\nunits: [nginx.service, \"nginx.service; rm -rf /\"]\n");
+    e.runbook(
+        "bad",
+        "name: bad\ndescription: d\nhosts: [web, nowhere]\nautonomy: L3\nschedule: \"61 * * *\"\ntools:\n  observe: [disk_usage, restart_service, restart_svc]\nbudget: { max_duration: forever }\nsteps:\n  - call: disk_usage\n    args: { path: /, depth: 3 }\n",
+    );
+    e.runbook(
+        "dup",
+        "name: bad\ndescription: d\nhosts: [web]\nautonomy: L2\n",
+    );
+    e.runbook(
+        "typo",
+        "name: typo\ndescription: d\nhosts: [web]\nautonomy: L3\nstepz: []\n",
+    );
+    let out = e.run(&["check"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let root = e.path().display().to_string();
+    for expected in [
+        format!("{root}/hosts/web.yaml:3:15: paths: \"relative/path\" is not an absolute path"),
+        format!(
+            "{root}/hosts/web.yaml:4:24: units: \"nginx.service; rm -rf /\" is not a unit name"
+        ),
+        format!("{root}/runbooks/bad.yaml:3:14: host \"nowhere\" is not defined in hosts/"),
+        format!("{root}/runbooks/bad.yaml:5:11: schedule \"61 * * *\" does not parse"),
+        format!(
+            "{root}/runbooks/bad.yaml:7:25: \"restart_service\" is a tier-2 tool (it changes the host); list it under tools.approve"
+        ),
+        format!(
+            "{root}/runbooks/bad.yaml:7:42: unknown tool \"restart_svc\" (did you mean \"restart_service\"?)"
+        ),
+        format!("{root}/runbooks/bad.yaml:8:25: budget.max_duration \"forever\" is not a duration"),
+        format!(
+            "{root}/runbooks/bad.yaml:11:29: arguments of \"disk_usage\": unknown field `depth`"
+        ),
+        format!(
+            "{root}/runbooks/dup.yaml:1:7: runbook \"bad\" is defined twice (also in {root}/runbooks/bad.yaml)"
+        ),
+        format!("{root}/runbooks/typo.yaml:5:1: unknown field `stepz`"),
+    ] {
+        assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
+    }
+    assert!(out.stdout.is_empty(), "nothing is reported as loaded");
+}
+
+#[test]
+fn tools_json_lists_every_tool_with_its_schema() {
+    let out = std::process::Command::new(bin())
+        .args(["tools", "--json"])
+        .output()
+        .unwrap();
+    let tools: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tools.len(), 11);
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("shell") || n.contains("exec"))
+    );
+    for t in &tools {
+        let tier = t["tier"].as_u64().unwrap();
+        assert!(tier == 1 || tier == 2);
+        let required = t["parameters"]["required"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(required.contains(&"reason".into()), tier == 2, "{t:#}");
+    }
+}
+
+#[test]
+fn audit_verify_and_show_follow_a_real_run() {
+    let e = Estate::new();
+    e.host("h", &local_host("h", "paths: [/tmp]"));
+    e.runbook("look", "name: look\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n  - suggest: \"rm -rf /tmp/old (a person decides)\"\n");
+    let (code, report) = e.run_json("look", "h", &[]);
+    assert_eq!(code, 0);
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+    let lines = e.audit();
+    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
+    assert_eq!(
+        phases,
+        ["start", "intent", "result", "suggestion", "verdict"]
+    );
+    assert!(
+        lines.iter().all(|l| l["run_id"] == run_id.as_str()
+            && l["runbook_version"].as_str().unwrap().len() == 64)
+    );
+
+    let out = e.run(&["audit", "verify"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = e.run(&["audit", "show", &run_id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("intent") && text.contains("disk_usage") && !text.contains("INTERRUPTED"),
+        "{text}"
+    );
+
+    // Drop the result line: the chain breaks there, and `show` marks the intent.
+    let raw = std::fs::read_to_string(e.audit_path()).unwrap();
+    let mut kept: Vec<&str> = raw.lines().collect();
+    kept.remove(2);
+    std::fs::write(e.audit_path(), kept.join("\n") + "\n").unwrap();
+    let out = e.run(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("audit.jsonl:3: chain broken"), "{text}");
+    let out = e.run(&["audit", "show", &run_id]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("INTERRUPTED"));
+}
+
+#[test]
+fn kill_switch_cli_engages_and_releases() {
+    let e = Estate::new();
+    let out = e.run(&["kill-switch", "engage", "--reason", "INC-1 testing"]);
+    assert!(out.status.success());
+    let text = std::fs::read_to_string(e.path().join("kill-switch/ENGAGED")).unwrap();
+    assert!(text.contains("reason: INC-1 testing") && text.contains("engaged_by: "));
+    let out = e.run(&["kill-switch", "status"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ENGAGED global"));
+    assert!(e.run(&["kill-switch", "release"]).status.success());
+    assert!(!e.path().join("kill-switch/ENGAGED").exists());
+}

@@ -1,0 +1,405 @@
+//! The gate, seen from outside: every refusal is audited, never crashes a
+//! run, and nothing refused ever runs.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::*;
+
+/// A host whose logrotate config and state live in the test's work dir.
+fn logrotate_estate(e: &Estate) -> (String, String) {
+    let work = e.work();
+    std::fs::create_dir_all(work.join("logs")).unwrap();
+    std::fs::write(work.join("logs/app.log"), "line\n").unwrap();
+    let conf = work.join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/logs/app.log {{\n  rotate 5\n  missingok\n  create\n}}\n",
+            work.display()
+        ),
+    )
+    .unwrap();
+    let state = work.join("lr.state");
+    (conf.display().to_string(), state.display().to_string())
+}
+
+fn rotating_runbook(autonomy: &str, max_mutations: u32, calls: usize, conf: &str) -> String {
+    let mut rb = format!(
+        "name: rot\ndescription: t\nhosts: [h]\nautonomy: {autonomy}\ntools:\n  approve: [rotate_logs]\nbudget: {{ max_steps: 12, max_mutations: {max_mutations} }}\nsteps:\n"
+    );
+    for i in 0..calls {
+        rb += &format!(
+            "  - id: r{i}\n    call: rotate_logs\n    args: {{ config: {conf} }}\n    reason: \"rotation {i}\"\n"
+        );
+    }
+    rb
+}
+
+#[test]
+fn fourth_mutation_is_refused_and_audited() {
+    let e = Estate::new();
+    let (conf, state) = logrotate_estate(&e);
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("logrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    e.runbook("rot", &rotating_runbook("L3", 3, 4, &conf));
+    let (code, report) = e.run_json("rot", "h", &[]);
+    assert_eq!(report["verdict"], "budget_exhausted", "{report:#}");
+    assert_eq!(code, 5);
+    assert_eq!(steps_with(&report, "ok").len(), 3);
+    let denied = steps_with(&report, "denied");
+    assert_eq!(denied.len(), 1);
+    assert!(
+        denied[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("mutation_budget")
+    );
+    assert_eq!(
+        e.audit_phase("intent").len(),
+        3,
+        "only three calls were dispatched"
+    );
+    let d = e.audit_phase("denied");
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0]["detail"]["reason"], "mutation_budget");
+    assert_eq!(d[0]["step"], 4);
+    for i in e.audit_phase("intent") {
+        assert_eq!(i["approved_by"], "standing:rot");
+        assert_eq!(i["tier"], 2);
+    }
+    assert!(std::path::Path::new(&format!("{}/logs/app.log.3", e.work().display())).exists());
+    assert!(!std::path::Path::new(&format!("{}/logs/app.log.4", e.work().display())).exists());
+}
+
+#[test]
+fn l1_records_proposals_and_runs_nothing() {
+    let e = Estate::new();
+    let (conf, state) = logrotate_estate(&e);
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("logrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    e.runbook("rot", &rotating_runbook("L1", 3, 1, &conf));
+    let (code, report) = e.run_json("rot", "h", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    let p = steps_with(&report, "proposed");
+    assert_eq!(p.len(), 1);
+    assert!(
+        p[0]["argv"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--force")
+    );
+    assert!(
+        !std::path::Path::new(&state).exists(),
+        "logrotate never ran"
+    );
+    assert!(e.audit_phase("intent").is_empty());
+    assert_eq!(e.audit_phase("proposal").len(), 1);
+}
+
+#[test]
+fn dry_run_shows_argv_and_runs_no_change() {
+    let e = Estate::new();
+    let (conf, state) = logrotate_estate(&e);
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("paths: [/tmp]\nlogrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    let mut rb = rotating_runbook("L3", 3, 1, &conf);
+    rb = rb.replace("tools:\n", "tools:\n  observe: [disk_usage]\n");
+    rb += "  - id: look\n    call: disk_usage\n    args: { path: /tmp }\n";
+    e.runbook("rot", &rb);
+    let (code, report) = e.run_json("rot", "h", &["--dry-run"]);
+    assert_eq!(code, 0, "{report:#}");
+    let dry = step(&report, "r0");
+    assert_eq!(dry["status"], "dry_run");
+    let argv: Vec<String> = serde_json::from_value(dry["argv"][0].clone()).unwrap();
+    assert_eq!(
+        argv,
+        [
+            "/usr/sbin/logrotate",
+            "--verbose",
+            "--force",
+            "--state",
+            state.as_str(),
+            conf.as_str()
+        ]
+    );
+    assert_eq!(
+        step(&report, "look")["status"],
+        "ok",
+        "tier-1 calls run for real in a dry run"
+    );
+    assert!(
+        !std::path::Path::new(&state).exists(),
+        "logrotate never ran"
+    );
+    assert_eq!(e.audit_phase("dry_run").len(), 1);
+}
+
+#[test]
+fn host_outside_the_runbook_is_refused_at_every_call() {
+    let e = Estate::new();
+    e.host("inside", &local_host("inside", "paths: [/tmp]"));
+    e.host("outside", &local_host("outside", "paths: [/tmp]"));
+    e.runbook(
+        "look",
+        "name: look\ndescription: t\nhosts: [inside]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    let (code, report) = e.run_json("look", "outside", &[]);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["verdict"], "denied");
+    assert_eq!(steps_with(&report, "denied").len(), 2);
+    assert!(e.audit_phase("intent").is_empty());
+    assert!(
+        e.audit_phase("denied")
+            .iter()
+            .all(|d| d["detail"]["reason"] == "host_out_of_scope")
+    );
+}
+
+#[test]
+fn templated_and_symlinked_paths_are_checked_like_literals() {
+    let e = Estate::new();
+    let allowed = e.work().join("allowed");
+    std::fs::create_dir_all(&allowed).unwrap();
+    std::os::unix::fs::symlink("/etc", allowed.join("escape")).unwrap();
+    e.host(
+        "h",
+        &local_host("h", &format!("paths: [{}]", allowed.display())),
+    );
+    e.runbook(
+        "paths",
+        &format!(
+            "name: paths\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:
+  - id: fine
+    call: disk_usage
+    args: {{ path: {a} }}
+  - id: templated
+    call: disk_usage
+    args: {{ path: \"{{{{ '/etc' }}}}\" }}
+  - id: symlink
+    call: disk_usage
+    args: {{ path: {a}/escape }}
+  - id: dotdot
+    call: disk_usage
+    args: {{ path: {a}/../../../etc }}
+  - id: shell
+    call: disk_usage
+    args: {{ path: \"{a}; rm -rf /\" }}
+",
+            a = allowed.display()
+        ),
+    );
+    let (code, report) = e.run_json("paths", "h", &[]);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(step(&report, "fine")["status"], "ok");
+    for id in ["templated", "symlink", "dotdot", "shell"] {
+        let s = step(&report, id);
+        assert_eq!(s["status"], "denied", "{id}: {s:#}");
+        assert!(
+            s["detail"].as_str().unwrap().contains("invalid_arguments"),
+            "{id}: {s:#}"
+        );
+    }
+    assert!(
+        step(&report, "symlink")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("resolves to \\\"/etc\\\"")
+            || step(&report, "symlink")["detail"]
+                .as_str()
+                .unwrap()
+                .contains("/etc")
+    );
+    assert_eq!(e.audit_phase("intent").len(), 1);
+}
+
+#[test]
+fn step_limit_stops_the_run() {
+    let e = Estate::new();
+    e.host("h", &local_host("h", "paths: [/tmp]"));
+    let mut rb = "name: many\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [disk_usage] }\nbudget: { max_steps: 2 }\nsteps:\n".to_string();
+    for _ in 0..4 {
+        rb += "  - call: disk_usage\n    args: { path: /tmp }\n";
+    }
+    e.runbook("many", &rb);
+    let (code, report) = e.run_json("many", "h", &[]);
+    assert_eq!(code, 4, "{report:#}");
+    assert_eq!(report["verdict"], "step_limit");
+    assert_eq!(
+        report["steps"].as_array().unwrap().len(),
+        3,
+        "the run stops at the first refused step"
+    );
+    assert_eq!(e.audit_phase("intent").len(), 2);
+}
+
+#[test]
+fn kill_switch_engaged_before_the_run_halts_it_before_any_call() {
+    let e = Estate::new();
+    e.host("h", &local_host("h", "paths: [/tmp]"));
+    e.runbook("look", "name: look\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n");
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    let (code, report) = e.run_json("look", "h", &[]);
+    assert_eq!(code, 7, "{report:#}");
+    assert_eq!(report["verdict"], "halted");
+    assert!(e.audit_phase("intent").is_empty());
+    assert_eq!(
+        e.audit_phase("denied")[0]["detail"]["reason"],
+        "kill_switch"
+    );
+    // A missing kill-switch directory is engaged too.
+    std::fs::remove_dir_all(e.path().join("kill-switch")).unwrap();
+    let (code, report) = e.run_json("look", "h", &[]);
+    assert_eq!(code, 7);
+    assert!(
+        report["verdict_detail"]
+            .as_str()
+            .unwrap()
+            .contains("fail closed"),
+        "{report:#}"
+    );
+}
+
+#[test]
+fn kill_switch_engaged_during_a_run_stops_it_before_the_next_call() {
+    let e = Estate::new();
+    let slow = e.script("slow-ps", "sleep 1.5\necho '1 0 root S 1 0.0 100 init'");
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries: {{ ps: {} }}", slow.display())),
+    );
+    let mut rb = "name: slow\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n".to_string();
+    for _ in 0..3 {
+        rb += "  - call: list_processes\n";
+    }
+    e.runbook("slow", &rb);
+    let child = e
+        .cmd(&["run", "slow", "--host", "h", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "halted", "{report:#}");
+    assert_eq!(
+        steps_with(&report, "ok").len(),
+        1,
+        "the call in flight finished"
+    );
+    assert_eq!(e.audit_phase("intent").len(), 1, "no call after the switch");
+}
+
+#[test]
+fn unwritable_audit_log_means_no_call_runs() {
+    let e = Estate::new();
+    let (conf, state) = logrotate_estate(&e);
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("logrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    e.runbook("rot", &rotating_runbook("L3", 3, 1, &conf));
+    // /dev/full accepts the open and fails every write with ENOSPC.
+    std::fs::write(e.path().join("runwarden.yaml"), "audit_log: /dev/full\n").unwrap();
+    let out = e.run(&["run", "rot", "--host", "h"]);
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No space left on device"));
+    assert!(
+        !std::path::Path::new(&state).exists(),
+        "logrotate never ran"
+    );
+}
+
+#[test]
+fn a_hanging_tool_is_killed_with_its_process_group() {
+    let e = Estate::new();
+    let pids = e.work().join("pids");
+    let hang = e.script(
+        "hang",
+        &format!(
+            "trap '' TERM\nsleep 60 &\necho $! >> {p}\necho $$ >> {p}\nsleep 60\n",
+            p = pids.display()
+        ),
+    );
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("tool_timeout: 1s\nbinaries: {{ ps: {} }}", hang.display()),
+        ),
+    );
+    e.runbook("hang", "name: hang\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n  - id: ps\n    call: list_processes\n");
+    let started = Instant::now();
+    let (code, report) = e.run_json("hang", "h", &[]);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "timeout plus grace, not the sleep"
+    );
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(step(&report, "ps")["status"], "timeout");
+    let pids = std::fs::read_to_string(&pids).unwrap();
+    for pid in pids.split_whitespace() {
+        // Gone, or a dead orphan waiting for PID 1 to reap it (never runwarden's zombie).
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            assert_eq!(
+                (fields[0], fields[1]),
+                ("Z", "1"),
+                "process {pid} survived: {stat}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_tool_printing_100_mb_is_capped_without_memory_blowup() {
+    let e = Estate::new();
+    let big = e.script("big", "head -c 100000000 /dev/zero");
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries: {{ ps: {} }}", big.display())),
+    );
+    e.runbook("big", "name: big\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n  - id: ps\n    call: list_processes\n");
+    let (_, report) = e.run_json("big", "h", &[]);
+    let s = step(&report, "ps");
+    assert_eq!(s["status"], "ok", "{s:#}");
+    assert_eq!(s["result"]["truncated"], true);
+    let usage =
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    assert!(
+        usage.max_rss() < 100 * 1024,
+        "peak RSS of a child was {} KiB",
+        usage.max_rss()
+    );
+}

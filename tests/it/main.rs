@@ -1,0 +1,7 @@
+//! Integration tests: the real `runwarden` binary against real files,
+//! real processes and real programs (logrotate, openssl, gunicorn, a tmpfs).
+
+mod cli;
+mod gate;
+mod tools;
+mod util;
