@@ -3,5 +3,6 @@
 
 mod cli;
 mod gate;
+mod systemd;
 mod tools;
 mod util;

@@ -1,0 +1,416 @@
+//! The shipped runbooks end to end on real systemd hosts: a Debian 12 root
+//! booted with systemd-nspawn (systemd is PID 1 inside), with real units,
+//! journald, logrotate.timer and nginx, and a real 16 MiB tmpfs as /var/log.
+//! The runwarden binary under test is bind-mounted into the host and run
+//! there with `connection: local`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::*;
+
+fn estate_script() -> PathBuf {
+    repo().join("tests/estate/systemd-hosts.sh")
+}
+
+/// Build (or find cached) the root filesystem once per test process.
+fn rootfs() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Command::new(estate_script())
+            .arg("build")
+            .output()
+            .expect("systemd-hosts.sh");
+        assert!(
+            out.status.success(),
+            "estate build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// One booted systemd host; halted and cleaned up on drop.
+struct SystemdHost {
+    name: String,
+    dir: tempfile::TempDir,
+    nspawn: Child,
+    leader: u32,
+}
+
+const HOST_FILE: &str = "connection: local
+paths: [/, /var, /var/log]
+units: [nginx.service, logrotate.service, logrotate.timer, demo.service, broken.service, missing.service]
+logrotate_configs: [/etc/logrotate.conf]
+certificates:
+  web:
+    path: /etc/ssl/runwarden/web.pem
+    unit: nginx.service
+    renew: [/usr/bin/openssl, req, -x509, -newkey, ec, -pkeyopt, 'ec_paramgen_curve:P-256', -nodes, -days, '90',
+            -subj, /CN=staging-web.test, -keyout, /etc/ssl/runwarden/web.key, -out, /etc/ssl/runwarden/web.pem]
+health_checks:
+  web: http://127.0.0.1/health
+worker_pools:
+  web:
+    unit: nginx.service
+    recycle: reload
+    health_check: web
+";
+
+impl SystemdHost {
+    /// Boot a host whose web certificate expires in `cert_days` days.
+    fn boot(tag: &str, cert_days: u32) -> SystemdHost {
+        rootfs();
+        let name = format!("rw-{tag}-{}", std::process::id());
+        let dir = tempfile::Builder::new()
+            .prefix("rw-nspawn-")
+            .tempdir()
+            .unwrap();
+        let config = dir.path().join("config");
+        for d in ["runbooks", "hosts", "kill-switch"] {
+            std::fs::create_dir_all(config.join(d)).unwrap();
+        }
+        for rb in ["staging-disk-full", "worker-pool-recycle", "cert-expiry"] {
+            std::fs::copy(
+                repo().join(format!("runbooks/{rb}.yaml")),
+                config.join(format!("runbooks/{rb}.yaml")),
+            )
+            .unwrap();
+        }
+        for h in ["staging-web-1", "staging-web-2"] {
+            std::fs::write(
+                config.join(format!("hosts/{h}.yaml")),
+                format!("name: {h}\n{HOST_FILE}"),
+            )
+            .unwrap();
+        }
+        let ssl = dir.path().join("ssl");
+        std::fs::create_dir_all(&ssl).unwrap();
+        sh(
+            "/usr/bin/openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                &cert_days.to_string(),
+                "-subj",
+                "/CN=staging-web.test",
+                "-keyout",
+                ssl.join("web.key").to_str().unwrap(),
+                "-out",
+                ssl.join("web.pem").to_str().unwrap(),
+            ],
+        );
+        let nspawn = Command::new(estate_script())
+            .args(["boot", &name, dir.path().to_str().unwrap(), bin()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("systemd-nspawn");
+        let mut host = SystemdHost {
+            name,
+            dir,
+            nspawn,
+            leader: 0,
+        };
+        let started = Instant::now();
+        while host.leader == 0 && started.elapsed() < Duration::from_secs(20) {
+            host.leader = std::fs::read_to_string(format!(
+                "/proc/{}/task/{}/children",
+                host.nspawn.id(),
+                host.nspawn.id()
+            ))
+            .ok()
+            .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+            .unwrap_or(0);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_ne!(host.leader, 0, "nspawn started no container");
+        let mut state = String::new();
+        while started.elapsed() < Duration::from_secs(60) {
+            state = String::from_utf8_lossy(
+                &host
+                    .exec(&["/usr/bin/systemctl", "is-system-running"])
+                    .stdout,
+            )
+            .trim()
+            .to_string();
+            if state == "running" || state == "degraded" {
+                return host;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("host {} did not boot: {state}", host.name);
+    }
+
+    fn exec(&self, argv: &[&str]) -> Output {
+        Command::new("/usr/bin/nsenter")
+            .args(["-t", &self.leader.to_string(), "-a", "-r", "-w", "--"])
+            .args(argv)
+            .output()
+            .expect("nsenter")
+    }
+
+    /// Test setup inside the host (the test's own shell, never runwarden's).
+    fn setup(&self, script: &str) -> String {
+        let out = self.exec(&["/bin/sh", "-c", script]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("config")
+    }
+
+    /// `runwarden run RUNBOOK --host staging-web-1 --json` inside the host.
+    fn run(&self, runbook: &str) -> (i32, Value) {
+        let out = self.exec(&[
+            "/usr/local/bin/runwarden",
+            "run",
+            runbook,
+            "--host",
+            "staging-web-1",
+            "--json",
+            "--config",
+            "/srv/runwarden",
+        ]);
+        let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "no report ({e}): {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code().unwrap_or(-1), report)
+    }
+
+    fn audit(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.config().join("state/audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for SystemdHost {
+    fn drop(&mut self) {
+        // The first SIGTERM asks nspawn for a clean halt; a second one forces it.
+        let pid = nix::unistd::Pid::from_raw(self.nspawn.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.nspawn.try_wait() {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(5) {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.nspawn.kill();
+        let _ = self.nspawn.wait();
+        let _ = Command::new(estate_script())
+            .args(["cleanup", &self.name])
+            .output();
+    }
+}
+
+fn fill_app_log(host: &SystemdHost) {
+    // ~15 MiB of a repetitive access log on the 16 MiB /var/log: compresses to almost nothing.
+    host.setup(
+        "yes 'GET /api/v1/items HTTP/1.1 200 12ms' | head -c 15728640 > /var/log/app/api.log",
+    );
+}
+
+#[test]
+fn staging_disk_full_rotates_when_the_timer_is_not_running() {
+    let host = SystemdHost::boot("disk", 90);
+    host.setup("systemctl stop logrotate.timer");
+    fill_app_log(&host);
+    let (code, report) = host.run("staging-disk-full");
+    assert_eq!(code, 0, "{report:#}");
+    let logs = &step(&report, "logs")["result"]["data"];
+    assert_eq!(logs["fstype"], "tmpfs");
+    assert!(logs["use_pct"].as_u64().unwrap() >= 90, "{logs:#}");
+    assert_eq!(
+        step(&report, "timer")["result"]["data"]["active_state"],
+        "inactive"
+    );
+    let rotate = step(&report, "rotate");
+    assert_eq!(rotate["approved_by"], "standing:staging-disk-full");
+    assert_eq!(rotate["result"]["verified"], true, "{rotate:#}");
+    assert!(
+        rotate["reason"]
+            .as_str()
+            .unwrap()
+            .contains("logrotate.timer inactive"),
+        "{rotate:#}"
+    );
+    let after = step(&report, "after")["result"]["data"]["use_pct"]
+        .as_u64()
+        .unwrap();
+    assert!(after < 50, "usage after rotation: {after}%");
+    assert!(host.setup("ls /var/log/app").contains("api.log.1.gz"));
+    let audit = host.audit();
+    let changes = audit
+        .iter()
+        .filter(|l| l["phase"] == "intent" && l["tier"] == 2)
+        .count();
+    assert_eq!(changes, 1, "one tier-2 call, audited before it ran");
+}
+
+#[test]
+fn staging_disk_full_reports_the_insecure_permissions_incident() {
+    let host = SystemdHost::boot("perm", 90);
+    host.setup("chgrp adm /var/log/app && chmod 0775 /var/log/app");
+    fill_app_log(&host);
+    host.setup("systemctl start logrotate.service || true");
+    let (code, report) = host.run("staging-disk-full");
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["verdict"], "failed");
+    assert_eq!(
+        step(&report, "service")["result"]["data"]["result"],
+        "exit-code"
+    );
+    assert!(
+        !step(&report, "journal")["result"]["data"]["lines"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "systemd's own warning line is read"
+    );
+    let rotate = &step(&report, "rotate")["result"];
+    assert_eq!(rotate["verified"], false);
+    assert!(
+        rotate["data"]["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("parent directory has insecure permissions"),
+        "{rotate:#}"
+    );
+    let suggestion = report["suggestions"][0].as_str().unwrap();
+    assert!(suggestion.contains("su root <group>"), "{suggestion}");
+}
+
+#[test]
+fn cert_expiry_renews_reloads_and_the_new_certificate_is_served() {
+    let host = SystemdHost::boot("cert", 3);
+    let pid_before = host.setup("systemctl show -P MainPID nginx");
+    let (code, report) = host.run("cert-expiry");
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(step(&report, "cert")["result"]["data"]["days_left"], 2);
+    assert_eq!(step(&report, "renew")["result"]["verified"], true);
+    let reload = step(&report, "reload");
+    assert_eq!(reload["result"]["verified"], true, "{reload:#}");
+    assert_eq!(
+        host.setup("systemctl show -P MainPID nginx"),
+        pid_before,
+        "a reload keeps the master"
+    );
+    let days = step(&report, "after")["result"]["data"]["days_left"]
+        .as_i64()
+        .unwrap();
+    assert!((89..=90).contains(&days), "{days}");
+    // What nginx serves now is the renewed certificate.
+    let served = host.setup("openssl s_client -connect 127.0.0.1:443 </dev/null 2>/dev/null | openssl x509 -noout -enddate");
+    let on_disk = host.setup("openssl x509 -noout -enddate -in /etc/ssl/runwarden/web.pem");
+    assert_eq!(served, on_disk);
+}
+
+#[test]
+fn service_tools_against_real_systemd() {
+    let host = SystemdHost::boot("svc", 90);
+    host.setup("systemctl start broken.service || true");
+    std::fs::write(
+        host.config().join("runbooks/services.yaml"),
+        "name: services
+description: every service tool once
+hosts: [staging-web-1]
+autonomy: L3
+tools:
+  observe: [service_status, read_journal, http_check]
+  approve: [restart_service, reload_service, recycle_worker_pool]
+budget: { max_steps: 12, max_mutations: 3 }
+steps:
+  - id: before
+    call: service_status
+    args: { unit: demo.service }
+  - id: restart
+    call: restart_service
+    args: { unit: demo.service }
+    reason: test restart
+  - id: reload
+    call: reload_service
+    args: { unit: demo.service }
+    reason: test reload
+  - id: journal
+    call: read_journal
+    args: { unit: broken.service, since: 15m, priority: err }
+  - id: broken
+    call: service_status
+    args: { unit: broken.service }
+  - id: recycle
+    call: recycle_worker_pool
+    args: { pool: web }
+    reason: test recycle
+  - id: missing
+    call: service_status
+    args: { unit: missing.service }
+",
+    )
+    .unwrap();
+    let (_, report) = host.run("services");
+    let restart = &step(&report, "restart")["result"];
+    assert_eq!(restart["verified"], true, "{restart:#}");
+    assert_ne!(
+        restart["data"]["before"]["main_pid"],
+        restart["data"]["after"]["main_pid"]
+    );
+    let reload = &step(&report, "reload")["result"];
+    assert_eq!(reload["verified"], true, "{reload:#}");
+    assert_eq!(
+        reload["data"]["before"]["main_pid"],
+        reload["data"]["after"]["main_pid"]
+    );
+    let lines = step(&report, "journal")["result"]["data"]["lines"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["priority"] == "err"
+                && l["message"].as_str().unwrap().contains("config error")),
+        "{lines:#?}"
+    );
+    let broken = &step(&report, "broken")["result"]["data"];
+    assert_eq!(
+        (broken["active_state"].as_str(), broken["result"].as_str()),
+        (Some("failed"), Some("exit-code"))
+    );
+    let recycle = &step(&report, "recycle")["result"];
+    assert_eq!(recycle["verified"], true, "{recycle:#}");
+    assert_eq!(recycle["data"]["health"]["healthy"], true);
+    let missing = step(&report, "missing");
+    assert_eq!(missing["status"], "error");
+    assert!(
+        missing["result"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not loaded"),
+        "{missing:#}"
+    );
+    assert_eq!(
+        report["verdict"], "failed",
+        "the missing unit is a failed observation"
+    );
+}
