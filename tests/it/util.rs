@@ -132,11 +132,6 @@ pub fn step<'a>(report: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no step {id} in {report:#}"))
 }
 
-/// Whether a command exists here; tests of real parts need them and say so when absent.
-pub fn have(program: &str) -> bool {
-    Path::new(program).exists()
-}
-
 /// Run a command and insist it succeeds (test setup only).
 pub fn sh(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
