@@ -25,8 +25,9 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
-/// The only environment a tool sees.
-pub const STUB_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+/// The only environment a tool sees: a fixed PATH and the C locale (stable,
+/// parseable output, and no locale files to load on every spawn).
+pub const STUB_ENV: [(&str, &str); 2] = [("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LANG", "C")];
 
 /// A command: an absolute program and its arguments. There is no way to build one from a string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,8 +162,7 @@ pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErr
     let mut cmd = tokio::process::Command::new(&argv.program);
     cmd.args(argv.args.iter().map(OsString::from))
         .env_clear()
-        .env("PATH", STUB_PATH)
-        .env("LANG", "C.UTF-8")
+        .envs(STUB_ENV)
         .current_dir(&limits.jail)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -174,45 +174,61 @@ pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErr
         source,
     })?;
     let group = child.id().map(|id| Pid::from_raw(id as i32));
-    let stdout = child
-        .stdout
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, limits.output_cap)));
-    let stderr = child
-        .stderr
-        .take()
-        .map(|s| tokio::spawn(read_capped(s, limits.output_cap)));
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let mut out = ProcessOutput::default();
 
-    let mut timed_out = false;
-    let status = match tokio::time::timeout_at(limits.deadline, child.wait()).await {
-        Ok(status) => status.ok(),
-        Err(_) => {
-            timed_out = true;
-            signal_group(group, Signal::SIGTERM);
-            match tokio::time::timeout(limits.kill_grace, child.wait()).await {
-                Ok(status) => status.ok(),
-                Err(_) => {
-                    signal_group(group, Signal::SIGKILL);
-                    child.wait().await.ok()
-                }
+    // Wait for the leader (killing its group at the deadline), then end
+    // whatever it left in its group: a tool call does not outlive itself.
+    let status = async {
+        let status = match tokio::time::timeout_at(limits.deadline, child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                signal_group(group, Signal::SIGTERM);
+                let status = match tokio::time::timeout(limits.kill_grace, child.wait()).await {
+                    Ok(status) => status.ok(),
+                    Err(_) => {
+                        signal_group(group, Signal::SIGKILL);
+                        child.wait().await.ok()
+                    }
+                };
+                return (status, true);
             }
-        }
+        };
+        signal_group(group, Signal::SIGKILL);
+        (status, false)
     };
-    // The leader is reaped. Anything still in its group would keep the pipes
-    // open and outlive the call: end it.
-    signal_group(group, Signal::SIGKILL);
-
-    let mut out = ProcessOutput {
-        timed_out,
-        ..Default::default()
+    // Both pipes are read in this task, concurrently with the wait, so a
+    // full pipe never blocks the child and no task hand-off is paid per call.
+    let mut stdout_buf = Capped::new(limits.output_cap);
+    let mut stderr_buf = Capped::new(limits.output_cap);
+    let (status, timed_out) = {
+        let reads = async {
+            tokio::join!(stdout_buf.read_from(stdout), stderr_buf.read_from(stderr));
+        };
+        tokio::pin!(status, reads);
+        let mut reads_done = false;
+        let ended = tokio::select! {
+            s = &mut status => s,
+            _ = &mut reads => {
+                reads_done = true;
+                status.await
+            }
+        };
+        if !reads_done {
+            // The group is dead, so EOF is near; the bound guards against a
+            // descriptor handed to a process outside the group.
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut reads).await;
+        }
+        ended
     };
     if let Some(status) = status {
         use std::os::unix::process::ExitStatusExt;
         out.exit_code = status.code();
         out.signal = status.signal();
     }
-    (out.stdout, out.stdout_truncated) = collect(stdout).await;
-    (out.stderr, out.stderr_truncated) = collect(stderr).await;
+    out.timed_out = timed_out;
+    (out.stdout, out.stdout_truncated) = stdout_buf.into_parts();
+    (out.stderr, out.stderr_truncated) = stderr_buf.into_parts();
     out.duration = started.elapsed();
     Ok(out)
 }
@@ -224,40 +240,40 @@ fn signal_group(group: Option<Pid>, signal: Signal) {
     }
 }
 
-type Reader = tokio::task::JoinHandle<(Vec<u8>, bool)>;
-
-async fn collect(reader: Option<Reader>) -> (Vec<u8>, bool) {
-    let Some(mut handle) = reader else {
-        return (Vec::new(), false);
-    };
-    // Writers are dead, so EOF is near; the bound guards against a descriptor
-    // passed to a process outside the group.
-    match tokio::time::timeout(Duration::from_secs(2), &mut handle).await {
-        Ok(Ok(v)) => v,
-        _ => {
-            handle.abort();
-            (Vec::new(), true)
-        }
-    }
+/// Output kept up to a cap; the rest is read and dropped so the writer never blocks.
+struct Capped {
+    kept: Vec<u8>,
+    cap: usize,
+    truncated: bool,
 }
 
-async fn read_capped<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
-    let mut truncated = false;
-    loop {
-        match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
-                if n > room {
-                    truncated = true;
+impl Capped {
+    fn new(cap: usize) -> Capped {
+        Capped {
+            kept: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    async fn read_from<R: AsyncRead + Unpin>(&mut self, reader: Option<R>) {
+        let Some(mut r) = reader else { return };
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.kept.len());
+                    self.truncated |= n > room;
+                    self.kept.extend_from_slice(&chunk[..n.min(room)]);
                 }
-                kept.extend_from_slice(&chunk[..n.min(room)]);
             }
         }
     }
-    (kept, truncated)
+
+    fn into_parts(self) -> (Vec<u8>, bool) {
+        (self.kept, self.truncated)
+    }
 }
 
 #[cfg(test)]

@@ -43,7 +43,22 @@ impl StepsPlanner {
         };
         self.index += 1;
         let n = self.index as u32;
-        let scope = self.scope(transcript);
+        // Literal steps need no template scope; building it clones the whole transcript.
+        let needs_scope = step.when.is_some()
+            || match &step.action {
+                StepAction::Suggest(_) => true,
+                StepAction::Call { args, reason, .. } => {
+                    reason.is_some()
+                        || args
+                            .values()
+                            .any(|v| v.as_str().is_some_and(crate::config::runbook::is_template))
+                }
+            };
+        let scope = if needs_scope {
+            self.scope(transcript)
+        } else {
+            Value::Null
+        };
         let label = format!("step {n} ({}, line {})", step.id, step.line);
         if let Some(when) = &step.when {
             let verdict = self

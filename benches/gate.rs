@@ -1,0 +1,263 @@
+//! The gate's own cost, and runwarden next to Ansible.
+//!
+//! `cargo bench --bench gate` prints two figures, each a ratio against a
+//! baseline measured in the same run (never a timed assertion):
+//!
+//! 1. overhead: a runbook of 50 tier-1 `disk_usage` calls through the whole
+//!    path (gate, audit intent fsynced, process spawn, parse, result line)
+//!    against spawning the same argv directly, in process, 50 times;
+//! 2. speed-up: `runwarden run` of a five-call read-only runbook against
+//!    `ansible-playbook` (connection local) running the same five commands as
+//!    tasks (skipped when ansible-playbook is not installed).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runwarden::audit::AuditLog;
+use runwarden::config::Config;
+use runwarden::run::{RunRequest, Runner, Trigger, Verdict};
+
+const CALLS: usize = 50;
+const ROUNDS: usize = 15;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+fn main() {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let data = root.join("data");
+    for i in 0..20 {
+        write(&data, &format!("d{i}/file"), &"x".repeat(4096 * (i + 1)));
+    }
+    write(root, "kill-switch/README", "");
+    write(
+        root,
+        "hosts/h.yaml",
+        &format!("name: h\nconnection: local\npaths: [{}]\n", data.display()),
+    );
+    let mut rb = "name: fifty\ndescription: bench\nhosts: [h]\nautonomy: L3\ntools: { observe: [disk_usage] }\nbudget: { max_steps: 60 }\nsteps:\n".to_string();
+    for _ in 0..CALLS {
+        rb += &format!(
+            "  - call: disk_usage\n    args: {{ path: {} }}\n",
+            data.display()
+        );
+    }
+    write(root, "runbooks/fifty.yaml", &rb);
+    write(
+        root,
+        "runbooks/five.yaml",
+        &format!(
+            "name: five\ndescription: bench\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage, list_processes] }}\nsteps:
+  - call: disk_usage
+    args: {{ path: {d} }}
+  - call: list_processes
+    args: {{ sort: cpu }}
+  - call: list_processes
+    args: {{ sort: memory }}
+  - call: disk_usage
+    args: {{ path: {d}/d1 }}
+  - call: disk_usage
+    args: {{ path: {d}/d2 }}
+",
+            d = data.display()
+        ),
+    );
+
+    let config = Arc::new(Config::load(root).expect("bench config"));
+    let audit = Arc::new(AuditLog::open(&config.settings.audit_log).unwrap());
+    let runner = Runner::new(config.clone(), audit);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let req = RunRequest {
+        runbook: "fifty".into(),
+        host: "h".into(),
+        dry_run: false,
+        trigger: Trigger::Cli,
+    };
+
+    // The same argv the tool spawns, spawned directly with the same stub
+    // environment, working directory and stdin: df then du, 50 times.
+    let d = data.display().to_string();
+    let jail = root.join("state/jail");
+    std::fs::create_dir_all(&jail).unwrap();
+    let spawn = |program: &str, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(runwarden::executor::process::STUB_ENV)
+            .current_dir(&jail)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    };
+    let direct = || {
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            spawn(
+                "/usr/bin/df",
+                &[
+                    "-B1",
+                    "--output=source,fstype,size,used,avail,pcent,target",
+                    "--",
+                    &d,
+                ],
+            );
+            spawn("/usr/bin/du", &["-x", "-B1", "--max-depth=1", "--", &d]);
+        }
+        t.elapsed()
+    };
+    let through_gate = || {
+        let t = Instant::now();
+        let report = rt.block_on(runner.run(&req)).unwrap();
+        assert_eq!(report.verdict, Verdict::Ok);
+        assert_eq!(report.steps.len(), CALLS);
+        t.elapsed()
+    };
+    // The same two argv through runwarden's process runner alone (no gate, no audit).
+    let limits = || runwarden::executor::process::Limits {
+        deadline: tokio::time::Instant::now() + Duration::from_secs(30),
+        output_cap: 1 << 20,
+        kill_grace: Duration::from_secs(2),
+        jail: root.to_path_buf(),
+    };
+    let df_argv = runwarden::executor::process::Argv::new(Path::new("/usr/bin/df")).args([
+        "-B1",
+        "--output=source,fstype,size,used,avail,pcent,target",
+        "--",
+        &d,
+    ]);
+    let du_argv = runwarden::executor::process::Argv::new(Path::new("/usr/bin/du")).args([
+        "-x",
+        "-B1",
+        "--max-depth=1",
+        "--",
+        &d,
+    ]);
+    let runner_only = || {
+        let t = Instant::now();
+        rt.block_on(async {
+            for _ in 0..CALLS {
+                runwarden::executor::process::run(&df_argv, &limits())
+                    .await
+                    .unwrap();
+                runwarden::executor::process::run(&du_argv, &limits())
+                    .await
+                    .unwrap();
+            }
+        });
+        t.elapsed()
+    };
+    direct();
+    through_gate();
+    runner_only();
+    let (mut base, mut gated, mut spawned) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        base.push(direct());
+        gated.push(through_gate());
+        spawned.push(runner_only());
+    }
+    let (b, g, s) = (median(base), median(gated), median(spawned));
+    println!("  (process runner alone, no gate/audit: {:.1} ms)", ms(s));
+    println!(
+        "runbook of {CALLS} tier-1 disk_usage calls, median of {ROUNDS} rounds (audit fsync included):"
+    );
+    println!(
+        "  spawning the same argv directly : {:>8.1} ms ({:.2} ms/call)",
+        ms(b),
+        ms(b) / CALLS as f64
+    );
+    println!(
+        "  through runwarden's gate         : {:>8.1} ms ({:.2} ms/call)",
+        ms(g),
+        ms(g) / CALLS as f64
+    );
+    println!(
+        "  ratio (target < 1.30)            : {:>8.3}",
+        g.as_secs_f64() / b.as_secs_f64()
+    );
+
+    // Five read-only commands: `runwarden run` (whole process) vs ansible-playbook.
+    if !Path::new("/usr/bin/ansible-playbook").exists() {
+        println!(
+            "ansible-playbook not installed (Debian package ansible-core): comparison skipped"
+        );
+        return;
+    }
+    let playbook = root.join("five.yml");
+    std::fs::write(
+        &playbook,
+        format!(
+            "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:
+    - command: /usr/bin/df -B1 --output=source,fstype,size,used,avail,pcent,target -- {d}
+    - command: /usr/bin/ps -e --no-headers -o pid=,ppid=,user:32=,stat=,etimes=,pcpu=,rss=,comm= --sort=-pcpu
+    - command: /usr/bin/ps -e --no-headers -o pid=,ppid=,user:32=,stat=,etimes=,pcpu=,rss=,comm= --sort=-rss
+    - command: /usr/bin/df -B1 --output=source,fstype,size,used,avail,pcent,target -- {d}/d1
+    - command: /usr/bin/df -B1 --output=source,fstype,size,used,avail,pcent,target -- {d}/d2
+"
+        ),
+    )
+    .unwrap();
+    let time = |cmd: &mut Command| {
+        let t = Instant::now();
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        t.elapsed()
+    };
+    let rw = || {
+        time(
+            Command::new(env!("CARGO_BIN_EXE_runwarden"))
+                .args(["run", "five", "--host", "h", "--json", "--config"])
+                .arg(root),
+        )
+    };
+    let ansible = || {
+        time(
+            Command::new("/usr/bin/ansible-playbook")
+                .args(["-i", "localhost,"])
+                .arg(&playbook)
+                .env("ANSIBLE_NOCOLOR", "1")
+                .env("ANSIBLE_LOCALHOST_WARNING", "false")
+                .env("ANSIBLE_INVENTORY_UNPARSED_WARNING", "false"),
+        )
+    };
+    rw();
+    ansible();
+    let (mut a, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        a.push(ansible());
+        r.push(rw());
+    }
+    let (a, r) = (median(a), median(r));
+    println!("five read-only commands, median of 5 (whole process, start to exit):");
+    println!("  ansible-playbook (connection local) : {:>8.1} ms", ms(a));
+    println!("  runwarden run                       : {:>8.1} ms", ms(r));
+    println!(
+        "  speed-up (target >= 50x)            : {:>8.1}x",
+        a.as_secs_f64() / r.as_secs_f64()
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
