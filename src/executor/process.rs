@@ -9,10 +9,15 @@
 //! - the command leads its own process group; at the deadline the whole group
 //!   gets SIGTERM, then SIGKILL after a grace, and the leader is always reaped
 //!   (no zombie). When the leader exits, whatever it left in its group is
-//!   killed too: a tool call does not outlive itself;
+//!   killed too (before the leader is reaped, so the group id cannot have been
+//!   reused): a tool call does not outlive itself;
 //! - stdout and stderr are read concurrently (a full pipe cannot block the
 //!   child) and kept up to a cap; the rest is drained and dropped, and the
 //!   result says `truncated`.
+//!
+//! One blocking thread per call watches both pipes and a pidfd of the child
+//! with `poll(2)`: no task hand-offs or epoll registrations per spawn, which
+//! keeps the runner's own cost per call near that of a bare spawn.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -20,9 +25,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 /// The only environment a tool sees: a fixed PATH and the C locale (stable,
@@ -158,9 +166,27 @@ pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErr
     if Instant::now() >= limits.deadline {
         return Err(SpawnError::NoTimeLeft(argv.program.display().to_string()));
     }
-    let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&argv.program);
-    cmd.args(argv.args.iter().map(OsString::from))
+    let (argv, limits) = (argv.clone(), limits.clone());
+    let program = argv.program.display().to_string();
+    tokio::task::spawn_blocking(move || run_blocking(&argv, &limits))
+        .await
+        .unwrap_or_else(|e| {
+            Err(SpawnError::Spawn {
+                program,
+                source: std::io::Error::other(e),
+            })
+        })
+}
+
+fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
+    let started = std::time::Instant::now();
+    let deadline = limits.deadline.into_std();
+    let spawn_error = |source| SpawnError::Spawn {
+        program: argv.program.display().to_string(),
+        source,
+    };
+    let mut child = std::process::Command::new(&argv.program)
+        .args(argv.args.iter().map(OsString::from))
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(&limits.jail)
@@ -168,69 +194,117 @@ pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErr
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|source| SpawnError::Spawn {
-        program: argv.program.display().to_string(),
-        source,
-    })?;
-    let group = child.id().map(|id| Pid::from_raw(id as i32));
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let mut out = ProcessOutput::default();
-
-    // Wait for the leader (killing its group at the deadline), then end
-    // whatever it left in its group: a tool call does not outlive itself.
-    let status = async {
-        let status = match tokio::time::timeout_at(limits.deadline, child.wait()).await {
-            Ok(status) => status.ok(),
-            Err(_) => {
-                signal_group(group, Signal::SIGTERM);
-                let status = match tokio::time::timeout(limits.kill_grace, child.wait()).await {
-                    Ok(status) => status.ok(),
-                    Err(_) => {
-                        signal_group(group, Signal::SIGKILL);
-                        child.wait().await.ok()
-                    }
-                };
-                return (status, true);
-            }
-        };
-        signal_group(group, Signal::SIGKILL);
-        (status, false)
-    };
-    // Both pipes are read in this task, concurrently with the wait, so a
-    // full pipe never blocks the child and no task hand-off is paid per call.
-    let mut stdout_buf = Capped::new(limits.output_cap);
-    let mut stderr_buf = Capped::new(limits.output_cap);
-    let (status, timed_out) = {
-        let reads = async {
-            tokio::join!(stdout_buf.read_from(stdout), stderr_buf.read_from(stderr));
-        };
-        tokio::pin!(status, reads);
-        let mut reads_done = false;
-        let ended = tokio::select! {
-            s = &mut status => s,
-            _ = &mut reads => {
-                reads_done = true;
-                status.await
-            }
-        };
-        if !reads_done {
-            // The group is dead, so EOF is near; the bound guards against a
-            // descriptor handed to a process outside the group.
-            let _ = tokio::time::timeout(Duration::from_secs(2), &mut reads).await;
+        .spawn()
+        .map_err(spawn_error)?;
+    let group = Pid::from_raw(child.id() as i32);
+    let pidfd = match pidfd_open(child.id()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            signal_group(Some(group), Signal::SIGKILL);
+            let _ = child.wait();
+            return Err(spawn_error(e));
         }
-        ended
+    };
+    let mut pipes = [
+        child.stdout.take().map(OwnedFd::from),
+        child.stderr.take().map(OwnedFd::from),
+    ];
+    let mut kept = [
+        Capped::new(limits.output_cap),
+        Capped::new(limits.output_cap),
+    ];
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut exited_at: Option<std::time::Instant> = None;
+    let mut timed_out = false;
+
+    while exited_at.is_none() || pipes.iter().any(Option::is_some) {
+        // Until the leader exits, the call's deadline; afterwards the group
+        // is dead and EOF is near, but a descriptor handed to a process
+        // outside the group must not keep us here.
+        let limit = exited_at.map_or(deadline, |t| t + Duration::from_secs(2));
+        let now = std::time::Instant::now();
+        if now >= limit {
+            timed_out = exited_at.is_none();
+            break;
+        }
+        let mut fds: Vec<PollFd> = Vec::with_capacity(3);
+        for p in pipes.iter().flatten() {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if exited_at.is_none() {
+            fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+        }
+        let wait = PollTimeout::try_from(limit - now).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, wait) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => {
+                // Cannot watch the child any more: treat it like a timeout and end it.
+                timed_out = exited_at.is_none();
+                break;
+            }
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(false)).collect();
+        drop(fds);
+        let mut i = 0;
+        for (slot, buf) in pipes.iter_mut().zip(kept.iter_mut()) {
+            if let Some(fd) = slot {
+                if ready[i] && !buf.read_once(fd, &mut chunk) {
+                    *slot = None;
+                }
+                i += 1;
+            }
+        }
+        if exited_at.is_none() && ready[i] {
+            // The leader is a zombie until reaped, so its group id is still
+            // ours: end whatever it left behind.
+            signal_group(Some(group), Signal::SIGKILL);
+            exited_at = Some(std::time::Instant::now());
+        }
+    }
+
+    let status = if timed_out {
+        signal_group(Some(group), Signal::SIGTERM);
+        if !wait_readable(&pidfd, limits.kill_grace) {
+            signal_group(Some(group), Signal::SIGKILL);
+        }
+        child.wait().ok()
+    } else {
+        signal_group(Some(group), Signal::SIGKILL);
+        child.wait().ok()
+    };
+    let mut out = ProcessOutput {
+        timed_out,
+        ..Default::default()
     };
     if let Some(status) = status {
         use std::os::unix::process::ExitStatusExt;
         out.exit_code = status.code();
         out.signal = status.signal();
     }
-    out.timed_out = timed_out;
-    (out.stdout, out.stdout_truncated) = stdout_buf.into_parts();
-    (out.stderr, out.stderr_truncated) = stderr_buf.into_parts();
+    let [o, e] = kept;
+    (out.stdout, out.stdout_truncated) = o.into_parts();
+    (out.stderr, out.stderr_truncated) = e.into_parts();
+    out.stdout_truncated |= pipes[0].is_some() && timed_out;
     out.duration = started.elapsed();
     Ok(out)
+}
+
+/// A descriptor that becomes readable when the process exits.
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn wait_readable(fd: &OwnedFd, timeout: Duration) -> bool {
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let wait = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    matches!(poll(&mut fds, wait), Ok(n) if n > 0)
 }
 
 fn signal_group(group: Option<Pid>, signal: Signal) {
@@ -256,18 +330,18 @@ impl Capped {
         }
     }
 
-    async fn read_from<R: AsyncRead + Unpin>(&mut self, reader: Option<R>) {
-        let Some(mut r) = reader else { return };
-        let mut chunk = vec![0u8; 64 * 1024];
-        loop {
-            match r.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let room = self.cap.saturating_sub(self.kept.len());
-                    self.truncated |= n > room;
-                    self.kept.extend_from_slice(&chunk[..n.min(room)]);
-                }
+    /// One read from a descriptor poll said is ready; false at end of file (or error).
+    fn read_once(&mut self, fd: &OwnedFd, chunk: &mut [u8]) -> bool {
+        match nix::unistd::read(fd, chunk) {
+            Ok(0) => false,
+            Ok(n) => {
+                let room = self.cap.saturating_sub(self.kept.len());
+                self.truncated |= n > room;
+                self.kept.extend_from_slice(&chunk[..n.min(room)]);
+                true
             }
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => true,
+            Err(_) => false,
         }
     }
 
