@@ -367,12 +367,19 @@ fn gunicorn(dir: &Path, poisoned: bool) -> Gunicorn {
         .stderr(Stdio::null())
         .spawn()
         .expect("gunicorn (Debian package gunicorn)");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && pidfile.exists() {
+    // Ready when both workers answer (the master binds and writes its pid file before they boot).
+    let expect = if poisoned { "503" } else { "200" };
+    let mut answered = 0;
+    for _ in 0..200 {
+        if answered >= 4 && pidfile.exists() {
             break;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        if http_status(port).as_deref() == Some(expect) {
+            answered += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(answered >= 4, "gunicorn did not come up on port {port}");
     if poisoned {
         std::fs::remove_file(&poison).unwrap();
     }
@@ -381,6 +388,17 @@ fn gunicorn(dir: &Path, poisoned: bool) -> Gunicorn {
         port,
         pidfile,
     }
+}
+
+/// The status code of `GET /health` on a loopback port, if anything answers.
+fn http_status(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(c, "GET /health HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).ok()?;
+    Some(String::from_utf8_lossy(&head[9..12]).into_owned())
 }
 
 fn pool_estate(g: &Gunicorn) -> Estate {
