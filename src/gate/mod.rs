@@ -272,3 +272,170 @@ impl Gate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A gate over a real config directory: runbook `rb` (autonomy given) on host `web`.
+    fn gate(autonomy: &str, host: &str, engaged: bool) -> (tempfile::TempDir, Gate) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join("hosts")).unwrap();
+        std::fs::create_dir_all(p.join("runbooks")).unwrap();
+        std::fs::create_dir_all(p.join("kill-switch")).unwrap();
+        for h in ["web", "db"] {
+            std::fs::write(
+                p.join(format!("hosts/{h}.yaml")),
+                format!("name: {h}\nconnection: local\npaths: [/tmp]\nunits: [nginx.service]\nlogrotate_configs: [/etc/logrotate.conf]\n"),
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            p.join("runbooks/rb.yaml"),
+            format!("name: rb\ndescription: t\nhosts: [web]\nautonomy: {autonomy}\ntools:\n  observe: [service_status, disk_usage]\n  approve: [restart_service]\nbudget: {{ max_steps: 5, max_mutations: 2 }}\n"),
+        )
+        .unwrap();
+        if engaged {
+            std::fs::write(p.join("kill-switch/ENGAGED"), "").unwrap();
+        }
+        let cfg = crate::config::Config::load(p).unwrap();
+        let g = Gate::new(
+            cfg.runbooks["rb"].clone(),
+            cfg.hosts[host].clone(),
+            KillSwitch::new(p.join("kill-switch")),
+        );
+        (dir, g)
+    }
+
+    fn call(tool: &str, args: Value) -> ProposedCall {
+        ProposedCall {
+            step: 1,
+            tool: tool.into(),
+            args,
+        }
+    }
+
+    fn denied(d: Decision) -> DenyReason {
+        match d {
+            Decision::Deny(d) => d.reason,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn kill_switch_wins_over_every_other_rule() {
+        let (_d, mut g) = gate("L3", "db", true);
+        assert_eq!(
+            denied(g.check(&call("run_shell", json!({"cmd": "reboot"})))),
+            DenyReason::KillSwitch
+        );
+    }
+
+    #[test]
+    fn scope_then_arguments_then_approval() {
+        let (_d, mut g) = gate("L3", "web", false);
+        assert_eq!(
+            denied(g.check(&call("run_shell", json!({})))),
+            DenyReason::UnknownTool
+        );
+        assert_eq!(
+            denied(g.check(&call("read_journal", json!({"unit": "nginx.service"})))),
+            DenyReason::ToolOutOfScope
+        );
+        let (_d, mut other) = gate("L3", "db", false);
+        assert_eq!(
+            denied(other.check(&call("service_status", json!({"unit": "nginx.service"})))),
+            DenyReason::HostOutOfScope
+        );
+        match g.check(&call(
+            "restart_service",
+            json!({"unit": "nginx.service", "reason": "stuck"}),
+        )) {
+            Decision::Allow(p) => assert_eq!(p.approved_by().to_string(), "standing:rb"),
+            other => panic!("{other:?}"),
+        }
+        match g.check(&call("service_status", json!({"unit": "nginx.service"}))) {
+            Decision::Allow(p) => assert_eq!(p.approved_by().to_string(), "auto"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hostile_arguments_are_refused() {
+        let (_d, mut g) = gate("L3", "web", false);
+        let long = "a".repeat(10_000);
+        for args in [
+            json!({"unit": "nginx.service; rm -rf /"}),
+            json!({"unit": "../../etc/shadow"}),
+            json!({"unit": "nginx.service\u{0}"}),
+            json!({"unit": long}),
+            json!({"unit": "nginx\u{2024}service"}),
+            json!({"unit": "ngіnx.service"}),
+            json!({"unit": "nginx.service", "force": true}),
+            json!({"unit": 7}),
+            json!({"unit": "sshd.service"}),
+            json!("nginx.service"),
+        ] {
+            assert_eq!(
+                denied(g.check(&call("service_status", args.clone()))),
+                DenyReason::InvalidArguments,
+                "{args}"
+            );
+        }
+        for path in [
+            "../../etc/shadow",
+            "/etc/shadow",
+            "/tmp/../etc",
+            "/tmp\u{0}/x",
+        ] {
+            let d = g.check(&call("disk_usage", json!({ "path": path })));
+            assert_eq!(denied(d), DenyReason::InvalidArguments, "{path}");
+        }
+        let no_reason = call("restart_service", json!({"unit": "nginx.service"}));
+        assert_eq!(
+            denied(g.check(&no_reason)),
+            DenyReason::StepLimit,
+            "14 calls so far: the step limit is reached"
+        );
+    }
+
+    #[test]
+    fn l1_proposes_and_never_permits() {
+        let (_d, mut g) = gate("L1", "web", false);
+        assert!(matches!(
+            g.check(&call(
+                "restart_service",
+                json!({"unit": "nginx.service", "reason": "x"})
+            )),
+            Decision::Propose(_)
+        ));
+        assert_eq!(g.budget().mutations(), 0);
+    }
+
+    #[test]
+    fn budgets_count_every_call_and_every_mutation() {
+        let (_d, mut g) = gate("L3", "web", false);
+        let restart = call(
+            "restart_service",
+            json!({"unit": "nginx.service", "reason": "x"}),
+        );
+        assert!(matches!(g.check(&restart), Decision::Allow(_)));
+        assert!(matches!(g.check(&restart), Decision::Allow(_)));
+        assert_eq!(denied(g.check(&restart)), DenyReason::MutationBudget);
+        assert_eq!(
+            denied(g.check(&call("nope", json!({})))),
+            DenyReason::UnknownTool
+        );
+        assert!(matches!(
+            g.check(&call("service_status", json!({"unit": "nginx.service"}))),
+            Decision::Allow(_)
+        ));
+        assert_eq!(g.budget().steps(), 5);
+        assert_eq!(
+            denied(g.check(&call("service_status", json!({"unit": "nginx.service"})))),
+            DenyReason::StepLimit
+        );
+    }
+}
