@@ -396,8 +396,8 @@ mod tests {
         let no_reason = call("restart_service", json!({"unit": "nginx.service"}));
         assert_eq!(
             denied(g.check(&no_reason)),
-            DenyReason::StepLimit,
-            "14 calls so far: the step limit is reached"
+            DenyReason::InvalidArguments,
+            "a tier-2 call needs a reason (arguments are checked before the budget)"
         );
     }
 
