@@ -37,3 +37,15 @@ pub mod gate;
 pub mod planner;
 pub mod run;
 pub mod tools;
+
+/// An error and all its sources on one line ("a: b: c"), for messages that
+/// must say what went wrong underneath (a template, an HTTP client).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s = format!("{s}: {inner}");
+        src = inner.source();
+    }
+    s
+}

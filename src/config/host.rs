@@ -399,10 +399,9 @@ fn unit_set(
 }
 
 fn bad_unit_message(u: &str) -> String {
-    format!(
-        "\"{}\" is not a unit name runwarden accepts: use the full name with its suffix (e.g. nginx.service), letters, digits and . _ - @ : only",
-        u.escape_debug()
-    )
+    crate::tools::args::UnitName::new(u.to_string())
+        .err()
+        .unwrap_or_default()
 }
 
 fn check_key(

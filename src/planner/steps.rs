@@ -133,11 +133,5 @@ impl StepsPlanner {
 }
 
 fn detail(e: &minijinja::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(inner) = src {
-        s = format!("{s}: {inner}");
-        src = inner.source();
-    }
-    s
+    crate::error_chain(e)
 }

@@ -58,7 +58,7 @@ pub async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value 
         Ok(Err(e)) => json!({
             "url": url,
             "healthy": false,
-            "error": error_text(&e),
+            "error": crate::error_chain(&e),
             "latency_ms": started.elapsed().as_millis() as u64,
         }),
         Err(_) => json!({
@@ -68,14 +68,4 @@ pub async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value 
             "latency_ms": started.elapsed().as_millis() as u64,
         }),
     }
-}
-
-fn error_text(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(inner) = src {
-        s = format!("{s}: {inner}");
-        src = inner.source();
-    }
-    s
 }

@@ -154,3 +154,29 @@ fn kill_switch_cli_engages_and_releases() {
     assert!(e.run(&["kill-switch", "release"]).status.success());
     assert!(!e.path().join("kill-switch/ENGAGED").exists());
 }
+
+#[test]
+fn the_quick_start_runbook_runs_on_this_machine() {
+    let e = Estate::new();
+    e.shipped_runbook("local-health");
+    e.host(
+        "local",
+        &std::fs::read_to_string(repo().join("hosts/local.yaml")).unwrap(),
+    );
+    let (code, report) = e.run_json("local-health", "local", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(steps_with(&report, "ok").len(), 4);
+    assert!(
+        step(&report, "root")["result"]["data"]["use_pct"]
+            .as_u64()
+            .unwrap()
+            <= 100
+    );
+    assert!(
+        !step(&report, "cpu")["result"]["data"]["processes"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(e.run(&["audit", "verify"]).status.success());
+}
