@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use runwarden::audit::AuditLog;
 use runwarden::config::Config;
-use runwarden::run::{RunRequest, Runner, Trigger, Verdict};
+use runwarden::run::{RunRequest, Runner, Verdict};
 
 const CALLS: usize = 50;
 const ROUNDS: usize = 15;
@@ -84,12 +84,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let req = RunRequest {
-        runbook: "fifty".into(),
-        host: "h".into(),
-        dry_run: false,
-        trigger: Trigger::Cli,
-    };
+    let req = RunRequest::cli("fifty".into(), "h".into(), false);
 
     // The same argv the tool spawns, spawned directly with the same stub
     // environment, working directory and stdin: df then du, 50 times.

@@ -148,6 +148,10 @@ struct Head {
 pub struct AuditLog {
     path: PathBuf,
     head: Mutex<Head>,
+    /// Appends that failed, ever (exported as a metric).
+    failures: std::sync::atomic::AtomicU64,
+    /// Whether the last append failed (the daemon's health check).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl AuditLog {
@@ -175,6 +179,8 @@ impl AuditLog {
         Ok(AuditLog {
             path: path.to_path_buf(),
             head: Mutex::new(Head { file, hash, len }),
+            failures: Default::default(),
+            failing: Default::default(),
         })
     }
 
@@ -219,7 +225,23 @@ impl AuditLog {
             Ok(())
         })();
         let _ = head.file.unlock();
+        self.failing
+            .store(written.is_err(), std::sync::atomic::Ordering::Relaxed);
+        if written.is_err() {
+            self.failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         written.map_err(io)
+    }
+
+    /// How many appends have failed since the log was opened.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the most recent append failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Write and sync the intent of a permitted call; the ticket lets the executor run it.
@@ -403,6 +425,34 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
         head: prev,
         broken: None,
     })
+}
+
+/// The `start` lines of runs that have no `verdict` line: runs the process
+/// was killed in the middle of.
+pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut open: std::collections::HashMap<String, Entry> = Default::default();
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        match e.phase {
+            Some(Phase::Start) => {
+                open.insert(e.run_id.clone(), e);
+            }
+            Some(Phase::Verdict) => {
+                open.remove(&e.run_id);
+            }
+            _ => {}
+        }
+    }
+    let mut runs: Vec<Entry> = open.into_values().collect();
+    runs.sort_by(|a, b| a.ts.cmp(&b.ts));
+    Ok(runs)
 }
 
 /// Every line of one run, in order.

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::audit::{self, AuditLog, Phase};
 use crate::config::{Config, Connection};
 use crate::gate::KillSwitch;
-use crate::run::{RunReport, RunRequest, Runner, StartError, StepReport, Trigger, Verdict};
+use crate::run::{RunReport, RunRequest, Runner, StartError, StepReport, Verdict};
 use crate::tools::ToolId;
 
 /// Exit code for usage and configuration errors.
@@ -53,6 +53,14 @@ pub enum Command {
         config: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+    /// Run the daemon: cron schedules, the Alertmanager webhook, the kill-switch watcher, metrics.
+    Serve {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        /// Address to listen on (default: `listen` in runwarden.yaml, else 127.0.0.1:9731).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Read the audit log.
     Audit {
@@ -122,19 +130,8 @@ pub async fn main(cli: Cli) -> i32 {
             dry_run,
             config,
             json,
-        } => {
-            run(
-                &config,
-                RunRequest {
-                    runbook,
-                    host,
-                    dry_run,
-                    trigger: Trigger::Cli,
-                },
-                json,
-            )
-            .await
-        }
+        } => run(&config, RunRequest::cli(runbook, host, dry_run), json).await,
+        Command::Serve { config, listen } => serve(config, listen).await,
         Command::Audit {
             command: AuditCommand::Verify { file, config },
         } => audit_verify(file, &config),
@@ -147,6 +144,32 @@ pub async fn main(cli: Cli) -> i32 {
                 },
         } => audit_show(&run_id, &config, json),
         Command::KillSwitch { command } => kill_switch(command),
+    }
+}
+
+async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> i32 {
+    let opts = crate::app::ServeOptions { config_dir, listen };
+    match crate::app::serve(opts, shutdown_signal(), None).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("runwarden: {e:#}");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }
 

@@ -29,14 +29,19 @@
 //! [`gate::Permit`] can only be made by the gate, an [`audit::AuditTicket`]
 //! only by the audit log, and the executor demands both.
 
+pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod gate;
+pub mod http;
+pub mod metrics;
 pub mod planner;
 pub mod run;
+pub mod scheduler;
 pub mod tools;
+pub mod trigger;
 
 /// An error and all its sources on one line ("a: b: c"), for messages that
 /// must say what went wrong underneath (a template, an HTTP client).

@@ -14,23 +14,12 @@ use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
 use crate::gate::{Decision, DenyReason, Gate, KillSwitch};
+use crate::metrics::Metrics;
 use crate::planner::{Next, Planner, StepsPlanner, Transcript};
-use crate::tools::{Outcome, Tier, ToolResult};
+use crate::tools::{Outcome, Tier, ToolId, ToolResult};
+use tokio::sync::watch;
 
-/// Why a run starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trigger {
-    Cli,
-}
-
-#[derive(Debug, Clone)]
-pub struct RunRequest {
-    pub runbook: String,
-    pub host: String,
-    pub dry_run: bool,
-    pub trigger: Trigger,
-}
+pub use crate::trigger::{RunRequest, Trigger};
 
 /// How a run ended. Ordered from best to worst; the worst event decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -159,6 +148,10 @@ pub struct Runner {
     pub config: Arc<Config>,
     pub audit: Arc<AuditLog>,
     pub killswitch: KillSwitch,
+    /// The daemon's metrics; `None` on the command line.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Turns true when the daemon shuts down: the run stops before its next call.
+    pub shutdown: Option<watch::Receiver<bool>>,
 }
 
 impl Runner {
@@ -168,10 +161,17 @@ impl Runner {
             config,
             audit,
             killswitch,
+            metrics: None,
+            shutdown: None,
         }
     }
 
     pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
+        self.run_as(req, uuid::Uuid::now_v7().to_string()).await
+    }
+
+    /// Run with an id chosen by the caller (the daemon lists runs before they end).
+    pub async fn run_as(&self, req: &RunRequest, run_id: String) -> Result<RunReport, StartError> {
         let runbook = self
             .config
             .runbooks
@@ -185,7 +185,6 @@ impl Runner {
             .cloned()
             .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
         let executor = Executor::for_host(&host).map_err(StartError::Unreachable)?;
-        let run_id = uuid::Uuid::now_v7().to_string();
         let info = RunInfo {
             run_id: run_id.clone(),
             runbook: runbook.name.clone(),
@@ -193,14 +192,21 @@ impl Runner {
             host: host.name.clone(),
             planner: "steps".into(),
         };
-        let context =
-            json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name } });
+        let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
+        if let Some(alert) = &req.alert {
+            context["alert"] = alert.clone();
+        }
         let planner = Planner::Steps(StepsPlanner::new(runbook.clone(), context));
         let mut start = info.entry(Phase::Start, None);
         start.detail = Some(
             json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str() }),
         );
-        self.audit.append(start, true)?;
+        if let Err(e) = self.audit.append(start, true) {
+            if let Some(m) = &self.metrics {
+                m.audit_write_failures.inc();
+            }
+            return Err(e.into());
+        }
         Ok(RunLoop {
             runner: self,
             runbook,
@@ -212,6 +218,29 @@ impl Runner {
         }
         .go()
         .await)
+    }
+}
+
+impl RunLoop<'_> {
+    /// `runwarden_tool_calls_total`: label values from the registry and fixed
+    /// outcomes only (an unknown tool name from a planner is `unknown`).
+    fn count_call(&self, r: &StepReport) {
+        let Some(m) = &self.runner.metrics else {
+            return;
+        };
+        let tool = r
+            .tool
+            .as_deref()
+            .and_then(ToolId::from_name)
+            .map_or("unknown", ToolId::name);
+        let tier = match r.tier {
+            Some(1) => "1",
+            Some(2) => "2",
+            _ => "none",
+        };
+        m.tool_calls
+            .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, &r.status])
+            .inc();
     }
 }
 
@@ -249,6 +278,13 @@ impl RunLoop<'_> {
         };
 
         while stop.is_none() {
+            if self.runner.shutdown.as_ref().is_some_and(|s| *s.borrow()) {
+                stop = Some((
+                    Verdict::Halted,
+                    "runwarden is shutting down; the run stopped before its next call".into(),
+                ));
+                break;
+            }
             let n = steps.len() as u32 + 1;
             match self.planner.next(&transcript).await {
                 Next::Finish => break,
@@ -288,6 +324,14 @@ impl RunLoop<'_> {
                                 audit.denied(&self.info, &call.tool, &call.args, &denial)
                             {
                                 stop = Some((Verdict::Broken, err.to_string()));
+                            }
+                            if let Some(m) = &self.runner.metrics {
+                                m.gate_denials
+                                    .with_label_values(&[
+                                        &self.runbook.name,
+                                        denial.reason.as_str(),
+                                    ])
+                                    .inc();
                             }
                             let v = match denial.reason {
                                 DenyReason::KillSwitch => Verdict::Halted,
@@ -405,6 +449,7 @@ impl RunLoop<'_> {
                             }
                         }
                     }
+                    self.count_call(&r);
                     steps.push(r);
                 }
             }

@@ -42,7 +42,21 @@ pub struct Settings {
     pub audit_log: PathBuf,
     pub kill_switch_dir: PathBuf,
     pub state_dir: PathBuf,
+    /// Where `serve` listens; loopback unless a webhook token is configured.
+    pub listen: std::net::SocketAddr,
+    /// The time zone schedules are read in.
+    pub timezone: jiff::tz::TimeZone,
+    pub timezone_name: String,
+    /// Runs in flight at once, across all runbooks and hosts.
+    pub max_concurrent_runs: usize,
+    /// Bearer token for `POST /api/v1/alerts` (Alertmanager's `credentials_file` format).
+    pub webhook_token_file: Option<PathBuf>,
+    /// How long `serve` waits for in-flight runs on SIGTERM.
+    pub shutdown_grace: Duration,
 }
+
+/// The port `serve` listens on by default (not one of the usual exporter ports).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9731";
 
 /// A complete, validated configuration.
 #[derive(Debug, Clone)]
@@ -68,10 +82,60 @@ impl Config {
             let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
             dir.join(p)
         };
+        let listen = match &settings.listen {
+            Some(l) => l.value.parse().unwrap_or_else(|e| {
+                diags.at(
+                    &settings_file,
+                    l.referenced,
+                    format!(
+                        "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
+                        l.value
+                    ),
+                );
+                DEFAULT_LISTEN.parse().expect("default address")
+            }),
+            None => DEFAULT_LISTEN.parse().expect("default address"),
+        };
+        let timezone_name = settings
+            .timezone
+            .as_ref()
+            .map_or("UTC".to_string(), |t| t.value.clone());
+        let timezone = jiff::tz::TimeZone::get(&timezone_name).unwrap_or_else(|e| {
+            if let Some(t) = &settings.timezone {
+                diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
+            }
+            jiff::tz::TimeZone::UTC
+        });
+        let max_concurrent_runs = match &settings.max_concurrent_runs {
+            Some(n) if n.value == 0 || n.value > 1000 => {
+                diags.at(
+                    &settings_file,
+                    n.referenced,
+                    "max_concurrent_runs must be between 1 and 1000",
+                );
+                1
+            }
+            Some(n) => n.value as usize,
+            None => 4,
+        };
+        let shutdown_grace = settings
+            .shutdown_grace
+            .as_ref()
+            .and_then(|g| duration(g, "shutdown_grace", &settings_file, &mut diags))
+            .unwrap_or(Duration::from_secs(30));
         let settings = Settings {
             audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
             kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
             state_dir: resolve(&settings.state_dir, "state"),
+            listen,
+            timezone,
+            timezone_name,
+            max_concurrent_runs,
+            webhook_token_file: settings
+                .webhook_token_file
+                .as_ref()
+                .map(|f| dir.join(&f.value)),
+            shutdown_grace,
         };
 
         let host_files = yaml_files(&dir.join("hosts"), &mut diags);

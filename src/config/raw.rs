@@ -26,6 +26,11 @@ pub struct Settings {
     pub audit_log: Option<S<String>>,
     pub kill_switch_dir: Option<S<String>>,
     pub state_dir: Option<S<String>>,
+    pub listen: Option<S<String>>,
+    pub timezone: Option<S<String>>,
+    pub max_concurrent_runs: Option<S<u32>>,
+    pub webhook_token_file: Option<S<String>>,
+    pub shutdown_grace: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +56,9 @@ pub struct Runbook {
 pub struct OnAlert {
     pub matchers: Vec<S<String>>,
     pub host_label: S<String>,
+    /// Label value -> host name, for values that are not `HOST` or `HOST:PORT`.
+    #[serde(default)]
+    pub host_map: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -50,8 +50,24 @@ impl Default for Budget {
 
 #[derive(Debug, Clone)]
 pub struct OnAlert {
-    pub matchers: Vec<String>,
+    pub matchers: Vec<crate::trigger::matchers::Matcher>,
     pub host_label: String,
+    pub host_map: BTreeMap<String, String>,
+}
+
+impl OnAlert {
+    /// The named host an alert's label value refers to: the mapped name, or the value without `:PORT`.
+    pub fn host_of(&self, labels: &BTreeMap<String, String>) -> Option<String> {
+        let v = labels.get(&self.host_label)?;
+        if let Some(h) = self.host_map.get(v) {
+            return Some(h.clone());
+        }
+        let host = match v.rsplit_once(':') {
+            Some((h, port)) if !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => v.as_str(),
+        };
+        Some(host.to_string())
+    }
 }
 
 /// One deterministic step, as written (templates are rendered at run time).
@@ -197,9 +213,37 @@ pub(super) fn validate(
         .cooldown
         .as_ref()
         .and_then(|c| duration(c, "cooldown", file, diags));
-    let on_alert = raw.on_alert.as_ref().map(|a| OnAlert {
-        matchers: a.matchers.iter().map(|m| m.value.clone()).collect(),
-        host_label: a.host_label.value.clone(),
+    let on_alert = raw.on_alert.as_ref().map(|a| {
+        let mut matchers = Vec::new();
+        for m in &a.matchers {
+            match crate::trigger::matchers::Matcher::parse(&m.value) {
+                Ok(m) => matchers.push(m),
+                Err(e) => diags.at(file, m.referenced, e),
+            }
+        }
+        if a.matchers.is_empty() {
+            diags.at(
+                file,
+                a.host_label.referenced,
+                "on_alert.matchers is empty: it would match every alert",
+            );
+        }
+        for (value, host) in &a.host_map {
+            if !hosts.contains(host) {
+                diags.at(
+                    file,
+                    a.host_label.referenced,
+                    format!(
+                        "on_alert.host_map: {value:?} maps to host \"{host}\", which is not defined"
+                    ),
+                );
+            }
+        }
+        OnAlert {
+            matchers,
+            host_label: a.host_label.value.clone(),
+            host_map: a.host_map.clone(),
+        }
     });
 
     let mut budget = Budget::default();

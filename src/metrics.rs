@@ -1,0 +1,182 @@
+//! Prometheus metrics: the shape of runwarden's activity.
+//!
+//! One struct of collectors, registered into the registry it is given (tests
+//! use a fresh one). The metric names are part of the interface: alert rules
+//! and dashboards depend on them. Label values come only from config names
+//! (runbooks, hosts, tools) and fixed enums (verdicts, outcomes, reasons),
+//! never from alert payloads or tool output, so the series count is bounded
+//! by the config.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub runs_started: IntCounterVec,
+    pub runs_finished: IntCounterVec,
+    pub run_duration: HistogramVec,
+    pub runs_in_flight: IntGauge,
+    pub tool_calls: IntCounterVec,
+    pub gate_denials: IntCounterVec,
+    pub budget_exhausted: IntCounterVec,
+    pub kill_switch_engaged: IntGaugeVec,
+    pub alerts_received: IntCounterVec,
+    pub alert_triggers: IntCounterVec,
+    pub audit_write_failures: IntCounter,
+    pub config_reloads: IntCounterVec,
+    pub config_last_reload_successful: IntGauge,
+    pub schedule_next: GaugeVec,
+    pub schedule_last: GaugeVec,
+    pub build_info: IntGaugeVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric definition");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("metric definition");
+    r.register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+impl Metrics {
+    pub fn new(registry: Registry) -> Metrics {
+        let r = &registry;
+        let run_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "runwarden_run_duration_seconds",
+                "Wall time of finished runs.",
+            )
+            .buckets(vec![0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+            &["runbook"],
+        )
+        .expect("metric definition");
+        r.register(Box::new(run_duration.clone()))
+            .expect("metric registered once");
+        let runs_in_flight =
+            IntGauge::new("runwarden_runs_in_flight", "Runs started and not finished.")
+                .expect("metric");
+        r.register(Box::new(runs_in_flight.clone()))
+            .expect("metric registered once");
+        let kill_switch_engaged = IntGaugeVec::new(
+            Opts::new(
+                "runwarden_kill_switch_engaged",
+                "1 while a kill switch is engaged (scope: global or a runbook).",
+            ),
+            &["scope"],
+        )
+        .expect("metric");
+        r.register(Box::new(kill_switch_engaged.clone()))
+            .expect("metric registered once");
+        let audit_write_failures = IntCounter::new(
+            "runwarden_audit_write_failures_total",
+            "Audit lines that could not be written.",
+        )
+        .expect("metric");
+        r.register(Box::new(audit_write_failures.clone()))
+            .expect("metric registered once");
+        let config_last_reload_successful = IntGauge::new(
+            "runwarden_config_last_reload_successful",
+            "1 when the last configuration reload was accepted.",
+        )
+        .expect("metric");
+        r.register(Box::new(config_last_reload_successful.clone()))
+            .expect("metric registered once");
+        let build_info = IntGaugeVec::new(
+            Opts::new("runwarden_build_info", "Always 1; the version as a label."),
+            &["version"],
+        )
+        .expect("metric");
+        r.register(Box::new(build_info.clone()))
+            .expect("metric registered once");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        config_last_reload_successful.set(1);
+        kill_switch_engaged.with_label_values(&["global"]).set(0);
+
+        Metrics {
+            runs_started: counter(
+                r,
+                "runwarden_runs_started_total",
+                "Runs started, by runbook and trigger.",
+                &["runbook", "trigger"],
+            ),
+            runs_finished: counter(
+                r,
+                "runwarden_runs_finished_total",
+                "Runs finished, by runbook and verdict.",
+                &["runbook", "verdict"],
+            ),
+            run_duration,
+            runs_in_flight,
+            tool_calls: counter(
+                r,
+                "runwarden_tool_calls_total",
+                "Tool calls by outcome (ok, error, timeout, denied, proposed, dry_run).",
+                &["runbook", "host", "tool", "tier", "outcome"],
+            ),
+            gate_denials: counter(
+                r,
+                "runwarden_gate_denials_total",
+                "Calls the gate refused, by reason.",
+                &["runbook", "reason"],
+            ),
+            budget_exhausted: counter(
+                r,
+                "runwarden_budget_exhausted_total",
+                "Runs that ran out of a budget.",
+                &["runbook"],
+            ),
+            kill_switch_engaged,
+            alerts_received: counter(
+                r,
+                "runwarden_alerts_received_total",
+                "Alerts received in webhook notifications, by status.",
+                &["status"],
+            ),
+            alert_triggers: counter(
+                r,
+                "runwarden_alert_triggers_total",
+                "What became of each alert: started, deduplicated, cooldown, out_of_scope, kill_switch, no_match.",
+                &["runbook", "result"],
+            ),
+            audit_write_failures,
+            config_reloads: counter(
+                r,
+                "runwarden_config_reloads_total",
+                "Configuration reloads, by result.",
+                &["result"],
+            ),
+            config_last_reload_successful,
+            schedule_next: gauge_vec(
+                r,
+                "runwarden_schedule_next_run_timestamp_seconds",
+                "When a schedule fires next (Unix time).",
+                &["runbook"],
+            ),
+            schedule_last: gauge_vec(
+                r,
+                "runwarden_schedule_last_run_timestamp_seconds",
+                "When a schedule last fired (Unix time).",
+                &["runbook"],
+            ),
+            build_info,
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,315 @@
+//! The one consumer of run requests: kill switch, per-(runbook, host)
+//! exclusivity, cooldown and deduplication, then a run under the global
+//! concurrency limit.
+//!
+//! [`Scheduler::submit`] decides synchronously and returns the trigger's one
+//! recorded outcome, so the webhook can answer only once every alert has
+//! one; the run itself continues in its own task.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{Semaphore, watch};
+
+use crate::audit::{AuditLog, Phase, RunInfo};
+use crate::config::Config;
+use crate::gate::KillSwitch;
+use crate::metrics::Metrics;
+use crate::run::{RunReport, RunRequest, Runner, Verdict};
+
+/// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerResult {
+    Started,
+    Deduplicated,
+    Cooldown,
+    OutOfScope,
+    KillSwitch,
+    NoMatch,
+}
+
+impl TriggerResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerResult::Started => "started",
+            TriggerResult::Deduplicated => "deduplicated",
+            TriggerResult::Cooldown => "cooldown",
+            TriggerResult::OutOfScope => "out_of_scope",
+            TriggerResult::KillSwitch => "kill_switch",
+            TriggerResult::NoMatch => "no_match",
+        }
+    }
+}
+
+/// The state of one (runbook, host) pair.
+#[derive(Default)]
+struct Slot {
+    in_flight: bool,
+    ended: Option<Instant>,
+    /// Fingerprints and group keys of the current or last run's triggers.
+    keys: BTreeSet<String>,
+}
+
+/// A run as the API lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub runbook: String,
+    pub host: String,
+    pub trigger: String,
+    pub started_at: String,
+    /// `running`, or the verdict (`interrupted` for runs a killed process left behind).
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<RunReport>,
+}
+
+/// Recent runs, newest last, bounded.
+#[derive(Default)]
+pub struct RunStore {
+    runs: Mutex<VecDeque<RunRecord>>,
+}
+
+const KEEP_RUNS: usize = 500;
+
+impl RunStore {
+    pub fn upsert(&self, record: RunRecord) {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = runs.iter_mut().find(|r| r.run_id == record.run_id) {
+            *r = record;
+            return;
+        }
+        runs.push_back(record);
+        while runs.len() > KEEP_RUNS {
+            runs.pop_front();
+        }
+    }
+
+    pub fn list(&self) -> Vec<RunRecord> {
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.iter()
+            .map(|r| RunRecord {
+                report: None,
+                ..r.clone()
+            })
+            .collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<RunRecord> {
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.iter().find(|r| r.run_id == id).cloned()
+    }
+}
+
+pub struct Scheduler {
+    config: watch::Receiver<Arc<Config>>,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    pub runs: Arc<RunStore>,
+    slots: Mutex<HashMap<(String, String), Slot>>,
+    /// The global limit on runs in flight.
+    permits: Arc<Semaphore>,
+    /// How many run tasks exist (waiting for a permit or running).
+    active: watch::Sender<usize>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Scheduler {
+    pub fn new(
+        config: watch::Receiver<Arc<Config>>,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Scheduler> {
+        let limit = config.borrow().settings.max_concurrent_runs;
+        Arc::new(Scheduler {
+            config,
+            audit,
+            metrics,
+            runs: Default::default(),
+            slots: Default::default(),
+            permits: Arc::new(Semaphore::new(limit)),
+            active: watch::channel(0).0,
+            shutdown,
+        })
+    }
+
+    /// Decide what becomes of one trigger, record it, and start the run if it is one.
+    pub fn submit(self: &Arc<Self>, req: RunRequest) -> TriggerResult {
+        let config = self.config.borrow().clone();
+        let result = self.decide(&config, &req);
+        if req.trigger == crate::trigger::Trigger::Alert {
+            self.metrics
+                .alert_triggers
+                .with_label_values(&[&req.runbook, result.as_str()])
+                .inc();
+        }
+        tracing::info!(runbook = %req.runbook, host = %req.host, trigger = req.trigger.as_str(), result = result.as_str(), "trigger");
+        if result == TriggerResult::Started {
+            self.start(config, req);
+        }
+        result
+    }
+
+    fn decide(&self, config: &Config, req: &RunRequest) -> TriggerResult {
+        let Some(runbook) = config.runbooks.get(&req.runbook) else {
+            return TriggerResult::NoMatch;
+        };
+        if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
+            return TriggerResult::OutOfScope;
+        }
+        if *self.shutdown.borrow()
+            || KillSwitch::new(config.settings.kill_switch_dir.clone())
+                .check(&req.runbook)
+                .is_err()
+        {
+            return TriggerResult::KillSwitch;
+        }
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = slots
+            .entry((req.runbook.clone(), req.host.clone()))
+            .or_default();
+        let repeat = req.keys.iter().any(|k| slot.keys.contains(k));
+        if slot.in_flight {
+            slot.keys.extend(req.keys.iter().cloned());
+            return TriggerResult::Deduplicated;
+        }
+        if let (Some(ended), Some(cooldown)) = (slot.ended, runbook.cooldown)
+            && ended.elapsed() < cooldown
+        {
+            return if repeat {
+                TriggerResult::Deduplicated
+            } else {
+                TriggerResult::Cooldown
+            };
+        }
+        slot.in_flight = true;
+        slot.keys = req.keys.iter().cloned().collect();
+        TriggerResult::Started
+    }
+
+    fn start(self: &Arc<Self>, config: Arc<Config>, req: RunRequest) {
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let record = RunRecord {
+            run_id: run_id.clone(),
+            runbook: req.runbook.clone(),
+            host: req.host.clone(),
+            trigger: req.trigger.as_str().to_string(),
+            started_at: jiff::Timestamp::now().to_string(),
+            status: "queued".into(),
+            report: None,
+        };
+        self.runs.upsert(record.clone());
+        self.active.send_modify(|n| *n += 1);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let permit = this.permits.clone().acquire_owned().await;
+            this.runs.upsert(RunRecord {
+                status: "running".into(),
+                ..record.clone()
+            });
+            this.metrics
+                .runs_started
+                .with_label_values(&[&req.runbook, req.trigger.as_str()])
+                .inc();
+            this.metrics.runs_in_flight.inc();
+            let runner = Runner {
+                config: config.clone(),
+                audit: this.audit.clone(),
+                killswitch: KillSwitch::new(config.settings.kill_switch_dir.clone()),
+                metrics: Some(this.metrics.clone()),
+                shutdown: Some(this.shutdown.clone()),
+            };
+            let started = Instant::now();
+            let outcome = runner.run_as(&req, run_id.clone()).await;
+            this.metrics.runs_in_flight.dec();
+            let verdict = match &outcome {
+                Ok(report) => report.verdict.as_str(),
+                Err(_) => Verdict::Broken.as_str(),
+            };
+            this.metrics
+                .runs_finished
+                .with_label_values(&[&req.runbook, verdict])
+                .inc();
+            this.metrics
+                .run_duration
+                .with_label_values(&[&req.runbook])
+                .observe(started.elapsed().as_secs_f64());
+            if matches!(verdict, "budget_exhausted" | "step_limit") {
+                this.metrics
+                    .budget_exhausted
+                    .with_label_values(&[&req.runbook])
+                    .inc();
+            }
+            if let Err(e) = &outcome {
+                tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
+            }
+            this.runs.upsert(RunRecord {
+                status: verdict.to_string(),
+                report: outcome.ok(),
+                ..record
+            });
+            {
+                let mut slots = this.slots.lock().unwrap_or_else(|p| p.into_inner());
+                let slot = slots
+                    .entry((req.runbook.clone(), req.host.clone()))
+                    .or_default();
+                slot.in_flight = false;
+                slot.ended = Some(Instant::now());
+            }
+            drop(permit);
+            this.active.send_modify(|n| *n -= 1);
+        });
+    }
+
+    /// Wait until no run task is left, at most `grace`; true when all ended.
+    pub async fn wait_idle(&self, grace: Duration) -> bool {
+        let mut rx = self.active.subscribe();
+        tokio::time::timeout(grace, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+
+    /// Runs the audit log shows as started and never finished (the process was
+    /// killed): close each with an `interrupted` verdict line.
+    pub fn close_interrupted(&self) -> std::io::Result<usize> {
+        let unfinished = crate::audit::unfinished_runs(self.audit.path())?;
+        for start in &unfinished {
+            let info = RunInfo {
+                run_id: start.run_id.clone(),
+                runbook: start.runbook.clone(),
+                runbook_version: start.runbook_version.clone(),
+                host: start.host.clone(),
+                planner: start.planner.clone(),
+            };
+            let mut e = info.entry(Phase::Verdict, None);
+            e.outcome = Some("interrupted".into());
+            e.detail = Some(serde_json::json!({
+                "detail": "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
+            }));
+            self.audit.append(e, true).map_err(std::io::Error::other)?;
+            self.metrics
+                .runs_finished
+                .with_label_values(&[&start.runbook, "interrupted"])
+                .inc();
+            self.runs.upsert(RunRecord {
+                run_id: start.run_id.clone(),
+                runbook: start.runbook.clone(),
+                host: start.host.clone(),
+                trigger: start
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["trigger"].as_str())
+                    .unwrap_or("unknown")
+                    .to_string(),
+                started_at: start.ts.clone(),
+                status: "interrupted".into(),
+                report: None,
+            });
+        }
+        Ok(unfinished.len())
+    }
+}

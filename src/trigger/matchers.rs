@@ -1,0 +1,169 @@
+//! Alertmanager's label matchers: `name="value"`, `name!="value"`,
+//! `name=~"regex"`, `name!~"regex"` (regexes fully anchored, as in
+//! Alertmanager). Runbooks write them exactly as in an Alertmanager route.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use regex::Regex;
+
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    pub name: String,
+    op: Op,
+    value: String,
+    regex: Option<Regex>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Equal,
+    NotEqual,
+    Regex,
+    NotRegex,
+}
+
+impl fmt::Display for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.op {
+            Op::Equal => "=",
+            Op::NotEqual => "!=",
+            Op::Regex => "=~",
+            Op::NotRegex => "!~",
+        };
+        write!(f, "{}{op}{:?}", self.name, self.value)
+    }
+}
+
+impl Matcher {
+    pub fn parse(text: &str) -> Result<Matcher, String> {
+        let s = text.trim();
+        let name_end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        let name = &s[..name_end];
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(format!(
+                "matcher {text:?}: expected a label name, e.g. alertname=\"DiskAlmostFull\""
+            ));
+        }
+        let rest = &s[name_end..];
+        let (op, rest) = if let Some(r) = rest.strip_prefix("=~") {
+            (Op::Regex, r)
+        } else if let Some(r) = rest.strip_prefix("!~") {
+            (Op::NotRegex, r)
+        } else if let Some(r) = rest.strip_prefix("!=") {
+            (Op::NotEqual, r)
+        } else if let Some(r) = rest.strip_prefix('=') {
+            (Op::Equal, r)
+        } else {
+            return Err(format!(
+                "matcher {text:?}: expected one of = != =~ !~ after {name:?}"
+            ));
+        };
+        let value = unquote(rest.trim()).map_err(|e| format!("matcher {text:?}: {e}"))?;
+        let regex = match op {
+            Op::Regex | Op::NotRegex => Some(
+                Regex::new(&format!("^(?:{value})$"))
+                    .map_err(|e| format!("matcher {text:?}: bad regex: {e}"))?,
+            ),
+            _ => None,
+        };
+        Ok(Matcher {
+            name: name.to_string(),
+            op,
+            value,
+            regex,
+        })
+    }
+
+    /// A missing label matches as the empty string, as in Alertmanager.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let v = labels.get(&self.name).map(String::as_str).unwrap_or("");
+        match (self.op, &self.regex) {
+            (Op::Equal, _) => v == self.value,
+            (Op::NotEqual, _) => v != self.value,
+            (Op::Regex, Some(r)) => r.is_match(v),
+            (Op::NotRegex, Some(r)) => !r.is_match(v),
+            _ => false,
+        }
+    }
+}
+
+fn unquote(v: &str) -> Result<String, String> {
+    let Some(inner) = v.strip_prefix('"') else {
+        if v.contains(|c: char| c == '"' || c.is_whitespace()) {
+            return Err("unquoted values may not contain quotes or spaces".into());
+        }
+        return Ok(v.to_string());
+    };
+    let inner = inner
+        .strip_suffix('"')
+        .ok_or("the value's closing quote is missing")?;
+    let mut out = String::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some(c @ ('"' | '\\')) => out.push(c),
+                Some(c) => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                None => return Err("a trailing backslash".into()),
+            },
+            '"' => return Err("an unescaped quote inside the value".into()),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_four_operators() {
+        let l = labels(&[("alertname", "DiskAlmostFull"), ("env", "staging")]);
+        assert!(
+            Matcher::parse(r#"alertname="DiskAlmostFull""#)
+                .unwrap()
+                .matches(&l)
+        );
+        assert!(Matcher::parse(r#"env=~"staging|dev""#).unwrap().matches(&l));
+        assert!(
+            !Matcher::parse(r#"env=~"stag""#).unwrap().matches(&l),
+            "regexes are anchored"
+        );
+        assert!(Matcher::parse(r#"env!="prod""#).unwrap().matches(&l));
+        assert!(!Matcher::parse(r#"env!~"stag.*""#).unwrap().matches(&l));
+        assert!(
+            Matcher::parse(r#"team="""#).unwrap().matches(&l),
+            "missing label = empty"
+        );
+        assert!(Matcher::parse("env=staging").unwrap().matches(&l));
+    }
+
+    #[test]
+    fn bad_matchers_say_why() {
+        for bad in [
+            r#"="x""#,
+            r#"env=="x""#,
+            r#"env~"x""#,
+            r#"env="x"#,
+            r#"env=~"(""#,
+            r#"env="a"b""#,
+        ] {
+            assert!(Matcher::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
