@@ -73,11 +73,6 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
-    println!(
-        "runwarden: listening on {bound}; {} runbook(s), {} host(s)",
-        config.runbooks.len(),
-        config.hosts.len()
-    );
 
     let mut workers = tokio::task::JoinSet::new();
     workers.spawn(cron::worker(
@@ -91,10 +86,14 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    // Installed before we say we are ready, so an early SIGHUP cannot kill the process.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot handle SIGHUP")?;
     workers.spawn(reload_worker(
         opts.config_dir.clone(),
         config_tx,
         metrics.clone(),
+        hup,
         stop_rx.clone(),
     ));
 
@@ -110,6 +109,12 @@ pub async fn serve(
         let _ = http_stop.wait_for(|s| *s).await;
     });
     let server = tokio::spawn(async move { server.await });
+    // Everything is listening and every signal handler is installed.
+    println!(
+        "runwarden: listening on {bound}; {} runbook(s), {} host(s)",
+        config.runbooks.len(),
+        config.hosts.len()
+    );
     if let Some(tx) = ready {
         let _ = tx.send(bound);
     }
@@ -192,6 +197,7 @@ async fn reload_worker(
     dir: PathBuf,
     config: watch::Sender<Arc<Config>>,
     metrics: Arc<Metrics>,
+    mut hup: tokio::signal::unix::Signal,
     mut stop: watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::channel::<()>(1);
@@ -205,7 +211,6 @@ async fn reload_worker(
             let _ = w.watch(&dir.join(sub), notify::RecursiveMode::NonRecursive);
         }
     }
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
         tokio::select! {
             _ = rx.recv() => {
@@ -213,7 +218,7 @@ async fn reload_worker(
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while rx.try_recv().is_ok() {}
             }
-            Some(_) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {}
+            _ = hup.recv() => {}
             _ = stop.changed() => return,
         }
         match Config::load(&dir) {

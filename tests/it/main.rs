@@ -2,6 +2,7 @@
 //! real processes and real programs (logrotate, openssl, gunicorn, a tmpfs).
 
 mod cli;
+mod daemon;
 mod gate;
 mod systemd;
 mod tools;

@@ -1,0 +1,428 @@
+//! `runwarden serve` over real HTTP on loopback: the Alertmanager webhook
+//! (with payloads captured from a real Alertmanager), schedules, reload,
+//! shutdown and restart after a kill.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::*;
+
+const FIRING: &str = include_str!("../fixtures/alertmanager/firing-two-alerts.json");
+const RESOLVED: &str = include_str!("../fixtures/alertmanager/resolved-two-alerts.json");
+
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+impl Daemon {
+    fn start(e: &Estate) -> Daemon {
+        let mut child = e
+            .cmd(&["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("runwarden serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .trim_end_matches(';')
+            .to_string();
+        Daemon { child, addr }
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, String) {
+        let mut c = TcpStream::connect(&self.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            req += &format!("{k}: {v}\r\n");
+        }
+        req += "\r\n";
+        c.write_all(req.as_bytes()).unwrap();
+        let _ = c.write_all(body);
+        let mut resp = Vec::new();
+        let _ = c.read_to_end(&mut resp);
+        let text = String::from_utf8_lossy(&resp).into_owned();
+        let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn post_alerts(&self, body: &str) -> (u16, Value) {
+        let (status, text) = self.request(
+            "POST",
+            "/api/v1/alerts",
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        );
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    fn get_json(&self, path: &str) -> Value {
+        serde_json::from_str(&self.request("GET", path, &[], b"").1).unwrap()
+    }
+
+    fn metrics(&self) -> String {
+        self.request("GET", "/metrics", &[], b"").1
+    }
+
+    /// The value of one series in /metrics (0 when absent).
+    fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Wait until no run is queued or running; return the runs.
+    fn settled_runs(&self) -> Vec<Value> {
+        let started = Instant::now();
+        loop {
+            let runs = self.get_json("/api/v1/runs")["runs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !runs
+                .iter()
+                .any(|r| r["status"] == "running" || r["status"] == "queued")
+            {
+                return runs;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "runs did not finish: {runs:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn results(resp: &Value) -> Vec<String> {
+    resp["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["result"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Hosts web-01 and web-02, and a runbook for DiskAlmostFull alerts on `hosts`.
+fn alert_estate(hosts: &str, steps: &str) -> Estate {
+    let e = Estate::new();
+    e.host("web-01", &local_host("web-01", "paths: [/tmp]"));
+    e.host("web-02", &local_host("web-02", "paths: [/tmp]"));
+    e.runbook(
+        "disk-alert",
+        &format!(
+            "name: disk-alert\ndescription: t\nhosts: [{hosts}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"', 'severity=~\"warning|critical\"']\n  host_label: instance\ncooldown: 1h\ntools: {{ observe: [disk_usage, list_processes] }}\nsteps:\n{steps}"
+        ),
+    );
+    e
+}
+
+const DISK_STEPS: &str = "  - id: tmp
+    call: disk_usage
+    args: { path: /tmp }
+  - id: labelled
+    call: disk_usage
+    args: { path: \"{{ alert.labels.mountpoint }}\" }
+";
+
+#[test]
+fn webhook_starts_one_run_and_accounts_for_every_alert() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    let (status, resp) = d.post_alerts(FIRING);
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(
+        results(&resp),
+        ["started", "deduplicated"],
+        "two alerts, one host: one run"
+    );
+    let runs = d.settled_runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        runs[0]["host"], "web-01",
+        "instance web-01:9100 names host web-01"
+    );
+    let run = d.get_json(&format!(
+        "/api/v1/runs/{}",
+        runs[0]["run_id"].as_str().unwrap()
+    ));
+    let report = &run["report"];
+    assert_eq!(step(report, "tmp")["status"], "ok");
+    // The alert's label is untrusted: "/" is outside the host's paths.
+    assert_eq!(step(report, "labelled")["status"], "denied", "{report:#}");
+    assert_eq!(run["status"], "denied");
+
+    let (_, again) = d.post_alerts(FIRING);
+    assert_eq!(
+        results(&again),
+        ["deduplicated", "deduplicated"],
+        "repeats inside the cooldown start nothing"
+    );
+    let (_, resolved) = d.post_alerts(RESOLVED);
+    assert!(
+        results(&resolved).is_empty(),
+        "resolved alerts start nothing"
+    );
+
+    assert_eq!(
+        d.metric(r#"runwarden_alert_triggers_total{result="started",runbook="disk-alert"}"#),
+        1.0
+    );
+    assert_eq!(
+        d.metric(r#"runwarden_alert_triggers_total{result="deduplicated",runbook="disk-alert"}"#),
+        3.0
+    );
+    assert_eq!(
+        d.metric(r#"runwarden_alerts_received_total{status="resolved"}"#),
+        2.0
+    );
+    assert_eq!(
+        d.metric(r#"runwarden_runs_finished_total{runbook="disk-alert",verdict="denied"}"#),
+        1.0
+    );
+    assert_eq!(
+        d.metric(r#"runwarden_tool_calls_total{host="web-01",outcome="denied",runbook="disk-alert",tier="1",tool="disk_usage"}"#),
+        1.0
+    );
+    assert_eq!(
+        d.metric(
+            r#"runwarden_gate_denials_total{reason="invalid_arguments",runbook="disk-alert"}"#
+        ),
+        1.0
+    );
+    assert!(
+        !d.metrics().contains("web-01:9100"),
+        "no label value comes from a payload"
+    );
+}
+
+#[test]
+fn webhook_refuses_bad_bodies_and_bad_tokens() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    std::fs::write(e.path().join("token"), "s3cret-token-0123456789\n").unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "webhook_token_file: token\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&e);
+    let auth = [("Authorization", "Bearer s3cret-token-0123456789")];
+    let (s, body) = d.request("POST", "/api/v1/alerts", &[], FIRING.as_bytes());
+    assert_eq!(s, 401, "{body}");
+    let (s, _) = d.request(
+        "POST",
+        "/api/v1/alerts",
+        &[("Authorization", "Bearer wrong-token-000000000")],
+        FIRING.as_bytes(),
+    );
+    assert_eq!(s, 401);
+    let (s, body) = d.request("POST", "/api/v1/alerts", &auth, b"{not json");
+    assert_eq!(s, 400);
+    assert!(body.contains("not an Alertmanager notification"), "{body}");
+    let v3 = FIRING.replace("\"version\":\"4\"", "\"version\":\"3\"");
+    let (s, body) = d.request("POST", "/api/v1/alerts", &auth, v3.as_bytes());
+    assert_eq!(s, 400);
+    assert!(body.contains("version"), "{body}");
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(2 << 20));
+    let (s, _) = d.request("POST", "/api/v1/alerts", &auth, big.as_bytes());
+    assert_eq!(s, 413);
+    let (s, body) = d.request("POST", "/api/v1/alerts", &auth, FIRING.as_bytes());
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(
+        d.metric(r#"runwarden_alert_triggers_total{result="started",runbook="disk-alert"}"#),
+        1.0,
+        "nothing before the good request counted"
+    );
+}
+
+#[test]
+fn an_alert_for_a_host_outside_the_runbook_is_out_of_scope() {
+    let e = alert_estate("web-02", DISK_STEPS);
+    let d = Daemon::start(&e);
+    let (_, resp) = d.post_alerts(FIRING);
+    assert_eq!(results(&resp), ["out_of_scope", "out_of_scope"]);
+    assert!(d.settled_runs().is_empty());
+}
+
+#[test]
+fn fifty_notifications_for_one_group_start_one_run() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    let mut all = Vec::new();
+    for _ in 0..50 {
+        let (s, resp) = d.post_alerts(FIRING);
+        assert_eq!(s, 200);
+        all.extend(results(&resp));
+    }
+    assert_eq!(all.len(), 100, "every alert has an outcome");
+    assert_eq!(all.iter().filter(|r| *r == "started").count(), 1);
+    assert_eq!(all.iter().filter(|r| *r == "deduplicated").count(), 99);
+    assert_eq!(d.settled_runs().len(), 1);
+}
+
+#[test]
+fn kill_switch_refuses_every_trigger() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    let (_, resp) = d.post_alerts(FIRING);
+    assert_eq!(results(&resp), ["kill_switch", "kill_switch"]);
+    let started = Instant::now();
+    while d.metric(r#"runwarden_kill_switch_engaged{scope="global"}"#) != 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "the gauge follows the file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_broken_runbook_on_sighup_keeps_the_old_config() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    std::fs::write(
+        e.path().join("runbooks/disk-alert.yaml"),
+        "name: disk-alert\nautonomy: L9\n",
+    )
+    .unwrap();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let started = Instant::now();
+    while d.metric(r#"runwarden_config_reloads_total{result="failure"}"#) < 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "reload not attempted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(d.metric("runwarden_config_last_reload_successful"), 0.0);
+    let (_, resp) = d.post_alerts(FIRING);
+    assert_eq!(
+        results(&resp)[0],
+        "started",
+        "the old runbook is still in force"
+    );
+}
+
+fn slow_estate() -> Estate {
+    let e = alert_estate(
+        "web-01",
+        "  - call: list_processes\n  - call: list_processes\n  - call: list_processes\n",
+    );
+    let slow = e.script("slow-ps", "sleep 1\necho '1 0 root S 1 0.0 100 init'");
+    e.host(
+        "web-01",
+        &local_host(
+            "web-01",
+            &format!("paths: [/tmp]\nbinaries: {{ ps: {} }}", slow.display()),
+        ),
+    );
+    e
+}
+
+#[test]
+fn sigterm_mid_run_ends_it_with_a_verdict() {
+    let e = slow_estate();
+    let mut d = Daemon::start(&e);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    std::thread::sleep(Duration::from_millis(400));
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = d.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let verdicts = e.audit_phase("verdict");
+    assert_eq!(verdicts.len(), 1);
+    assert_eq!(verdicts[0]["outcome"], "halted", "{:#}", verdicts[0]);
+    assert_eq!(
+        e.audit_phase("result").len(),
+        1,
+        "the call in flight finished, no other started"
+    );
+    assert!(e.run(&["audit", "verify"]).status.success());
+}
+
+#[test]
+fn sigkill_mid_run_is_reported_interrupted_after_a_restart() {
+    let e = slow_estate();
+    let d = Daemon::start(&e);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    std::thread::sleep(Duration::from_millis(400));
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(d);
+    assert!(e.audit_phase("verdict").is_empty());
+    let d = Daemon::start(&e);
+    let runs = d.settled_runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["status"], "interrupted");
+    assert_eq!(
+        d.metric(r#"runwarden_runs_finished_total{runbook="disk-alert",verdict="interrupted"}"#),
+        1.0
+    );
+    let verdicts = e.audit_phase("verdict");
+    assert_eq!(verdicts[0]["outcome"], "interrupted");
+    assert!(e.run(&["audit", "verify"]).status.success());
+}
+
+#[test]
+fn a_per_second_schedule_fires_without_waiting_minutes() {
+    let e = Estate::new();
+    e.host("web-01", &local_host("web-01", "paths: [/tmp]"));
+    e.runbook(
+        "tick",
+        "name: tick\ndescription: t\nhosts: [web-01]\nautonomy: L3\nschedule: \"* * * * * *\"\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    let d = Daemon::start(&e);
+    let started = Instant::now();
+    loop {
+        let runs = d.get_json("/api/v1/runs")["runs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if runs.iter().filter(|r| r["status"] == "ok").count() >= 2 {
+            assert!(runs.iter().all(|r| r["trigger"] == "schedule"));
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(8), "{runs:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.metric(r#"runwarden_schedule_last_run_timestamp_seconds{runbook="tick"}"#) > 1.7e9);
+    assert!(
+        d.metric(r#"runwarden_schedule_next_run_timestamp_seconds{runbook="tick"}"#)
+            > d.metric(r#"runwarden_schedule_last_run_timestamp_seconds{runbook="tick"}"#)
+    );
+}
