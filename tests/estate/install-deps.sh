@@ -17,6 +17,10 @@ declare -A need=(
   [/usr/bin/nsenter]=util-linux
   [/usr/sbin/ip]=iproute2
   [/usr/bin/curl]=curl
+  [/usr/bin/prometheus]=prometheus
+  [/usr/bin/promtool]=prometheus
+  [/usr/bin/prometheus-alertmanager]=prometheus-alertmanager
+  [/usr/bin/amtool]=prometheus-alertmanager
 )
 missing=()
 for prog in "${!need[@]}"; do

@@ -3,6 +3,7 @@
 
 mod cli;
 mod daemon;
+mod e2e;
 mod gate;
 mod systemd;
 mod tools;
