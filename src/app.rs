@@ -50,6 +50,11 @@ pub async fn serve(
         );
     }
     let audit = Arc::new(AuditLog::open(&config.settings.audit_log)?);
+    // The config was parsed on several threads; hand their freed buffers back.
+    // SAFETY: malloc_trim only releases free memory to the system.
+    unsafe {
+        nix::libc::malloc_trim(0);
+    }
     let metrics = Arc::new(Metrics::new(prometheus::Registry::new()));
     let (config_tx, config_rx) = watch::channel(config.clone());
     let (stop_tx, stop_rx) = watch::channel(false);

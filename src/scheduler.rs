@@ -224,7 +224,18 @@ impl Scheduler {
                 shutdown: Some(this.shutdown.clone()),
             };
             let started = Instant::now();
-            let outcome = runner.run_as(&req, run_id.clone()).await;
+            // A run blocks on fsync and waits on its tools: it gets a thread of
+            // its own, so the webhook and /metrics never wait behind it.
+            let runtime = tokio::runtime::Handle::current();
+            let (run_req, id) = (req.clone(), run_id.clone());
+            let outcome =
+                tokio::task::spawn_blocking(move || runtime.block_on(runner.run_as(&run_req, id)))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(crate::run::StartError::Unreachable(format!(
+                            "the run's thread failed: {e}"
+                        )))
+                    });
             this.metrics.runs_in_flight.dec();
             let verdict = match &outcome {
                 Ok(report) => report.verdict.as_str(),

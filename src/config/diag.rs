@@ -59,6 +59,10 @@ impl Diagnostics {
         self.items.push(d);
     }
 
+    pub fn extend(&mut self, other: Diagnostics) {
+        self.items.extend(other.items);
+    }
+
     pub fn len(&self) -> usize {
         self.items.len()
     }

@@ -144,11 +144,10 @@ impl Config {
         let mut hosts = BTreeMap::new();
         // Every name seen, valid or not, and its file: for "defined twice" and dangling-name checks.
         let mut host_names: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for file in &host_files {
-            let Some((text, _)) = read_file(file, &mut diags, false) else {
-                continue;
-            };
-            let Some(raw) = parse::<raw::Host>(file, &text, &mut diags) else {
+        for (file, parsed, text) in parse_files::<raw::Host>(&host_files, &mut diags) {
+            let file = &file;
+            let Some((raw, _)) = parsed else {
+                let Some(text) = text else { continue };
                 // Keep the name known so runbooks naming it do not report it as undefined too.
                 if let Ok(raw::NameOnly { name: Some(name) }) = serde_saphyr::from_str(&text) {
                     host_names.entry(name).or_insert_with(|| file.clone());
@@ -170,13 +169,12 @@ impl Config {
             }
         }
 
+        let known_hosts: BTreeSet<String> = host_names.keys().cloned().collect();
         let mut runbooks: BTreeMap<String, Arc<Runbook>> = BTreeMap::new();
         let mut runbook_names: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for file in &runbook_files {
-            let Some((text, version)) = read_file(file, &mut diags, false) else {
-                continue;
-            };
-            let Some(raw) = parse::<raw::Runbook>(file, &text, &mut diags) else {
+        for (file, parsed, _) in parse_files::<raw::Runbook>(&runbook_files, &mut diags) {
+            let file = &file;
+            let Some((raw, version)) = parsed else {
                 continue;
             };
             let name = raw.name.clone();
@@ -189,7 +187,6 @@ impl Config {
                 diags.at(file, name.referenced, msg);
                 continue;
             }
-            let known_hosts: BTreeSet<String> = host_names.keys().cloned().collect();
             if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, &mut diags) {
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }
@@ -205,6 +202,53 @@ impl Config {
             hosts,
         })
     }
+}
+
+/// A file's parse: the raw value and its version (sha256), and the text when
+/// parsing failed (for a second, lenient look at it).
+type Parsed<T> = (PathBuf, Option<(T, String)>, Option<String>);
+
+/// Read and parse files on every core (large estates have hundreds), keeping
+/// the files' order and all their problems.
+fn parse_files<T: serde::de::DeserializeOwned + Send>(
+    files: &[PathBuf],
+    diags: &mut Diagnostics,
+) -> Vec<Parsed<T>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let chunk = files.len().div_ceil(workers).max(16);
+    let parts: Vec<(Vec<Parsed<T>>, Diagnostics)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = files
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut d = Diagnostics::default();
+                    let out = part
+                        .iter()
+                        .map(|file| match read_file(file, &mut d, false) {
+                            None => (file.clone(), None, None),
+                            Some((text, version)) => match parse::<T>(file, &text, &mut d) {
+                                Some(raw) => (file.clone(), Some((raw, version)), None),
+                                None => (file.clone(), None, Some(text)),
+                            },
+                        })
+                        .collect();
+                    (out, d)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("config parser thread"))
+            .collect()
+    });
+    let mut all = Vec::with_capacity(files.len());
+    for (out, d) in parts {
+        diags.extend(d);
+        all.extend(out);
+    }
+    all
 }
 
 fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {

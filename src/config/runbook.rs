@@ -173,6 +173,7 @@ pub(super) fn validate(
     };
 
     let mut host_names = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     if raw.hosts.value.is_empty() {
         diags.at(
             file,
@@ -181,7 +182,7 @@ pub(super) fn validate(
         );
     }
     for h in &raw.hosts.value {
-        if host_names.contains(&h.value) {
+        if !seen.insert(h.value.as_str()) {
             diags.at(
                 file,
                 h.referenced,

@@ -178,7 +178,24 @@ pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErr
         })
 }
 
+/// Niceness of tool processes (and the threads that wait on them): remediation
+/// is background work, and the daemon's webhook must stay responsive under load.
+pub const TOOL_NICE: i32 = 10;
+
+fn lower_priority() {
+    // Linux nice values are per thread and inherited by children spawned from it.
+    // SAFETY: getpriority/setpriority take plain integers; 0 means the calling thread.
+    unsafe {
+        *nix::libc::__errno_location() = 0;
+        let now = nix::libc::getpriority(nix::libc::PRIO_PROCESS, 0);
+        if now < TOOL_NICE {
+            nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, TOOL_NICE);
+        }
+    }
+}
+
 fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
+    lower_priority();
     let started = std::time::Instant::now();
     let deadline = limits.deadline.into_std();
     let spawn_error = |source| SpawnError::Spawn {

@@ -1,0 +1,273 @@
+//! The daemon under load: `cargo bench --bench daemon`.
+//!
+//! 1. startup time and idle RSS with 200 runbooks and 500 hosts;
+//! 2. an alert storm: 20,000 alerts in 200 webhook notifications against 500
+//!    hosts: accept latency p50/p99, every alert accounted for in
+//!    `runwarden_alert_triggers_total`, peak RSS;
+//! 3. the kill switch: time from `touch kill-switch/ENGAGED` to the last tool
+//!    call dispatched by a runbook making calls back to back.
+//!
+//! Figures only; nothing here asserts a time.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+struct Daemon {
+    child: Child,
+    addr: String,
+    startup: Duration,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path) -> Daemon {
+    let t = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let startup = t.elapsed();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+    Daemon {
+        child,
+        addr,
+        startup,
+    }
+}
+
+fn rss_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap())
+        })
+        .unwrap()
+}
+
+fn post(addr: &str, path: &str, body: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+fn get(addr: &str, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-daemon-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    write(root, "kill-switch/README", "");
+    write(root, "runwarden.yaml", "max_concurrent_runs: 8\n");
+    let hosts: Vec<String> = (0..500).map(|i| format!("web-{i:03}")).collect();
+    for h in &hosts {
+        write(
+            root,
+            &format!("hosts/{h}.yaml"),
+            &format!("name: {h}\nconnection: local\npaths: [/tmp]\n"),
+        );
+    }
+    let host_list = hosts.join(", ");
+    for i in 0..199 {
+        write(
+            root,
+            &format!("runbooks/rb-{i:03}.yaml"),
+            &format!(
+                "name: rb-{i:03}\ndescription: b\nhosts: [{host_list}]\nautonomy: L3\nschedule: \"0 3 * * 1\"\non_alert:\n  matchers: ['alertname=\"Other{i}\"']\n  host_label: instance\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n"
+            ),
+        );
+    }
+    write(
+        root,
+        "runbooks/storm.yaml",
+        &format!(
+            "name: storm\ndescription: b\nhosts: [{host_list}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\ncooldown: 1h\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n"
+        ),
+    );
+
+    // 1. Startup and idle memory.
+    let mut startups = Vec::new();
+    for _ in 0..5 {
+        let d = start(root);
+        startups.push(d.startup);
+    }
+    startups.sort();
+    let d = start(root);
+    std::thread::sleep(Duration::from_secs(1));
+    println!("200 runbooks, 500 hosts:");
+    println!(
+        "  startup to listening, median of 5 : {:>7.1} ms (target < 200 ms)",
+        percentile(&startups, 0.5).as_secs_f64() * 1e3
+    );
+    println!(
+        "  idle RSS                         : {:>7.1} MB (target < 20 MB)",
+        rss_kb(d.child.id(), "VmRSS:") as f64 / 1024.0
+    );
+
+    // 2. The storm: 200 notifications of 100 alerts, 500 hosts, one group each.
+    let mut latencies = Vec::new();
+    let mut alerts_sent = 0;
+    for n in 0..200 {
+        let alerts: Vec<String> = (0..100)
+            .map(|i| {
+                let host = &hosts[(n * 100 + i) % hosts.len()];
+                format!(r#"{{"status":"firing","labels":{{"alertname":"DiskAlmostFull","instance":"{host}:9100","n":"{n}-{i}"}},"annotations":{{}},"startsAt":"2026-11-30T09:50:08.716Z","endsAt":"0001-01-01T00:00:00Z","generatorURL":"","fingerprint":"{n:04x}{i:04x}"}}"#)
+            })
+            .collect();
+        alerts_sent += alerts.len();
+        let body = format!(
+            r#"{{"receiver":"rw","status":"firing","alerts":[{}],"groupLabels":{{}},"commonLabels":{{}},"commonAnnotations":{{}},"externalURL":"","version":"4","groupKey":"storm-{n}","truncatedAlerts":0}}"#,
+            alerts.join(",")
+        );
+        let t = Instant::now();
+        let resp = post(&d.addr, "/api/v1/alerts", &body);
+        latencies.push(t.elapsed());
+        assert!(
+            resp.starts_with("HTTP/1.1 200"),
+            "{}",
+            &resp[..resp.len().min(300)]
+        );
+    }
+    latencies.sort();
+    std::thread::sleep(Duration::from_secs(2));
+    let metrics = get(&d.addr, "/metrics");
+    let accounted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("runwarden_alert_triggers_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!("alert storm: {alerts_sent} alerts in 200 notifications (500 hosts):");
+    println!(
+        "  accept latency p50 / p99         : {:>7.2} / {:.2} ms (target p99 < 10 ms)",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3
+    );
+    println!("  alerts accounted for in metrics  : {accounted} of {alerts_sent}");
+    for l in metrics
+        .lines()
+        .filter(|l| l.starts_with("runwarden_alert_triggers_total{") && l.contains("storm"))
+    {
+        println!("    {l}");
+    }
+    println!(
+        "  peak RSS                         : {:>7.1} MB (target < 60 MB)",
+        rss_kb(d.child.id(), "VmHWM:") as f64 / 1024.0
+    );
+    drop(d);
+
+    // 3. Kill switch: a runbook making calls back to back; touch the file; when did the last call start?
+    let kdir = tempfile::Builder::new()
+        .prefix("rw-bench-ks-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let k = kdir.path();
+    write(k, "kill-switch/README", "");
+    write(
+        k,
+        "hosts/h.yaml",
+        "name: h\nconnection: local\npaths: [/tmp]\n",
+    );
+    let mut rb = "name: busy\ndescription: b\nhosts: [h]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Busy\"']\n  host_label: instance\ntools: { observe: [list_processes] }\nbudget: { max_steps: 1000, max_duration: 1h }\nsteps:\n".to_string();
+    for _ in 0..1000 {
+        rb += "  - call: list_processes\n    args: { limit: 1 }\n";
+    }
+    write(k, "runbooks/busy.yaml", &rb);
+    let d = start(k);
+    let mut gaps = Vec::new();
+    let mut late_calls = 0;
+    for trial in 0..20 {
+        let _ = std::fs::remove_file(k.join("kill-switch/ENGAGED"));
+        let body = format!(
+            r#"{{"receiver":"rw","status":"firing","alerts":[{{"status":"firing","labels":{{"alertname":"Busy","instance":"h"}},"annotations":{{}},"fingerprint":"t{trial}"}}],"version":"4","groupKey":"busy-{trial}","truncatedAlerts":0}}"#
+        );
+        // Each trial after a cooldown-free previous run: wait for the run to be in flight.
+        let resp = post(&d.addr, "/api/v1/alerts", &body);
+        if !resp.contains("started") {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let engaged_at = jiff::Timestamp::now();
+        std::fs::write(k.join("kill-switch/ENGAGED"), "").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let audit = std::fs::read_to_string(k.join("state/audit.jsonl")).unwrap();
+        let last_intent = audit
+            .lines()
+            .filter(|l| l.contains("\"phase\":\"intent\""))
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| {
+                v["ts"]
+                    .as_str()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            })
+            .max()
+            .unwrap();
+        let gap = last_intent.duration_since(engaged_at);
+        if gap.is_positive() {
+            late_calls += 1;
+        }
+        gaps.push(Duration::try_from(gap).unwrap_or(Duration::ZERO));
+    }
+    gaps.sort();
+    println!(
+        "kill switch, {} trials (touch ENGAGED while calls run back to back):",
+        gaps.len()
+    );
+    println!(
+        "  last call dispatched after the touch, p50 / p99 : {:.2} / {:.2} ms (target p99 < 50 ms)",
+        percentile(&gaps, 0.5).as_secs_f64() * 1e3,
+        percentile(&gaps, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "  trials where a call started after the file existed: {late_calls} (each one already past the gate when the file appeared)"
+    );
+}
