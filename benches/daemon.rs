@@ -270,4 +270,149 @@ fn main() {
     println!(
         "  trials where a call started after the file existed: {late_calls} (each one already past the gate when the file appeared)"
     );
+    webhook_to_first_call();
+}
+
+/// Wall time from sending an alert to the first tool process starting, for
+/// runwarden (parse, match, dedupe, gate, audit intent fsynced, spawn) and for
+/// adnanh/webhook (Debian `webhook`) running a command for the same POST.
+fn webhook_to_first_call() {
+    const ALERTS: usize = 500;
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-latency-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let marks = root.join("marks");
+    let script = root.join("first-call");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write(root, "kill-switch/README", "");
+    let hosts: Vec<String> = (0..ALERTS).map(|i| format!("h{i:03}")).collect();
+    for h in &hosts {
+        write(
+            root,
+            &format!("hosts/{h}.yaml"),
+            &format!(
+                "name: {h}\nconnection: local\nbinaries: {{ ps: {} }}\n",
+                script.display()
+            ),
+        );
+    }
+    write(
+        root,
+        "runbooks/first.yaml",
+        &format!(
+            "name: first\ndescription: b\nhosts: [{}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Latency\"']\n  host_label: instance\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n",
+            hosts.join(", ")
+        ),
+    );
+    let marks_seen = || {
+        std::fs::read_to_string(&marks)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let last_mark = || -> f64 {
+        std::fs::read_to_string(&marks)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let now = || jiff::Timestamp::now().as_nanosecond() as f64 / 1e9;
+    let measure = |addr: &str, path: &str, body: &dyn Fn(usize) -> String| -> Vec<Duration> {
+        let _ = std::fs::remove_file(&marks);
+        let mut out = Vec::new();
+        for i in 0..ALERTS {
+            let sent = now();
+            let resp = post(addr, path, &body(i));
+            assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+            let t = Instant::now();
+            while marks_seen() < i + 1 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "no call for alert {i}"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            out.push(Duration::from_secs_f64((last_mark() - sent).max(0.0)));
+        }
+        out.sort();
+        out
+    };
+    let d = start(root);
+    let rw = measure(&d.addr, "/api/v1/alerts", &|i| {
+        format!(
+            r#"{{"receiver":"rw","status":"firing","alerts":[{{"status":"firing","labels":{{"alertname":"Latency","instance":"h{i:03}:9100"}},"annotations":{{}},"fingerprint":"f{i}"}}],"version":"4","groupKey":"g{i}","truncatedAlerts":0}}"#
+        )
+    });
+    drop(d);
+    println!("webhook to first tool call, {ALERTS} alerts, one at a time:");
+    println!(
+        "  runwarden p50 / p99              : {:>7.2} / {:.2} ms",
+        ms(percentile(&rw, 0.5)),
+        ms(percentile(&rw, 0.99))
+    );
+    if !Path::new("/usr/bin/webhook").exists() {
+        println!("  adnanh/webhook not installed (Debian package webhook): comparison skipped");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    write(
+        root,
+        "hooks.json",
+        &format!(
+            r#"[{{"id":"run","execute-command":"{}"}}]"#,
+            script.display()
+        ),
+    );
+    let mut hook = Command::new("/usr/bin/webhook")
+        .args([
+            "-hooks",
+            root.join("hooks.json").to_str().unwrap(),
+            "-ip",
+            "127.0.0.1",
+            "-port",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let t = Instant::now();
+    while TcpStream::connect(&addr).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let wh = measure(&addr, "/hooks/run", &|i| format!(r#"{{"n":{i}}}"#));
+    let _ = hook.kill();
+    let _ = hook.wait();
+    println!(
+        "  adnanh/webhook p50 / p99         : {:>7.2} / {:.2} ms",
+        ms(percentile(&wh, 0.5)),
+        ms(percentile(&wh, 0.99))
+    );
+    println!(
+        "  p99 ratio runwarden / webhook    : {:>7.2} (target <= 1.5)",
+        ms(percentile(&rw, 0.99)) / ms(percentile(&wh, 0.99))
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
