@@ -426,3 +426,15 @@ fn a_per_second_schedule_fires_without_waiting_minutes() {
             > d.metric(r#"runwarden_schedule_last_run_timestamp_seconds{runbook="tick"}"#)
     );
 }
+
+#[test]
+fn serve_refuses_a_public_address_without_a_token() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let out = e.run(&["serve", "--listen", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without a webhook token"),
+        "{err}"
+    );
+}
