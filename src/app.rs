@@ -56,6 +56,7 @@ pub async fn serve(
         nix::libc::malloc_trim(0);
     }
     let metrics = Arc::new(Metrics::new(prometheus::Registry::new()));
+    metrics.init_series(&config);
     let (config_tx, config_rx) = watch::channel(config.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -228,6 +229,7 @@ async fn reload_worker(
         }
         match Config::load(&dir) {
             Ok(new) => {
+                metrics.init_series(&new);
                 config.send_replace(Arc::new(new));
                 metrics.config_reloads.with_label_values(&["success"]).inc();
                 metrics.config_last_reload_successful.set(1);

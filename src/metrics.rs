@@ -173,6 +173,76 @@ impl Metrics {
         }
     }
 
+    /// Create every series the config can produce that alert rules take an
+    /// `increase()` of, at zero. A counter that first appears already at 3 has
+    /// no increase in Prometheus' eyes, so a burst of three tier-2 calls
+    /// between two scrapes would go unseen without this. Bounded by the
+    /// config: runbooks x their hosts x their tier-2 tools x outcomes, and so on.
+    pub fn init_series(&self, config: &crate::config::Config) {
+        use crate::gate::DenyReason;
+        const VERDICTS: [&str; 8] = [
+            "ok",
+            "failed",
+            "denied",
+            "step_limit",
+            "budget_exhausted",
+            "broken",
+            "halted",
+            "interrupted",
+        ];
+        const DENIALS: [DenyReason; 9] = [
+            DenyReason::KillSwitch,
+            DenyReason::UnknownTool,
+            DenyReason::ToolOutOfScope,
+            DenyReason::HostOutOfScope,
+            DenyReason::InvalidArguments,
+            DenyReason::NotApproved,
+            DenyReason::StepLimit,
+            DenyReason::TimeBudget,
+            DenyReason::MutationBudget,
+        ];
+        const RESULTS: [&str; 5] = [
+            "started",
+            "deduplicated",
+            "cooldown",
+            "out_of_scope",
+            "kill_switch",
+        ];
+        for rb in config.runbooks.values() {
+            let name = rb.name.as_str();
+            for v in VERDICTS {
+                self.runs_finished.with_label_values(&[name, v]).inc_by(0);
+            }
+            for d in DENIALS {
+                self.gate_denials
+                    .with_label_values(&[name, d.as_str()])
+                    .inc_by(0);
+            }
+            self.budget_exhausted.with_label_values(&[name]).inc_by(0);
+            if rb.on_alert.is_some() {
+                for r in RESULTS {
+                    self.alert_triggers.with_label_values(&[name, r]).inc_by(0);
+                }
+            }
+            for host in &rb.hosts {
+                for tool in &rb.approve {
+                    for outcome in ["ok", "error", "timeout"] {
+                        self.tool_calls
+                            .with_label_values(&[name, host, tool.name(), "2", outcome])
+                            .inc_by(0);
+                    }
+                }
+            }
+        }
+        self.alert_triggers
+            .with_label_values(&["none", "no_match"])
+            .inc_by(0);
+        for status in ["firing", "resolved"] {
+            self.alerts_received.with_label_values(&[status]).inc_by(0);
+        }
+        self.audit_write_failures.inc_by(0);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

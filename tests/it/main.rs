@@ -5,6 +5,7 @@ mod cli;
 mod daemon;
 mod e2e;
 mod gate;
+mod observability;
 mod systemd;
 mod tools;
 mod util;

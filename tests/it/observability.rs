@@ -1,0 +1,382 @@
+//! The observability pack against the real tools: promtool and amtool on the
+//! shipped files, and the whole chain on loopback with real Prometheus and
+//! Alertmanager: an estate alert fires, Alertmanager routes it to runwarden
+//! (with the shipped example config), runwarden's tier-2 calls make its own
+//! burst alert fire, and that alert reaches a person's receiver, not runwarden.
+//! Every PromQL expression of the dashboard returns data from that Prometheus.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::*;
+
+fn run_ok(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program} {args:?}:\n{text}");
+    text
+}
+
+#[test]
+fn shipped_rules_and_routes_pass_promtool_and_amtool() {
+    let text = run_ok(
+        "/usr/bin/promtool",
+        &[
+            "check",
+            "rules",
+            "alerts/runwarden.rules.yml",
+            "alerts/staging.example.rules.yml",
+        ],
+    );
+    assert!(text.contains("SUCCESS: 15 rules found"), "{text}");
+    let text = run_ok(
+        "/usr/bin/promtool",
+        &["test", "rules", "alerts/tests/runwarden.rules.test.yml"],
+    );
+    assert!(text.contains("SUCCESS"), "{text}");
+    run_ok(
+        "/usr/bin/amtool",
+        &["check-config", "alerts/alertmanager.example.yml"],
+    );
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut c = TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).ok()?;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// A loopback HTTP server: answers `body` to GETs and keeps every POST body.
+fn serve(body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let posts = Arc::new(Mutex::new(Vec::new()));
+    let kept = posts.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(c) = conn else { continue };
+            let mut reader = BufReader::new(c);
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let mut len = 0;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut buf = vec![0; len];
+            let _ = reader.read_exact(&mut buf);
+            if first.starts_with("POST") {
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf).into_owned());
+            }
+            let mut c = reader.into_inner();
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, posts)
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn query(prom: &str, expr: &str) -> Option<Vec<Value>> {
+    let q: String = expr
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let body = http_get(prom, &format!("/api/v1/query?query={q}"))?;
+    let v: Value = serde_json::from_str(&body).ok()?;
+    assert_eq!(v["status"], "success", "{expr}: {v}");
+    v["data"]["result"].as_array().cloned()
+}
+
+/// A node_exporter stand-in for one nearly full filesystem: the only test double here,
+/// limited to the exporter's two series (node_exporter itself is not part of the estate).
+const NODE_METRICS: &str = "node_filesystem_avail_bytes{instance=\"web-01:9100\",device=\"/dev/vda\",fstype=\"ext4\",mountpoint=\"/\"} 5e+09\nnode_filesystem_size_bytes{instance=\"web-01:9100\",device=\"/dev/vda\",fstype=\"ext4\",mountpoint=\"/\"} 1e+11\n";
+
+#[test]
+fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_data() {
+    let e = Estate::new();
+    let logs = e.work().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("app.log"), "x\n").unwrap();
+    let conf = e.work().join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/app.log {{\n  rotate 9\n  missingok\n  create\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    e.host(
+        "web-01",
+        &local_host(
+            "web-01",
+            &format!(
+                "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}/lr.state",
+                conf.display(),
+                e.work().display()
+            ),
+        ),
+    );
+    let mut rb = "name: disk-remediation\ndescription: t\nhosts: [web-01]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"NodeFilesystemAlmostFull\"', 'env=\"staging\"']\n  host_label: instance\ncooldown: 1h\ntools: { observe: [disk_usage], approve: [rotate_logs] }\nbudget: { max_mutations: 3 }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n".to_string();
+    for i in 0..4 {
+        rb += &format!(
+            "  - call: rotate_logs\n    args: {{ config: {} }}\n    reason: \"{{{{ alert.labels.mountpoint }}}} almost full (rotation {i})\"\n",
+            conf.display()
+        );
+    }
+    e.runbook("disk-remediation", &rb);
+    e.runbook(
+        "tick",
+        "name: tick\ndescription: t\nhosts: [web-01]\nautonomy: L3\nschedule: \"*/2 * * * * *\"\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    let token = e.path().join("token");
+    std::fs::write(&token, "obs-token-0123456789abcdef\n").unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "webhook_token_file: token\n",
+    )
+    .unwrap();
+
+    let mut rw = e
+        .cmd(&["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(rw.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _rw = Proc(rw);
+    let rw_addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+
+    let (node_addr, _) = serve(NODE_METRICS);
+    let (person_addr, person) = serve("ok");
+
+    // Alertmanager with the shipped example route, pointed at this test's addresses.
+    let am_addr = format!("127.0.0.1:{}", free_port());
+    let am_dir = e.work().join("am");
+    std::fs::create_dir_all(&am_dir).unwrap();
+    let example = std::fs::read_to_string(repo().join("alerts/alertmanager.example.yml")).unwrap();
+    let am_config = example
+        .replace(
+            "http://127.0.0.1:9731/api/v1/alerts",
+            &format!("http://{rw_addr}/api/v1/alerts"),
+        )
+        .replace("/etc/runwarden/webhook-token", token.to_str().unwrap())
+        .replace(
+            "http://127.0.0.1:9095/on-call",
+            &format!("http://{person_addr}/on-call"),
+        )
+        .replace("group_wait: 30s", "group_wait: 0s")
+        .replace("group_wait: 10s", "group_wait: 0s")
+        .replace("group_interval: 5m", "group_interval: 1s");
+    std::fs::write(am_dir.join("am.yml"), am_config).unwrap();
+    let _am = Proc(
+        Command::new("/usr/bin/prometheus-alertmanager")
+            .arg(format!("--config.file={}", am_dir.join("am.yml").display()))
+            .arg(format!("--storage.path={}", am_dir.join("data").display()))
+            .arg(format!("--web.listen-address={am_addr}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    // Prometheus with the shipped rules (the estate rule without its `for:`), evaluating every second.
+    let prom_addr = format!("127.0.0.1:{}", free_port());
+    let prom_dir = e.work().join("prom");
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    let staging = std::fs::read_to_string(repo().join("alerts/staging.example.rules.yml"))
+        .unwrap()
+        .replace("for: 10m", "for: 0s");
+    std::fs::write(prom_dir.join("staging.rules.yml"), staging).unwrap();
+    std::fs::copy(
+        repo().join("alerts/runwarden.rules.yml"),
+        prom_dir.join("runwarden.rules.yml"),
+    )
+    .unwrap();
+    std::fs::write(
+        prom_dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [runwarden.rules.yml, staging.rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am_addr}']\nscrape_configs:\n  - job_name: runwarden\n    static_configs:\n      - targets: ['{rw_addr}']\n  - job_name: node\n    honor_labels: true\n    static_configs:\n      - targets: ['{node_addr}']\n"
+        ),
+    )
+    .unwrap();
+    let _prom = Proc(
+        Command::new("/usr/bin/prometheus")
+            .arg(format!(
+                "--config.file={}",
+                prom_dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                prom_dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    // Hop 1-3: the estate alert fires in Prometheus, Alertmanager routes it, runwarden runs.
+    let run = wait_for("the remediation run", Duration::from_secs(60), || {
+        let runs: Value = serde_json::from_str(&http_get(&rw_addr, "/api/v1/runs")?).ok()?;
+        runs["runs"]
+            .as_array()?
+            .iter()
+            .find(|r| {
+                r["runbook"] == "disk-remediation"
+                    && r["status"] != "running"
+                    && r["status"] != "queued"
+            })
+            .cloned()
+    });
+    assert_eq!(run["trigger"], "alert");
+    assert_eq!(run["host"], "web-01");
+    assert_eq!(
+        run["status"], "budget_exhausted",
+        "three changes, the fourth refused: {run:#}"
+    );
+
+    // Hop 4-5: the tier-2 calls make runwarden's own burst alert fire, and it reaches a person.
+    let burst = wait_for(
+        "RunwardenTier2Burst at the person's receiver",
+        Duration::from_secs(60),
+        || {
+            person
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|b| b.contains("\"alertname\":\"RunwardenTier2Burst\""))
+                .cloned()
+        },
+    );
+    let burst: Value = serde_json::from_str(&burst).unwrap();
+    assert_eq!(burst["alerts"][0]["labels"]["service"], "runwarden");
+    // ... and never back into runwarden: every alert runwarden received was the estate's.
+    let received = wait_for(
+        "runwarden's own alert counts",
+        Duration::from_secs(10),
+        || {
+            let m = http_get(&rw_addr, "/metrics")?;
+            Some(
+                m.lines()
+                    .filter(|l| {
+                        l.starts_with("runwarden_alert_triggers_total{") && !l.ends_with(" 0")
+                    })
+                    .map(String::from)
+                    .collect::<Vec<_>>(),
+            )
+        },
+    );
+    assert!(!received.is_empty());
+    assert!(
+        received
+            .iter()
+            .all(|l| l.contains("runbook=\"disk-remediation\"")),
+        "{received:#?}"
+    );
+
+    // Every dashboard query returns data from this Prometheus.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("dashboards/runwarden.json")).unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["expr"].as_str().unwrap().to_string())
+        })
+        .collect();
+    assert!(exprs.len() >= 14);
+    for expr in exprs {
+        let concrete = expr.replace("$__rate_interval", "1m");
+        wait_for(&format!("data for {expr}"), Duration::from_secs(30), || {
+            query(&prom_addr, &concrete).filter(|r| !r.is_empty())
+        });
+    }
+    // So does every recording rule.
+    for rule in [
+        "runwarden:tier2_calls:increase1h",
+        "runwarden:runs_finished:increase1h",
+        "runwarden:run_duration_seconds:p95_1h",
+    ] {
+        wait_for(rule, Duration::from_secs(60), || {
+            query(&prom_addr, rule).filter(|r| !r.is_empty())
+        });
+    }
+}
