@@ -60,11 +60,19 @@ pub async fn serve(
     let (config_tx, config_rx) = watch::channel(config.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let approvals = match &config.settings.approvers_file {
+        Some(f) => Some(Arc::new(
+            crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)
+                .map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
     let scheduler = Scheduler::new(
         config_rx.clone(),
         audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
+        approvals,
     );
     let interrupted = scheduler
         .close_interrupted()

@@ -44,6 +44,8 @@ pub enum Phase {
     Result,
     Denied,
     Proposal,
+    /// L2: the call waits for a person's decision.
+    Pending,
     DryRun,
     Suggestion,
     Verdict,

@@ -43,6 +43,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/runs", get(runs))
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/alerts", post(alerts))
+        .route("/api/v1/approvals", get(approvals_list))
+        .route("/api/v1/approvals/{id}", get(approval_show))
+        .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -101,11 +104,6 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
     }
 }
 
-/// Compare without leaking, through timing, how much of a guess was right.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     if let Some(token) = &s.token {
         let given = headers
@@ -114,7 +112,7 @@ async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> R
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         match given {
-            Some(g) if same_secret(g.as_bytes(), token) => {}
+            Some(g) if crate::same_secret(g.as_bytes(), token) => {}
             Some(_) => return problem(StatusCode::UNAUTHORIZED, "wrong bearer token"),
             None => {
                 return problem(
@@ -177,4 +175,110 @@ async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> R
         "outcomes": outcomes,
     });
     (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// The approver token of a request, or why it is refused.
+fn approver_token(
+    s: &AppState,
+    headers: &HeaderMap,
+) -> Result<Vec<u8>, (StatusCode, &'static str)> {
+    let Some(approvals) = &s.scheduler.approvals else {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "approvals are not configured: set approvers_file in runwarden.yaml",
+        ));
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().as_bytes().to_vec())
+        .ok_or((
+            StatusCode::UNAUTHORIZED,
+            "missing `Authorization: Bearer` header with an approver token",
+        ))?;
+    if approvals.approver(&token).is_none() {
+        return Err((StatusCode::UNAUTHORIZED, "unknown approver token"));
+    }
+    Ok(token)
+}
+
+async fn approvals_list(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err((status, why)) = approver_token(&s, &headers) {
+        return problem(status, why);
+    }
+    let list = s
+        .scheduler
+        .approvals
+        .as_ref()
+        .map(|a| a.list())
+        .unwrap_or_default();
+    axum::Json(json!({ "approvals": list })).into_response()
+}
+
+async fn approval_show(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err((status, why)) = approver_token(&s, &headers) {
+        return problem(status, why);
+    }
+    match s.scheduler.approvals.as_ref().and_then(|a| a.get(&id)) {
+        Some(r) => axum::Json(r).into_response(),
+        None => problem(StatusCode::NOT_FOUND, format!("no approval request {id}")),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    digest: String,
+    #[serde(default)]
+    comment: String,
+}
+
+async fn approval_decide(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((id, decision)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let token = match approver_token(&s, &headers) {
+        Ok(t) => t,
+        Err((status, why)) => return problem(status, why),
+    };
+    let approve = match decision.as_str() {
+        "approve" => true,
+        "deny" => false,
+        other => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                format!("no action {other:?}: use approve or deny"),
+            );
+        }
+    };
+    let body: DecisionBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!("expected {{\"digest\": \"...\", \"comment\": \"...\"}}: {e}"),
+            );
+        }
+    };
+    let approvals = s
+        .scheduler
+        .approvals
+        .as_ref()
+        .expect("checked by approver_token");
+    use crate::gate::approvals::DecisionError;
+    match approvals.decide(&id, &token, &body.digest, approve, &body.comment) {
+        Ok(r) => axum::Json(r).into_response(),
+        Err(e @ DecisionError::Unauthorized) => problem(StatusCode::UNAUTHORIZED, e.to_string()),
+        Err(e @ DecisionError::NotFound(_)) => problem(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ (DecisionError::StaleDigest | DecisionError::AlreadyDecided(_))) => {
+            problem(StatusCode::CONFLICT, e.to_string())
+        }
+    }
 }

@@ -54,3 +54,8 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Compare two secrets without leaking, through timing, how much of a guess was right.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub schedule_next: GaugeVec,
     pub schedule_last: GaugeVec,
     pub build_info: IntGaugeVec,
+    pub approvals: IntCounterVec,
+    pub approvals_pending: IntGauge,
+    pub approval_wait: prometheus::Histogram,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -102,7 +105,32 @@ impl Metrics {
         config_last_reload_successful.set(1);
         kill_switch_engaged.with_label_values(&["global"]).set(0);
 
+        let approvals_pending = IntGauge::new(
+            "runwarden_approvals_pending",
+            "Approval requests waiting for a person.",
+        )
+        .expect("metric");
+        r.register(Box::new(approvals_pending.clone()))
+            .expect("metric registered once");
+        let approval_wait = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "runwarden_approval_wait_seconds",
+                "How long approval requests waited for a decision.",
+            )
+            .buckets(vec![1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
+        )
+        .expect("metric");
+        r.register(Box::new(approval_wait.clone()))
+            .expect("metric registered once");
         Metrics {
+            approvals: counter(
+                r,
+                "runwarden_approvals_total",
+                "Approval requests by decision (approved, denied, expired, cancelled).",
+                &["runbook", "tool", "decision"],
+            ),
+            approvals_pending,
+            approval_wait,
             runs_started: counter(
                 r,
                 "runwarden_runs_started_total",

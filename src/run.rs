@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
-use crate::gate::{Decision, DenyReason, Gate, KillSwitch};
+use crate::gate::approvals::{self, Approvals, Request, State};
+use crate::gate::{Decision, Denial, DenyReason, Gate, Hold, KillSwitch};
 use crate::metrics::Metrics;
 use crate::planner::{Next, Planner, StepsPlanner, Transcript};
 use crate::tools::{Outcome, Tier, ToolId, ToolResult};
@@ -152,6 +153,10 @@ pub struct Runner {
     pub metrics: Option<Arc<Metrics>>,
     /// Turns true when the daemon shuts down: the run stops before its next call.
     pub shutdown: Option<watch::Receiver<bool>>,
+    /// Open approval requests (L2); `None` where nobody can be asked.
+    pub approvals: Option<Arc<Approvals>>,
+    /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
+    pub approval_webhook: Option<String>,
 }
 
 impl Runner {
@@ -163,6 +168,8 @@ impl Runner {
             killswitch,
             metrics: None,
             shutdown: None,
+            approvals: None,
+            approval_webhook: None,
         }
     }
 
@@ -222,6 +229,161 @@ impl Runner {
 }
 
 impl RunLoop<'_> {
+    /// L2: ask a person about a held call and wait, while the kill switch, the
+    /// time budget and shutdown still apply. Returns the gate's final decision.
+    async fn ask(
+        &self,
+        hold: Hold,
+        gate: &mut Gate,
+        transcript: &Transcript,
+        r: &mut StepReport,
+    ) -> Decision {
+        let tool = hold.action.tool();
+        let deny = |reason, detail: String| {
+            Decision::Deny(Denial {
+                step: hold.step,
+                reason,
+                detail,
+                tool: Some(tool),
+            })
+        };
+        let Some(approvals) = self.runner.approvals.clone() else {
+            return deny(
+                DenyReason::NoApprover,
+                "autonomy L2: no person can approve here; run it under `runwarden serve` with `approvers_file` set".into(),
+            );
+        };
+        let args = hold.action.args_json();
+        let reason = hold.action.reason().unwrap_or_default().to_string();
+        let digest = approvals::digest(
+            &self.info.run_id,
+            hold.step,
+            &self.runbook.name,
+            &self.host.name,
+            tool.name(),
+            &args,
+            &reason,
+        );
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut e = self.info.entry(Phase::Pending, Some(hold.step));
+        e.tool = Some(tool.name().into());
+        e.args = Some(args.clone());
+        e.tier = Some(2);
+        e.reason = Some(reason.clone());
+        e.outcome = Some("pending".into());
+        e.detail = Some(json!({ "approval_id": id, "digest": digest }));
+        if let Err(err) = self.runner.audit.append(e, true) {
+            return deny(
+                DenyReason::NoApprover,
+                format!("the pending line could not be written, nobody was asked: {err}"),
+            );
+        }
+        let request = Request {
+            id: id.clone(),
+            run_id: self.info.run_id.clone(),
+            step: hold.step,
+            runbook: self.runbook.name.clone(),
+            host: self.host.name.clone(),
+            tool: tool.name().into(),
+            args,
+            reason,
+            findings: Value::Object(transcript.steps.clone()),
+            digest,
+            created_at: String::new(),
+            expires_at: String::new(),
+            state: State::Pending,
+        };
+        let mut rx = approvals.open(request);
+        if let Some(m) = &self.runner.metrics {
+            m.approvals_pending.inc();
+        }
+        if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
+            notify(url.clone(), req);
+        }
+        r.detail = Some(format!("waiting for approval {id}"));
+        let expires = approvals
+            .expires(&id)
+            .unwrap_or_else(std::time::Instant::now);
+        let state = loop {
+            let now = rx.borrow_and_update().clone();
+            if now != State::Pending {
+                break now;
+            }
+            let why = if let Err(engaged) = self.runner.killswitch.check(&self.runbook.name) {
+                Some(State::Cancelled {
+                    why: engaged.to_string(),
+                })
+            } else if self.runner.shutdown.as_ref().is_some_and(|s| *s.borrow()) {
+                Some(State::Cancelled {
+                    why: "runwarden is shutting down".into(),
+                })
+            } else if std::time::Instant::now() >= gate.budget().deadline() {
+                Some(State::Cancelled {
+                    why: "the run's max_duration is spent".into(),
+                })
+            } else if std::time::Instant::now() >= expires {
+                Some(State::Expired)
+            } else {
+                None
+            };
+            if let Some(end) = why {
+                if approvals.close(&id, end.clone()) {
+                    break end;
+                }
+                continue; // a decision got there first
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
+        };
+        if let Some(m) = &self.runner.metrics {
+            m.approvals_pending.dec();
+            m.approval_wait.observe(approvals.waited(&id).as_secs_f64());
+            let decision = match &state {
+                State::Approved { .. } => "approved",
+                State::Denied { .. } => "denied",
+                State::Expired => "expired",
+                _ => "cancelled",
+            };
+            m.approvals
+                .with_label_values(&[&self.runbook.name, tool.name(), decision])
+                .inc();
+        }
+        match state {
+            State::Approved { by, comment } => {
+                r.detail = Some(format!(
+                    "approved by {by}{}",
+                    if comment.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {comment}")
+                    }
+                ));
+                gate.approved(hold, by)
+            }
+            State::Denied { by, comment } => deny(
+                DenyReason::ApprovalDenied,
+                format!("{by} denied approval {id}: {comment}"),
+            ),
+            State::Expired => deny(
+                DenyReason::ApprovalExpired,
+                format!("nobody decided on approval {id} in time"),
+            ),
+            State::Cancelled { why } if why.contains("max_duration") => {
+                deny(DenyReason::TimeBudget, why)
+            }
+            State::Cancelled { why } => deny(
+                DenyReason::KillSwitch,
+                format!("approval {id} cancelled: {why}"),
+            ),
+            State::Pending => deny(
+                DenyReason::NoApprover,
+                format!("approval {id} ended undecided"),
+            ),
+        }
+    }
+
     /// `runwarden_tool_calls_total`: label values from the registry and fixed
     /// outcomes only (an unknown tool name from a planner is `unknown`).
     fn count_call(&self, r: &StepReport) {
@@ -313,7 +475,26 @@ impl RunLoop<'_> {
                     call.step = n;
                     let mut r = StepReport::new(n, &id, "");
                     r.tool = Some(call.tool.chars().take(200).collect());
-                    match gate.check(&call) {
+                    let decision = match gate.check(&call) {
+                        Decision::Hold(hold) => {
+                            self.ask(hold, &mut gate, &transcript, &mut r).await
+                        }
+                        other => other,
+                    };
+                    match decision {
+                        Decision::Hold(hold) => {
+                            // `ask` resolves every hold; a hold here would be a bug, and it is refused.
+                            let denial = Denial {
+                                step: hold.step,
+                                reason: DenyReason::NoApprover,
+                                detail: "unresolved approval".into(),
+                                tool: Some(hold.action.tool()),
+                            };
+                            r.status = "denied".into();
+                            r.detail = Some(denial.to_string());
+                            let _ = audit.denied(&self.info, &call.tool, &call.args, &denial);
+                            note(Verdict::Denied, format!("step {n}: {denial}"), &mut worst);
+                        }
                         Decision::Deny(denial) => {
                             r.status = "denied".into();
                             r.args = call.args.clone();
@@ -493,4 +674,24 @@ impl RunLoop<'_> {
             verdict_detail,
         }
     }
+}
+
+/// POST a pending approval request to the configured webhook, in the background.
+/// Its answer changes nothing: only a decision through the API approves.
+fn notify(url: String, request: Request) {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(5))
+            .build();
+        if let Ok(client) = client {
+            let body = serde_json::to_vec(&request).unwrap_or_default();
+            let post = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body);
+            if let Err(e) = post.send().await {
+                tracing::warn!("approval webhook {url}: {}", crate::error_chain(&e));
+            }
+        }
+    });
 }

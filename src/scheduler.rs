@@ -115,6 +115,8 @@ pub struct Scheduler {
     /// How many run tasks exist (waiting for a permit or running).
     active: watch::Sender<usize>,
     shutdown: watch::Receiver<bool>,
+    /// Open approval requests (L2), when approvers are configured.
+    pub approvals: Option<Arc<crate::gate::approvals::Approvals>>,
 }
 
 impl Scheduler {
@@ -123,6 +125,7 @@ impl Scheduler {
         audit: Arc<AuditLog>,
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
+        approvals: Option<Arc<crate::gate::approvals::Approvals>>,
     ) -> Arc<Scheduler> {
         let limit = config.borrow().settings.max_concurrent_runs;
         Arc::new(Scheduler {
@@ -134,6 +137,7 @@ impl Scheduler {
             permits: Arc::new(Semaphore::new(limit)),
             active: watch::channel(0).0,
             shutdown,
+            approvals,
         })
     }
 
@@ -222,6 +226,8 @@ impl Scheduler {
                 killswitch: KillSwitch::new(config.settings.kill_switch_dir.clone()),
                 metrics: Some(this.metrics.clone()),
                 shutdown: Some(this.shutdown.clone()),
+                approvals: this.approvals.clone(),
+                approval_webhook: config.settings.approval_webhook.clone(),
             };
             let started = Instant::now();
             // A run blocks on fsync and waits on its tools: it gets a thread of

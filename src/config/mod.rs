@@ -53,6 +53,12 @@ pub struct Settings {
     pub webhook_token_file: Option<PathBuf>,
     /// How long `serve` waits for in-flight runs on SIGTERM.
     pub shutdown_grace: Duration,
+    /// `NAME TOKEN` lines: the people who may approve L2 calls.
+    pub approvers_file: Option<PathBuf>,
+    /// How long an approval request waits before it counts as denied.
+    pub approval_timeout: Duration,
+    /// Where each new approval request is POSTed (chat-ops).
+    pub approval_webhook: Option<String>,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
@@ -123,7 +129,24 @@ impl Config {
             .as_ref()
             .and_then(|g| duration(g, "shutdown_grace", &settings_file, &mut diags))
             .unwrap_or(Duration::from_secs(30));
+        let approval_timeout = settings
+            .approval_timeout
+            .as_ref()
+            .and_then(|t| duration(t, "approval_timeout", &settings_file, &mut diags))
+            .unwrap_or(Duration::from_secs(300));
+        if let Some(url) = &settings.approval_webhook
+            && reqwest::Url::parse(&url.value).is_err()
+        {
+            diags.at(
+                &settings_file,
+                url.referenced,
+                format!("approval_webhook \"{}\" is not a URL", url.value),
+            );
+        }
         let settings = Settings {
+            approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
+            approval_timeout,
+            approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
             audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
             kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
             state_dir: resolve(&settings.state_dir, "state"),

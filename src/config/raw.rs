@@ -31,6 +31,9 @@ pub struct Settings {
     pub max_concurrent_runs: Option<S<u32>>,
     pub webhook_token_file: Option<S<String>>,
     pub shutdown_grace: Option<S<String>>,
+    pub approvers_file: Option<S<String>>,
+    pub approval_timeout: Option<S<String>>,
+    pub approval_webhook: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -18,6 +18,8 @@ use crate::tools::{self, Tier, ToolId};
 pub enum Autonomy {
     /// Tier-2 calls are recorded as proposals and never run.
     L1,
+    /// Each tier-2 call waits for a person's approval (`runwarden serve` with approvers).
+    L2,
     /// Standing approval for exactly the tier-2 tools listed under `tools.approve`.
     L3,
 }
@@ -26,6 +28,7 @@ impl Autonomy {
     pub fn as_str(self) -> &'static str {
         match self {
             Autonomy::L1 => "L1",
+            Autonomy::L2 => "L2",
             Autonomy::L3 => "L3",
         }
     }
@@ -156,16 +159,13 @@ pub(super) fn validate(
     let autonomy = match raw.autonomy.value.as_str() {
         "L1" => Some(Autonomy::L1),
         "L3" => Some(Autonomy::L3),
-        "L2" => {
-            diags.at(file, raw.autonomy.referenced, "autonomy L2 (a person approves each change) is not available in this version; use L1 to record tier-2 calls as proposals, or L3 for standing approval of the tools under tools.approve");
-            None
-        }
+        "L2" => Some(Autonomy::L2),
         other => {
             diags.at(
                 file,
                 raw.autonomy.referenced,
                 format!(
-                    "autonomy \"{other}\" is not one of L1 (propose only) or L3 (standing approval)"
+                    "autonomy \"{other}\" is not one of L1 (propose only), L2 (a person approves each change) or L3 (standing approval)"
                 ),
             );
             None

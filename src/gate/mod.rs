@@ -7,7 +7,8 @@
 //! 3. scope: the host is one the runbook names;
 //! 4. arguments: the tool's own type, then the host's allowlists;
 //! 5. approval: tier 1 runs freely; tier 2 needs the runbook's standing
-//!    approval (L3) or becomes a proposal that never runs (L1);
+//!    approval (L3), waits for a person (L2: [`Decision::Hold`], then
+//!    [`Gate::approved`]) or becomes a proposal that never runs (L1);
 //! 6. budget: steps, wall time, mutations.
 //!
 //! A refusal is a value ([`Denial`]) with a named [`DenyReason`] that doubles
@@ -16,6 +17,7 @@
 //! The audit intent line and the dispatch come after the gate, in
 //! [`crate::run`].
 
+pub mod approvals;
 pub mod budget;
 pub mod killswitch;
 
@@ -46,6 +48,8 @@ pub enum ApprovedBy {
     Auto,
     /// Tier 2: the runbook's standing approval (L3).
     Standing(String),
+    /// Tier 2: a named person approved this very call (L2).
+    Person(String),
 }
 
 impl fmt::Display for ApprovedBy {
@@ -53,6 +57,7 @@ impl fmt::Display for ApprovedBy {
         match self {
             ApprovedBy::Auto => write!(f, "auto"),
             ApprovedBy::Standing(rb) => write!(f, "standing:{rb}"),
+            ApprovedBy::Person(name) => write!(f, "person:{name}"),
         }
     }
 }
@@ -84,6 +89,13 @@ pub struct Proposal {
     pub action: Action,
 }
 
+/// An L2 tier-2 call waiting for a person; only the gate turns it into a [`Permit`].
+#[derive(Debug)]
+pub struct Hold {
+    pub step: u32,
+    pub action: Action,
+}
+
 /// Why the gate refused a call. The names are metric labels and audit values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -97,6 +109,12 @@ pub enum DenyReason {
     StepLimit,
     TimeBudget,
     MutationBudget,
+    /// L2: a person denied the call.
+    ApprovalDenied,
+    /// L2: nobody decided in time.
+    ApprovalExpired,
+    /// L2: no approver can be asked (the command line, or no approvers file).
+    NoApprover,
 }
 
 impl DenyReason {
@@ -111,6 +129,9 @@ impl DenyReason {
             DenyReason::StepLimit => "step_limit",
             DenyReason::TimeBudget => "time_budget",
             DenyReason::MutationBudget => "mutation_budget",
+            DenyReason::ApprovalDenied => "approval_denied",
+            DenyReason::ApprovalExpired => "approval_expired",
+            DenyReason::NoApprover => "no_approver",
         }
     }
 
@@ -142,6 +163,8 @@ impl fmt::Display for Denial {
 pub enum Decision {
     Allow(Permit),
     Propose(Proposal),
+    /// L2: ask a person, then call [`Gate::approved`].
+    Hold(Hold),
     Deny(Denial),
 }
 
@@ -246,13 +269,23 @@ impl Gate {
                         Some(tool),
                     );
                 }
-                Autonomy::L1 => None,
+                Autonomy::L1 | Autonomy::L2 => None,
             },
         };
         // 6. Budget.
         let mutating = approval.is_some() && tool.tier() == Tier::Change;
         if let Err((reason, detail)) = self.budget.check(mutating) {
             return deny(reason, detail, Some(tool));
+        }
+        if approval.is_none() && self.runbook.autonomy == Autonomy::L2 {
+            // Ask only for a call that could run if approved.
+            if let Err((reason, detail)) = self.budget.check(true) {
+                return deny(reason, detail, Some(tool));
+            }
+            return Decision::Hold(Hold {
+                step: call.step,
+                action,
+            });
         }
         match approval {
             None => Decision::Propose(Proposal {
@@ -270,6 +303,36 @@ impl Gate {
                 })
             }
         }
+    }
+}
+
+impl Gate {
+    /// A person approved a held call: the kill switch and the budget are
+    /// checked again (time has passed), then the call is permitted.
+    pub fn approved(&mut self, hold: Hold, by: String) -> Decision {
+        let tool = Some(hold.action.tool());
+        if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
+            return Decision::Deny(Denial {
+                step: hold.step,
+                reason: DenyReason::KillSwitch,
+                detail: engaged.to_string(),
+                tool,
+            });
+        }
+        if let Err((reason, detail)) = self.budget.check(true) {
+            return Decision::Deny(Denial {
+                step: hold.step,
+                reason,
+                detail,
+                tool,
+            });
+        }
+        self.budget.count_mutation();
+        Decision::Allow(Permit {
+            step: hold.step,
+            action: hold.action,
+            approved_by: ApprovedBy::Person(by),
+        })
     }
 }
 

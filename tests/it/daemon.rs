@@ -11,16 +11,16 @@ use serde_json::Value;
 
 use crate::util::*;
 
-const FIRING: &str = include_str!("../fixtures/alertmanager/firing-two-alerts.json");
+pub const FIRING: &str = include_str!("../fixtures/alertmanager/firing-two-alerts.json");
 const RESOLVED: &str = include_str!("../fixtures/alertmanager/resolved-two-alerts.json");
 
-struct Daemon {
-    child: Child,
-    addr: String,
+pub struct Daemon {
+    pub child: Child,
+    pub addr: String,
 }
 
 impl Daemon {
-    fn start(e: &Estate) -> Daemon {
+    pub fn start(e: &Estate) -> Daemon {
         let mut child = e
             .cmd(&["serve", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
@@ -40,7 +40,7 @@ impl Daemon {
         Daemon { child, addr }
     }
 
-    fn request(
+    pub fn request(
         &self,
         method: &str,
         path: &str,
@@ -70,7 +70,7 @@ impl Daemon {
         (status, body)
     }
 
-    fn post_alerts(&self, body: &str) -> (u16, Value) {
+    pub fn post_alerts(&self, body: &str) -> (u16, Value) {
         let (status, text) = self.request(
             "POST",
             "/api/v1/alerts",
@@ -80,16 +80,16 @@ impl Daemon {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
-    fn get_json(&self, path: &str) -> Value {
+    pub fn get_json(&self, path: &str) -> Value {
         serde_json::from_str(&self.request("GET", path, &[], b"").1).unwrap()
     }
 
-    fn metrics(&self) -> String {
+    pub fn metrics(&self) -> String {
         self.request("GET", "/metrics", &[], b"").1
     }
 
     /// The value of one series in /metrics (0 when absent).
-    fn metric(&self, series: &str) -> f64 {
+    pub fn metric(&self, series: &str) -> f64 {
         self.metrics()
             .lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
@@ -97,7 +97,7 @@ impl Daemon {
     }
 
     /// Wait until no run is queued or running; return the runs.
-    fn settled_runs(&self) -> Vec<Value> {
+    pub fn settled_runs(&self) -> Vec<Value> {
         let started = Instant::now();
         loop {
             let runs = self.get_json("/api/v1/runs")["runs"]
@@ -118,7 +118,7 @@ impl Daemon {
         }
     }
 
-    fn signal(&self, sig: nix::sys::signal::Signal) {
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 }
@@ -130,7 +130,7 @@ impl Drop for Daemon {
     }
 }
 
-fn results(resp: &Value) -> Vec<String> {
+pub fn results(resp: &Value) -> Vec<String> {
     resp["outcomes"]
         .as_array()
         .unwrap()

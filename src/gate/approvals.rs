@@ -1,0 +1,359 @@
+//! Autonomy L2: a person approves each tier-2 call.
+//!
+//! When the gate holds a call, the run opens an approval request that shows
+//! the concrete resolved call (tool, host, every argument, the reason, the
+//! findings so far) and a digest of exactly that call. A decision must carry
+//! the digest it was shown, so an approval can never apply to a call whose
+//! arguments changed after it was shown; the first decision wins and every
+//! later one is refused. Requests live in the daemon's memory only: after a
+//! restart nothing is approvable, and the run that waited is reported
+//! interrupted.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// Where a request stands. Everything but `Pending` is final.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Approved {
+        by: String,
+        comment: String,
+    },
+    Denied {
+        by: String,
+        comment: String,
+    },
+    Expired,
+    /// The run stopped waiting (kill switch, time budget, shutdown).
+    Cancelled {
+        why: String,
+    },
+}
+
+/// One request, as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Request {
+    pub id: String,
+    pub run_id: String,
+    pub step: u32,
+    pub runbook: String,
+    pub host: String,
+    pub tool: String,
+    pub args: Value,
+    pub reason: String,
+    /// What the run has seen so far (`steps.*`).
+    pub findings: Value,
+    /// sha256 of the call; a decision must quote it.
+    pub digest: String,
+    pub created_at: String,
+    pub expires_at: String,
+    #[serde(flatten)]
+    pub state: State,
+}
+
+/// Why a decision was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecisionError {
+    #[error("unknown approver token")]
+    Unauthorized,
+    #[error("no approval request {0}")]
+    NotFound(String),
+    #[error(
+        "the digest does not match the call awaiting approval (it changed, or it is another call): nothing was approved"
+    )]
+    StaleDigest,
+    #[error("approval request {0} was already decided")]
+    AlreadyDecided(String),
+}
+
+struct Entry {
+    request: Request,
+    expires: Instant,
+    opened: Instant,
+    tx: watch::Sender<State>,
+}
+
+pub struct Approvals {
+    /// token -> approver name.
+    approvers: HashMap<Vec<u8>, String>,
+    timeout: Duration,
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+/// The digest of one resolved call in one run.
+pub fn digest(
+    run_id: &str,
+    step: u32,
+    runbook: &str,
+    host: &str,
+    tool: &str,
+    args: &Value,
+    reason: &str,
+) -> String {
+    let canonical = json!({
+        "run_id": run_id, "step": step, "runbook": runbook, "host": host,
+        "tool": tool, "args": args, "reason": reason,
+    });
+    let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Approvals {
+    /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
+    pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, String> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read approvers file {}: {e}", file.display()))?;
+        let mut approvers = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(format!(
+                    "{}:{}: expected `NAME TOKEN`",
+                    file.display(),
+                    i + 1
+                ));
+            };
+            if token.len() < 16 {
+                return Err(format!(
+                    "{}:{}: the token of {name} is shorter than 16 characters",
+                    file.display(),
+                    i + 1
+                ));
+            }
+            approvers.insert(token.as_bytes().to_vec(), name.to_string());
+        }
+        if approvers.is_empty() {
+            return Err(format!(
+                "approvers file {} names no approver",
+                file.display()
+            ));
+        }
+        Ok(Approvals {
+            approvers,
+            timeout,
+            entries: Mutex::default(),
+        })
+    }
+
+    /// The approver a token belongs to (compared without timing leaks).
+    pub fn approver(&self, token: &[u8]) -> Option<&str> {
+        let mut found = None;
+        for (t, name) in &self.approvers {
+            if crate::same_secret(t, token) {
+                found = Some(name.as_str());
+            }
+        }
+        found
+    }
+
+    /// Open a request; the receiver sees its state change.
+    pub fn open(&self, mut request: Request) -> watch::Receiver<State> {
+        let now = Instant::now();
+        request.created_at = jiff::Timestamp::now().to_string();
+        request.expires_at = (jiff::Timestamp::now() + self.timeout).to_string();
+        request.state = State::Pending;
+        let (tx, rx) = watch::channel(State::Pending);
+        let entry = Entry {
+            request: request.clone(),
+            expires: now + self.timeout,
+            opened: now,
+            tx,
+        };
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(request.id.clone(), entry);
+        rx
+    }
+
+    /// Approve or deny. Exactly one decision counts.
+    pub fn decide(
+        &self,
+        id: &str,
+        token: &[u8],
+        digest: &str,
+        approve: bool,
+        comment: &str,
+    ) -> Result<Request, DecisionError> {
+        let who = self
+            .approver(token)
+            .ok_or(DecisionError::Unauthorized)?
+            .to_string();
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = entries
+            .get_mut(id)
+            .ok_or_else(|| DecisionError::NotFound(id.to_string()))?;
+        if e.request.state != State::Pending {
+            return Err(DecisionError::AlreadyDecided(id.to_string()));
+        }
+        if !crate::same_secret(e.request.digest.as_bytes(), digest.as_bytes()) {
+            return Err(DecisionError::StaleDigest);
+        }
+        let comment: String = comment
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(500)
+            .collect();
+        e.request.state = if approve {
+            State::Approved { by: who, comment }
+        } else {
+            State::Denied { by: who, comment }
+        };
+        let _ = e.tx.send(e.request.state.clone());
+        Ok(e.request.clone())
+    }
+
+    /// End a pending request without a decision (expiry or the run stopped waiting).
+    /// Returns false when a decision got there first.
+    pub fn close(&self, id: &str, state: State) -> bool {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(e) = entries.get_mut(id) else {
+            return false;
+        };
+        if e.request.state != State::Pending {
+            return false;
+        }
+        e.request.state = state;
+        let _ = e.tx.send(e.request.state.clone());
+        true
+    }
+
+    pub fn expires(&self, id: &str) -> Option<Instant> {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|e| e.expires)
+    }
+
+    pub fn waited(&self, id: &str) -> Duration {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map_or(Duration::ZERO, |e| e.opened.elapsed())
+    }
+
+    pub fn get(&self, id: &str) -> Option<Request> {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|e| e.request.clone())
+    }
+
+    /// Recent requests, pending first.
+    pub fn list(&self) -> Vec<Request> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<Request> = entries.values().map(|e| e.request.clone()).collect();
+        all.sort_by(|a, b| {
+            (a.state != State::Pending, &a.created_at)
+                .cmp(&(b.state != State::Pending, &b.created_at))
+        });
+        all
+    }
+
+    pub fn pending(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|e| e.request.state == State::Pending)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn approvals() -> (tempfile::TempDir, Approvals) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("approvers");
+        std::fs::write(
+            &f,
+            "# on-call\nalice aaaaaaaaaaaaaaaaaaaa\nbob bbbbbbbbbbbbbbbbbbbb\n",
+        )
+        .unwrap();
+        (dir, Approvals::load(&f, Duration::from_secs(300)).unwrap())
+    }
+
+    fn request(id: &str) -> Request {
+        let args = json!({"unit": "nginx.service"});
+        Request {
+            id: id.into(),
+            run_id: "r".into(),
+            step: 2,
+            runbook: "rb".into(),
+            host: "web".into(),
+            tool: "restart_service".into(),
+            digest: digest("r", 2, "rb", "web", "restart_service", &args, "stuck"),
+            args,
+            reason: "stuck".into(),
+            findings: json!({}),
+            created_at: String::new(),
+            expires_at: String::new(),
+            state: State::Pending,
+        }
+    }
+
+    #[test]
+    fn one_decision_with_the_right_digest_and_token() {
+        let (_d, a) = approvals();
+        let mut rx = a.open(request("x"));
+        let d = a.get("x").unwrap().digest;
+        assert_eq!(
+            a.decide("x", b"wrong-token-wrong-token", &d, true, "")
+                .unwrap_err(),
+            DecisionError::Unauthorized
+        );
+        let other = digest(
+            "r",
+            2,
+            "rb",
+            "web",
+            "restart_service",
+            &json!({"unit": "sshd.service"}),
+            "stuck",
+        );
+        assert_eq!(
+            a.decide("x", b"aaaaaaaaaaaaaaaaaaaa", &other, true, "")
+                .unwrap_err(),
+            DecisionError::StaleDigest
+        );
+        let r = a
+            .decide("x", b"aaaaaaaaaaaaaaaaaaaa", &d, true, "ok by me")
+            .unwrap();
+        assert_eq!(
+            r.state,
+            State::Approved {
+                by: "alice".into(),
+                comment: "ok by me".into()
+            }
+        );
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), r.state);
+        assert_eq!(
+            a.decide("x", b"bbbbbbbbbbbbbbbbbbbb", &d, false, "")
+                .unwrap_err(),
+            DecisionError::AlreadyDecided("x".into())
+        );
+        assert!(!a.close("x", State::Expired), "a decision is final");
+    }
+}

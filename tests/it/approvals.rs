@@ -1,0 +1,269 @@
+//! Autonomy L2 against the running daemon: a person approves or denies each
+//! tier-2 call through the HTTP API, with an approver token and the digest of
+//! the exact call.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::daemon::{Daemon, FIRING, results};
+use crate::util::*;
+
+const ALICE: &str = "Bearer alice-token-0123456789";
+const BOB: &str = "Bearer bob-token-0123456789ab";
+
+/// An L2 runbook for the fixture alert: look, then rotate a real log.
+fn l2_estate(timeout: &str) -> Estate {
+    let e = Estate::new();
+    let logs = e.work().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("app.log"), "x\n").unwrap();
+    let conf = e.work().join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/app.log {{\n  rotate 3\n  missingok\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    e.host(
+        "web-01",
+        &local_host(
+            "web-01",
+            &format!(
+                "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}/lr.state",
+                conf.display(),
+                e.work().display()
+            ),
+        ),
+    );
+    e.runbook(
+        "disk-l2",
+        &format!(
+            "name: disk-l2\ndescription: t\nhosts: [web-01]\nautonomy: L2\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\nsteps:\n  - id: look\n    call: disk_usage\n    args: {{ path: /tmp }}\n  - id: rotate\n    call: rotate_logs\n    args: {{ config: {} }}\n    reason: \"/tmp at {{{{ steps.look.use_pct }}}}%\"\n",
+            conf.display()
+        ),
+    );
+    std::fs::write(
+        e.path().join("approvers"),
+        "# people who may approve\nalice alice-token-0123456789\nbob bob-token-0123456789ab\n",
+    )
+    .unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        format!("approvers_file: approvers\napproval_timeout: {timeout}\n"),
+    )
+    .unwrap();
+    e
+}
+
+fn state_file(e: &Estate) -> std::path::PathBuf {
+    e.work().join("lr.state")
+}
+
+/// Post the alert and wait for its approval request.
+fn pending(d: &Daemon) -> Value {
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    let started = Instant::now();
+    loop {
+        let (status, body) =
+            d.request("GET", "/api/v1/approvals", &[("Authorization", ALICE)], b"");
+        assert_eq!(status, 200, "{body}");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        if let Some(r) = list["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "pending")
+        {
+            return r.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no approval request"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn decide(d: &Daemon, who: &str, id: &str, action: &str, digest: &str) -> (u16, String) {
+    let body = json!({ "digest": digest, "comment": "checked the host" }).to_string();
+    d.request(
+        "POST",
+        &format!("/api/v1/approvals/{id}/{action}"),
+        &[("Authorization", who), ("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+}
+
+fn id_digest(r: &Value) -> (String, String) {
+    (
+        r["id"].as_str().unwrap().to_string(),
+        r["digest"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn an_approved_call_runs_with_the_approver_in_the_audit_line() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let r = pending(&d);
+    assert_eq!(r["tool"], "rotate_logs");
+    assert!(
+        r["reason"].as_str().unwrap().starts_with("/tmp at "),
+        "{r:#}"
+    );
+    assert_eq!(
+        r["findings"]["look"]["ok"], true,
+        "the findings so far are shown"
+    );
+    assert!(!state_file(&e).exists(), "nothing runs before a decision");
+    let (id, digest) = id_digest(&r);
+    let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+    assert_eq!(status, 200, "{body}");
+    let runs = d.settled_runs();
+    assert_eq!(runs[0]["status"], "ok", "{runs:#?}");
+    assert!(state_file(&e).exists(), "logrotate ran");
+    let intent = e
+        .audit_phase("intent")
+        .into_iter()
+        .find(|l| l["tool"] == "rotate_logs")
+        .unwrap();
+    assert_eq!(intent["approved_by"], "person:alice");
+    assert_eq!(e.audit_phase("pending").len(), 1);
+    assert_eq!(
+        d.metric(
+            r#"runwarden_approvals_total{decision="approved",runbook="disk-l2",tool="rotate_logs"}"#
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn a_denied_call_never_runs() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    assert_eq!(decide(&d, BOB, &id, "deny", &digest).0, 200);
+    assert_eq!(d.settled_runs()[0]["status"], "denied");
+    assert!(!state_file(&e).exists());
+    let denied = e.audit_phase("denied");
+    assert_eq!(denied[0]["detail"]["reason"], "approval_denied");
+    assert!(
+        denied[0]["detail"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bob denied")
+    );
+}
+
+#[test]
+fn an_unanswered_request_expires_as_a_denial() {
+    let e = l2_estate("1s");
+    let d = Daemon::start(&e);
+    pending(&d);
+    assert_eq!(d.settled_runs()[0]["status"], "denied");
+    assert_eq!(
+        e.audit_phase("denied")[0]["detail"]["reason"],
+        "approval_expired"
+    );
+    assert!(!state_file(&e).exists());
+    assert_eq!(
+        d.metric(
+            r#"runwarden_approvals_total{decision="expired",runbook="disk-l2",tool="rotate_logs"}"#
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn a_stale_digest_or_a_wrong_token_approves_nothing() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    let stale = "0".repeat(64);
+    let (status, body) = decide(&d, ALICE, &id, "approve", &stale);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("digest does not match"));
+    let (status, _) = decide(&d, "Bearer not-an-approver-000000", &id, "approve", &digest);
+    assert_eq!(status, 401);
+    let (status, _) = d.request("GET", "/api/v1/approvals", &[], b"");
+    assert_eq!(status, 401);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!state_file(&e).exists(), "nothing ran");
+    assert_eq!(
+        decide(&d, ALICE, &id, "approve", &digest).0,
+        200,
+        "the request was still pending"
+    );
+    assert_eq!(d.settled_runs()[0]["status"], "ok");
+}
+
+#[test]
+fn the_kill_switch_cancels_a_waiting_request() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    assert_eq!(d.settled_runs()[0]["status"], "halted");
+    let (_, body) = d.request(
+        "GET",
+        &format!("/api/v1/approvals/{id}"),
+        &[("Authorization", ALICE)],
+        b"",
+    );
+    assert!(body.contains("\"state\":\"cancelled\""), "{body}");
+    assert_eq!(decide(&d, ALICE, &id, "approve", &digest).0, 409);
+    assert!(!state_file(&e).exists());
+}
+
+#[test]
+fn racing_approvers_exactly_one_decision_counts() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| decide(&d, ALICE, &id, "approve", &digest).0);
+        let b = s.spawn(|| decide(&d, BOB, &id, "deny", &digest).0);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let mut codes = [a, b];
+    codes.sort();
+    assert_eq!(codes, [200, 409]);
+    let verdict = d.settled_runs()[0]["status"].as_str().unwrap().to_string();
+    assert_eq!(
+        verdict == "ok",
+        a == 200,
+        "the run followed the decision that counted"
+    );
+    assert_eq!(state_file(&e).exists(), a == 200);
+}
+
+#[test]
+fn a_request_does_not_survive_a_restart() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    drop(d);
+    let d = Daemon::start(&e);
+    let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(d.settled_runs()[0]["status"], "interrupted");
+    assert!(!state_file(&e).exists());
+}
+
+#[test]
+fn l2_on_the_command_line_asks_nobody_and_runs_nothing() {
+    let e = l2_estate("5m");
+    let (code, report) = e.run_json("disk-l2", "web-01", &[]);
+    assert_eq!(code, 3, "{report:#}");
+    assert!(
+        step(&report, "rotate")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no_approver")
+    );
+    assert!(!state_file(&e).exists());
+}
