@@ -457,6 +457,108 @@ pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
     Ok(runs)
 }
 
+/// What the audit log says about one runbook since a time: the evidence a
+/// person reads before raising its autonomy (L1 -> L2 -> L3).
+#[derive(Debug, Default)]
+pub struct Promotion {
+    pub runs: usize,
+    pub verdicts: std::collections::BTreeMap<String, usize>,
+    /// tool -> (proposed, approved by a person, denied by a person, expired, run under standing approval)
+    pub tools: std::collections::BTreeMap<String, [usize; 5]>,
+    /// Calls a person denied: (ts, tool, args, message).
+    pub denied: Vec<(String, String, String, String)>,
+    /// Tier-2 results whose own verification failed: (ts, tool, evidence).
+    pub unverified: Vec<(String, String, String)>,
+}
+
+impl std::fmt::Display for Promotion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "runs: {}  verdicts: {:?}", self.runs, self.verdicts)?;
+        writeln!(
+            f,
+            "tier-2 calls by tool: proposed (L1) / approved / denied / expired (L2) / standing (L3)"
+        )?;
+        for (tool, [p, a, d, x, s]) in &self.tools {
+            writeln!(f, "  {tool:<22} {p:>4} {a:>4} {d:>4} {x:>4} {s:>4}")?;
+        }
+        writeln!(f, "calls a person denied: {}", self.denied.len())?;
+        for (ts, tool, args, why) in &self.denied {
+            writeln!(f, "  {ts} {tool} {args}: {why}")?;
+        }
+        writeln!(f, "changes that did not verify: {}", self.unverified.len())?;
+        for (ts, tool, evidence) in &self.unverified {
+            writeln!(f, "  {ts} {tool}: {evidence}")?;
+        }
+        Ok(())
+    }
+}
+
+pub fn promotion(path: &Path, runbook: &str, since: jiff::Timestamp) -> std::io::Result<Promotion> {
+    let mut p = Promotion::default();
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
+        Err(e) => return Err(e),
+    };
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        if e.runbook != runbook || e.ts.parse::<jiff::Timestamp>().is_ok_and(|t| t < since) {
+            continue;
+        }
+        let tool = e.tool.clone().unwrap_or_default();
+        let reason = e
+            .detail
+            .as_ref()
+            .and_then(|d| d["reason"].as_str())
+            .unwrap_or("");
+        match e.phase {
+            Some(Phase::Start) => p.runs += 1,
+            Some(Phase::Verdict) => {
+                *p.verdicts
+                    .entry(e.outcome.clone().unwrap_or_default())
+                    .or_default() += 1
+            }
+            Some(Phase::Proposal) => p.tools.entry(tool).or_default()[0] += 1,
+            Some(Phase::Intent) if e.tier == Some(2) => {
+                let by = e.approved_by.as_deref().unwrap_or("");
+                let slot = if by.starts_with("person:") { 1 } else { 4 };
+                p.tools.entry(tool).or_default()[slot] += 1;
+            }
+            Some(Phase::Denied) if reason == "approval_denied" => {
+                p.tools.entry(tool.clone()).or_default()[2] += 1;
+                let msg = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["message"].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                p.denied.push((
+                    e.ts.clone(),
+                    tool,
+                    e.args.map(|a| a.to_string()).unwrap_or_default(),
+                    msg,
+                ));
+            }
+            Some(Phase::Denied) if reason == "approval_expired" => {
+                p.tools.entry(tool).or_default()[3] += 1
+            }
+            Some(Phase::Result) if e.detail.as_ref().is_some_and(|d| d["verified"] == false) => {
+                let evidence = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["data"]["evidence"].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                p.unverified.push((e.ts.clone(), tool, evidence));
+            }
+            _ => {}
+        }
+    }
+    Ok(p)
+}
+
 /// Every line of one run, in order.
 pub fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
     let reader = BufReader::new(File::open(path)?);

@@ -62,6 +62,28 @@ pub enum Command {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
+    /// List, show, approve or deny L2 approval requests (talks to `runwarden serve`).
+    Approvals {
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+        /// The daemon's address (default: `listen` from runwarden.yaml).
+        #[arg(long, global = true)]
+        daemon: Option<String>,
+        /// File holding your approver token (default: $RUNWARDEN_APPROVER_TOKEN_FILE).
+        #[arg(long, global = true)]
+        token_file: Option<PathBuf>,
+        #[arg(long, global = true, default_value = ".")]
+        config: PathBuf,
+    },
+    /// What a person needs before raising a runbook's autonomy: runs, proposals, approvals, denials, failed verifications.
+    PromoteReport {
+        runbook: String,
+        /// How far back to look, e.g. 14d.
+        #[arg(long, default_value = "14d")]
+        since: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
     /// Read the audit log.
     Audit {
         #[command(subcommand)]
@@ -90,6 +112,26 @@ pub enum AuditCommand {
         config: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// Every request the daemon holds, pending first.
+    List,
+    /// One request, with the exact call and its digest.
+    Show { id: String },
+    /// Approve the call shown by `show` (its digest is sent along).
+    Approve {
+        id: String,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+    /// Deny the call.
+    Deny {
+        id: String,
+        #[arg(long, default_value = "")]
+        comment: String,
     },
 }
 
@@ -132,6 +174,17 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => run(&config, RunRequest::cli(runbook, host, dry_run), json).await,
         Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Approvals {
+            command,
+            daemon,
+            token_file,
+            config,
+        } => approvals(command, daemon, token_file, &config).await,
+        Command::PromoteReport {
+            runbook,
+            since,
+            config,
+        } => promote_report(&runbook, &since, &config),
         Command::Audit {
             command: AuditCommand::Verify { file, config },
         } => audit_verify(file, &config),
@@ -156,6 +209,167 @@ async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> i32
             EXIT_USAGE
         }
     }
+}
+
+async fn approvals(
+    command: ApprovalsCommand,
+    daemon: Option<String>,
+    token_file: Option<PathBuf>,
+    dir: &Path,
+) -> i32 {
+    let base = match daemon {
+        Some(d) => d,
+        None => match Config::load(dir) {
+            Ok(c) => format!("http://{}", c.settings.listen),
+            Err(_) => format!("http://{}", crate::config::DEFAULT_LISTEN),
+        },
+    };
+    let Some(file) =
+        token_file.or_else(|| std::env::var_os("RUNWARDEN_APPROVER_TOKEN_FILE").map(PathBuf::from))
+    else {
+        eprintln!(
+            "runwarden: give your approver token with --token-file FILE or RUNWARDEN_APPROVER_TOKEN_FILE (never on the command line)"
+        );
+        return EXIT_USAGE;
+    };
+    let token = match std::fs::read_to_string(&file) {
+        Ok(t) => t.trim().to_string(),
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", file.display());
+            return EXIT_USAGE;
+        }
+    };
+    let client = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: String, body: Option<Value>| {
+        let mut req = client
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(&token);
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let base = base.clone();
+        async move {
+            let resp = req.send().await.map_err(|e| {
+                format!(
+                    "cannot reach the daemon at {base}: {}",
+                    crate::error_chain(&e)
+                )
+            })?;
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            if status.is_success() {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{status}: {}",
+                    v["error"].as_str().unwrap_or(&v.to_string())
+                ))
+            }
+        }
+    };
+    let outcome = match command {
+        ApprovalsCommand::List => call(reqwest::Method::GET, "/api/v1/approvals".into(), None)
+            .await
+            .map(|v| {
+                for r in v["approvals"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}  {:<9} {} on {}: {} {}  reason: {}",
+                        r["id"].as_str().unwrap_or(""),
+                        r["state"].as_str().unwrap_or(""),
+                        r["runbook"].as_str().unwrap_or(""),
+                        r["host"].as_str().unwrap_or(""),
+                        r["tool"].as_str().unwrap_or(""),
+                        r["args"],
+                        r["reason"].as_str().unwrap_or("")
+                    );
+                }
+            }),
+        ApprovalsCommand::Show { id } => call(
+            reqwest::Method::GET,
+            format!("/api/v1/approvals/{id}"),
+            None,
+        )
+        .await
+        .map(|v| println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())),
+        ApprovalsCommand::Approve { id, comment } => decide(&call, &id, &comment, true).await,
+        ApprovalsCommand::Deny { id, comment } => decide(&call, &id, &comment, false).await,
+    };
+    match outcome {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("runwarden: {e}");
+            1
+        }
+    }
+}
+
+/// Show the call, then decide on exactly that call (its digest goes along).
+async fn decide<F, Fut>(call: &F, id: &str, comment: &str, approve: bool) -> Result<(), String>
+where
+    F: Fn(reqwest::Method, String, Option<Value>) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, String>>,
+{
+    let shown = call(
+        reqwest::Method::GET,
+        format!("/api/v1/approvals/{id}"),
+        None,
+    )
+    .await?;
+    let field = |k: &str| shown[k].as_str().unwrap_or("").to_string();
+    let verb = if approve { "approving" } else { "denying" };
+    println!(
+        "{verb} {} on {}: {} {}",
+        field("runbook"),
+        field("host"),
+        field("tool"),
+        shown["args"]
+    );
+    println!("reason: {}", field("reason"));
+    let body = serde_json::json!({ "digest": shown["digest"], "comment": comment });
+    let action = if approve { "approve" } else { "deny" };
+    let decided = call(
+        reqwest::Method::POST,
+        format!("/api/v1/approvals/{id}/{action}"),
+        Some(body),
+    )
+    .await?;
+    println!("{}", decided["state"].as_str().unwrap_or(""));
+    Ok(())
+}
+
+fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let window = match humantime::parse_duration(since) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("runwarden: --since {since:?} is not a duration ({e}); write e.g. 14d");
+            return EXIT_USAGE;
+        }
+    };
+    let from = jiff::Timestamp::now() - jiff::SignedDuration::try_from(window).unwrap_or_default();
+    let report = match audit::promotion(&cfg.settings.audit_log, runbook, from) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "runwarden: cannot read {}: {e}",
+                cfg.settings.audit_log.display()
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let autonomy = cfg
+        .runbooks
+        .get(runbook)
+        .map_or("(not in the config)", |r| r.autonomy.as_str());
+    println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
+    print!("{report}");
+    0
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

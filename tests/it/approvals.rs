@@ -267,3 +267,46 @@ fn l2_on_the_command_line_asks_nobody_and_runs_nothing() {
     );
     assert!(!state_file(&e).exists());
 }
+
+#[test]
+fn the_cli_approves_the_call_it_showed_and_promote_report_counts_it() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, _) = id_digest(&pending(&d));
+    let token = e.work().join("my-token");
+    std::fs::write(&token, "alice-token-0123456789\n").unwrap();
+    let daemon = format!("http://{}", d.addr);
+    let cli = |args: &[&str]| {
+        let mut all = vec!["approvals"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--daemon", &daemon, "--token-file", token.to_str().unwrap()]);
+        e.run(&all)
+    };
+    let out = cli(&["list"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&id));
+    let out = cli(&["approve", &id, "--comment", "looked at it"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("approving disk-l2 on web-01: rotate_logs") && text.contains("approved"),
+        "{text}"
+    );
+    assert_eq!(d.settled_runs()[0]["status"], "ok");
+
+    let out = e.run(&["promote-report", "disk-l2", "--since", "1h"]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("runs: 1"), "{report}");
+    let row = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("rotate_logs"))
+        .unwrap();
+    let counts: Vec<&str> = row.split_whitespace().skip(1).collect();
+    assert_eq!(counts, ["0", "1", "0", "0", "0"], "{report}");
+    assert!(report.contains("calls a person denied: 0"));
+}
