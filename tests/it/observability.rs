@@ -6,10 +6,10 @@
 //! Every PromQL expression of the dashboard returns data from that Prometheus.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpListener;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -53,35 +53,8 @@ fn shipped_rules_and_routes_pass_promtool_and_amtool() {
     );
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut c = TcpStream::connect(addr).ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut resp = Vec::new();
-    c.read_to_end(&mut resp).ok()?;
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
 /// A loopback HTTP server: answers `body` to GETs and keeps every POST body.
-fn serve(body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+fn sink(body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let posts = Arc::new(Mutex::new(Vec::new()));
@@ -120,17 +93,6 @@ fn serve(body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
     (addr, posts)
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn query(prom: &str, expr: &str) -> Option<Vec<Value>> {
     let q: String = expr
         .bytes()
@@ -142,7 +104,7 @@ fn query(prom: &str, expr: &str) -> Option<Vec<Value>> {
             }
         })
         .collect();
-    let body = http_get(prom, &format!("/api/v1/query?query={q}"))?;
+    let (_, body) = http(prom, "GET", &format!("/api/v1/query?query={q}"), "")?;
     let v: Value = serde_json::from_str(&body).ok()?;
     assert_eq!(v["status"], "success", "{expr}: {v}");
     v["data"]["result"].as_array().cloned()
@@ -198,30 +160,11 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     )
     .unwrap();
 
-    let mut rw = e
-        .cmd(&["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(rw.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _rw = Proc(rw);
-    let rw_addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';')
-        .to_string();
-
-    let (node_addr, _) = serve(NODE_METRICS);
-    let (person_addr, person) = serve("ok");
+    let (_rw, rw_addr) = serve(&e);
+    let (node_addr, _) = sink(NODE_METRICS);
+    let (person_addr, person) = sink("ok");
 
     // Alertmanager with the shipped example route, pointed at this test's addresses.
-    let am_addr = format!("127.0.0.1:{}", free_port());
-    let am_dir = e.work().join("am");
-    std::fs::create_dir_all(&am_dir).unwrap();
     let example = std::fs::read_to_string(repo().join("alerts/alertmanager.example.yml")).unwrap();
     let am_config = example
         .replace(
@@ -236,21 +179,9 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         .replace("group_wait: 30s", "group_wait: 0s")
         .replace("group_wait: 10s", "group_wait: 0s")
         .replace("group_interval: 5m", "group_interval: 1s");
-    std::fs::write(am_dir.join("am.yml"), am_config).unwrap();
-    let _am = Proc(
-        Command::new("/usr/bin/prometheus-alertmanager")
-            .arg(format!("--config.file={}", am_dir.join("am.yml").display()))
-            .arg(format!("--storage.path={}", am_dir.join("data").display()))
-            .arg(format!("--web.listen-address={am_addr}"))
-            .arg("--cluster.listen-address=")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_am, am_addr) = alertmanager(&e.work().join("am"), &am_config);
 
     // Prometheus with the shipped rules (the estate rule without its `for:`), evaluating every second.
-    let prom_addr = format!("127.0.0.1:{}", free_port());
     let prom_dir = e.work().join("prom");
     std::fs::create_dir_all(&prom_dir).unwrap();
     let staging = std::fs::read_to_string(repo().join("alerts/staging.example.rules.yml"))
@@ -262,33 +193,17 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         prom_dir.join("runwarden.rules.yml"),
     )
     .unwrap();
-    std::fs::write(
-        prom_dir.join("prometheus.yml"),
-        format!(
+    let (_prom, prom_addr) = prometheus(
+        &prom_dir,
+        &format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [runwarden.rules.yml, staging.rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am_addr}']\nscrape_configs:\n  - job_name: runwarden\n    static_configs:\n      - targets: ['{rw_addr}']\n  - job_name: node\n    honor_labels: true\n    static_configs:\n      - targets: ['{node_addr}']\n"
         ),
-    )
-    .unwrap();
-    let _prom = Proc(
-        Command::new("/usr/bin/prometheus")
-            .arg(format!(
-                "--config.file={}",
-                prom_dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                prom_dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
     );
 
     // Hop 1-3: the estate alert fires in Prometheus, Alertmanager routes it, runwarden runs.
     let run = wait_for("the remediation run", Duration::from_secs(60), || {
-        let runs: Value = serde_json::from_str(&http_get(&rw_addr, "/api/v1/runs")?).ok()?;
+        let runs: Value =
+            serde_json::from_str(&http(&rw_addr, "GET", "/api/v1/runs", "")?.1).ok()?;
         runs["runs"]
             .as_array()?
             .iter()
@@ -326,7 +241,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         "runwarden's own alert counts",
         Duration::from_secs(10),
         || {
-            let m = http_get(&rw_addr, "/metrics")?;
+            let m = http(&rw_addr, "GET", "/metrics", "")?.1;
             Some(
                 m.lines()
                     .filter(|l| {

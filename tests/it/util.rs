@@ -2,7 +2,7 @@
 //! binary, and readers for its report and audit log.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -148,4 +148,127 @@ pub fn sh(program: &str, args: &[&str]) -> String {
 
 pub fn local_host(name: &str, extra: &str) -> String {
     format!("name: {name}\nconnection: local\n{extra}\n")
+}
+
+/// A child process ended when dropped.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Poll `f` until it gives a value, or fail the test after `timeout`.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// One HTTP/1.0 request on loopback (no chunked answers): (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        c,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).ok()?;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status = text.get(9..12)?.parse().ok()?;
+    Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// `runwarden serve` on a free loopback port: the process and its address.
+pub fn serve(e: &Estate) -> (Proc, String) {
+    use std::io::BufRead;
+    let mut child = e
+        .cmd(&["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("runwarden serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches(';')
+        .to_string();
+    (Proc(child), addr)
+}
+
+/// Debian's prometheus-alertmanager with `config`, on a free port, ready.
+pub fn alertmanager(dir: &Path, config: &str) -> (Proc, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("alertmanager.yml"), config).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let proc = Proc(
+        Command::new("/usr/bin/prometheus-alertmanager")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("alertmanager.yml").display()
+            ))
+            .arg(format!("--storage.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus-alertmanager (Debian package)"),
+    );
+    wait_for("alertmanager", std::time::Duration::from_secs(20), || {
+        http(&addr, "GET", "/-/ready", "").filter(|r| r.0 == 200)
+    });
+    (proc, addr)
+}
+
+/// Debian's prometheus with `config` (rule files relative to `dir`), on a free port.
+pub fn prometheus(dir: &Path, config: &str) -> (Proc, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let proc = Proc(
+        Command::new("/usr/bin/prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package)"),
+    );
+    (proc, addr)
 }
