@@ -62,6 +62,18 @@ pub enum Command {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
+    /// On a managed host: the forced-command agent that re-checks and runs each call sent over SSH.
+    Agent {
+        /// Read requests on stdin, answer on stdout (the only mode).
+        #[arg(long)]
+        stdio: bool,
+        /// This host's own policy: a host file; the host wins over the runner's.
+        #[arg(long, default_value = "/etc/runwarden/agent.yaml")]
+        policy: PathBuf,
+        /// The host's own append-only audit log.
+        #[arg(long, default_value = "/var/lib/runwarden/agent-audit.jsonl")]
+        audit: PathBuf,
+    },
     /// List, show, approve or deny L2 approval requests (talks to `runwarden serve`).
     Approvals {
         #[command(subcommand)]
@@ -174,6 +186,11 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => run(&config, RunRequest::cli(runbook, host, dry_run), json).await,
         Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Agent {
+            stdio,
+            policy,
+            audit,
+        } => agent(stdio, &policy, &audit).await,
         Command::Approvals {
             command,
             daemon,
@@ -304,6 +321,36 @@ async fn approvals(
             1
         }
     }
+}
+
+async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> i32 {
+    if !stdio {
+        eprintln!(
+            "runwarden: the agent only speaks on stdio: `runwarden agent --stdio` (as an authorized_keys forced command)"
+        );
+        return EXIT_USAGE;
+    }
+    let policy = match crate::executor::agent::load_policy(policy) {
+        Ok(p) => p,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "refused": format!("the host's policy does not load: {e}") })
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let log = match AuditLog::open(audit_file) {
+        Ok(l) => l,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "refused": format!("the host's audit log cannot be opened, nothing runs: {e}") })
+            );
+            return Verdict::Broken.exit_code();
+        }
+    };
+    crate::executor::agent::serve_stdio(&policy, &log).await
 }
 
 /// Show the call, then decide on exactly that call (its digest goes along).

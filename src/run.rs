@@ -600,7 +600,7 @@ impl RunLoop<'_> {
                                     + self.host.tool_timeout.min(gate.budget().remaining());
                                 let result = self
                                     .executor
-                                    .dispatch(&permit, &ticket, &self.host, deadline)
+                                    .dispatch(&permit, &ticket, &self.info, &self.host, deadline)
                                     .await;
                                 if let Err(err) = audit.result(&self.info, ticket, &result) {
                                     stop = Some((

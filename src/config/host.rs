@@ -111,6 +111,8 @@ pub struct Binaries {
     pub ps: PathBuf,
     pub kill: PathBuf,
     pub sudo: PathBuf,
+    /// The OpenSSH client (runner side of `connection: ssh`).
+    pub ssh: PathBuf,
 }
 
 impl Default for Binaries {
@@ -124,6 +126,7 @@ impl Default for Binaries {
             ps: "/usr/bin/ps".into(),
             kill: "/usr/bin/kill".into(),
             sudo: "/usr/bin/sudo".into(),
+            ssh: "/usr/bin/ssh".into(),
         }
     }
 }
@@ -349,6 +352,7 @@ pub(super) fn validate(
         ps: bin(&b.ps, &defaults.ps, diags),
         kill: bin(&b.kill, &defaults.kill, diags),
         sudo: bin(&b.sudo, &defaults.sudo, diags),
+        ssh: bin(&b.ssh, &defaults.ssh, diags),
     };
 
     if diags.len() != before {

@@ -227,6 +227,18 @@ impl Config {
     }
 }
 
+/// Load one host file on its own (the agent's policy on a managed host).
+pub fn load_host_file(file: &Path, dir: &Path) -> Result<Host, ConfigError> {
+    let mut diags = Diagnostics::default();
+    let host = read_file(file, &mut diags, false)
+        .and_then(|(text, _)| parse::<raw::Host>(file, &text, &mut diags))
+        .and_then(|raw| host::validate(raw, file, dir, &mut diags));
+    match host {
+        Some(h) if diags.is_empty() => Ok(h),
+        _ => Err(ConfigError(diags.into_vec())),
+    }
+}
+
 /// A file's parse: the raw value and its version (sha256), and the text when
 /// parsing failed (for a second, lenient look at it).
 type Parsed<T> = (PathBuf, Option<(T, String)>, Option<String>);

@@ -173,4 +173,5 @@ pub struct Binaries {
     pub ps: Option<S<String>>,
     pub kill: Option<S<String>>,
     pub sudo: Option<S<String>>,
+    pub ssh: Option<S<String>>,
 }

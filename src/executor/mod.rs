@@ -4,28 +4,29 @@
 //! [`AuditTicket`] (only the audit log makes one, after the intent line is on
 //! disk): a call that skipped either does not compile.
 
+pub mod agent;
 pub mod process;
+pub mod ssh;
 
-use crate::audit::AuditTicket;
+use crate::audit::{AuditTicket, RunInfo};
 use crate::config::{Connection, Host};
 use crate::gate::Permit;
 use crate::tools::{self, Ctx, ToolResult};
 
 /// How calls reach a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Executor {
     /// Tools run on this machine, as this process's children.
     Local,
+    /// Tools run on the host, through its forced-command agent over SSH.
+    Ssh(Box<crate::config::host::Ssh>),
 }
 
 impl Executor {
     pub fn for_host(host: &Host) -> Result<Executor, String> {
-        match host.connection {
+        match &host.connection {
             Connection::Local => Ok(Executor::Local),
-            Connection::Ssh(_) => Err(format!(
-                "host \"{}\" uses `connection: ssh`, which this version of runwarden cannot reach yet; use a local host",
-                host.name
-            )),
+            Connection::Ssh(ssh) => Ok(Executor::Ssh(Box::new(ssh.clone()))),
         }
     }
 
@@ -33,11 +34,38 @@ impl Executor {
         &self,
         permit: &Permit,
         ticket: &AuditTicket,
+        run: &RunInfo,
         host: &Host,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
         debug_assert_eq!(permit.step(), ticket.step(), "ticket of another call");
         match self {
+            Executor::Ssh(target) => {
+                let action = permit.action();
+                let mut args = action.args_json();
+                if let Some(reason) = action.reason() {
+                    args["reason"] = reason.into();
+                }
+                let request = agent::AgentRequest {
+                    run_id: run.run_id.clone(),
+                    step: permit.step(),
+                    runbook: run.runbook.clone(),
+                    tool: action.tool().name().into(),
+                    args,
+                };
+                let started = std::time::Instant::now();
+                let mut result = ssh::call(host, target, &request, deadline).await;
+                // A tier-1 call may be retried once after a transport error; a
+                // tier-2 call never is: it may have happened.
+                if ssh::is_transport_error(&result) && action.tier() == crate::tools::Tier::Observe
+                {
+                    result = ssh::call(host, target, &request, deadline).await;
+                }
+                if result.duration_ms == 0 {
+                    result.duration_ms = started.elapsed().as_millis() as u64;
+                }
+                result
+            }
             Executor::Local => {
                 if let Err(e) = std::fs::create_dir_all(&host.jail) {
                     return ToolResult::failed(format!(

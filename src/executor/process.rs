@@ -101,6 +101,9 @@ pub struct Limits {
     pub output_cap: usize,
     pub kill_grace: Duration,
     pub jail: PathBuf,
+    /// What the command reads on stdin; `None` (every tool) is `/dev/null`.
+    /// Only the SSH transport sends something: one JSON request to the agent.
+    pub input: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -207,12 +210,21 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(&limits.jail)
-        .stdin(Stdio::null())
+        .stdin(if limits.input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
         .map_err(spawn_error)?;
+    if let (Some(input), Some(mut stdin)) = (&limits.input, child.stdin.take()) {
+        use std::io::Write;
+        // A request is small (far below a pipe's buffer); then EOF.
+        let _ = stdin.write_all(input);
+    }
     let group = Pid::from_raw(child.id() as i32);
     let pidfd = match pidfd_open(child.id()) {
         Ok(fd) => fd,
@@ -377,6 +389,7 @@ mod tests {
             output_cap: 1024,
             kill_grace: Duration::from_millis(300),
             jail: std::env::temp_dir(),
+            input: None,
         }
     }
 

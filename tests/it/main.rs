@@ -7,6 +7,7 @@ mod daemon;
 mod e2e;
 mod gate;
 mod observability;
+mod ssh;
 mod systemd;
 mod tools;
 mod util;

@@ -1,0 +1,145 @@
+//! The host side of SSH: `runwarden agent --stdio`, started only by an
+//! `authorized_keys` forced command under a dedicated account.
+//!
+//! The agent does not trust the runner. It loads its own policy (a host file:
+//! the same allowlists), checks every call again against it, writes its own
+//! append-only audit line before dispatch, runs the call with the same
+//! executor as a local host, and answers one JSON line per request. Whatever
+//! command the SSH client asked for is ignored. When the runner's host file
+//! and the host's policy disagree, the host wins.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::audit::{AuditLog, Phase, RunInfo};
+use crate::config::Host;
+use crate::tools::{self, Ctx, PathMode, ToolId, ToolResult};
+
+/// Longest request line the agent reads.
+const MAX_REQUEST: usize = 256 * 1024;
+
+/// One call, as the runner sends it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRequest {
+    pub run_id: String,
+    pub step: u32,
+    pub runbook: String,
+    pub tool: String,
+    pub args: Value,
+}
+
+/// The answer: a result, or why the host refused.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentReply {
+    Result(ToolResult),
+    Refused(String),
+}
+
+/// Serve requests from stdin until EOF. Returns the process exit code.
+pub async fn serve_stdio(policy: &Host, audit: &AuditLog) -> i32 {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut line = String::new();
+    let mut reader = stdin.lock().take(MAX_REQUEST as u64 + 1);
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => return 0,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    json!({ "refused": format!("cannot read the request: {e}") })
+                );
+                return 1;
+            }
+        }
+        reader.set_limit(MAX_REQUEST as u64 + 1);
+        let reply = if line.len() > MAX_REQUEST {
+            AgentReply::Refused(format!("request longer than {MAX_REQUEST} bytes"))
+        } else {
+            handle(policy, audit, line.trim_end()).await
+        };
+        let _ = writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default());
+        let _ = out.flush();
+    }
+}
+
+use std::io::Read;
+
+async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
+    let req: AgentRequest = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return AgentReply::Refused(format!("malformed request: {e}")),
+    };
+    let info = RunInfo {
+        run_id: req.run_id.chars().take(64).collect(),
+        runbook: req.runbook.chars().take(64).collect(),
+        runbook_version: String::new(),
+        host: policy.name.clone(),
+        planner: "agent".into(),
+    };
+    let refuse = |why: String| {
+        let mut e = info.entry(Phase::Denied, Some(req.step));
+        e.tool = Some(req.tool.chars().take(64).collect());
+        e.outcome = Some("denied".into());
+        e.detail = Some(json!({ "reason": "host_policy", "message": why }));
+        let _ = audit.append(e, true);
+        AgentReply::Refused(why)
+    };
+    let Some(tool) = ToolId::from_name(&req.tool) else {
+        return refuse(format!(
+            "there is no tool {}",
+            tools::args::shown(&req.tool)
+        ));
+    };
+    let action = match tools::resolve(tool, &req.args, policy, PathMode::Resolve) {
+        Ok(a) => a,
+        Err(e) => return refuse(format!("host policy refuses it: {e}")),
+    };
+    let mut intent = info.entry(Phase::Intent, Some(req.step));
+    intent.tool = Some(tool.name().into());
+    intent.args = Some(action.args_json());
+    intent.tier = Some(tool.tier().number());
+    intent.reason = action.reason().map(String::from);
+    if let Err(e) = audit.append(intent, true) {
+        return AgentReply::Refused(format!(
+            "the host's audit log cannot be written, nothing ran: {e}"
+        ));
+    }
+    if let Err(e) = std::fs::create_dir_all(&policy.jail) {
+        return AgentReply::Refused(format!(
+            "cannot create the jail {}: {e}",
+            policy.jail.display()
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + policy.tool_timeout;
+    let result = tools::execute(&action, &Ctx::new(policy, deadline)).await;
+    let mut done = info.entry(Phase::Result, Some(req.step));
+    done.tool = Some(tool.name().into());
+    done.outcome = serde_json::to_value(result.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from));
+    done.exit_code = result.exit_code;
+    done.duration_ms = Some(result.duration_ms);
+    let _ = audit.append(done, tool.tier() == tools::Tier::Change);
+    AgentReply::Result(result)
+}
+
+/// Load the host's own policy: a host file, validated by the same loader.
+pub fn load_policy(file: &Path) -> Result<Host, String> {
+    let dir = tempfile_dir_of(file);
+    crate::config::load_host_file(file, &dir).map_err(|e| e.to_string())
+}
+
+fn tempfile_dir_of(file: &Path) -> std::path::PathBuf {
+    file.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| "/".into())
+}

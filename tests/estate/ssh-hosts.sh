@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Named hosts over SSH for runwarden's tests: Debian's sshd in a network
+# namespace of its own, reached over a veth pair, with its own host key and an
+# unprivileged account whose only way in is the forced-command agent.
+#
+# usage:
+#   ssh-hosts.sh up NAME INDEX DIR AGENT   start host NAME at 10.239.INDEX.2; DIR holds
+#                                          client_key.pub and agent.yaml; writes DIR/ssh_host_ed25519_key.pub
+#   ssh-hosts.sh down NAME INDEX DIR       stop it and remove the namespace
+set -euo pipefail
+USER_NAME=rw-agent
+
+up() {
+  local name=$1 i=$2 dir=$3 agent=$4 ns="rw-ssh-$1" veth="rws$2"
+  getent passwd "$USER_NAME" >/dev/null || \
+    useradd --system --create-home --home-dir /var/lib/$USER_NAME --shell /bin/sh --password '*' "$USER_NAME"
+  # sshd runs the forced command through the user's shell, which must be a real one,
+  # and a `useradd --system` account is locked ("!") unless given a password of '*'.
+  usermod --password '*' --shell /bin/sh "$USER_NAME"
+  mkdir -p "$dir/jail" /run/sshd
+  rm -f "$dir/ssh_host_ed25519_key" "$dir/ssh_host_ed25519_key.pub"
+  ssh-keygen -q -t ed25519 -N '' -C "$name" -f "$dir/ssh_host_ed25519_key"
+  printf 'command="%s agent --stdio --policy %s --audit %s",restrict %s\n' \
+    "$agent" "$dir/agent.yaml" "$dir/agent-audit.jsonl" "$(cat "$dir/client_key.pub")" > "$dir/authorized_keys"
+  chown -R "$USER_NAME" "$dir/jail"
+  touch "$dir/agent-audit.jsonl" && chown "$USER_NAME" "$dir/agent-audit.jsonl"
+  chmod 755 "$dir"; chmod 644 "$dir/authorized_keys" "$dir/agent.yaml"
+  cat > "$dir/sshd_config" <<CONF
+ListenAddress 10.239.$i.2
+Port 22
+HostKey $dir/ssh_host_ed25519_key
+AuthorizedKeysFile $dir/authorized_keys
+PidFile $dir/sshd.pid
+AllowUsers $USER_NAME
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+UsePAM no
+StrictModes no
+CONF
+  ip netns add "$ns"
+  ip link add "$veth" type veth peer name eth0 netns "$ns"
+  ip addr add "10.239.$i.1/24" dev "$veth"; ip link set "$veth" up
+  ip -n "$ns" addr add "10.239.$i.2/24" dev eth0; ip -n "$ns" link set eth0 up; ip -n "$ns" link set lo up
+  ip netns exec "$ns" /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log" </dev/null >/dev/null 2>&1
+  for _ in $(seq 1 50); do [ -s "$dir/sshd.pid" ] && break; sleep 0.1; done
+  [ -s "$dir/sshd.pid" ] || { cat "$dir/sshd.log" >&2; exit 1; }
+}
+
+down() {
+  local name=$1 dir=$3
+  [ -s "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null || true
+  ip netns del "rw-ssh-$name" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  up) shift; up "$@" ;;
+  down) shift; down "$@" ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,197 @@
+//! `connection: ssh` against real OpenSSH: Debian's sshd in a network
+//! namespace of its own, a pinned host key, and the forced-command agent
+//! (this very binary) under an unprivileged account, with a policy of its own.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::util::*;
+
+/// One sshd host; stopped and its namespace removed on drop.
+struct SshHost {
+    name: String,
+    index: u32,
+    dir: PathBuf,
+}
+
+impl Drop for SshHost {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("tests/estate/ssh-hosts.sh"))
+            .args([
+                "down",
+                &self.name,
+                &self.index.to_string(),
+                self.dir.to_str().unwrap(),
+            ])
+            .output();
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// Boot a host whose own policy is `policy` (host-file allowlists).
+fn ssh_host(e: &Estate, policy: &str) -> (SshHost, PathBuf) {
+    let index = (std::process::id() % 200) + NEXT.fetch_add(1, Ordering::SeqCst);
+    let name = format!("t{index}");
+    let dir = e.work().join(format!("host-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = e.work().join("client_key");
+    if !key.exists() {
+        sh(
+            "/usr/bin/ssh-keygen",
+            &[
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "runwarden",
+                "-f",
+                key.to_str().unwrap(),
+            ],
+        );
+    }
+    std::fs::copy(e.work().join("client_key.pub"), dir.join("client_key.pub")).unwrap();
+    std::fs::write(
+        dir.join("agent.yaml"),
+        format!(
+            "name: {name}\nconnection: local\njail: {}/jail\n{policy}\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(repo().join("tests/estate/ssh-hosts.sh"))
+        .args([
+            "up",
+            &name,
+            &index.to_string(),
+            dir.to_str().unwrap(),
+            bin(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ssh host: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (SshHost { name, index, dir }, key)
+}
+
+fn host_file(
+    h: &SshHost,
+    key: &std::path::Path,
+    known_hosts: &std::path::Path,
+    extra: &str,
+) -> String {
+    format!(
+        "name: web\nconnection:\n  ssh:\n    address: 10.239.{}.2\n    port: 22\n    user: rw-agent\n    identity: {}\n    known_hosts: {}\n{extra}\n",
+        h.index,
+        key.display(),
+        known_hosts.display()
+    )
+}
+
+fn pinned(e: &Estate, h: &SshHost) -> PathBuf {
+    let pub_key = std::fs::read_to_string(h.dir.join("ssh_host_ed25519_key.pub")).unwrap();
+    let kh = e.work().join(format!("known_hosts-{}", h.name));
+    let fields: Vec<&str> = pub_key.split_whitespace().take(2).collect();
+    std::fs::write(&kh, format!("10.239.{}.2 {}\n", h.index, fields.join(" "))).unwrap();
+    kh
+}
+
+const RUNBOOK: &str = "name: look\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: { observe: [disk_usage, list_processes] }\nsteps:
+  - id: tmp
+    call: disk_usage
+    args: { path: /tmp }
+  - id: procs
+    call: list_processes
+    args: { limit: 3 }
+  - id: var
+    call: disk_usage
+    args: { path: /var }
+";
+
+#[test]
+fn calls_run_through_the_agent_and_the_host_policy_wins() {
+    let e = Estate::new();
+    let (h, key) = ssh_host(&e, "paths: [/tmp]");
+    let kh = pinned(&e, &h);
+    // The runner's host file allows /var; the host's own policy does not.
+    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp, /var]"));
+    e.runbook("look", RUNBOOK);
+    let (code, report) = e.run_json("look", "web", &[]);
+    assert_eq!(step(&report, "tmp")["status"], "ok", "{report:#}");
+    assert!(step(&report, "tmp")["result"]["data"]["use_pct"].is_u64());
+    assert_eq!(step(&report, "procs")["status"], "ok");
+    let users: Vec<&str> = step(&report, "procs")["result"]["data"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["user"].as_str())
+        .collect();
+    assert!(!users.is_empty());
+    let var = step(&report, "var");
+    assert_eq!(var["status"], "error");
+    assert!(
+        var["result"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("refused the call"),
+        "{var:#}"
+    );
+    assert_eq!(code, 1);
+    // Audited on both sides: the runner's intent, the host's own refusal.
+    assert_eq!(e.audit_phase("intent").len(), 3);
+    let host_audit = std::fs::read_to_string(h.dir.join("agent-audit.jsonl")).unwrap();
+    assert!(
+        host_audit.contains("\"phase\":\"denied\"") && host_audit.contains("host_policy"),
+        "{host_audit}"
+    );
+    assert_eq!(host_audit.matches("\"phase\":\"intent\"").count(), 2);
+    let verify = e.run(&[
+        "audit",
+        "verify",
+        h.dir.join("agent-audit.jsonl").to_str().unwrap(),
+    ]);
+    assert!(verify.status.success());
+}
+
+#[test]
+fn a_host_key_that_does_not_match_is_refused() {
+    let e = Estate::new();
+    let (h, key) = ssh_host(&e, "paths: [/tmp]");
+    let wrong = e.work().join("wrong_host_key");
+    sh(
+        "/usr/bin/ssh-keygen",
+        &[
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-f",
+            wrong.to_str().unwrap(),
+        ],
+    );
+    let fake = std::fs::read_to_string(wrong.with_extension("pub")).unwrap();
+    let kh = e.work().join("known_hosts-wrong");
+    let fields: Vec<&str> = fake.split_whitespace().take(2).collect();
+    std::fs::write(&kh, format!("10.239.{}.2 {}\n", h.index, fields.join(" "))).unwrap();
+    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp]"));
+    e.runbook("look", "name: look\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - id: tmp\n    call: disk_usage\n    args: { path: /tmp }\n");
+    let (code, report) = e.run_json("look", "web", &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let err = step(&report, "tmp")["result"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("ssh to host web") && err.contains("Host key verification failed"),
+        "{err}"
+    );
+    let host_audit = std::fs::read_to_string(h.dir.join("agent-audit.jsonl")).unwrap_or_default();
+    assert!(host_audit.is_empty(), "nothing reached the agent");
+}
