@@ -74,6 +74,11 @@ pub enum Command {
         #[arg(long, default_value = "/var/lib/runwarden/agent-audit.jsonl")]
         audit: PathBuf,
     },
+    /// Print what an operator installs for a host: agent policy, authorized_keys line, sudoers file, systemd unit.
+    Install {
+        #[command(subcommand)]
+        command: InstallCommand,
+    },
     /// List, show, approve or deny L2 approval requests (talks to `runwarden serve`).
     Approvals {
         #[command(subcommand)]
@@ -124,6 +129,17 @@ pub enum AuditCommand {
         config: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InstallCommand {
+    /// Print the files (nothing is installed).
+    Print {
+        #[arg(long)]
+        host: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
     },
 }
 
@@ -191,6 +207,9 @@ pub async fn main(cli: Cli) -> i32 {
             policy,
             audit,
         } => agent(stdio, &policy, &audit).await,
+        Command::Install {
+            command: InstallCommand::Print { host, config },
+        } => install_print(&host, &config),
         Command::Approvals {
             command,
             daemon,
@@ -319,6 +338,23 @@ async fn approvals(
         Err(e) => {
             eprintln!("runwarden: {e}");
             1
+        }
+    }
+}
+
+fn install_print(host: &str, dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match cfg.hosts.get(host) {
+        Some(h) => {
+            print!("{}", crate::install::print(&cfg, h));
+            0
+        }
+        None => {
+            eprintln!("runwarden: no host named \"{host}\" in hosts/");
+            EXIT_USAGE
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod config;
 pub mod executor;
 pub mod gate;
 pub mod http;
+pub mod install;
 pub mod metrics;
 pub mod planner;
 pub mod run;

@@ -20,6 +20,7 @@ declare -A need=(
   [/usr/sbin/sshd]=openssh-server
   [/usr/bin/ssh]=openssh-client
   [/usr/bin/ssh-keygen]=openssh-client
+  [/usr/sbin/visudo]=sudo
   [/usr/bin/prometheus]=prometheus
   [/usr/bin/promtool]=prometheus
   [/usr/bin/prometheus-alertmanager]=prometheus-alertmanager

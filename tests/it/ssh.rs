@@ -195,3 +195,102 @@ fn a_host_key_that_does_not_match_is_refused() {
     let host_audit = std::fs::read_to_string(h.dir.join("agent-audit.jsonl")).unwrap_or_default();
     assert!(host_audit.is_empty(), "nothing reached the agent");
 }
+
+#[test]
+fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accepts() {
+    let e = Estate::new();
+    let key = e.work().join("id");
+    sh(
+        "/usr/bin/ssh-keygen",
+        &["-q", "-t", "ed25519", "-N", "", "-f", key.to_str().unwrap()],
+    );
+    e.host(
+        "web",
+        &format!(
+            "name: web\nconnection:\n  ssh:\n    address: 10.239.250.2\n    user: rw-agent\n    identity: {}\n    known_hosts: /dev/null\nsudo: true\npaths: [/tmp]\nunits: [nginx.service]\nlogrotate_configs: [/etc/logrotate.conf]\ncertificates:\n  web:\n    path: /etc/ssl/web.pem\n    renew: [/usr/bin/certbot, renew, --cert-name, web]\n",
+            key.display()
+        ),
+    );
+    let out = e.run(&["install", "print", "--host", "web"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let section = |name: &str| -> String {
+        let start = text
+            .find(&format!("### {name}\n"))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        let rest = &text[start..].splitn(2, '\n').nth(1).unwrap();
+        rest.split("\n### ").next().unwrap().to_string()
+    };
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    assert!(
+        section("~rw-agent/.ssh/authorized_keys").starts_with(&format!(
+            "command=\"/usr/local/bin/runwarden agent --stdio\",restrict {}",
+            public.trim()
+        ))
+    );
+    let sudoers = e.work().join("sudoers");
+    std::fs::write(&sudoers, section("/etc/sudoers.d/runwarden")).unwrap();
+    let check = Command::new("/usr/sbin/visudo")
+        .args(["-c", "-f"])
+        .arg(&sudoers)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let rules = section("/etc/sudoers.d/runwarden");
+    assert!(
+        rules.contains("/usr/bin/systemctl restart nginx.service") && !rules.contains('*'),
+        "{rules}"
+    );
+    // The printed policy is one the agent loads and enforces.
+    let policy = e.work().join("agent.yaml");
+    std::fs::write(
+        &policy,
+        section("/etc/runwarden/agent.yaml").replace(
+            "/var/lib/runwarden/jail",
+            e.work().join("jail").to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    let mut agent = Command::new(bin())
+        .args([
+            "agent",
+            "--stdio",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--audit",
+            e.work().join("a.jsonl").to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    agent
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"run_id\":\"r\",\"step\":1,\"runbook\":\"x\",\"tool\":\"disk_usage\",\"args\":{\"path\":\"/tmp\"}}\n{\"run_id\":\"r\",\"step\":2,\"runbook\":\"x\",\"tool\":\"disk_usage\",\"args\":{\"path\":\"/etc\"}}\n")
+        .unwrap();
+    let out = agent.wait_with_output().unwrap();
+    let replies: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replies[0]["result"]["outcome"], "ok", "{replies:#?}");
+    assert!(
+        replies[1]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed"),
+        "{replies:#?}"
+    );
+}
