@@ -222,7 +222,7 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
         let start = text
             .find(&format!("### {name}\n"))
             .unwrap_or_else(|| panic!("no {name} in {text}"));
-        let rest = &text[start..].splitn(2, '\n').nth(1).unwrap();
+        let rest = text[start..].split_once('\n').unwrap().1;
         rest.split("\n### ").next().unwrap().to_string()
     };
     let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
