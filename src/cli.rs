@@ -74,6 +74,11 @@ pub enum Command {
         #[arg(long, default_value = "/var/lib/runwarden/agent-audit.jsonl")]
         audit: PathBuf,
     },
+    /// Named hosts: `check` connects, verifies the host key, and compares the host's policy with the host file.
+    Host {
+        #[command(subcommand)]
+        command: HostCommand,
+    },
     /// Print what an operator installs for a host: agent policy, authorized_keys line, sudoers file, systemd unit.
     Install {
         #[command(subcommand)]
@@ -129,6 +134,16 @@ pub enum AuditCommand {
         config: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// Exit 0 when the host answers and its policy agrees with the host file, 1 when they differ, 2 when it cannot be reached.
+    Check {
+        host: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
     },
 }
 
@@ -210,6 +225,9 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Install {
             command: InstallCommand::Print { host, config },
         } => install_print(&host, &config),
+        Command::Host {
+            command: HostCommand::Check { host, config },
+        } => host_check(&host, &config).await,
         Command::Approvals {
             command,
             daemon,
@@ -339,6 +357,77 @@ async fn approvals(
             eprintln!("runwarden: {e}");
             1
         }
+    }
+}
+
+async fn host_check(name: &str, dir: &Path) -> i32 {
+    use crate::executor::agent::{AgentRequest, HELLO, allowlists, policy_digest};
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(host) = cfg.hosts.get(name) else {
+        eprintln!("runwarden: no host named \"{name}\" in hosts/");
+        return EXIT_USAGE;
+    };
+    let Connection::Ssh(ssh) = &host.connection else {
+        println!("host {name} is local: nothing to check");
+        return 0;
+    };
+    let request = AgentRequest {
+        run_id: "host-check".into(),
+        step: 0,
+        runbook: String::new(),
+        tool: HELLO.into(),
+        args: Value::Null,
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    let reply = crate::executor::ssh::call(host, ssh, &request, deadline).await;
+    if reply.outcome != crate::tools::Outcome::Ok {
+        println!("host {name}: {}", reply.error.unwrap_or_default());
+        return EXIT_USAGE;
+    }
+    println!(
+        "host {name} ({}:{}): host key verified, agent {}",
+        ssh.address,
+        ssh.port,
+        reply.data["version"].as_str().unwrap_or("?")
+    );
+    let theirs = &reply.data["policy"];
+    let ours = allowlists(host);
+    let mut differ = false;
+    for (field, mine) in ours.as_object().into_iter().flatten() {
+        let set = |v: &Value| -> std::collections::BTreeSet<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        };
+        let (mine, host_side) = (set(mine), set(&theirs[field]));
+        for only in mine.difference(&host_side) {
+            differ = true;
+            println!(
+                "  {field}: {only:?} is in the host file but not in the host's policy: the host will refuse it"
+            );
+        }
+        for only in host_side.difference(&mine) {
+            differ = true;
+            println!(
+                "  {field}: {only:?} is allowed by the host's policy but not by the host file"
+            );
+        }
+    }
+    let digest = policy_digest(host);
+    if differ || reply.data["policy_digest"].as_str() != Some(digest.as_str()) {
+        println!(
+            "policies differ (host file {digest}, host {})",
+            reply.data["policy_digest"].as_str().unwrap_or("?")
+        );
+        1
+    } else {
+        println!("policies agree ({digest})");
+        0
     }
 }
 

@@ -93,6 +93,13 @@ async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         let _ = audit.append(e, true);
         AgentReply::Refused(why)
     };
+    if req.tool == HELLO {
+        return AgentReply::Result(ToolResult::observed(json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "policy": allowlists(policy),
+            "policy_digest": policy_digest(policy),
+        })));
+    }
     let Some(tool) = ToolId::from_name(&req.tool) else {
         return refuse(format!(
             "there is no tool {}",
@@ -130,6 +137,32 @@ async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
     done.duration_ms = Some(result.duration_ms);
     let _ = audit.append(done, tool.tier() == tools::Tier::Change);
     AgentReply::Result(result)
+}
+
+/// The agent's greeting: not a tool; `runwarden host check` asks for it.
+pub const HELLO: &str = "hello";
+
+/// The allowlists of a host, as comparable lists.
+pub fn allowlists(h: &Host) -> Value {
+    json!({
+        "paths": h.paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "units": h.units,
+        "journals": h.journals,
+        "logrotate_configs": h.logrotate_configs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "certificates": h.certificates.keys().collect::<Vec<_>>(),
+        "health_checks": h.health_checks.keys().collect::<Vec<_>>(),
+        "worker_pools": h.worker_pools.keys().collect::<Vec<_>>(),
+    })
+}
+
+/// sha256 of the allowlists: equal digests mean the two sides agree.
+pub fn policy_digest(h: &Host) -> String {
+    use sha2::Digest;
+    let bytes = serde_json::to_vec(&allowlists(h)).unwrap_or_default();
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Load the host's own policy: a host file, validated by the same loader.

@@ -294,3 +294,27 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
         "{replies:#?}"
     );
 }
+
+#[test]
+fn host_check_verifies_the_key_and_names_each_policy_difference() {
+    let e = Estate::new();
+    let (h, key) = ssh_host(&e, "paths: [/tmp]");
+    let kh = pinned(&e, &h);
+    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp, /var]"));
+    let out = e.run(&["host", "check", "web"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("host key verified"), "{text}");
+    assert!(
+        text.contains("paths: \"/var\" is in the host file but not in the host's policy"),
+        "{text}"
+    );
+    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp]"));
+    let out = e.run(&["host", "check", "web"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
