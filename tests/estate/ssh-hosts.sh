@@ -12,11 +12,15 @@ USER_NAME=rw-agent
 
 up() {
   local name=$1 i=$2 dir=$3 agent=$4 ns="rw-ssh-$1" veth="rws$2"
+  # Tests boot hosts in parallel; /etc/passwd is edited by one at a time.
+  exec 8>/run/runwarden-ssh-hosts.lock
+  flock 8
   getent passwd "$USER_NAME" >/dev/null || \
     useradd --system --create-home --home-dir /var/lib/$USER_NAME --shell /bin/sh --password '*' "$USER_NAME"
   # sshd runs the forced command through the user's shell, which must be a real one,
   # and a `useradd --system` account is locked ("!") unless given a password of '*'.
   usermod --password '*' --shell /bin/sh "$USER_NAME"
+  flock -u 8
   mkdir -p "$dir/jail" /run/sshd
   rm -f "$dir/ssh_host_ed25519_key" "$dir/ssh_host_ed25519_key.pub"
   ssh-keygen -q -t ed25519 -N '' -C "$name" -f "$dir/ssh_host_ed25519_key"
