@@ -6,6 +6,8 @@
 //! or host verification is reimplemented here. Every call is one request on
 //! the connection's stdin and one JSON line back from the forced-command
 //! agent; the remote command line is fixed and ignored by the host anyway.
+//! Each call is one connection for now: a multiplexing master would have to
+//! live outside the call's process group, which every call kills when it ends.
 //! Host keys are never accepted on first use (`StrictHostKeyChecking=yes`
 //! against the host file's own `known_hosts`).
 
@@ -24,7 +26,6 @@ use crate::tools::{Outcome, ToolResult};
 const SSH_FAILED: i32 = 255;
 
 pub fn argv(host: &Host, ssh: &Ssh) -> Argv {
-    let control = host.jail.join("ssh");
     Argv::new(&host.binaries.ssh)
         .args(["-F", "/dev/null", "-T"])
         .arg("-i")
@@ -46,9 +47,7 @@ pub fn argv(host: &Host, ssh: &Ssh) -> Argv {
             "ConnectTimeout=5",
         ])
         .args(["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"])
-        .args(["-o", "ControlMaster=auto", "-o", "ControlPersist=60"])
-        .arg("-o")
-        .arg(format!("ControlPath={}/%C", control.display()))
+        .args(["-o", "ControlMaster=no"])
         .arg("-p")
         .arg(ssh.port.to_string())
         .arg("-l")
@@ -70,9 +69,8 @@ pub async fn call(
     request: &AgentRequest,
     deadline: tokio::time::Instant,
 ) -> ToolResult {
-    let control = host.jail.join("ssh");
-    if let Err(e) = create_private_dir(&control) {
-        return ToolResult::failed(format!("cannot create {}: {e}", control.display()));
+    if let Err(e) = create_private_dir(&host.jail) {
+        return ToolResult::failed(format!("cannot create {}: {e}", host.jail.display()));
     }
     let mut input = serde_json::to_vec(request).unwrap_or_default();
     input.push(b'\n');
@@ -85,6 +83,12 @@ pub async fn call(
     };
     let out = match process::run(&argv(host, ssh), &limits).await {
         Ok(o) => o,
+        Err(e @ process::SpawnError::NoTimeLeft(_)) => {
+            return ToolResult {
+                outcome: Outcome::Timeout,
+                ..ToolResult::failed(format!("host {}: {e}", host.name))
+            };
+        }
         Err(e) => return ToolResult::failed(e.to_string()),
     };
     let transport = |what: String| ToolResult {

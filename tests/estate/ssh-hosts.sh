@@ -4,8 +4,10 @@
 # unprivileged account whose only way in is the forced-command agent.
 #
 # usage:
-#   ssh-hosts.sh up NAME INDEX DIR AGENT   start host NAME at 10.239.INDEX.2; DIR holds
-#                                          client_key.pub and agent.yaml; writes DIR/ssh_host_ed25519_key.pub
+#   ssh-hosts.sh up NAME INDEX DIR AGENT [COMMAND]
+#                                          start host NAME at 10.239.INDEX.2; DIR holds
+#                                          client_key.pub and agent.yaml; writes DIR/ssh_host_ed25519_key.pub.
+#                                          COMMAND replaces the forced command (a broken agent, for tests).
 #   ssh-hosts.sh down NAME INDEX DIR       stop it and remove the namespace
 set -euo pipefail
 USER_NAME=rw-agent
@@ -24,8 +26,9 @@ up() {
   mkdir -p "$dir/jail" /run/sshd
   rm -f "$dir/ssh_host_ed25519_key" "$dir/ssh_host_ed25519_key.pub"
   ssh-keygen -q -t ed25519 -N '' -C "$name" -f "$dir/ssh_host_ed25519_key"
-  printf 'command="%s agent --stdio --policy %s --audit %s",restrict %s\n' \
-    "$agent" "$dir/agent.yaml" "$dir/agent-audit.jsonl" "$(cat "$dir/client_key.pub")" > "$dir/authorized_keys"
+  down "$name" "$i"   # whatever a killed test run left behind under this name
+  local forced=${5:-"$agent agent --stdio --policy $dir/agent.yaml --audit $dir/agent-audit.jsonl"}
+  printf 'command="%s",restrict %s\n' "$forced" "$(cat "$dir/client_key.pub")" > "$dir/authorized_keys"
   chown -R "$USER_NAME" "$dir/jail"
   touch "$dir/agent-audit.jsonl" && chown "$USER_NAME" "$dir/agent-audit.jsonl"
   chmod 755 "$dir"; chmod 644 "$dir/authorized_keys" "$dir/agent.yaml"
@@ -52,9 +55,11 @@ CONF
 }
 
 down() {
-  local name=$1 dir=$3
-  [ -s "$dir/sshd.pid" ] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null || true
-  ip netns del "rw-ssh-$name" 2>/dev/null || true
+  local name=$1 i=$2 ns="rw-ssh-$1"
+  # Every process in the namespace (the listener and its sessions), then the namespace and its link.
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+  ip link del "rws$i" 2>/dev/null || true
 }
 
 case "${1:-}" in

@@ -32,10 +32,20 @@ static NEXT: AtomicU32 = AtomicU32::new(1);
 
 /// Boot a host whose own policy is `policy` (host-file allowlists).
 fn ssh_host(e: &Estate, policy: &str) -> (SshHost, PathBuf) {
+    ssh_host_with(e, policy, None)
+}
+
+/// Boot a host whose forced command is `command` instead of the agent.
+fn ssh_host_with(e: &Estate, policy: &str, command: Option<&str>) -> (SshHost, PathBuf) {
     let index = (std::process::id() % 200) + NEXT.fetch_add(1, Ordering::SeqCst);
     let name = format!("t{index}");
     let dir = e.work().join(format!("host-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
+    // The agent's account must reach its policy, jail and any test script in here.
+    use std::os::unix::fs::PermissionsExt;
+    for d in [e.path(), e.work().as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let key = e.work().join("client_key");
     if !key.exists() {
         sh(
@@ -70,6 +80,7 @@ fn ssh_host(e: &Estate, policy: &str) -> (SshHost, PathBuf) {
             dir.to_str().unwrap(),
             bin(),
         ])
+        .args(command)
         .output()
         .unwrap();
     assert!(
@@ -316,5 +327,83 @@ fn host_check_verifies_the_key_and_names_each_policy_difference() {
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+const ONE_CALL: &str = "name: look\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - id: tmp\n    call: disk_usage\n    args: { path: /tmp }\n";
+
+#[test]
+fn a_wrong_identity_is_an_authentication_failure_naming_the_host() {
+    let e = Estate::new();
+    let (h, _) = ssh_host(&e, "paths: [/tmp]");
+    let kh = pinned(&e, &h);
+    let other = e.work().join("other_key");
+    sh(
+        "/usr/bin/ssh-keygen",
+        &[
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-f",
+            other.to_str().unwrap(),
+        ],
+    );
+    e.host("web", &host_file(&h, &other, &kh, "paths: [/tmp]"));
+    e.runbook("look", ONE_CALL);
+    let (code, report) = e.run_json("look", "web", &[]);
+    assert_eq!(code, 1);
+    let err = step(&report, "tmp")["result"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("ssh to host web") && err.contains("Permission denied"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
+    let e = Estate::new();
+    let hang = e.script("hang-agent", "sleep 60");
+    let (h, key) = ssh_host_with(&e, "paths: [/tmp]", Some(hang.to_str().unwrap()));
+    let kh = pinned(&e, &h);
+    e.host(
+        "web",
+        &host_file(&h, &key, &kh, "paths: [/tmp]\ntool_timeout: 2s"),
+    );
+    e.runbook("look", ONE_CALL);
+    let started = std::time::Instant::now();
+    let (code, report) = e.run_json("look", "web", &[]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "timeouts, the one retry of a tier-1 call, and grace"
+    );
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        step(&report, "tmp")["status"],
+        "timeout",
+        "{:#}",
+        step(&report, "tmp")
+    );
+    drop(h);
+
+    let e = Estate::new();
+    let flood = e.script("flood-agent", "head -c 50000000 /dev/zero | tr '\\0' x");
+    let (h, key) = ssh_host_with(&e, "paths: [/tmp]", Some(flood.to_str().unwrap()));
+    let kh = pinned(&e, &h);
+    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp]"));
+    e.runbook("look", ONE_CALL);
+    let (code, report) = e.run_json("look", "web", &[]);
+    assert_eq!(code, 1);
+    let err = step(&report, "tmp")["result"]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("malformed reply") && err.contains("cut at the cap"),
+        "{err}"
     );
 }
