@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "tests/run.sh needs root (mount namespaces, systemd-nspawn); run it with sudo" >&2; exit 2; }
 tests/estate/install-deps.sh
-cargo test --locked --all-targets
+cargo test --locked
