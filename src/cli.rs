@@ -588,7 +588,7 @@ fn check(dir: &Path) -> i32 {
             "runbook {:<21} {} hosts={} observe={} approve={} steps={} {}",
             r.name,
             r.autonomy.as_str(),
-            r.hosts.join(","),
+            r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
             r.observe.len(),
             r.approve.len(),
             r.steps.len(),

@@ -135,16 +135,29 @@ async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> R
         s.metrics.alerts_received.with_label_values(&[status]).inc();
     }
     let config = s.config.borrow().clone();
-    let mut outcomes = Vec::new();
-    for c in candidates(&notification, &config) {
+    let candidates = candidates(&notification, &config);
+    // Runs first, in one batch (the kill switch is looked at once per runbook).
+    let runs: Vec<_> = candidates
+        .iter()
+        .filter_map(|c| match c {
+            Candidate::Run(req) => Some(req.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut started = s.scheduler.submit_all(runs).into_iter();
+    let mut outcomes = Vec::with_capacity(candidates.len());
+    for c in candidates {
         let (runbook, fingerprint, result) = match c {
             Candidate::Run(req) => {
-                let fp = req.keys.first().cloned().unwrap_or_default();
-                let rb = req.runbook.clone();
+                let fp = req
+                    .keys
+                    .first()
+                    .map(|k| k.trim_start_matches("fp:").to_string())
+                    .unwrap_or_default();
                 (
-                    rb,
-                    fp.trim_start_matches("fp:").to_string(),
-                    s.scheduler.submit(req),
+                    req.runbook,
+                    fp,
+                    started.next().expect("one result per run request"),
                 )
             }
             Candidate::OutOfScope {

@@ -201,8 +201,8 @@ impl Metrics {
         }
     }
 
-    /// Create every series the config can produce that alert rules take an
-    /// `increase()` of, at zero. A counter that first appears already at 3 has
+    /// Create every series the config can produce that the alert rules take
+    /// an `increase()` of, at zero (dashboard-only series are left lazy). A counter that first appears already at 3 has
     /// no increase in Prometheus' eyes, so a burst of three tier-2 calls
     /// between two scrapes would go unseen without this. Bounded by the
     /// config: runbooks x their hosts x their tier-2 tools x outcomes, and so on.
@@ -218,23 +218,14 @@ impl Metrics {
             "halted",
             "interrupted",
         ];
-        const DENIALS: [DenyReason; 9] = [
-            DenyReason::KillSwitch,
+        // The refusals that point at a broken runbook or a steered planner
+        // (the budget and the kill switch have alerts of their own).
+        const DENIALS: [DenyReason; 5] = [
             DenyReason::UnknownTool,
             DenyReason::ToolOutOfScope,
             DenyReason::HostOutOfScope,
             DenyReason::InvalidArguments,
             DenyReason::NotApproved,
-            DenyReason::StepLimit,
-            DenyReason::TimeBudget,
-            DenyReason::MutationBudget,
-        ];
-        const RESULTS: [&str; 5] = [
-            "started",
-            "deduplicated",
-            "cooldown",
-            "out_of_scope",
-            "kill_switch",
         ];
         for rb in config.runbooks.values() {
             let name = rb.name.as_str();
@@ -247,11 +238,6 @@ impl Metrics {
                     .inc_by(0);
             }
             self.budget_exhausted.with_label_values(&[name]).inc_by(0);
-            if rb.on_alert.is_some() {
-                for r in RESULTS {
-                    self.alert_triggers.with_label_values(&[name, r]).inc_by(0);
-                }
-            }
             for host in &rb.hosts {
                 for tool in &rb.approve {
                     for outcome in ["ok", "error", "timeout"] {

@@ -143,8 +143,36 @@ impl Scheduler {
 
     /// Decide what becomes of one trigger, record it, and start the run if it is one.
     pub fn submit(self: &Arc<Self>, req: RunRequest) -> TriggerResult {
+        self.submit_all(vec![req])
+            .pop()
+            .expect("one result per request")
+    }
+
+    /// Decide a batch (one notification's alerts), looking at the kill switch
+    /// once per runbook rather than once per alert.
+    pub fn submit_all(self: &Arc<Self>, reqs: Vec<RunRequest>) -> Vec<TriggerResult> {
         let config = self.config.borrow().clone();
-        let result = self.decide(&config, &req);
+        let mut engaged: HashMap<String, bool> = HashMap::new();
+        let mut results = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
+                *self.shutdown.borrow()
+                    || KillSwitch::new(config.settings.kill_switch_dir.clone())
+                        .check(&req.runbook)
+                        .is_err()
+            });
+            results.push(self.submit_one(&config, req, stopped));
+        }
+        results
+    }
+
+    fn submit_one(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        req: RunRequest,
+        stopped: bool,
+    ) -> TriggerResult {
+        let result = self.decide(config, &req, stopped);
         if req.trigger == crate::trigger::Trigger::Alert {
             self.metrics
                 .alert_triggers
@@ -153,23 +181,19 @@ impl Scheduler {
         }
         tracing::info!(runbook = %req.runbook, host = %req.host, trigger = req.trigger.as_str(), result = result.as_str(), "trigger");
         if result == TriggerResult::Started {
-            self.start(config, req);
+            self.start(config.clone(), req);
         }
         result
     }
 
-    fn decide(&self, config: &Config, req: &RunRequest) -> TriggerResult {
+    fn decide(&self, config: &Config, req: &RunRequest, stopped: bool) -> TriggerResult {
         let Some(runbook) = config.runbooks.get(&req.runbook) else {
             return TriggerResult::NoMatch;
         };
         if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
             return TriggerResult::OutOfScope;
         }
-        if *self.shutdown.borrow()
-            || KillSwitch::new(config.settings.kill_switch_dir.clone())
-                .check(&req.runbook)
-                .is_err()
-        {
+        if stopped {
             return TriggerResult::KillSwitch;
         }
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());

@@ -19,7 +19,7 @@ pub mod host;
 mod raw;
 pub mod runbook;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,7 +192,10 @@ impl Config {
             }
         }
 
-        let known_hosts: BTreeSet<String> = host_names.keys().cloned().collect();
+        let known_hosts: BTreeMap<String, Arc<str>> = host_names
+            .keys()
+            .map(|h| (h.clone(), Arc::from(h.as_str())))
+            .collect();
         let mut runbooks: BTreeMap<String, Arc<Runbook>> = BTreeMap::new();
         let mut runbook_names: BTreeMap<String, PathBuf> = BTreeMap::new();
         for (file, parsed, _) in parse_files::<raw::Runbook>(&runbook_files, &mut diags) {

@@ -100,7 +100,8 @@ pub enum StepAction {
 pub struct Runbook {
     pub name: String,
     pub description: String,
-    pub hosts: Vec<String>,
+    /// Shared with the host map: large estates name hundreds of hosts in many runbooks.
+    pub hosts: Vec<std::sync::Arc<str>>,
     pub autonomy: Autonomy,
     pub schedule: Option<String>,
     pub on_alert: Option<OnAlert>,
@@ -122,7 +123,7 @@ impl Runbook {
     }
 
     pub fn allows_host(&self, host: &str) -> bool {
-        self.hosts.iter().any(|h| h == host)
+        self.hosts.iter().any(|h| &**h == host)
     }
 }
 
@@ -143,7 +144,7 @@ pub(super) fn validate(
     raw: raw::Runbook,
     file: &Path,
     version: String,
-    hosts: &BTreeSet<String>,
+    hosts: &BTreeMap<String, std::sync::Arc<str>>,
     diags: &mut Diagnostics,
 ) -> Option<Runbook> {
     let before = diags.len();
@@ -188,18 +189,23 @@ pub(super) fn validate(
                 h.referenced,
                 format!("host \"{}\" is listed twice", h.value),
             );
-        } else if !hosts.contains(&h.value) {
+        } else if !hosts.contains_key(&h.value) {
             diags.at(
                 file,
                 h.referenced,
                 format!(
                     "host \"{}\" is not defined in hosts/{}",
                     h.value,
-                    did_you_mean(&h.value, hosts.iter().map(String::as_str))
+                    did_you_mean(&h.value, hosts.keys().map(String::as_str))
                 ),
             );
         }
-        host_names.push(h.value.clone());
+        host_names.push(
+            hosts
+                .get(&h.value)
+                .cloned()
+                .unwrap_or_else(|| h.value.as_str().into()),
+        );
     }
 
     let observe = tool_list(&raw.tools.observe, Tier::Observe, file, diags);
@@ -230,7 +236,7 @@ pub(super) fn validate(
             );
         }
         for (value, host) in &a.host_map {
-            if !hosts.contains(host) {
+            if !hosts.contains_key(host) {
                 diags.at(
                     file,
                     a.host_label.referenced,

@@ -85,7 +85,7 @@ pub async fn worker(
                     for host in &rb.hosts {
                         scheduler.submit(RunRequest {
                             runbook: name.clone(),
-                            host: host.clone(),
+                            host: host.to_string(),
                             dry_run: false,
                             trigger: Trigger::Schedule,
                             alert: None,
