@@ -15,34 +15,12 @@ const BOB: &str = "Bearer bob-token-0123456789ab";
 /// An L2 runbook for the fixture alert: look, then rotate a real log.
 fn l2_estate(timeout: &str) -> Estate {
     let e = Estate::new();
-    let logs = e.work().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    std::fs::write(logs.join("app.log"), "x\n").unwrap();
-    let conf = e.work().join("lr.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "{}/app.log {{\n  rotate 3\n  missingok\n}}\n",
-            logs.display()
-        ),
-    )
-    .unwrap();
-    e.host(
-        "web-01",
-        &local_host(
-            "web-01",
-            &format!(
-                "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}/lr.state",
-                conf.display(),
-                e.work().display()
-            ),
-        ),
-    );
+    let conf = rotating_host(&e, "web-01");
     e.runbook(
         "disk-l2",
         &format!(
             "name: disk-l2\ndescription: t\nhosts: [web-01]\nautonomy: L2\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\nsteps:\n  - id: look\n    call: disk_usage\n    args: {{ path: /tmp }}\n  - id: rotate\n    call: rotate_logs\n    args: {{ config: {} }}\n    reason: \"/tmp at {{{{ steps.look.use_pct }}}}%\"\n",
-            conf.display()
+            conf
         ),
     );
     std::fs::write(

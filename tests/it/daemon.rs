@@ -2,9 +2,9 @@
 //! (with payloads captured from a real Alertmanager), schedules, reload,
 //! shutdown and restart after a kill.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -21,22 +21,7 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(e: &Estate) -> Daemon {
-        let mut child = e
-            .cmd(&["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("runwarden serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split_whitespace()
-            .nth(3)
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .trim_end_matches(';')
-            .to_string();
+        let (child, addr) = spawn_serve(e);
         Daemon { child, addr }
     }
 

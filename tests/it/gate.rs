@@ -7,24 +7,6 @@ use serde_json::Value;
 
 use crate::util::*;
 
-/// A host whose logrotate config and state live in the test's work dir.
-fn logrotate_estate(e: &Estate) -> (String, String) {
-    let work = e.work();
-    std::fs::create_dir_all(work.join("logs")).unwrap();
-    std::fs::write(work.join("logs/app.log"), "line\n").unwrap();
-    let conf = work.join("lr.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "{}/logs/app.log {{\n  rotate 5\n  missingok\n  create\n}}\n",
-            work.display()
-        ),
-    )
-    .unwrap();
-    let state = work.join("lr.state");
-    (conf.display().to_string(), state.display().to_string())
-}
-
 fn rotating_runbook(autonomy: &str, max_mutations: u32, calls: usize, conf: &str) -> String {
     let mut rb = format!(
         "name: rot\ndescription: t\nhosts: [h]\nautonomy: {autonomy}\ntools:\n  approve: [rotate_logs]\nbudget: {{ max_steps: 12, max_mutations: {max_mutations} }}\nsteps:\n"
@@ -40,7 +22,7 @@ fn rotating_runbook(autonomy: &str, max_mutations: u32, calls: usize, conf: &str
 #[test]
 fn fourth_mutation_is_refused_and_audited() {
     let e = Estate::new();
-    let (conf, state) = logrotate_estate(&e);
+    let (conf, state) = rotatable_log(&e);
     e.host(
         "h",
         &local_host(
@@ -81,7 +63,7 @@ fn fourth_mutation_is_refused_and_audited() {
 #[test]
 fn l1_records_proposals_and_runs_nothing() {
     let e = Estate::new();
-    let (conf, state) = logrotate_estate(&e);
+    let (conf, state) = rotatable_log(&e);
     e.host(
         "h",
         &local_host(
@@ -112,7 +94,7 @@ fn l1_records_proposals_and_runs_nothing() {
 #[test]
 fn dry_run_shows_argv_and_runs_no_change() {
     let e = Estate::new();
-    let (conf, state) = logrotate_estate(&e);
+    let (conf, state) = rotatable_log(&e);
     e.host(
         "h",
         &local_host(
@@ -311,7 +293,7 @@ fn kill_switch_engaged_during_a_run_stops_it_before_the_next_call() {
 #[test]
 fn unwritable_audit_log_means_no_call_runs() {
     let e = Estate::new();
-    let (conf, state) = logrotate_estate(&e);
+    let (conf, state) = rotatable_log(&e);
     e.host(
         "h",
         &local_host(

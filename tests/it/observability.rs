@@ -117,34 +117,12 @@ const NODE_METRICS: &str = "node_filesystem_avail_bytes{instance=\"web-01:9100\"
 #[test]
 fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_data() {
     let e = Estate::new();
-    let logs = e.work().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    std::fs::write(logs.join("app.log"), "x\n").unwrap();
-    let conf = e.work().join("lr.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "{}/app.log {{\n  rotate 9\n  missingok\n  create\n}}\n",
-            logs.display()
-        ),
-    )
-    .unwrap();
-    e.host(
-        "web-01",
-        &local_host(
-            "web-01",
-            &format!(
-                "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}/lr.state",
-                conf.display(),
-                e.work().display()
-            ),
-        ),
-    );
+    let conf = rotating_host(&e, "web-01");
     let mut rb = "name: disk-remediation\ndescription: t\nhosts: [web-01]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"NodeFilesystemAlmostFull\"', 'env=\"staging\"']\n  host_label: instance\ncooldown: 1h\ntools: { observe: [disk_usage], approve: [rotate_logs] }\nbudget: { max_mutations: 3 }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n".to_string();
     for i in 0..4 {
         rb += &format!(
             "  - call: rotate_logs\n    args: {{ config: {} }}\n    reason: \"{{{{ alert.labels.mountpoint }}}} almost full (rotation {i})\"\n",
-            conf.display()
+            conf
         );
     }
     e.runbook("disk-remediation", &rb);

@@ -205,6 +205,12 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, St
 
 /// `runwarden serve` on a free loopback port: the process and its address.
 pub fn serve(e: &Estate) -> (Proc, String) {
+    let (child, addr) = spawn_serve(e);
+    (Proc(child), addr)
+}
+
+/// Start `runwarden serve` and read the address it says it listens on.
+pub fn spawn_serve(e: &Estate) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = e
         .cmd(&["serve", "--listen", "127.0.0.1:0"])
@@ -221,7 +227,7 @@ pub fn serve(e: &Estate) -> (Proc, String) {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .trim_end_matches(';')
         .to_string();
-    (Proc(child), addr)
+    (child, addr)
 }
 
 /// Debian's prometheus-alertmanager with `config`, on a free port, ready.
@@ -271,4 +277,38 @@ pub fn prometheus(dir: &Path, config: &str) -> (Proc, String) {
             .expect("prometheus (Debian package)"),
     );
     (proc, addr)
+}
+
+/// A real log file and a logrotate configuration for it in the work
+/// directory: (configuration, state file), both absolute.
+pub fn rotatable_log(e: &Estate) -> (String, String) {
+    let logs = e.work().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("app.log"), "line\n").unwrap();
+    let conf = e.work().join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/app.log {{\n  rotate 9\n  missingok\n  create\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    (
+        conf.display().to_string(),
+        e.work().join("lr.state").display().to_string(),
+    )
+}
+
+/// A local host that may look at /tmp and rotate the log of [`rotatable_log`].
+pub fn rotating_host(e: &Estate, name: &str) -> String {
+    let (conf, state) = rotatable_log(e);
+    e.host(
+        name,
+        &local_host(
+            name,
+            &format!("paths: [/tmp]\nlogrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    conf
 }
