@@ -690,7 +690,15 @@ fn notify(url: String, request: Request) {
                 .header("content-type", "application/json")
                 .body(body);
             if let Err(e) = post.send().await {
-                tracing::warn!("approval webhook {url}: {}", crate::error_chain(&e));
+                // The URL may carry a token: name only its host.
+                let host = reqwest::Url::parse(&url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(String::from))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    "approval webhook at {host}: {}",
+                    crate::error_chain(&e.without_url())
+                );
             }
         }
     });
