@@ -4,7 +4,7 @@
 //! 2. an alert storm: 20,000 alerts in 200 webhook notifications against 500
 //!    hosts: accept latency p50/p99, every alert accounted for in
 //!    `runwarden_alert_triggers_total`, peak RSS;
-//! 3. the kill switch: time from `touch kill-switch/ENGAGED` to the last tool
+//! 3. the kill switch (50 trials): time from `touch kill-switch/ENGAGED` to the last tool
 //!    call dispatched by a runbook making calls back to back.
 //!
 //! Figures only; nothing here asserts a time.
@@ -224,7 +224,7 @@ fn main() {
     let d = start(k);
     let mut gaps = Vec::new();
     let mut late_calls = 0;
-    for trial in 0..20 {
+    for trial in 0..50 {
         let _ = std::fs::remove_file(k.join("kill-switch/ENGAGED"));
         let body = format!(
             r#"{{"receiver":"rw","status":"firing","alerts":[{{"status":"firing","labels":{{"alertname":"Busy","instance":"h"}},"annotations":{{}},"fingerprint":"t{trial}"}}],"version":"4","groupKey":"busy-{trial}","truncatedAlerts":0}}"#

@@ -13,8 +13,9 @@
 //! are written but not fsynced on their own; the next synced line (the next
 //! intent, or the verdict) carries them to disk. A crash in between leaves an
 //! intent without a result, which `audit show` and the daemon report as
-//! interrupted. Everything else (tier-2 results, denials, proposals,
-//! suggestions, verdicts) is fsynced.
+//! interrupted. A run's `start` line is not synced on its own either: nothing
+//! has run yet, and the first synced line carries it. Everything else
+//! (tier-2 results, denials, proposals, suggestions, verdicts) is fsynced.
 //!
 //! Several processes may append to one log (the daemon and a person running
 //! `runwarden run`): each append holds an exclusive `flock` and re-reads the

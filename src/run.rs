@@ -208,7 +208,8 @@ impl Runner {
         start.detail = Some(
             json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str() }),
         );
-        if let Err(e) = self.audit.append(start, true) {
+        // Not synced on its own: nothing has run yet, and the first intent line carries it to disk.
+        if let Err(e) = self.audit.append(start, false) {
             if let Some(m) = &self.metrics {
                 m.audit_write_failures.inc();
             }

@@ -69,10 +69,26 @@ pub enum Candidate {
 
 /// The candidates of one notification, in alert order.
 pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
+    // Most runbooks name the alert they handle (`alertname="..."`): look only
+    // at those for each alert, and at the others always.
+    let mut by_name: std::collections::HashMap<&str, Vec<&crate::config::Runbook>> =
+        Default::default();
+    let mut unnamed = Vec::new();
+    for rb in config.runbooks.values() {
+        let Some(on) = &rb.on_alert else { continue };
+        match on.matchers.iter().find_map(|m| m.requires("alertname")) {
+            Some(name) => by_name.entry(name).or_default().push(rb.as_ref()),
+            None => unnamed.push(rb.as_ref()),
+        }
+    }
     let mut out = Vec::new();
     for alert in n.alerts.iter().filter(|a| a.status == "firing") {
         let mut matched = false;
-        for rb in config.runbooks.values() {
+        let named = alert
+            .labels
+            .get("alertname")
+            .and_then(|a| by_name.get(a.as_str()));
+        for rb in named.into_iter().flatten().chain(unnamed.iter()) {
             let Some(on) = &rb.on_alert else { continue };
             if !on.matchers.iter().all(|m| m.matches(&alert.labels)) {
                 continue;

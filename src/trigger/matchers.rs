@@ -77,6 +77,11 @@ impl Matcher {
         })
     }
 
+    /// The value this matcher requires of `label` exactly (`label="value"`), if it does.
+    pub fn requires(&self, label: &str) -> Option<&str> {
+        (self.op == Op::Equal && self.name == label).then_some(self.value.as_str())
+    }
+
     /// A missing label matches as the empty string, as in Alertmanager.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         let v = labels.get(&self.name).map(String::as_str).unwrap_or("");
