@@ -268,15 +268,6 @@ impl Approvals {
         });
         all
     }
-
-    pub fn pending(&self) -> usize {
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|e| e.request.state == State::Pending)
-            .count()
-    }
 }
 
 #[cfg(test)]

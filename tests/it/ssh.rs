@@ -364,22 +364,30 @@ fn a_wrong_identity_is_an_authentication_failure_naming_the_host() {
     );
 }
 
-#[test]
-fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
+/// Run `ONE_CALL` against a host whose forced command is the script `body`
+/// instead of the agent.
+fn against_broken_agent(body: &str, extra: &str) -> (i32, serde_json::Value) {
     let e = Estate::new();
-    let hang = e.script("hang-agent", "sleep 60");
-    let (h, key) = ssh_host_with(&e, "paths: [/tmp]", Some(hang.to_str().unwrap()));
+    let script = e.script("broken-agent", body);
+    let (h, key) = ssh_host_with(&e, "paths: [/tmp]", Some(script.to_str().unwrap()));
     let kh = pinned(&e, &h);
     e.host(
         "web",
-        &host_file(&h, &key, &kh, "paths: [/tmp]\ntool_timeout: 2s"),
+        &host_file(&h, &key, &kh, &format!("paths: [/tmp]\n{extra}")),
     );
     e.runbook("look", ONE_CALL);
+    let out = e.run_json("look", "web", &[]);
+    drop(h);
+    out
+}
+
+#[test]
+fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
     let started = std::time::Instant::now();
-    let (code, report) = e.run_json("look", "web", &[]);
+    let (code, report) = against_broken_agent("sleep 60", "tool_timeout: 2s");
     assert!(
         started.elapsed() < std::time::Duration::from_secs(20),
-        "timeouts, the one retry of a tier-1 call, and grace"
+        "the timeout and its grace, no retry"
     );
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(
@@ -388,15 +396,8 @@ fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
         "{:#}",
         step(&report, "tmp")
     );
-    drop(h);
 
-    let e = Estate::new();
-    let flood = e.script("flood-agent", "head -c 50000000 /dev/zero | tr '\\0' x");
-    let (h, key) = ssh_host_with(&e, "paths: [/tmp]", Some(flood.to_str().unwrap()));
-    let kh = pinned(&e, &h);
-    e.host("web", &host_file(&h, &key, &kh, "paths: [/tmp]"));
-    e.runbook("look", ONE_CALL);
-    let (code, report) = e.run_json("look", "web", &[]);
+    let (code, report) = against_broken_agent("head -c 50000000 /dev/zero | tr '\\0' x", "");
     assert_eq!(code, 1);
     let err = step(&report, "tmp")["result"]["error"]
         .as_str()
