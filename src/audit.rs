@@ -49,6 +49,8 @@ pub enum Phase {
     Pending,
     DryRun,
     Suggestion,
+    /// The model planner's request and the model's answer.
+    Model,
     Verdict,
 }
 
@@ -80,6 +82,11 @@ pub struct Entry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     pub planner: String,
+    /// Model-planned runs: the model's name and the system prompt's version and hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
     /// Phase-specific detail: the parsed result, the denial, the argv of a dry run, the verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<Value>,
@@ -94,6 +101,8 @@ pub struct RunInfo {
     pub runbook_version: String,
     pub host: String,
     pub planner: String,
+    pub model: Option<String>,
+    pub prompt: Option<String>,
 }
 
 impl RunInfo {
@@ -107,6 +116,8 @@ impl RunInfo {
             runbook_version: self.runbook_version.clone(),
             host: self.host.clone(),
             planner: self.planner.clone(),
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
             ..Entry::default()
         }
     }
@@ -589,6 +600,8 @@ mod tests {
             runbook_version: "v".into(),
             host: "local".into(),
             planner: "steps".into(),
+            model: None,
+            prompt: None,
         }
     }
 

@@ -12,8 +12,31 @@ use serde_json::Value;
 use crate::audit::{self, AuditLog, Phase};
 use crate::config::{Config, Connection};
 use crate::gate::KillSwitch;
+use crate::planner::PlannerChoice;
 use crate::run::{RunReport, RunRequest, Runner, StartError, StepReport, Verdict};
 use crate::tools::ToolId;
+
+/// Exit status when stdout is closed under us (`runwarden tools | head`), as
+/// for a process killed by SIGPIPE: the command ends quietly, never a panic.
+const EXIT_BROKEN_PIPE: i32 = 141;
+
+// `print!`/`println!` that end the process quietly when stdout is closed.
+macro_rules! print {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if write!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+    }};
+}
+macro_rules! println {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+    }};
+}
 
 /// Exit code for usage and configuration errors.
 pub const EXIT_USAGE: i32 = 2;
@@ -53,6 +76,17 @@ pub enum Command {
         config: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Who picks the calls: the model for runbooks with an agent goal when
+        /// runwarden.yaml configures one (auto), or force one.
+        #[arg(long, value_enum, default_value = "auto")]
+        planner: PlannerChoice,
+    },
+    /// Print a run from the audit log as a person reads it: each model turn
+    /// (what it was sent, what it answered), each call with the gate's decision, each result.
+    Transcript {
+        run_id: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
     },
     /// Run the daemon: cron schedules, the Alertmanager webhook, the kill-switch watcher, metrics.
     Serve {
@@ -215,7 +249,13 @@ pub async fn main(cli: Cli) -> i32 {
             dry_run,
             config,
             json,
-        } => run(&config, RunRequest::cli(runbook, host, dry_run), json).await,
+            planner,
+        } => {
+            let mut req = RunRequest::cli(runbook, host, dry_run);
+            req.planner = planner;
+            run(&config, req, json).await
+        }
+        Command::Transcript { run_id, config } => transcript(&run_id, &config),
         Command::Serve { config, listen } => serve(config, listen).await,
         Command::Agent {
             stdio,
@@ -687,6 +727,15 @@ pub fn render(r: &RunReport) -> String {
     for step in &r.steps {
         s += &render_step(step);
     }
+    if let Some(answer) = &r.final_answer {
+        s += &format!(
+            "  final answer of {}:\n",
+            r.model.as_deref().unwrap_or("the model")
+        );
+        for line in answer.lines() {
+            s += &format!("     | {line}\n");
+        }
+    }
     for sug in &r.suggestions {
         s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
     }
@@ -790,6 +839,27 @@ fn audit_verify(file: Option<PathBuf>, dir: &Path) -> i32 {
                 EXIT_USAGE
             }
         },
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            EXIT_USAGE
+        }
+    }
+}
+
+fn transcript(run_id: &str, dir: &Path) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    match audit::run_lines(&path, run_id) {
+        Ok(lines) if lines.is_empty() => {
+            eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
+            1
+        }
+        Ok(lines) => {
+            print!("{}", crate::transcript::render(&lines));
+            0
+        }
         Err(e) => {
             eprintln!("runwarden: cannot read {}: {e}", path.display());
             EXIT_USAGE

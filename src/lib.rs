@@ -9,7 +9,7 @@
 //! # Layout
 //!
 //! ```text
-//! cli ──[RunRequest]──> run ── planner.next(&transcript)  -> Call | Suggest | Finish
+//! cli ──[RunRequest]──> run ── planner.next(&transcript)  -> Call | Suggest | Turn | Finish
 //!                            │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
 //!                            │                             -> Allow(Permit)
 //!                            │ audit.intent(&permit)       -> AuditTicket  (synced before the call)
@@ -22,8 +22,10 @@
 //! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
 //! - [`executor`]: runs a permitted, audited call; [`executor::process`] spawns argv safely.
-//! - [`planner`]: picks the next call; it can only propose.
+//! - [`planner`]: picks the next call (the runbook's steps, or a model toward
+//!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict.
+//! - [`transcript`]: a run read back from the audit log, model turns included.
 //!
 //! Two types make the order of operations a compile-time fact: a
 //! [`gate::Permit`] can only be made by the gate, an [`audit::AuditTicket`]
@@ -42,6 +44,7 @@ pub mod planner;
 pub mod run;
 pub mod scheduler;
 pub mod tools;
+pub mod transcript;
 pub mod trigger;
 
 /// An error and all its sources on one line ("a: b: c"), for messages that

@@ -33,6 +33,9 @@ pub struct Metrics {
     pub approvals: IntCounterVec,
     pub approvals_pending: IntGauge,
     pub approval_wait: prometheus::Histogram,
+    pub model_requests: IntCounterVec,
+    pub model_request_duration: prometheus::Histogram,
+    pub model_tokens: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -122,7 +125,30 @@ impl Metrics {
         .expect("metric");
         r.register(Box::new(approval_wait.clone()))
             .expect("metric registered once");
+        let model_request_duration = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "runwarden_model_request_duration_seconds",
+                "Duration of each request to the model endpoint (each retry counts).",
+            )
+            .buckets(vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
+        )
+        .expect("metric");
+        r.register(Box::new(model_request_duration.clone()))
+            .expect("metric registered once");
         Metrics {
+            model_requests: counter(
+                r,
+                "runwarden_model_requests_total",
+                "Requests to the model endpoint by outcome (ok, rate_limited, server_error, client_error, timeout, unreachable, invalid_reply).",
+                &["model", "outcome"],
+            ),
+            model_request_duration,
+            model_tokens: counter(
+                r,
+                "runwarden_model_tokens_total",
+                "Tokens the model endpoint reported using, by kind (prompt, completion).",
+                &["model", "kind"],
+            ),
             approvals: counter(
                 r,
                 "runwarden_approvals_total",

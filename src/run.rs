@@ -16,7 +16,7 @@ use crate::executor::Executor;
 use crate::gate::approvals::{self, Approvals, Request, State};
 use crate::gate::{Decision, Denial, DenyReason, Gate, Hold, KillSwitch};
 use crate::metrics::Metrics;
-use crate::planner::{Next, Planner, StepsPlanner, Transcript};
+use crate::planner::{ModelPlanner, Next, Planner, PlannerChoice, StepsPlanner, Transcript};
 use crate::tools::{Outcome, Tier, ToolId, ToolResult};
 use tokio::sync::watch;
 
@@ -120,12 +120,21 @@ pub struct RunReport {
     pub host: String,
     pub autonomy: &'static str,
     pub planner: &'static str,
+    /// The model that planned the run, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     pub trigger: Trigger,
     pub dry_run: bool,
     pub started_at: String,
     pub duration_ms: u64,
     pub steps: Vec<StepReport>,
     pub suggestions: Vec<String>,
+    /// The model's final answer (model-planned runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_answer: Option<String>,
+    /// Requests the model answered.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub model_turns: u32,
     pub mutations: u32,
     pub verdict: Verdict,
     pub verdict_detail: String,
@@ -140,6 +149,8 @@ pub enum StartError {
     UnknownHost(String),
     #[error("{0}")]
     Unreachable(String),
+    #[error("{0}")]
+    Planner(String),
     #[error(transparent)]
     Audit(#[from] AuditError),
 }
@@ -177,6 +188,50 @@ impl Runner {
         self.run_as(req, uuid::Uuid::now_v7().to_string()).await
     }
 
+    /// The planner a run gets: see [`PlannerChoice`].
+    fn planner(
+        &self,
+        runbook: &Arc<Runbook>,
+        host: &Host,
+        choice: PlannerChoice,
+        context: Value,
+    ) -> Result<Planner, StartError> {
+        let endpoint = self.config.settings.model.as_ref();
+        let use_model = match (choice, &runbook.agent, endpoint) {
+            (PlannerChoice::Steps, _, _) => false,
+            (PlannerChoice::Model, None, _) => {
+                return Err(StartError::Planner(format!(
+                    "runbook \"{}\" has no agent goal for a model to work on",
+                    runbook.name
+                )));
+            }
+            (PlannerChoice::Model, Some(_), None) => {
+                return Err(StartError::Planner(
+                    "no model is configured: add a `model:` section to runwarden.yaml".into(),
+                ));
+            }
+            (_, Some(_), Some(_)) => true,
+            (PlannerChoice::Auto, _, _) => false,
+        };
+        if runbook.steps.is_empty() && !use_model {
+            return Err(StartError::Planner(format!(
+                "runbook \"{}\" has no steps, only an agent goal, and the model planner is not in use",
+                runbook.name
+            )));
+        }
+        let model = match (use_model, endpoint) {
+            (true, Some(endpoint)) => Some(
+                ModelPlanner::new(runbook, host, endpoint, &context, self.metrics.clone())
+                    .map_err(StartError::Planner)?,
+            ),
+            _ => None,
+        };
+        let after_steps = runbook.agent.as_ref().is_some_and(|a| a.after_steps);
+        let steps =
+            (model.is_none() || after_steps).then(|| StepsPlanner::new(runbook.clone(), context));
+        Ok(Planner::new(steps, model))
+    }
+
     /// Run with an id chosen by the caller (the daemon lists runs before they end).
     pub async fn run_as(&self, req: &RunRequest, run_id: String) -> Result<RunReport, StartError> {
         let runbook = self
@@ -192,18 +247,20 @@ impl Runner {
             .cloned()
             .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
         let executor = Executor::for_host(&host).map_err(StartError::Unreachable)?;
+        let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
+        if let Some(alert) = &req.alert {
+            context["alert"] = alert.clone();
+        }
+        let planner = self.planner(&runbook, &host, req.planner, context)?;
         let info = RunInfo {
             run_id: run_id.clone(),
             runbook: runbook.name.clone(),
             runbook_version: runbook.version.clone(),
             host: host.name.clone(),
-            planner: "steps".into(),
+            planner: planner.name().into(),
+            model: planner.model().map(String::from),
+            prompt: planner.model().map(|_| crate::planner::model::prompt_tag()),
         };
-        let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
-        if let Some(alert) = &req.alert {
-            context["alert"] = alert.clone();
-        }
-        let planner = Planner::Steps(StepsPlanner::new(runbook.clone(), context));
         let mut start = info.entry(Phase::Start, None);
         start.detail = Some(
             json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str() }),
@@ -433,6 +490,8 @@ impl RunLoop<'_> {
         let mut worst = Verdict::Ok;
         let mut stop: Option<(Verdict, String)> = None;
         let mut worst_detail = String::new();
+        let mut final_answer = None;
+        let mut model_turns = 0;
         let mut note = |v: Verdict, why: String, worst: &mut Verdict| {
             if v > *worst {
                 *worst = v;
@@ -449,8 +508,25 @@ impl RunLoop<'_> {
                 break;
             }
             let n = steps.len() as u32 + 1;
-            match self.planner.next(&transcript).await {
+            let next = self.planner.next(&transcript).await;
+            if let Some(more) = self.planner.take_step_limit() {
+                gate.limit_steps(more);
+            }
+            match next {
                 Next::Finish => break,
+                Next::Turn(turn) => {
+                    model_turns += 1;
+                    if turn.final_answer {
+                        final_answer = Some(turn.content.clone());
+                    }
+                    let mut e = self.info.entry(Phase::Model, None);
+                    e.duration_ms = Some(turn.duration_ms);
+                    e.detail = serde_json::to_value(&turn).ok();
+                    // Not a side effect: the next synced line carries it to disk.
+                    if let Err(err) = audit.append(e, false) {
+                        stop = Some((Verdict::Broken, err.to_string()));
+                    }
+                }
                 Next::Fail(msg) => stop = Some((Verdict::Broken, msg)),
                 Next::Skip { id, when } => {
                     let mut r = StepReport::new(n, &id, "skipped");
@@ -650,6 +726,7 @@ impl RunLoop<'_> {
         e.duration_ms = Some(started.elapsed().as_millis() as u64);
         e.detail = Some(json!({
             "detail": verdict_detail,
+            "final_answer": final_answer,
             "steps": gate.budget().steps(),
             "mutations": gate.budget().mutations(),
             "suggestions": suggestions,
@@ -664,6 +741,9 @@ impl RunLoop<'_> {
             host: self.host.name.clone(),
             autonomy: self.runbook.autonomy.as_str(),
             planner: self.planner.name(),
+            model: self.planner.model().map(String::from),
+            final_answer,
+            model_turns,
             trigger: self.req.trigger,
             dry_run: self.req.dry_run,
             started_at,
@@ -675,6 +755,10 @@ impl RunLoop<'_> {
             verdict_detail,
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// POST a pending approval request to the configured webhook, in the background.

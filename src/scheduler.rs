@@ -325,6 +325,8 @@ impl Scheduler {
                 runbook_version: start.runbook_version.clone(),
                 host: start.host.clone(),
                 planner: start.planner.clone(),
+                model: start.model.clone(),
+                prompt: start.prompt.clone(),
             };
             let mut e = info.entry(Phase::Verdict, None);
             e.outcome = Some("interrupted".into());

@@ -16,6 +16,7 @@
 
 mod diag;
 pub mod host;
+pub mod model;
 mod raw;
 pub mod runbook;
 
@@ -29,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 pub use diag::{ConfigError, Diagnostic};
 pub use host::{Connection, Host};
+pub use model::{ApiKey, ModelEndpoint};
 pub use runbook::{Autonomy, Runbook, Step, StepAction};
 
 use diag::Diagnostics;
@@ -59,6 +61,8 @@ pub struct Settings {
     pub approval_timeout: Duration,
     /// Where each new approval request is POSTed (chat-ops).
     pub approval_webhook: Option<String>,
+    /// The model planner's endpoint; runbooks' `agent` goals need it.
+    pub model: Option<ModelEndpoint>,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
@@ -143,7 +147,12 @@ impl Config {
                 format!("approval_webhook \"{}\" is not a URL", url.value),
             );
         }
+        let model = settings
+            .model
+            .as_ref()
+            .and_then(|m| model::validate(&m.value, &settings_file, dir, &mut diags));
         let settings = Settings {
+            model,
             approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
             approval_timeout,
             approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
@@ -214,6 +223,12 @@ impl Config {
                 continue;
             }
             if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, &mut diags) {
+                if rb.steps.is_empty() && rb.agent.is_some() && settings.model.is_none() {
+                    diags.file(
+                        file,
+                        "this runbook has only an agent goal, and runwarden.yaml configures no model: add a `model:` section or give the runbook steps",
+                    );
+                }
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }
         }
@@ -423,7 +438,7 @@ fn abs_path(v: &Spanned<String>, field: &str, file: &Path, diags: &mut Diagnosti
     p
 }
 
-fn duration(
+pub(crate) fn duration(
     v: &Spanned<String>,
     field: &str,
     file: &Path,

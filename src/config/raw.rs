@@ -34,6 +34,20 @@ pub struct Settings {
     pub approvers_file: Option<S<String>>,
     pub approval_timeout: Option<S<String>>,
     pub approval_webhook: Option<S<String>>,
+    pub model: Option<S<Model>>,
+}
+
+/// `model:` in runwarden.yaml: an OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub endpoint: S<String>,
+    pub name: S<String>,
+    pub api_key_env: Option<S<String>>,
+    pub api_key_file: Option<S<String>>,
+    pub timeout: Option<S<String>>,
+    pub temperature: Option<S<f32>>,
+    pub retries: Option<S<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +66,18 @@ pub struct Runbook {
     pub budget: Budget,
     #[serde(default)]
     pub steps: Vec<S<Step>>,
+    pub agent: Option<S<Agent>>,
+}
+
+/// `agent:` in a runbook: a goal for the model planner.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agent {
+    pub goal: S<String>,
+    pub model: Option<S<String>>,
+    pub max_steps: Option<S<u32>>,
+    #[serde(default)]
+    pub after_steps: bool,
 }
 
 #[derive(Debug, Deserialize)]

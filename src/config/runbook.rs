@@ -96,6 +96,19 @@ pub enum StepAction {
     Suggest(String),
 }
 
+/// A goal for the model planner: it picks calls inside the runbook's scope.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// What to find out, what a good fix is, what must not be done; shown to the model.
+    pub goal: String,
+    /// Overrides `model.name` of runwarden.yaml for this runbook.
+    pub model: Option<String>,
+    /// Calls the model may propose, inside the runbook's `budget.max_steps`.
+    pub max_steps: u32,
+    /// Run the `steps` first and hand their findings to the model.
+    pub after_steps: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Runbook {
     pub name: String,
@@ -112,6 +125,7 @@ pub struct Runbook {
     pub approve: BTreeSet<ToolId>,
     pub budget: Budget,
     pub steps: Vec<Step>,
+    pub agent: Option<Agent>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub version: String,
     pub source: PathBuf,
@@ -289,6 +303,49 @@ pub(super) fn validate(
         }
     }
 
+    let agent = raw.agent.as_ref().map(|a| {
+        let max_steps = a.value.max_steps.as_ref().map_or(budget.max_steps, |m| {
+            if m.value == 0 || m.value > budget.max_steps {
+                diags.at(
+                    file,
+                    m.referenced,
+                    format!(
+                        "agent.max_steps must be between 1 and budget.max_steps ({})",
+                        budget.max_steps
+                    ),
+                );
+            }
+            m.value
+        });
+        if a.value.goal.value.trim().is_empty() {
+            diags.at(
+                file,
+                a.value.goal.referenced,
+                "agent.goal is empty: say what to find out, what a good fix is and what must not be done",
+            );
+        }
+        if a.value.after_steps && raw.steps.is_empty() {
+            diags.at(
+                file,
+                a.referenced,
+                "agent.after_steps is set but the runbook has no steps",
+            );
+        }
+        Agent {
+            goal: a.value.goal.value.clone(),
+            model: a.value.model.as_ref().map(|m| m.value.clone()),
+            max_steps,
+            after_steps: a.value.after_steps,
+        }
+    });
+    if raw.steps.is_empty() && agent.is_none() {
+        diags.at(
+            file,
+            raw.name.referenced,
+            "the runbook has neither steps nor an agent goal: it would do nothing",
+        );
+    }
+
     if diags.len() != before {
         return None;
     }
@@ -304,6 +361,7 @@ pub(super) fn validate(
         approve,
         budget,
         steps,
+        agent,
         version,
         source: file.to_path_buf(),
     })

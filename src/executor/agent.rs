@@ -84,6 +84,8 @@ async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         runbook_version: String::new(),
         host: policy.name.clone(),
         planner: "agent".into(),
+        model: None,
+        prompt: None,
     };
     let refuse = |why: String| {
         let mut e = info.entry(Phase::Denied, Some(req.step));

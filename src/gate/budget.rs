@@ -57,6 +57,10 @@ impl Budget {
         Ok(())
     }
 
+    pub(super) fn limit_steps(&mut self, more: u32) {
+        self.limits.max_steps = self.limits.max_steps.min(self.steps.saturating_add(more));
+    }
+
     pub(super) fn count_mutation(&mut self) {
         self.mutations += 1;
     }

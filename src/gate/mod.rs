@@ -196,6 +196,12 @@ impl Gate {
         &self.budget
     }
 
+    /// From here on, at most `more` further calls (never past `budget.max_steps`):
+    /// the model planner's `agent.max_steps`.
+    pub fn limit_steps(&mut self, more: u32) {
+        self.budget.limit_steps(more);
+    }
+
     /// Decide one call. Every call counts toward `max_steps`, whatever the decision.
     pub fn check(&mut self, call: &ProposedCall) -> Decision {
         self.budget.count_step();
@@ -357,7 +363,7 @@ mod tests {
         }
         std::fs::write(
             p.join("runbooks/rb.yaml"),
-            format!("name: rb\ndescription: t\nhosts: [web]\nautonomy: {autonomy}\ntools:\n  observe: [service_status, disk_usage]\n  approve: [restart_service]\nbudget: {{ max_steps: 5, max_mutations: 2 }}\n"),
+            format!("name: rb\ndescription: t\nhosts: [web]\nautonomy: {autonomy}\ntools:\n  observe: [service_status, disk_usage]\n  approve: [restart_service]\nbudget: {{ max_steps: 5, max_mutations: 2 }}\nsteps: [{{ call: disk_usage, args: {{ path: /tmp }} }}]\n"),
         )
         .unwrap();
         if engaged {

@@ -1,11 +1,19 @@
 //! Planners pick the next call from what the run has seen. A planner only
 //! proposes: everything it returns goes through the gate.
+//!
+//! A run has the runbook's deterministic [`StepsPlanner`], the
+//! [`ModelPlanner`] (an LLM working toward the runbook's `agent.goal`), or
+//! both in that order (`agent.after_steps`), the model then starting from
+//! the steps' findings.
 
+pub mod model;
+pub mod openai;
 pub mod steps;
 
 use serde_json::{Map, Value};
 
 use crate::gate::ProposedCall;
+pub use model::{ModelPlanner, ModelTurn};
 pub use steps::StepsPlanner;
 
 /// What the planner wants next.
@@ -25,8 +33,11 @@ pub enum Next {
         id: String,
         text: String,
     },
+    /// The model answered one request (its calls, if any, come next).
+    Turn(Box<ModelTurn>),
     Finish,
-    /// The planner cannot go on (a `when` or template failed): the run is broken.
+    /// The planner cannot go on (a `when` or template failed, the model
+    /// endpoint failed or answered garbage): the run is broken.
     Fail(String),
 }
 
@@ -37,20 +48,63 @@ pub struct Transcript {
     pub steps: Map<String, Value>,
 }
 
-pub enum Planner {
-    Steps(StepsPlanner),
+/// Which planner a run asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlannerChoice {
+    /// The model when the runbook has an agent goal and a model is
+    /// configured (after the steps with `agent.after_steps`); else the steps.
+    #[default]
+    Auto,
+    /// Only the runbook's steps, whatever its agent goal.
+    Steps,
+    /// The model (an error without an agent goal or a configured model).
+    Model,
+}
+
+/// The steps, then the model, whichever the run has.
+pub struct Planner {
+    steps: Option<StepsPlanner>,
+    model: Option<ModelPlanner>,
+    name: &'static str,
 }
 
 impl Planner {
+    pub fn new(steps: Option<StepsPlanner>, model: Option<ModelPlanner>) -> Planner {
+        let name = match (&steps, &model) {
+            (Some(_), Some(_)) => "steps+model",
+            (None, Some(_)) => "model",
+            _ => "steps",
+        };
+        Planner { steps, model, name }
+    }
+
     pub fn name(&self) -> &'static str {
-        match self {
-            Planner::Steps(_) => "steps",
+        self.name
+    }
+
+    /// The model's name, when a model plans part of the run.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_ref().map(ModelPlanner::model)
+    }
+
+    /// Once, when the model starts: how many calls it may propose from here.
+    pub fn take_step_limit(&mut self) -> Option<u32> {
+        if self.steps.is_some() {
+            return None;
         }
+        self.model.as_mut()?.take_step_limit()
     }
 
     pub async fn next(&mut self, transcript: &Transcript) -> Next {
-        match self {
-            Planner::Steps(p) => p.next(transcript),
+        if let Some(steps) = &mut self.steps {
+            match steps.next(transcript) {
+                Next::Finish => self.steps = None,
+                other => return other,
+            }
+        }
+        match &mut self.model {
+            Some(model) => model.next(transcript).await,
+            None => Next::Finish,
         }
     }
 }

@@ -102,6 +102,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                     runbook: rb.name.clone(),
                     host,
                     dry_run: false,
+                    planner: Default::default(),
                     trigger: Trigger::Alert,
                     alert: Some(json!({
                         "labels": alert.labels,

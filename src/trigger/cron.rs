@@ -87,6 +87,7 @@ pub async fn worker(
                             runbook: name.clone(),
                             host: host.to_string(),
                             dry_run: false,
+                            planner: Default::default(),
                             trigger: Trigger::Schedule,
                             alert: None,
                             keys: vec![format!("cron:{}", fired.timestamp())],

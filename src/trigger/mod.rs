@@ -39,6 +39,7 @@ pub struct RunRequest {
     pub alert: Option<Value>,
     /// What identifies a repeat of this trigger (alert fingerprint, group key).
     pub keys: Vec<String>,
+    pub planner: crate::planner::PlannerChoice,
 }
 
 impl RunRequest {
@@ -50,6 +51,7 @@ impl RunRequest {
             trigger: Trigger::Cli,
             alert: None,
             keys: Vec::new(),
+            planner: Default::default(),
         }
     }
 }

@@ -6,6 +6,7 @@ mod cli;
 mod daemon;
 mod e2e;
 mod gate;
+mod model;
 mod observability;
 mod ssh;
 mod systemd;

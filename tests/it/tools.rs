@@ -231,23 +231,14 @@ fn disk_usage_sees_a_real_full_filesystem() {
         &format!("name: disk\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - id: d\n    call: disk_usage\n    args: {{ path: {} }}\n", mnt.display()),
     );
     // A 16 MiB tmpfs in a private mount namespace, filled to ~97%; runwarden runs inside it.
-    let script = format!(
-        "set -e; mount -t tmpfs -o size=16M,mode=755 rw-small {m}; mkdir {m}/logs; fallocate -l $((16*1024*1024*97/100 - 65536)) {m}/logs/ballast; exec {bin} run disk --host h --json --config {cfg}",
-        m = mnt.display(),
-        bin = bin(),
-        cfg = e.path().display()
+    let m = mnt.display();
+    let out = run_on_small_tmpfs(
+        &e,
+        &mnt,
+        &format!("mkdir {m}/logs; fallocate -l $((16*1024*1024*97/100 - 65536)) {m}/logs/ballast"),
+        "run disk --host h",
+        &[],
     );
-    let out = Command::new("/usr/bin/unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .output()
-        .unwrap();
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
     let d = &step(&report, "d")["result"]["data"];

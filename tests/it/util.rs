@@ -312,3 +312,32 @@ pub fn rotating_host(e: &Estate, name: &str) -> String {
     );
     conf
 }
+
+/// Mount a 16 MiB tmpfs at `mnt` in a private mount namespace, run the shell
+/// `setup` in it, then `runwarden ARGS --json --config DIR` there.
+pub fn run_on_small_tmpfs(
+    e: &Estate,
+    mnt: &Path,
+    setup: &str,
+    args: &str,
+    env: &[(&str, &str)],
+) -> Output {
+    let script = format!(
+        "set -e; mount -t tmpfs -o size=16M,mode=755 rw-small {m}; {setup}; exec {bin} {args} --json --config {cfg}",
+        m = mnt.display(),
+        bin = bin(),
+        cfg = e.path().display()
+    );
+    Command::new("/usr/bin/unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            &script,
+        ])
+        .envs(env.iter().copied())
+        .output()
+        .expect("unshare")
+}

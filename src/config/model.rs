@@ -1,0 +1,134 @@
+//! `model:` in runwarden.yaml: where the model planner sends its requests.
+//!
+//! The API key is never part of the configuration value: only where to read
+//! it from (an environment variable or a file), and it is read when a request
+//! is made. Nothing that prints a [`ModelEndpoint`] can print the key.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::diag::Diagnostics;
+use super::{duration, raw};
+
+#[derive(Debug, Clone)]
+pub struct ModelEndpoint {
+    /// Base URL of an OpenAI-compatible API, e.g. `http://127.0.0.1:11434/v1`.
+    pub endpoint: reqwest::Url,
+    /// The model name sent with each request (a runbook's `agent.model` overrides it).
+    pub name: String,
+    pub api_key: Option<ApiKey>,
+    pub timeout: Duration,
+    pub temperature: f32,
+    /// Retries on 429, 5xx, timeouts and refused connections, with backoff.
+    pub retries: u32,
+}
+
+/// Where the API key lives.
+#[derive(Debug, Clone)]
+pub enum ApiKey {
+    Env(String),
+    File(PathBuf),
+}
+
+impl ApiKey {
+    /// Read the key now. The error names the source, never the value.
+    pub fn read(&self) -> Result<String, String> {
+        let key = match self {
+            ApiKey::Env(var) => std::env::var(var).map_err(|_| {
+                format!("model.api_key_env: the environment variable {var} is not set")
+            })?,
+            ApiKey::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("model.api_key_file {}: {e}", path.display()))?,
+        };
+        let key = key.trim().to_string();
+        if key.is_empty() || key.chars().any(char::is_control) {
+            return Err(match self {
+                ApiKey::Env(var) => format!("model.api_key_env: {var} is empty or not one line"),
+                ApiKey::File(p) => {
+                    format!("model.api_key_file {}: empty or not one line", p.display())
+                }
+            });
+        }
+        Ok(key)
+    }
+}
+
+pub(super) fn validate(
+    raw: &raw::Model,
+    file: &Path,
+    dir: &Path,
+    diags: &mut Diagnostics,
+) -> Option<ModelEndpoint> {
+    let before = diags.len();
+    let endpoint = match reqwest::Url::parse(raw.endpoint.value.trim_end_matches('/')) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => Some(u),
+        _ => {
+            diags.at(
+                file,
+                raw.endpoint.referenced,
+                format!(
+                    "model.endpoint \"{}\" is not an http(s) URL; write the API's base URL, e.g. http://127.0.0.1:11434/v1",
+                    raw.endpoint.value
+                ),
+            );
+            None
+        }
+    };
+    if let Some(u) = &endpoint
+        && (!u.username().is_empty() || u.password().is_some())
+    {
+        diags.at(
+            file,
+            raw.endpoint.referenced,
+            "model.endpoint carries credentials; put the key in api_key_file or api_key_env",
+        );
+    }
+    if raw.name.value.trim().is_empty() {
+        diags.at(file, raw.name.referenced, "model.name is empty");
+    }
+    let api_key = match (&raw.api_key_env, &raw.api_key_file) {
+        (Some(_), Some(f)) => {
+            diags.at(
+                file,
+                f.referenced,
+                "set one of model.api_key_env and model.api_key_file, not both",
+            );
+            None
+        }
+        (Some(v), None) => Some(ApiKey::Env(v.value.clone())),
+        (None, Some(f)) => Some(ApiKey::File(dir.join(&f.value))),
+        (None, None) => None,
+    };
+    let timeout = raw
+        .timeout
+        .as_ref()
+        .and_then(|t| duration(t, "model.timeout", file, diags))
+        .unwrap_or(Duration::from_secs(60));
+    let temperature = raw.temperature.as_ref().map_or(0.1, |t| {
+        if !(0.0..=2.0).contains(&t.value) {
+            diags.at(
+                file,
+                t.referenced,
+                "model.temperature must be between 0 and 2",
+            );
+        }
+        t.value
+    });
+    let retries = raw.retries.as_ref().map_or(3, |r| {
+        if r.value > 10 {
+            diags.at(file, r.referenced, "model.retries must be at most 10");
+        }
+        r.value
+    });
+    if diags.len() != before {
+        return None;
+    }
+    Some(ModelEndpoint {
+        endpoint: endpoint?,
+        name: raw.name.value.clone(),
+        api_key,
+        timeout,
+        temperature,
+        retries,
+    })
+}

@@ -1,0 +1,422 @@
+//! The model endpoint's wire format: OpenAI-compatible
+//! `POST {endpoint}/chat/completions` with `tools` and `tool_calls`, which
+//! Ollama's `/v1`, llama.cpp's server, vLLM, LM Studio and hosted APIs speak.
+//!
+//! Everything here treats the endpoint as unreliable: replies are size-capped
+//! before they are parsed, 429/5xx/timeouts are retried with backoff inside
+//! the run's time budget, and every failure is an error string that names the
+//! endpoint and the HTTP status, never the API key.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::ModelEndpoint;
+use crate::metrics::Metrics;
+
+/// Replies larger than this are refused unparsed (a model that streams out
+/// megabytes of content is broken, not informative).
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+/// Longest backoff between retries, and the most a `Retry-After` is honoured.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// One tool call as the model wrote it (arguments still a string).
+#[derive(Debug, Clone)]
+pub struct WireCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+/// A model's answer to one request.
+#[derive(Debug)]
+pub struct Reply {
+    pub content: String,
+    pub tool_calls: Vec<WireCall>,
+    pub usage: Option<Usage>,
+    pub duration: Duration,
+    pub attempts: u32,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    endpoint: ModelEndpoint,
+    url: reqwest::Url,
+    /// The model name requests carry (the runbook may override the endpoint's).
+    pub model: String,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Client {
+    pub fn new(
+        endpoint: &ModelEndpoint,
+        model: String,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Client, String> {
+        let http = reqwest::Client::builder()
+            .timeout(endpoint.timeout)
+            .connect_timeout(endpoint.timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("model client: {e}"))?;
+        let mut url = endpoint.endpoint.clone();
+        url.path_segments_mut()
+            .map_err(|_| format!("model.endpoint {} cannot be a base URL", endpoint.endpoint))?
+            .pop_if_empty()
+            .extend(["chat", "completions"]);
+        Ok(Client {
+            http,
+            endpoint: endpoint.clone(),
+            url,
+            model,
+            metrics,
+        })
+    }
+
+    /// Where requests go, for error messages (the endpoint never carries credentials).
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+
+    /// Ask once, retrying transient failures until `deadline`.
+    pub async fn complete(
+        &self,
+        messages: &[Value],
+        tools: &[Value],
+        deadline: Instant,
+    ) -> Result<Reply, String> {
+        let body = json!({
+            "model": self.model,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": "auto",
+            "temperature": self.endpoint.temperature,
+            "stream": false,
+        });
+        let body = serde_json::to_vec(&body).map_err(|e| format!("model request: {e}"))?;
+        let key = match &self.endpoint.api_key {
+            Some(k) => Some(k.read()?),
+            None => None,
+        };
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let t = Instant::now();
+            let (outcome, result) = self.attempt(&body, key.as_deref()).await;
+            self.observe(outcome, t.elapsed());
+            let retry_after = match result {
+                Ok(mut reply) => {
+                    reply.duration = started.elapsed();
+                    reply.attempts = attempt;
+                    if let (Some(m), Some(u)) = (&self.metrics, reply.usage) {
+                        m.model_tokens
+                            .with_label_values(&[&self.model, "prompt"])
+                            .inc_by(u.prompt);
+                        m.model_tokens
+                            .with_label_values(&[&self.model, "completion"])
+                            .inc_by(u.completion);
+                    }
+                    return Ok(reply);
+                }
+                Err(Failure::Final(e)) => return Err(self.failed(e, attempt)),
+                Err(Failure::Transient(e, after)) => {
+                    if attempt > self.endpoint.retries {
+                        return Err(self.failed(e, attempt));
+                    }
+                    (e, after)
+                }
+            };
+            let (e, after) = retry_after;
+            let backoff = after
+                .unwrap_or(Duration::from_millis(250) * 2u32.pow(attempt.min(6) - 1))
+                .min(MAX_BACKOFF);
+            if Instant::now() + backoff >= deadline {
+                return Err(self.failed(
+                    format!("{e}; no time left in the run's budget to retry"),
+                    attempt,
+                ));
+            }
+            tracing::warn!(model = %self.model, "model endpoint {}: {e}; retrying in {backoff:?}", self.url);
+            tokio::time::sleep(backoff).await;
+        }
+    }
+
+    fn failed(&self, e: String, attempts: u32) -> String {
+        let tries = if attempts == 1 {
+            String::new()
+        } else {
+            format!(" (after {attempts} attempts)")
+        };
+        format!("model endpoint {}: {e}{tries}", self.url)
+    }
+
+    fn observe(&self, outcome: &str, took: Duration) {
+        if let Some(m) = &self.metrics {
+            m.model_requests
+                .with_label_values(&[&self.model, outcome])
+                .inc();
+            m.model_request_duration.observe(took.as_secs_f64());
+        }
+    }
+
+    async fn attempt(
+        &self,
+        body: &[u8],
+        key: Option<&str>,
+    ) -> (&'static str, Result<Reply, Failure>) {
+        let mut req = self
+            .http
+            .post(self.url.clone())
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let mut resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => {
+                return (
+                    "timeout",
+                    Err(Failure::Transient(
+                        format!(
+                            "no answer within {}",
+                            humantime::format_duration(self.endpoint.timeout)
+                        ),
+                        None,
+                    )),
+                );
+            }
+            Err(e) => {
+                let e = crate::error_chain(&e.without_url());
+                return ("unreachable", Err(Failure::Transient(e, None)));
+            }
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let mut bytes = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    if bytes.len() + c.len() > MAX_REPLY_BYTES {
+                        return (
+                            "invalid_reply",
+                            Err(Failure::Final(format!(
+                                "HTTP {status}: the reply is larger than {} KiB; refused unread",
+                                MAX_REPLY_BYTES >> 10
+                            ))),
+                        );
+                    }
+                    bytes.extend_from_slice(&c);
+                }
+                Ok(None) => break,
+                Err(e) if e.is_timeout() => {
+                    return (
+                        "timeout",
+                        Err(Failure::Transient(
+                            format!(
+                                "HTTP {status}: the reply did not finish within {}",
+                                humantime::format_duration(self.endpoint.timeout)
+                            ),
+                            None,
+                        )),
+                    );
+                }
+                Err(e) => {
+                    let e = crate::error_chain(&e.without_url());
+                    return (
+                        "unreachable",
+                        Err(Failure::Transient(
+                            format!("HTTP {status}: reading the reply: {e}"),
+                            None,
+                        )),
+                    );
+                }
+            }
+        }
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return (
+                "rate_limited",
+                Err(Failure::Transient(format!("HTTP {status}"), retry_after)),
+            );
+        }
+        if status.is_server_error() {
+            return (
+                "server_error",
+                Err(Failure::Transient(
+                    format!("HTTP {status}: {}", snippet(&bytes)),
+                    retry_after,
+                )),
+            );
+        }
+        if !status.is_success() {
+            let hint = match status.as_u16() {
+                401 | 403 => " (check model.api_key_env / model.api_key_file)",
+                404 => {
+                    " (check model.endpoint: it is the base URL, e.g. http://127.0.0.1:11434/v1, and model.name)"
+                }
+                _ => "",
+            };
+            return (
+                "client_error",
+                Err(Failure::Final(format!(
+                    "HTTP {status}{hint}: {}",
+                    snippet(&bytes)
+                ))),
+            );
+        }
+        match parse_reply(&bytes) {
+            Ok(r) => ("ok", Ok(r)),
+            Err(e) => (
+                "invalid_reply",
+                Err(Failure::Final(format!("HTTP {status} but {e}"))),
+            ),
+        }
+    }
+}
+
+enum Failure {
+    /// Worth another try (with the server's `Retry-After`, if it sent one).
+    Transient(String, Option<Duration>),
+    Final(String),
+}
+
+/// The start of an error body, on one line, for a person to read.
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.trim().is_empty() {
+        "(empty body)".into()
+    } else {
+        one_line.trim().to_string()
+    }
+}
+
+#[derive(Deserialize)]
+struct WireReply {
+    #[serde(default)]
+    choices: Vec<WireChoice>,
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    message: WireMessage,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<WireToolCall>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    id: Option<String>,
+    function: WireFunction,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: String,
+    /// A JSON string per the spec; some servers send the object itself.
+    #[serde(default)]
+    arguments: Value,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// Parse a chat-completions reply. Only the first choice counts.
+pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
+    let wire: WireReply = serde_json::from_slice(bytes)
+        .map_err(|e| format!("the reply is not a chat completion: {e}"))?;
+    let Some(choice) = wire.choices.into_iter().next() else {
+        return Err("the reply has no choices".into());
+    };
+    let tool_calls = choice
+        .message
+        .tool_calls
+        .into_iter()
+        .map(|c| WireCall {
+            id: c.id.unwrap_or_default(),
+            name: c.function.name,
+            arguments: match c.function.arguments {
+                Value::String(s) => s,
+                Value::Null => "{}".into(),
+                other => other.to_string(),
+            },
+        })
+        .collect();
+    Ok(Reply {
+        content: choice.message.content.unwrap_or_default(),
+        tool_calls,
+        usage: wire.usage.map(|u| Usage {
+            prompt: u.prompt_tokens,
+            completion: u.completion_tokens,
+        }),
+        duration: Duration::ZERO,
+        attempts: 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_openai_and_ollama_shapes() {
+        let openai = br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"disk_usage","arguments":"{\"path\":\"/\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":120,"completion_tokens":9,"total_tokens":129}}"#;
+        let r = parse_reply(openai).unwrap();
+        assert_eq!(r.tool_calls[0].name, "disk_usage");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"/"}"#);
+        assert_eq!(r.usage.unwrap().prompt, 120);
+        // Arguments as an object, no id, no usage.
+        let ollama = br#"{"choices":[{"message":{"content":"","tool_calls":[{"function":{"name":"x","arguments":{"a":1}}}]}}]}"#;
+        let r = parse_reply(ollama).unwrap();
+        assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert!(r.usage.is_none());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bad in [
+            &b"{\"choices\":[]}"[..],
+            b"",
+            b"null",
+            b"[1,2]",
+            b"{\"choices\":[{\"message\":{\"tool_calls\":[{\"function\":{}}]}}]}",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                parse_reply(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

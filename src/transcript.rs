@@ -1,0 +1,172 @@
+//! `runwarden transcript RUN_ID`: a run, from its audit lines, as a person
+//! reads it — each model turn (what it was sent, exactly as it saw it, and
+//! what it answered), each call with the gate's decision, each result.
+//!
+//! It reads only the audit log, so it shows what was recorded, not what a
+//! report claimed; a run whose process died shows its calls without results.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::audit::{Entry, Phase};
+
+/// Render one run's lines (in log order).
+pub fn render(lines: &[Entry]) -> String {
+    let mut out = String::new();
+    let Some(first) = lines.first() else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "run {}: runbook {} on host {}",
+        first.run_id, first.runbook, first.host
+    );
+    let _ = write!(out, "planner {}", first.planner);
+    if let Some(m) = &first.model {
+        let _ = write!(out, " (model {m}");
+        if let Some(p) = &first.prompt {
+            let _ = write!(out, ", prompt {p}");
+        }
+        out.push(')');
+    }
+    let _ = writeln!(out, ", started {}", first.ts);
+    for e in lines {
+        let step = e.step.map(|s| s.to_string()).unwrap_or_default();
+        let call = || {
+            format!(
+                "{} {}",
+                e.tool.as_deref().unwrap_or("?"),
+                e.args.as_ref().map(Value::to_string).unwrap_or_default()
+            )
+        };
+        let detail = e.detail.as_ref().unwrap_or(&Value::Null);
+        match e.phase {
+            Some(Phase::Start) => {
+                let _ = writeln!(out, "trigger {}", detail["trigger"]);
+            }
+            Some(Phase::Model) => model_turn(&mut out, detail),
+            Some(Phase::Intent) => {
+                let _ = writeln!(out, "\n── call {step}: {}", call());
+                let _ = writeln!(
+                    out,
+                    "   gate: allowed ({})",
+                    e.approved_by.as_deref().unwrap_or("?")
+                );
+                if let Some(r) = &e.reason {
+                    let _ = writeln!(out, "   reason: {r}");
+                }
+            }
+            Some(Phase::Result) => {
+                let _ = write!(
+                    out,
+                    "   result: {} in {} ms",
+                    e.outcome.as_deref().unwrap_or("?"),
+                    e.duration_ms.unwrap_or(0)
+                );
+                if let Some(v) = detail.get("verified").and_then(Value::as_bool) {
+                    let _ = write!(out, ", verified: {v}");
+                }
+                out.push('\n');
+                if let Some(err) = detail.get("error").and_then(Value::as_str) {
+                    let _ = writeln!(out, "   error: {err}");
+                }
+            }
+            Some(Phase::Denied) => {
+                let _ = writeln!(out, "\n── call {step}: {}", call());
+                let _ = writeln!(
+                    out,
+                    "   gate: DENIED {}: {}",
+                    detail["reason"].as_str().unwrap_or("?"),
+                    detail["message"].as_str().unwrap_or("")
+                );
+            }
+            Some(Phase::Proposal) => {
+                let _ = writeln!(out, "\n── call {step}: {}", call());
+                let _ = writeln!(out, "   gate: proposal for a person (L1), not run");
+            }
+            Some(Phase::Pending) => {
+                let _ = writeln!(out, "\n── call {step}: {}", call());
+                let _ = writeln!(
+                    out,
+                    "   gate: held for a person's approval ({})",
+                    detail["approval_id"].as_str().unwrap_or("?")
+                );
+            }
+            Some(Phase::DryRun) => {
+                let _ = writeln!(out, "\n── call {step}: {}", call());
+                let _ = writeln!(out, "   gate: allowed; dry run, not dispatched");
+            }
+            Some(Phase::Suggestion) => {
+                let _ = writeln!(
+                    out,
+                    "\n── suggestion for a person (tier 3, never run): {}",
+                    detail["suggestion"].as_str().unwrap_or("")
+                );
+            }
+            Some(Phase::Verdict) => {
+                let _ = writeln!(
+                    out,
+                    "\n── verdict: {} — {}",
+                    e.outcome.as_deref().unwrap_or("?"),
+                    detail["detail"].as_str().unwrap_or("")
+                );
+            }
+            None => {}
+        }
+    }
+    if !lines.iter().any(|e| e.phase == Some(Phase::Verdict)) {
+        out.push_str("\n── no verdict: the run is still going, or its process stopped\n");
+    }
+    out
+}
+
+fn model_turn(out: &mut String, t: &Value) {
+    let _ = write!(
+        out,
+        "\n══ model turn {} ({} ms",
+        t["turn"],
+        t["duration_ms"].as_u64().unwrap_or(0)
+    );
+    if t["attempts"].as_u64().unwrap_or(1) > 1 {
+        let _ = write!(out, ", {} attempts", t["attempts"]);
+    }
+    if let (Some(p), Some(c)) = (t["prompt_tokens"].as_u64(), t["completion_tokens"].as_u64()) {
+        let _ = write!(out, ", {p} prompt + {c} completion tokens");
+    }
+    out.push_str(")\n");
+    for input in t["input"].as_array().into_iter().flatten() {
+        out.push_str("   sent to the model:\n");
+        quote(out, input.as_str().unwrap_or(""));
+    }
+    let content = t["content"].as_str().unwrap_or("");
+    if !content.trim().is_empty() {
+        let label = if t["final_answer"] == true {
+            "final answer"
+        } else {
+            "the model said"
+        };
+        let _ = writeln!(out, "   {label}:");
+        quote(out, content);
+    }
+    for c in t["tool_calls"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "   the model asks for: {} {}",
+            c["tool"].as_str().unwrap_or("?"),
+            c["arguments"]
+        );
+    }
+    if let Some(n) = t["dropped"].as_u64().filter(|n| *n > 0) {
+        let _ = writeln!(
+            out,
+            "   ({n} more calls in this reply were past the step limit and not proposed)"
+        );
+    }
+}
+
+fn quote(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let _ = writeln!(out, "     | {line}");
+    }
+}
