@@ -625,15 +625,34 @@ fn check(dir: &Path) -> i32 {
     }
     for r in cfg.runbooks.values() {
         println!(
-            "runbook {:<21} {} hosts={} observe={} approve={} steps={} {}",
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{} {}",
             r.name,
             r.autonomy.as_str(),
             r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
             r.observe.len(),
             r.approve.len(),
             r.steps.len(),
+            match &r.agent {
+                Some(a) => format!(" agent(max_steps={})", a.max_steps),
+                None => String::new(),
+            },
             r.source.display()
         );
+    }
+    match &cfg.settings.model {
+        Some(m) => println!(
+            "model {} at {} (timeout {}, {} retries){}",
+            m.name,
+            m.endpoint,
+            humantime::format_duration(m.timeout),
+            m.retries,
+            match &m.api_key {
+                Some(crate::config::ApiKey::Env(v)) => format!(", key from ${v}"),
+                Some(crate::config::ApiKey::File(f)) => format!(", key from {}", f.display()),
+                None => String::new(),
+            }
+        ),
+        None => println!("model: none configured (runbooks run their steps)"),
     }
     println!(
         "ok: {} host(s), {} runbook(s)",

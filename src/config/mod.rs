@@ -222,13 +222,9 @@ impl Config {
                 diags.at(file, name.referenced, msg);
                 continue;
             }
-            if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, &mut diags) {
-                if rb.steps.is_empty() && rb.agent.is_some() && settings.model.is_none() {
-                    diags.file(
-                        file,
-                        "this runbook has only an agent goal, and runwarden.yaml configures no model: add a `model:` section or give the runbook steps",
-                    );
-                }
+            let model = settings.model.is_some();
+            if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, model, &mut diags)
+            {
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }
         }

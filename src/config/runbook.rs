@@ -159,6 +159,7 @@ pub(super) fn validate(
     file: &Path,
     version: String,
     hosts: &BTreeMap<String, std::sync::Arc<str>>,
+    model_configured: bool,
     diags: &mut Diagnostics,
 ) -> Option<Runbook> {
     let before = diags.len();
@@ -322,6 +323,13 @@ pub(super) fn validate(
                 file,
                 a.value.goal.referenced,
                 "agent.goal is empty: say what to find out, what a good fix is and what must not be done",
+            );
+        }
+        if raw.steps.is_empty() && !model_configured {
+            diags.at(
+                file,
+                a.referenced,
+                "this runbook has only an agent goal, and runwarden.yaml configures no model: add a `model:` section or give the runbook steps",
             );
         }
         if a.value.after_steps && raw.steps.is_empty() {

@@ -127,7 +127,7 @@ impl ModelPlanner {
             .collect();
         let nonce = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
         let mut task = format!(
-            "Runbook: {}\nDescription: {}\nHost: {} (every call runs on this host; there is no other)\nAutonomy: {}\nBudget: at most {} calls and {} changes, {} in all.\n\nGoal:\n{}\n",
+            "Runbook: {}\nDescription: {}\nHost: {} (every call runs on this host; there is no other)\nAutonomy: {}\nBudget: at most {} calls and {} change(s), {} in all.\n\nGoal:\n{}\n",
             runbook.name,
             runbook.description.trim(),
             host.name,

@@ -159,6 +159,41 @@ impl SystemdHost {
             .expect("nsenter")
     }
 
+    /// `runwarden run` inside the host (its mounts, pids, cgroup and systemd)
+    /// but on the machine's network, where the test's model endpoint listens.
+    fn run_with_model(&self, runbook: &str, key: &str) -> (i32, Value) {
+        let out = Command::new("/usr/bin/nsenter")
+            .args([
+                "-t",
+                &self.leader.to_string(),
+                "-m",
+                "-u",
+                "-i",
+                "-p",
+                "-C",
+                "-r",
+                "-w",
+                "--",
+            ])
+            .args([
+                "/usr/local/bin/runwarden",
+                "run",
+                runbook,
+                "--host",
+                "staging-web-1",
+                "--json",
+                "--config",
+                "/srv/runwarden",
+            ])
+            .env("RUNWARDEN_MODEL_KEY", key)
+            .output()
+            .expect("nsenter");
+        let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("no report ({e}): {}", String::from_utf8_lossy(&out.stderr))
+        });
+        (out.status.code().unwrap_or(-1), report)
+    }
+
     /// Test setup inside the host (the test's own shell, never runwarden's).
     fn setup(&self, script: &str) -> String {
         let out = self.exec(&["/bin/sh", "-c", script]);
@@ -324,6 +359,78 @@ fn cert_expiry_renews_reloads_and_the_new_certificate_is_served() {
         .unwrap();
     assert!((89..=90).contains(&days), "{days}");
     // What nginx serves now is the renewed certificate.
+    let served = host.setup("openssl s_client -connect 127.0.0.1:443 </dev/null 2>/dev/null | openssl x509 -noout -enddate");
+    let on_disk = host.setup("openssl x509 -noout -enddate -in /etc/ssl/runwarden/web.pem");
+    assert_eq!(served, on_disk);
+}
+
+#[test]
+fn cert_expiry_agent_renews_and_reloads_on_real_systemd() {
+    use crate::model::{ModelServer, answer, call, results};
+    let host = SystemdHost::boot("certai", 3);
+    let pid_before = host.setup("systemctl show -P MainPID nginx");
+    let server = ModelServer::start(|n, req| match n {
+        0 => call("cert_expiry", serde_json::json!({ "name": "web" })),
+        1 => {
+            let c = &results(req)[0];
+            call(
+                "renew_certificate",
+                serde_json::json!({ "name": "web", "reason": format!("not_after {}, {} days left (under 14)", c["not_after"].as_str().unwrap(), c["days_left"]) }),
+            )
+        }
+        2 => {
+            let r = &results(req)[0];
+            call(
+                "reload_service",
+                serde_json::json!({ "unit": "nginx.service", "reason": format!("serve the renewed certificate (not_after {})", r["after"]["not_after"].as_str().unwrap()) }),
+            )
+        }
+        3 => call("cert_expiry", serde_json::json!({ "name": "web" })),
+        _ => answer(&format!(
+            "Renewed and reloaded; {} days left now.",
+            results(req)[0]["days_left"]
+        )),
+    });
+    std::fs::write(host.config().join("runwarden.yaml"), server.settings("")).unwrap();
+    let (code, report) = host.run_with_model("cert-expiry", "sk-cert-test");
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["planner"], "model");
+    let tools: Vec<&str> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "cert_expiry",
+            "renew_certificate",
+            "reload_service",
+            "cert_expiry"
+        ]
+    );
+    let steps = report["steps"].as_array().unwrap();
+    let days_before = steps[0]["result"]["data"]["days_left"].as_i64().unwrap();
+    assert!(
+        steps[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{days_before} days left")),
+        "{:#}",
+        steps[1]
+    );
+    assert_eq!(steps[1]["result"]["verified"], true);
+    assert_eq!(steps[2]["result"]["verified"], true, "{:#}", steps[2]);
+    assert_eq!(host.setup("systemctl show -P MainPID nginx"), pid_before);
+    let days_after = steps[3]["result"]["data"]["days_left"].as_i64().unwrap();
+    assert!((89..=90).contains(&days_after), "{days_after}");
+    assert!(
+        report["final_answer"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{days_after} days left"))
+    );
     let served = host.setup("openssl s_client -connect 127.0.0.1:443 </dev/null 2>/dev/null | openssl x509 -noout -enddate");
     let on_disk = host.setup("openssl x509 -noout -enddate -in /etc/ssl/runwarden/web.pem");
     assert_eq!(served, on_disk);

@@ -310,10 +310,10 @@ fn http_check_reports_health_and_never_follows_redirects() {
 }
 
 /// A real gunicorn pool whose workers are "poisoned" when a flag file exists at their start.
-struct Gunicorn {
-    child: Child,
-    port: u16,
-    pidfile: std::path::PathBuf,
+pub struct Gunicorn {
+    pub child: Child,
+    pub port: u16,
+    pub pidfile: std::path::PathBuf,
 }
 
 impl Drop for Gunicorn {
@@ -323,7 +323,7 @@ impl Drop for Gunicorn {
     }
 }
 
-fn gunicorn(dir: &Path, poisoned: bool) -> Gunicorn {
+pub fn gunicorn(dir: &Path, poisoned: bool) -> Gunicorn {
     let poison = dir.join("poison");
     if poisoned {
         std::fs::write(&poison, "").unwrap();
@@ -392,7 +392,7 @@ fn http_status(port: u16) -> Option<String> {
     Some(String::from_utf8_lossy(&head[9..12]).into_owned())
 }
 
-fn pool_estate(g: &Gunicorn) -> Estate {
+pub fn pool_estate(g: &Gunicorn) -> Estate {
     let e = Estate::new();
     e.shipped_runbook("worker-pool-recycle");
     e.host("staging-web-2", &local_host("staging-web-2", ""));
