@@ -281,6 +281,28 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
+        if let Some(m) = &config.settings.model {
+            let mut models: Vec<&str> = vec![m.name.as_str()];
+            models.extend(
+                config
+                    .runbooks
+                    .values()
+                    .filter_map(|rb| rb.agent.as_ref()?.model.as_deref()),
+            );
+            for model in models {
+                for outcome in [
+                    "ok",
+                    "server_error",
+                    "timeout",
+                    "unreachable",
+                    "invalid_reply",
+                ] {
+                    self.model_requests
+                        .with_label_values(&[model, outcome])
+                        .inc_by(0);
+                }
+            }
+        }
     }
 
     /// The Prometheus text exposition.
