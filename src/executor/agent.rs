@@ -95,6 +95,9 @@ async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         let _ = audit.append(e, true);
         AgentReply::Refused(why)
     };
+    if req.tool == STATUS {
+        return status(audit, &info.run_id, req.step);
+    }
     if req.tool == HELLO {
         return AgentReply::Result(ToolResult::observed(json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -137,9 +140,42 @@ async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         .and_then(|v| v.as_str().map(String::from));
     done.exit_code = result.exit_code;
     done.duration_ms = Some(result.duration_ms);
+    if tool.tier() == tools::Tier::Change {
+        // The whole result, so a runner that lost the connection can ask for it.
+        done.detail = serde_json::to_value(&result).ok();
+    }
     let _ = audit.append(done, tool.tier() == tools::Tier::Change);
     AgentReply::Result(result)
 }
+
+/// What this host's audit log says about one call: `done` (with the result
+/// as recorded, its verification included), `in_progress` (an intent and no
+/// result yet), `refused` (by this host's policy) or `never_received`.
+fn status(audit: &AuditLog, run_id: &str, step: u32) -> AgentReply {
+    let lines = match crate::audit::run_lines(audit.path(), run_id) {
+        Ok(l) => l,
+        Err(e) => return AgentReply::Refused(format!("cannot read the host's audit log: {e}")),
+    };
+    let of_step = |phase| {
+        lines
+            .iter()
+            .rev()
+            .find(|e| e.step == Some(step) && e.phase == Some(phase))
+    };
+    let answer = if let Some(done) = of_step(Phase::Result) {
+        super::ssh::status_answer("done", done.detail.clone())
+    } else if of_step(Phase::Denied).is_some() {
+        super::ssh::status_answer("refused", None)
+    } else if of_step(Phase::Intent).is_some() {
+        super::ssh::status_answer("in_progress", None)
+    } else {
+        super::ssh::status_answer("never_received", None)
+    };
+    AgentReply::Result(answer)
+}
+
+/// Not a tool: the runner asks what became of a call after losing the connection.
+pub const STATUS: &str = "status";
 
 /// The agent's greeting: not a tool; `runwarden host check` asks for it.
 pub const HELLO: &str = "hello";

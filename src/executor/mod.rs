@@ -13,20 +13,23 @@ use crate::config::{Connection, Host};
 use crate::gate::Permit;
 use crate::tools::{self, Ctx, ToolResult};
 
-/// How calls reach a host.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How calls reach a host, for one run.
 pub enum Executor {
     /// Tools run on this machine, as this process's children.
     Local,
-    /// Tools run on the host, through its forced-command agent over SSH.
-    Ssh(Box<crate::config::host::Ssh>),
+    /// Tools run on the host, through its forced-command agent over SSH,
+    /// on one multiplexed connection per run.
+    Ssh(Box<ssh::Session>),
 }
 
 impl Executor {
-    pub fn for_host(host: &Host) -> Result<Executor, String> {
+    pub fn for_host(host: &Host, run_id: &str) -> Result<Executor, String> {
         match &host.connection {
             Connection::Local => Ok(Executor::Local),
-            Connection::Ssh(ssh) => Ok(Executor::Ssh(Box::new(ssh.clone()))),
+            Connection::Ssh(ssh) => Ok(Executor::Ssh(Box::new(ssh::Session::new(
+                ssh.clone(),
+                run_id,
+            )))),
         }
     }
 
@@ -40,7 +43,7 @@ impl Executor {
     ) -> ToolResult {
         debug_assert_eq!(permit.step(), ticket.step(), "ticket of another call");
         match self {
-            Executor::Ssh(target) => {
+            Executor::Ssh(session) => {
                 let action = permit.action();
                 let mut args = action.args_json();
                 if let Some(reason) = action.reason() {
@@ -54,13 +57,9 @@ impl Executor {
                     args,
                 };
                 let started = std::time::Instant::now();
-                let mut result = ssh::call(host, target, &request, deadline).await;
-                // A tier-1 call may be retried once after a transport error; a
-                // tier-2 call never is: it may have happened.
-                if ssh::is_transport_error(&result) && action.tier() == crate::tools::Tier::Observe
-                {
-                    result = ssh::call(host, target, &request, deadline).await;
-                }
+                let mut result = session
+                    .dispatch(host, &request, action.tier(), deadline)
+                    .await;
                 if result.duration_ms == 0 {
                     result.duration_ms = started.elapsed().as_millis() as u64;
                 }

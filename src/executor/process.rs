@@ -197,6 +197,22 @@ fn lower_priority() {
     }
 }
 
+/// Start a long-lived helper (the SSH connection master) with the same stub
+/// environment, in a process group of its own and with no pipes: the caller
+/// owns it and ends it. Tool calls never use this.
+pub fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
+    std::process::Command::new(&argv.program)
+        .args(argv.args.iter().map(OsString::from))
+        .env_clear()
+        .envs(STUB_ENV)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+}
+
 fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
     lower_priority();
     let started = std::time::Instant::now();

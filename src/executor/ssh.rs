@@ -6,26 +6,42 @@
 //! or host verification is reimplemented here. Every call is one request on
 //! the connection's stdin and one JSON line back from the forced-command
 //! agent; the remote command line is fixed and ignored by the host anyway.
-//! Each call is one connection for now: a multiplexing master would have to
-//! live outside the call's process group, which every call kills when it ends.
 //! Host keys are never accepted on first use (`StrictHostKeyChecking=yes`
 //! against the host file's own `known_hosts`).
+//!
+//! A run's calls to one host share one connection: a [`Session`] starts an
+//! `ssh -M` master in a process group of its own (each call's client is
+//! killed with its whole group when the call ends; the master must not be)
+//! and ends it when the run ends. A call whose master is gone connects on
+//! its own, so a dead master costs a round trip, never a call.
+//!
+//! Transport failures are results. A tier-1 call is retried once. A tier-2
+//! call is never retried blindly, it may have happened: the session
+//! reconnects with bounded backoff and asks the host's agent what its own
+//! audit log says about that exact call (run id and step), and reports that:
+//! the result the host recorded (with the tool's own verification), "never
+//! received" (it did not run), or "started, no result" (unknown: a person
+//! must look).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::agent::{AgentReply, AgentRequest};
+use super::agent::{AgentReply, AgentRequest, STATUS};
 use super::process::{self, Argv, Limits};
 use crate::config::Host;
 use crate::config::host::Ssh;
-use crate::tools::{Outcome, ToolResult};
+use crate::tools::{Outcome, Tier, ToolResult};
 
 /// OpenSSH's exit status for its own failures (connection, authentication, host key).
 const SSH_FAILED: i32 = 255;
+/// Reconnect attempts after a transport error during a tier-2 call.
+const RECONNECT_ATTEMPTS: u32 = 8;
 
-pub fn argv(host: &Host, ssh: &Ssh) -> Argv {
+/// The options every connection uses, before the mode (master, client).
+fn base(host: &Host, ssh: &Ssh) -> Argv {
     Argv::new(&host.binaries.ssh)
         .args(["-F", "/dev/null", "-T"])
         .arg("-i")
@@ -47,25 +63,255 @@ pub fn argv(host: &Host, ssh: &Ssh) -> Argv {
             "ConnectTimeout=5",
         ])
         .args(["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"])
-        .args(["-o", "ControlMaster=no"])
         .arg("-p")
         .arg(ssh.port.to_string())
         .arg("-l")
         .arg(ssh.user.clone())
-        .arg("--")
+}
+
+/// One call's client: through the master's socket when there is one.
+pub fn argv(host: &Host, ssh: &Ssh, control: Option<&Path>) -> Argv {
+    let argv = base(host, ssh).args(["-o", "ControlMaster=no"]);
+    let argv = match control {
+        Some(p) => argv.arg("-o").arg(format!("ControlPath={}", p.display())),
+        None => argv.args(["-o", "ControlPath=none"]),
+    };
+    argv.arg("--")
         .arg(ssh.address.clone())
         .arg("runwarden-agent")
 }
 
-/// Whether a failed result was the connection's fault (safe to retry a tier-1 call).
+/// Whether a failed result was the connection's fault.
 pub fn is_transport_error(r: &ToolResult) -> bool {
     r.data.get("transport").and_then(|v| v.as_bool()) == Some(true)
 }
 
-/// Send one request to the host's agent and read its answer.
+/// The connection of one run to one host.
+pub struct Session {
+    pub target: Ssh,
+    /// Where the master's socket lives; `None` when no private directory could be made.
+    control: Option<PathBuf>,
+    master: Mutex<Option<std::process::Child>>,
+}
+
+impl Session {
+    pub fn new(target: Ssh, run_id: &str) -> Session {
+        let control = control_dir().ok().map(|d| {
+            use sha2::Digest;
+            let tag = sha2::Sha256::digest(format!("{run_id}\0{}", target.address));
+            let hex: String = tag[..6].iter().map(|b| format!("{b:02x}")).collect();
+            d.join(format!("{hex}.sock"))
+        });
+        Session {
+            target,
+            control,
+            master: Mutex::new(None),
+        }
+    }
+
+    /// The socket to pass to a call: the live master's, if any.
+    async fn ensure_master(&self, host: &Host) -> Option<&Path> {
+        let path = self.control.as_deref()?;
+        {
+            let mut m = self.master.lock().unwrap_or_else(|p| p.into_inner());
+            let alive = m.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+            if alive && path.exists() {
+                return Some(path);
+            }
+            if let Some(mut old) = m.take() {
+                let _ = old.kill();
+                let _ = old.wait();
+            }
+            let _ = std::fs::remove_file(path);
+            if let Err(e) = create_private_dir(&host.jail) {
+                tracing::warn!(host = %host.name, "ssh master: cannot create {}: {e}", host.jail.display());
+                return None;
+            }
+            let master = base(host, &self.target)
+                .args(["-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"])
+                .arg("-o")
+                .arg(format!("ControlPath={}", path.display()))
+                .arg("--")
+                .arg(self.target.address.clone());
+            let child = process::spawn_detached(&master, &host.jail);
+            match child {
+                Ok(c) => *m = Some(c),
+                Err(e) => {
+                    tracing::warn!(host = %host.name, "ssh master: {e}; calls connect one by one");
+                    return None;
+                }
+            }
+        }
+        // Ready when the socket appears; a master that exits (unreachable,
+        // refused) leaves the call to connect, and fail, on its own.
+        for _ in 0..70 {
+            if path.exists() {
+                return Some(path);
+            }
+            let exited = {
+                let mut m = self.master.lock().unwrap_or_else(|p| p.into_inner());
+                m.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+            };
+            if exited {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// Send one request to the host's agent and read its answer.
+    pub async fn call(
+        &self,
+        host: &Host,
+        request: &AgentRequest,
+        deadline: tokio::time::Instant,
+    ) -> ToolResult {
+        let control = self.ensure_master(host).await;
+        call(host, &self.target, control, request, deadline).await
+    }
+
+    /// A tool call, with the transport's retry rules (see the module doc).
+    pub async fn dispatch(
+        &self,
+        host: &Host,
+        request: &AgentRequest,
+        tier: Tier,
+        deadline: tokio::time::Instant,
+    ) -> ToolResult {
+        let result = self.call(host, request, deadline).await;
+        if !is_transport_error(&result) {
+            return result;
+        }
+        match tier {
+            Tier::Observe => self.call(host, request, deadline).await,
+            Tier::Change => self.recover(host, request, result, deadline).await,
+        }
+    }
+
+    /// After a transport error during a tier-2 call: reconnect (backoff,
+    /// bounded by the deadline) and report what the host recorded.
+    async fn recover(
+        &self,
+        host: &Host,
+        request: &AgentRequest,
+        failure: ToolResult,
+        deadline: tokio::time::Instant,
+    ) -> ToolResult {
+        let first = failure.error.clone().unwrap_or_default();
+        let status = AgentRequest {
+            run_id: request.run_id.clone(),
+            step: request.step,
+            runbook: request.runbook.clone(),
+            tool: STATUS.into(),
+            args: json!({ "tool": request.tool }),
+        };
+        let mut last = first.clone();
+        let mut backoff = Duration::from_millis(500);
+        for attempt in 1..=RECONNECT_ATTEMPTS {
+            if tokio::time::Instant::now() + backoff >= deadline {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(8));
+            let answer = self.call(host, &status, deadline).await;
+            if is_transport_error(&answer) {
+                last = answer.error.unwrap_or_default();
+                continue;
+            }
+            let state = answer.data["state"].as_str().unwrap_or("");
+            let after = format!(
+                "the connection failed during the call ({first}); reconnected (attempt {attempt})"
+            );
+            match state {
+                "done" => {
+                    if let Ok(mut recorded) =
+                        serde_json::from_value::<ToolResult>(answer.data["result"].clone())
+                    {
+                        recorded.data["reconnected"] = json!(after);
+                        return recorded;
+                    }
+                }
+                "never_received" | "refused" => {
+                    let why = if state == "refused" {
+                        "refused it"
+                    } else {
+                        "never received it"
+                    };
+                    return ToolResult {
+                        data: json!({ "host": host.name, "reconnected": after, "ran": false }),
+                        ..ToolResult::failed(format!(
+                            "not run: {after}, and host {}'s agent {why}",
+                            host.name
+                        ))
+                    };
+                }
+                "in_progress" => {
+                    // The host's agent is still on it: ask again until the deadline.
+                    last = format!("the call is still running on host {}", host.name);
+                    continue;
+                }
+                _ => {}
+            }
+            last = answer
+                .error
+                .unwrap_or_else(|| format!("unexpected status answer: {}", answer.data));
+        }
+        ToolResult {
+            outcome: if failure.outcome == Outcome::Timeout {
+                Outcome::Timeout
+            } else {
+                Outcome::Error
+            },
+            verified: Some(false),
+            data: json!({ "transport": true, "host": host.name, "outcome_unknown": true }),
+            ..ToolResult::failed(format!(
+                "outcome unknown: the connection to host {} failed during this change ({first}) and it could not be verified afterwards ({last}); check the host and its agent audit log",
+                host.name
+            ))
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let mut m = self.master.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut c) = m.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(p) = &self.control {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A private directory for control sockets (unix socket paths are short:
+/// the temp dir, not the state dir). Refused unless it is ours and 0700.
+fn control_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("runwarden-ssh-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// One request over one connection (the master's, when `control` is given).
 pub async fn call(
     host: &Host,
     ssh: &Ssh,
+    control: Option<&Path>,
     request: &AgentRequest,
     deadline: tokio::time::Instant,
 ) -> ToolResult {
@@ -81,7 +327,7 @@ pub async fn call(
         jail: host.jail.clone(),
         input: Some(input),
     };
-    let out = match process::run(&argv(host, ssh), &limits).await {
+    let out = match process::run(&argv(host, ssh, control), &limits).await {
         Ok(o) => o,
         Err(e @ process::SpawnError::NoTimeLeft(_)) => {
             return ToolResult {
@@ -143,4 +389,9 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
+}
+
+/// The recorded state of one call, as the agent's status answer carries it.
+pub fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
+    ToolResult::observed(json!({ "state": state, "result": result }))
 }

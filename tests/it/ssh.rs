@@ -168,6 +168,18 @@ fn calls_run_through_the_agent_and_the_host_policy_wins() {
         h.dir.join("agent-audit.jsonl").to_str().unwrap(),
     ]);
     assert!(verify.status.success());
+    // The run's three calls shared one connection (the multiplexing master).
+    let sshd_log = std::fs::read_to_string(h.dir.join("sshd.log")).unwrap();
+    assert_eq!(
+        sshd_log.matches("Accepted publickey").count(),
+        1,
+        "{sshd_log}"
+    );
+    let masters = Command::new("/usr/bin/pgrep")
+        .args(["-f", &format!("ControlMaster=yes.* 10.239.{}.2$", h.index)])
+        .output()
+        .unwrap();
+    assert!(masters.stdout.is_empty(), "the master ended with the run");
 }
 
 #[test]
