@@ -420,3 +420,153 @@ fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
         "{err}"
     );
 }
+
+/// A host whose logrotate takes 4 s (a wrapper in its own policy), a log the
+/// agent's account may rotate, and the runner's host file for it.
+fn slow_rotation_host(e: &Estate) -> (SshHost, String) {
+    let logs = e.work().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("app.log"), "x\n".repeat(1000)).unwrap();
+    let conf = e.work().join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/app.log {{\n  rotate 3\n  missingok\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let slow = e.script("slow-logrotate", "sleep 4\nexec /usr/sbin/logrotate \"$@\"");
+    let (h, key) = ssh_host(
+        e,
+        &format!(
+            "paths: [/tmp]\nlogrotate_configs: [{c}]\nlogrotate_state: {s}\ntool_timeout: 60s\nbinaries:\n  logrotate: {slow}",
+            c = conf.display(),
+            s = e.work().join("host-state/lr.state").display(),
+            slow = slow.display()
+        ),
+    );
+    std::fs::create_dir_all(e.work().join("host-state")).unwrap();
+    sh(
+        "/bin/chown",
+        &[
+            "-R",
+            "rw-agent",
+            logs.to_str().unwrap(),
+            e.work().join("host-state").to_str().unwrap(),
+        ],
+    );
+    let kh = pinned(e, &h);
+    e.host(
+        "web",
+        &host_file(
+            &h,
+            &key,
+            &kh,
+            &format!(
+                "logrotate_configs: [{}]\ntool_timeout: 60s\npaths: [/tmp]",
+                conf.display()
+            ),
+        ),
+    );
+    e.runbook(
+        "rotate",
+        &format!(
+            "name: rotate\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\nbudget: {{ max_duration: 5m }}\nsteps:\n  - id: before\n    call: disk_usage\n    args: {{ path: /tmp }}\n  - id: rotate\n    call: rotate_logs\n    args: {{ config: {} }}\n    reason: the log is large\n  - id: after\n    call: disk_usage\n    args: {{ path: /tmp }}\n",
+            conf.display()
+        ),
+    );
+    (h, logs.display().to_string())
+}
+
+#[test]
+fn a_link_cut_during_a_change_is_verified_from_the_host_after_it_comes_back() {
+    let e = Estate::new();
+    let (h, logs) = slow_rotation_host(&e);
+    let run = e
+        .cmd(&["run", "rotate", "--host", "web", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Cut the link once the host's agent has started the rotation.
+    let agent_audit = h.dir.join("agent-audit.jsonl");
+    wait_for(
+        "the rotation's intent on the host",
+        std::time::Duration::from_secs(20),
+        || {
+            std::fs::read_to_string(&agent_audit)
+                .ok()
+                .filter(|t| t.contains("\"tool\":\"rotate_logs\""))
+        },
+    );
+    let veth = format!("rws{}", h.index);
+    sh("/usr/sbin/ip", &["link", "set", &veth, "down"]);
+    std::thread::sleep(std::time::Duration::from_secs(20));
+    sh("/usr/sbin/ip", &["link", "set", &veth, "up"]);
+    sh(
+        "/usr/sbin/ip",
+        &[
+            "addr",
+            "replace",
+            &format!("10.239.{}.1/24", h.index),
+            "dev",
+            &veth,
+        ],
+    );
+    let out = run.wait_with_output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rotate = step(&report, "rotate");
+    assert_eq!(rotate["status"], "ok", "{report:#}");
+    assert_eq!(rotate["result"]["verified"], true, "{rotate:#}");
+    let reconnected = rotate["result"]["data"]["reconnected"].as_str().unwrap();
+    assert!(
+        reconnected.starts_with("the connection failed during the call (")
+            && reconnected.contains("reconnected (attempt"),
+        "{reconnected}"
+    );
+    assert_eq!(report["verdict"], "ok", "{report:#}");
+    assert_eq!(step(&report, "after")["status"], "ok", "the run went on");
+    // Exactly one rotation happened on the host: no blind retry.
+    let host_audit = std::fs::read_to_string(&agent_audit).unwrap();
+    assert_eq!(
+        host_audit
+            .lines()
+            .filter(|l| l.contains("\"phase\":\"intent\"") && l.contains("rotate_logs"))
+            .count(),
+        1
+    );
+    assert!(std::path::Path::new(&format!("{logs}/app.log.1")).exists());
+    assert!(!std::path::Path::new(&format!("{logs}/app.log.2")).exists());
+}
+
+#[test]
+fn a_change_to_an_unreachable_host_is_never_retried_blindly() {
+    // The link is down before the change: it cannot reach the host, and the
+    // runner cannot learn otherwise within the budget, so the outcome is
+    // reported unknown and unverified; it is never sent twice.
+    let e = Estate::new();
+    let (h, _) = slow_rotation_host(&e);
+    sh(
+        "/usr/sbin/ip",
+        &["link", "set", &format!("rws{}", h.index), "down"],
+    );
+    let rb = std::fs::read_to_string(e.path().join("runbooks/rotate.yaml")).unwrap();
+    let rb = rb.replace("max_duration: 5m", "max_duration: 12s");
+    let only_rotate = rb[..rb.find("  - id: before").unwrap()].to_string()
+        + &rb[rb.find("  - id: rotate").unwrap()..rb.find("  - id: after").unwrap()];
+    e.runbook("rotate", &only_rotate);
+    let (code, report) = e.run_json("rotate", "web", &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let rotate = step(&report, "rotate");
+    assert_eq!(rotate["result"]["verified"], false, "{rotate:#}");
+    let err = rotate["result"]["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("outcome unknown: the connection to host web failed"),
+        "{err}"
+    );
+    let host_audit = std::fs::read_to_string(h.dir.join("agent-audit.jsonl")).unwrap();
+    assert!(
+        !host_audit.contains("rotate_logs"),
+        "it never reached the host"
+    );
+}
