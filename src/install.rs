@@ -181,17 +181,30 @@ pub fn sudoers(host: &Host, user: &str) -> String {
     s
 }
 
-pub fn authorized_keys(public_key: &str) -> String {
+pub fn authorized_keys(user: &str, public_key: &str) -> String {
     format!(
-        "command=\"{AGENT_PATH} agent --stdio\",restrict {}\n",
+        "# The account: a real shell (sshd runs the forced command through it), unlocked, and in\n# systemd-journal for read_journal:\n#   useradd --create-home --shell /bin/sh --groups systemd-journal {user} && usermod --password '*' {user}\n#   install -d -o {user} -m 0700 /var/lib/runwarden\ncommand=\"{AGENT_PATH} agent --stdio\",restrict {}\n",
         public_key.trim()
     )
 }
 
 pub fn systemd_unit(config: &Config) -> String {
-    let state = config.settings.state_dir.display();
-    let ks = config.settings.kill_switch_dir.display();
-    let dir = config.dir.display();
+    // systemd takes absolute paths only.
+    let abs = |p: &std::path::Path| {
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string()
+    };
+    let dir = abs(&config.dir);
+    let state = abs(&config.settings.state_dir);
+    let mut writable = vec![state.clone(), abs(&config.settings.kill_switch_dir)];
+    if let Some(audit_dir) = config.settings.audit_log.parent().map(abs)
+        && !audit_dir.starts_with(&state)
+    {
+        writable.push(audit_dir);
+    }
+    let writable = writable.join(" ");
     format!(
         "# /etc/systemd/system/runwarden.service (the management host)
 [Unit]
@@ -216,7 +229,7 @@ ProtectControlGroups=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 RestrictSUIDSGID=yes
 LockPersonality=yes
-ReadWritePaths={state} {ks}
+ReadWritePaths={writable}
 KillMode=mixed
 TimeoutStopSec=60
 Restart=on-failure
@@ -244,7 +257,7 @@ pub fn print(config: &Config, host: &Host) -> String {
     format!(
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
         policy(host),
-        authorized_keys(&public_key),
+        authorized_keys(&user, &public_key),
         sudoers(host, &user),
         systemd_unit(config)
     )

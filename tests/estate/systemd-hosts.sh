@@ -11,7 +11,12 @@
 #
 # usage:
 #   systemd-hosts.sh build                 debootstrap + customise (cached; rebuilt when the package list changes)
-#   systemd-hosts.sh boot NAME DIR BINARY  exec systemd-nspawn for host NAME (run it in the background)
+#   systemd-hosts.sh boot NAME DIR BINARY [NETNS]
+#                                          exec systemd-nspawn for host NAME (run it in the background);
+#                                          in network namespace NETNS (see net-up) instead of a private one
+#   systemd-hosts.sh net-up NAME INDEX     a network namespace rw-sd-NAME whose eth0 is 10.238.INDEX.2,
+#                                          reached from the machine over a veth at 10.238.INDEX.1
+#   systemd-hosts.sh net-down NAME INDEX   remove it
 #   systemd-hosts.sh cleanup NAME          remove what nspawn leaves behind after it exited
 #
 # Env: RUNWARDEN_ESTATE_CACHE (default /var/tmp/runwarden-estate)
@@ -107,7 +112,8 @@ cg_hierarchies() {  # a dedicated cgroup per container (hybrid v1+v2 here; pure 
 }
 
 boot() {
-  local name=$1 dir=$2 binary=$3
+  local name=$1 dir=$2 binary=$3 net=--private-network
+  [ -n "${4:-}" ] && net="--network-namespace-path=/run/netns/$4"
   [ -f "$ROOT/.stage2" ] || { log "run '$0 build' first"; exit 1; }
   # nspawn --keep-unit (there is no systemd on the machine to ask for a scope) nests under this cgroup.
   for h in $(cg_hierarchies); do
@@ -115,7 +121,7 @@ boot() {
     echo $$ >"$h/runwarden-estate-$name/cgroup.procs"
   done
   exec systemd-nspawn --quiet --directory="$ROOT" --volatile=overlay --machine="$name" \
-    --register=no --keep-unit --private-network \
+    --register=no --keep-unit "$net" \
     --tmpfs=/var/log:size=16M,mode=755 \
     --bind="$dir/config:/srv/runwarden" \
     --bind="$dir/ssl:/etc/ssl/runwarden" \
@@ -132,9 +138,25 @@ cleanup() {
   return 0
 }
 
+net_up() {
+  local ns="rw-sd-$1" veth="rwd$2" i=$2
+  net_down "$@"
+  ip netns add "$ns"
+  ip link add "$veth" type veth peer name eth0 netns "$ns"
+  ip addr add "10.238.$i.1/24" dev "$veth"; ip link set "$veth" up
+  ip -n "$ns" addr add "10.238.$i.2/24" dev eth0; ip -n "$ns" link set eth0 up; ip -n "$ns" link set lo up
+}
+
+net_down() {
+  ip netns del "rw-sd-$1" 2>/dev/null || true
+  ip link del "rwd$2" 2>/dev/null || true
+}
+
 case "${1:-}" in
   build) build ;;
+  net-up) shift; net_up "$@" ;;
+  net-down) shift; net_down "$@" ;;
   boot) shift; boot "$@" ;;
   cleanup) shift; cleanup "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

@@ -250,7 +250,7 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
     };
     let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
     assert!(
-        section("~rw-agent/.ssh/authorized_keys").starts_with(&format!(
+        section("~rw-agent/.ssh/authorized_keys").contains(&format!(
             "command=\"/usr/local/bin/runwarden agent --stdio\",restrict {}",
             public.trim()
         ))

@@ -39,6 +39,8 @@ struct SystemdHost {
     dir: tempfile::TempDir,
     nspawn: Child,
     leader: u32,
+    /// Reachable from the machine at 10.238.N.2 (its own network namespace), or private.
+    net: Option<u32>,
 }
 
 const HOST_FILE: &str = "connection: local
@@ -63,6 +65,11 @@ worker_pools:
 impl SystemdHost {
     /// Boot a host whose web certificate expires in `cert_days` days.
     fn boot(tag: &str, cert_days: u32) -> SystemdHost {
+        SystemdHost::boot_on(tag, cert_days, None)
+    }
+
+    /// Boot a host on network `net`: 10.238.`net`.2, reached over a veth.
+    fn boot_on(tag: &str, cert_days: u32, net: Option<u32>) -> SystemdHost {
         rootfs();
         let name = format!("rw-{tag}-{}", std::process::id());
         let dir = tempfile::Builder::new()
@@ -110,8 +117,16 @@ impl SystemdHost {
             ],
         );
         let console = std::fs::File::create(dir.path().join("console.log")).unwrap();
+        let netns = net.map(|n| {
+            sh(
+                estate_script().to_str().unwrap(),
+                &["net-up", &name, &n.to_string()],
+            );
+            format!("rw-sd-{name}")
+        });
         let nspawn = Command::new(estate_script())
             .args(["boot", &name, dir.path().to_str().unwrap(), bin()])
+            .args(netns.as_deref())
             .stdin(Stdio::null())
             .stdout(console.try_clone().unwrap())
             .stderr(console)
@@ -122,6 +137,7 @@ impl SystemdHost {
             dir,
             nspawn,
             leader: 0,
+            net,
         };
         let started = Instant::now();
         let mut state = String::new();
@@ -255,6 +271,11 @@ impl Drop for SystemdHost {
         let _ = Command::new(estate_script())
             .args(["cleanup", &self.name])
             .output();
+        if let Some(n) = self.net {
+            let _ = Command::new(estate_script())
+                .args(["net-down", &self.name, &n.to_string()])
+                .output();
+        }
     }
 }
 
@@ -523,4 +544,193 @@ steps:
         report["verdict"], "failed",
         "the missing unit is a failed observation"
     );
+}
+
+/// The sections of `runwarden install print`: (where the file goes, its text).
+fn install_sections(print: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in print.lines() {
+        if let Some(path) = line.strip_prefix("### ") {
+            out.push((path.to_string(), String::new()));
+        } else if let Some((_, text)) = out.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    out
+}
+
+impl SystemdHost {
+    /// Test setup that must succeed.
+    fn setup_ok(&self, script: &str) -> String {
+        let out = self.exec(&["/bin/sh", "-c", script]);
+        assert!(
+            out.status.success(),
+            "{script}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Install what `runwarden install print` tells an operator to, as the
+    /// operator would: the account its comments describe, the agent policy,
+    /// the authorized_keys line and the sudoers file (checked by visudo);
+    /// then sshd with this host's own new host key. Returns the host key line.
+    fn install_agent(&self, print: &str, user: &str) -> String {
+        let dir = self.config().join("install");
+        std::fs::create_dir_all(&dir).unwrap();
+        let sections = install_sections(print);
+        let section = |suffix: &str| {
+            sections
+                .iter()
+                .find(|(p, _)| p.ends_with(suffix))
+                .unwrap_or_else(|| panic!("no {suffix} in install print:\n{print}"))
+                .1
+                .clone()
+        };
+        let keys = section("authorized_keys");
+        let account: Vec<&str> = keys
+            .lines()
+            .filter_map(|l| l.strip_prefix("#   "))
+            .collect();
+        assert_eq!(account.len(), 2, "{keys}");
+        for cmd in account {
+            self.setup_ok(cmd);
+        }
+        for (name, text) in [
+            ("agent.yaml", section("agent.yaml")),
+            ("authorized_keys", keys.clone()),
+            ("sudoers", section("sudoers.d/runwarden")),
+            ("runwarden.service", section("runwarden.service")),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        self.setup_ok(&format!(
+            "set -e; i=/srv/runwarden/install
+             install -d /etc/runwarden && install -m 0644 $i/agent.yaml /etc/runwarden/agent.yaml
+             install -d -o {user} -m 0700 ~{user}/.ssh && install -o {user} -m 0600 $i/authorized_keys ~{user}/.ssh/authorized_keys
+             visudo -c -q -f $i/sudoers && install -m 0440 $i/sudoers /etc/sudoers.d/runwarden
+             ssh-keygen -A -q 2>/dev/null || ssh-keygen -A
+             systemctl start ssh"
+        ));
+        self.setup_ok("cat /etc/ssh/ssh_host_ed25519_key.pub")
+    }
+}
+
+static NETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A free 10.238.N.0/24 for a host of this test process.
+fn next_net() -> u32 {
+    10 + (std::process::id() % 100) * 2 + NETS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
+
+#[test]
+fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
+    let e = Estate::new();
+    let key = e.work().join("id_ed25519");
+    sh(
+        "/usr/bin/ssh-keygen",
+        &[
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "runwarden",
+            "-f",
+            key.to_str().unwrap(),
+        ],
+    );
+    let allowlists = HOST_FILE.replacen("connection: local\n", "", 1);
+    let hosts: Vec<(SystemdHost, u32)> = [("fleet1", 90), ("fleet2", 3)]
+        .into_iter()
+        .map(|(tag, days)| {
+            let n = next_net();
+            (SystemdHost::boot_on(tag, days, Some(n)), n)
+        })
+        .collect();
+    for (i, (h, n)) in hosts.iter().enumerate() {
+        let name = format!("staging-web-{}", i + 1);
+        let kh = e.work().join(format!("known_hosts-{name}"));
+        e.host(
+            &name,
+            &format!(
+                "name: {name}\nconnection:\n  ssh:\n    address: 10.238.{n}.2\n    port: 22\n    user: rw-agent\n    identity: {}\n    known_hosts: {}\nsudo: true\n{allowlists}",
+                key.display(),
+                kh.display()
+            ),
+        );
+        let print = e.run(&["install", "print", "--host", &name]);
+        assert!(print.status.success());
+        let host_key = h.install_agent(&String::from_utf8_lossy(&print.stdout), "rw-agent");
+        let fields: Vec<&str> = host_key.split_whitespace().take(2).collect();
+        std::fs::write(&kh, format!("10.238.{n}.2 {}\n", fields.join(" "))).unwrap();
+        // The management host's unit is one systemd itself accepts.
+        h.setup_ok("install -m 0644 /srv/runwarden/install/runwarden.service /etc/systemd/system/ && useradd --system runwarden && systemd-analyze verify /etc/systemd/system/runwarden.service");
+    }
+    for rb in ["staging-disk-full", "worker-pool-recycle", "cert-expiry"] {
+        e.shipped_runbook(rb);
+    }
+    let out = e.run(&["host", "check", "staging-web-1"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Host 1: logs fill the real /var/log tmpfs and the rotation timer is off.
+    let (h1, _) = &hosts[0];
+    h1.setup("systemctl stop logrotate.timer");
+    // All but 1 MiB (the journal here holds more than on a host nobody logged into).
+    h1.setup_ok("avail=$(df --output=avail -B1 /var/log | tail -1); yes 'GET /api/v1/items HTTP/1.1 200 12ms' | head -c $((avail - 1048576)) > /var/log/app/api.log");
+    let (code, report) = e.run_json("staging-disk-full", "staging-web-1", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    let logs = &step(&report, "logs")["result"]["data"];
+    assert_eq!(logs["fstype"], "tmpfs");
+    assert!(logs["use_pct"].as_u64().unwrap() >= 90, "{logs:#}");
+    assert_eq!(
+        step(&report, "journal")["status"],
+        "ok",
+        "the agent's account reads the journal"
+    );
+    let rotate = step(&report, "rotate");
+    assert_eq!(rotate["result"]["verified"], true, "{rotate:#}");
+    assert!(h1.setup("ls /var/log/app").contains("api.log.1.gz"));
+
+    // Host 2: its certificate expires in 3 days; renewal and reload run through sudo.
+    let (h2, _) = &hosts[1];
+    let pid_before = h2.setup("systemctl show -P MainPID nginx");
+    let workers_before = h2.setup("pgrep -P $(systemctl show -P MainPID nginx)");
+    let (code, report) = e.run_json("cert-expiry", "staging-web-2", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(step(&report, "renew")["result"]["verified"], true);
+    assert_eq!(step(&report, "reload")["result"]["verified"], true);
+    assert_eq!(h2.setup("systemctl show -P MainPID nginx"), pid_before);
+    let workers_after = h2.setup("pgrep -P $(systemctl show -P MainPID nginx)");
+    assert_ne!(
+        workers_before, workers_after,
+        "a reload replaces the workers"
+    );
+    let served = h2.setup("openssl s_client -connect 127.0.0.1:443 </dev/null 2>/dev/null | openssl x509 -noout -enddate");
+    let on_disk = h2.setup("openssl x509 -noout -enddate -in /etc/ssl/runwarden/web.pem");
+    assert_eq!(served, on_disk);
+
+    // A restart over SSH changes the MainPID.
+    e.runbook(
+        "restart-nginx",
+        "name: restart-nginx\ndescription: t\nhosts: [staging-web-2]\nautonomy: L3\ntools: { approve: [restart_service] }\nsteps:\n  - call: restart_service\n    args: { unit: nginx.service }\n    reason: test\n",
+    );
+    let (code, report) = e.run_json("restart-nginx", "staging-web-2", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_ne!(h2.setup("systemctl show -P MainPID nginx"), pid_before);
+
+    // Each run used one SSH connection; the hosts kept their own audit logs.
+    let accepted = h2.setup("journalctl -u ssh --no-pager | grep -c 'Accepted publickey'");
+    assert_eq!(accepted.trim(), "2", "two runs on host 2");
+    for (h, _) in &hosts {
+        h.setup_ok("/usr/local/bin/runwarden audit verify /var/lib/runwarden/agent-audit.jsonl");
+    }
+    assert!(e.run(&["audit", "verify"]).status.success());
 }
