@@ -131,7 +131,6 @@ fn main() {
         output_cap: 1 << 20,
         kill_grace: Duration::from_secs(2),
         jail: root.to_path_buf(),
-        input: None,
     };
     let df_argv = runwarden::executor::process::Argv::new(Path::new("/usr/bin/df")).args([
         "-B1",

@@ -422,7 +422,11 @@ async fn host_check(name: &str, dir: &Path) -> i32 {
         args: Value::Null,
     };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
-    let reply = crate::executor::ssh::call(host, ssh, None, &request, deadline).await;
+    let mut once = ssh.clone();
+    once.multiplex = false;
+    let reply = crate::executor::ssh::Session::new(once, "host-check")
+        .call(host, &request, deadline)
+        .await;
     if reply.outcome != crate::tools::Outcome::Ok {
         println!("host {name}: {}", reply.error.unwrap_or_default());
         return EXIT_USAGE;

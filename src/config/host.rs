@@ -50,6 +50,9 @@ pub struct Ssh {
     pub user: String,
     pub identity: PathBuf,
     pub known_hosts: PathBuf,
+    /// A run's calls share one connection (an OpenSSH control master) and one
+    /// agent session; `false`: a new connection for every call.
+    pub multiplex: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -192,6 +195,7 @@ pub(super) fn validate(
                 user: ssh.user.value.clone(),
                 identity: abs_path(&ssh.identity, "ssh.identity", file, diags),
                 known_hosts: abs_path(&ssh.known_hosts, "ssh.known_hosts", file, diags),
+                multiplex: ssh.multiplex.unwrap_or(true),
             })
         }
     };

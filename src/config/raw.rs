@@ -162,6 +162,8 @@ pub struct Ssh {
     pub user: S<String>,
     pub identity: S<String>,
     pub known_hosts: S<String>,
+    /// One connection and agent session per run; false: one per call. Default true.
+    pub multiplex: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

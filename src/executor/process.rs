@@ -101,9 +101,6 @@ pub struct Limits {
     pub output_cap: usize,
     pub kill_grace: Duration,
     pub jail: PathBuf,
-    /// What the command reads on stdin; `None` (every tool) is `/dev/null`.
-    /// Only the SSH transport sends something: one JSON request to the agent.
-    pub input: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -197,20 +194,34 @@ fn lower_priority() {
     }
 }
 
-/// Start a long-lived helper (the SSH connection master) with the same stub
-/// environment, in a process group of its own and with no pipes: the caller
-/// owns it and ends it. Tool calls never use this.
-pub fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
-    std::process::Command::new(&argv.program)
-        .args(argv.args.iter().map(OsString::from))
+/// A command for a long-lived helper of the SSH transport (the connection
+/// master, an agent session): the same stub environment, in `dir`, in a
+/// process group of its own. The caller owns it and ends it
+/// ([`kill_group`]); tool calls never use this.
+pub fn command(argv: &Argv, dir: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(&argv.program);
+    c.args(argv.args.iter().map(OsString::from))
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(dir)
+        .process_group(0);
+    c
+}
+
+/// A helper with no pipes (the SSH connection master).
+pub fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
+    command(argv, dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .process_group(0)
         .spawn()
+}
+
+/// SIGKILL the process group led by `pid` (a helper from [`command`]).
+pub fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        signal_group(Some(Pid::from_raw(pid as i32)), Signal::SIGKILL);
+    }
 }
 
 fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
@@ -226,21 +237,12 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(&limits.jail)
-        .stdin(if limits.input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
         .map_err(spawn_error)?;
-    if let (Some(input), Some(mut stdin)) = (&limits.input, child.stdin.take()) {
-        use std::io::Write;
-        // A request is small (far below a pipe's buffer); then EOF.
-        let _ = stdin.write_all(input);
-    }
     let group = Pid::from_raw(child.id() as i32);
     let pidfd = match pidfd_open(child.id()) {
         Ok(fd) => fd,
@@ -405,7 +407,6 @@ mod tests {
             output_cap: 1024,
             kill_grace: Duration::from_millis(300),
             jail: std::env::temp_dir(),
-            input: None,
         }
     }
 

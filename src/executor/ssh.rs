@@ -9,11 +9,14 @@
 //! Host keys are never accepted on first use (`StrictHostKeyChecking=yes`
 //! against the host file's own `known_hosts`).
 //!
-//! A run's calls to one host share one connection: a [`Session`] starts an
-//! `ssh -M` master in a process group of its own (each call's client is
-//! killed with its whole group when the call ends; the master must not be)
-//! and ends it when the run ends. A call whose master is gone connects on
-//! its own, so a dead master costs a round trip, never a call.
+//! A run's calls to one host share one connection and one agent: a
+//! [`Session`] starts an `ssh -M` master and, through it, one agent session,
+//! each in a process group of its own, and sends the run's requests one line
+//! at a time (the agent serves requests until EOF). Both end with the run.
+//! A reply that does not come by the call's deadline, or a channel that
+//! breaks, ends that session (its whole process group is killed) and is a
+//! transport error; the next call opens a new one. A session whose master is
+//! gone connects on its own, so a dead master costs a round trip, never a call.
 //!
 //! Transport failures are results. A tier-1 call is retried once. A tier-2
 //! call is never retried blindly, it may have happened: the session
@@ -30,7 +33,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::agent::{AgentReply, AgentRequest, STATUS};
-use super::process::{self, Argv, Limits};
+use super::process::{self, Argv};
 use crate::config::Host;
 use crate::config::host::Ssh;
 use crate::tools::{Outcome, Tier, ToolResult};
@@ -92,11 +95,13 @@ pub struct Session {
     /// Where the master's socket lives; `None` when no private directory could be made.
     control: Option<PathBuf>,
     master: Mutex<Option<std::process::Child>>,
+    /// The agent session the run's requests go through.
+    channel: tokio::sync::Mutex<Option<Channel>>,
 }
 
 impl Session {
     pub fn new(target: Ssh, run_id: &str) -> Session {
-        let control = control_dir().ok().map(|d| {
+        let control = control_dir().ok().filter(|_| target.multiplex).map(|d| {
             use sha2::Digest;
             let tag = sha2::Sha256::digest(format!("{run_id}\0{}", target.address));
             let hex: String = tag[..6].iter().map(|b| format!("{b:02x}")).collect();
@@ -106,6 +111,7 @@ impl Session {
             target,
             control,
             master: Mutex::new(None),
+            channel: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -167,8 +173,82 @@ impl Session {
         request: &AgentRequest,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
-        let control = self.ensure_master(host).await;
-        call(host, &self.target, control, request, deadline).await
+        let mut channel = self.channel.lock().await;
+        if channel.is_none() {
+            if let Err(e) = create_private_dir(&host.jail) {
+                return ToolResult::failed(format!("cannot create {}: {e}", host.jail.display()));
+            }
+            let control = self.ensure_master(host).await;
+            match Channel::open(&argv(host, &self.target, control), &host.jail) {
+                Ok(c) => *channel = Some(c),
+                Err(e) => return ToolResult::failed(format!("cannot start ssh: {e}")),
+            }
+        }
+        let Some(ch) = channel.as_mut() else {
+            return ToolResult::failed("no ssh channel");
+        };
+        let exchanged = ch.exchange(request, deadline).await;
+        if !self.target.multiplex
+            && let Some(ch) = channel.take()
+        {
+            // One connection per call: close it (the agent sees EOF and exits).
+            ch.close().await;
+        }
+        match exchanged {
+            Ok(line) => {
+                let reply = serde_json::from_slice::<AgentReply>(&line);
+                match reply {
+                    Ok(AgentReply::Result(r)) => r,
+                    Ok(AgentReply::Refused(why)) => ToolResult {
+                        data: json!({ "refused_by_host": true, "host": host.name }),
+                        ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
+                    },
+                    Err(e) => {
+                        if let Some(ch) = channel.take() {
+                            ch.kill();
+                        }
+                        transport(
+                            host,
+                            format!(
+                                "malformed reply from the agent on host {}: {e} ({} bytes)",
+                                host.name,
+                                line.len()
+                            ),
+                        )
+                    }
+                }
+            }
+            Err(broken) => {
+                let (code, why) = match channel.take() {
+                    Some(ch) => ch.end().await,
+                    None => (None, "the connection closed".into()),
+                };
+                let mut r = transport(
+                    host,
+                    match broken {
+                        Broken::Timeout => format!(
+                            "host {} ({}) did not answer in time; the ssh process group was killed",
+                            host.name, self.target.address
+                        ),
+                        Broken::TooLong(n) => format!(
+                            "malformed reply from the agent on host {}: no end of line in {n} bytes, cut at the cap",
+                            host.name
+                        ),
+                        Broken::Closed if code == Some(SSH_FAILED) => format!(
+                            "ssh to host {} ({}:{}) failed: {why}",
+                            host.name, self.target.address, self.target.port
+                        ),
+                        Broken::Closed => {
+                            format!("the agent on host {} answered nothing ({why})", host.name)
+                        }
+                    },
+                );
+                if matches!(broken, Broken::Timeout) {
+                    r.outcome = Outcome::Timeout;
+                }
+                r
+            }
+        }
     }
 
     /// A tool call, with the transport's retry rules (see the module doc).
@@ -275,6 +355,9 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        if let Some(ch) = self.channel.get_mut().take() {
+            ch.kill();
+        }
         let mut m = self.master.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut c) = m.take() {
             let _ = c.kill();
@@ -307,79 +390,173 @@ fn control_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// One request over one connection (the master's, when `control` is given).
-pub async fn call(
-    host: &Host,
-    ssh: &Ssh,
-    control: Option<&Path>,
-    request: &AgentRequest,
-    deadline: tokio::time::Instant,
-) -> ToolResult {
-    if let Err(e) = create_private_dir(&host.jail) {
-        return ToolResult::failed(format!("cannot create {}: {e}", host.jail.display()));
-    }
-    let mut input = serde_json::to_vec(request).unwrap_or_default();
-    input.push(b'\n');
-    let limits = Limits {
-        deadline,
-        output_cap: crate::tools::OUTPUT_CAP * 2,
-        kill_grace: Duration::from_secs(2),
-        jail: host.jail.clone(),
-        input: Some(input),
-    };
-    let out = match process::run(&argv(host, ssh, control), &limits).await {
-        Ok(o) => o,
-        Err(e @ process::SpawnError::NoTimeLeft(_)) => {
-            return ToolResult {
-                outcome: Outcome::Timeout,
-                ..ToolResult::failed(format!("host {}: {e}", host.name))
-            };
-        }
-        Err(e) => return ToolResult::failed(e.to_string()),
-    };
-    let transport = |what: String| ToolResult {
+fn transport(host: &Host, what: String) -> ToolResult {
+    ToolResult {
         data: json!({ "transport": true, "host": host.name }),
         ..ToolResult::failed(what)
-    };
-    if out.timed_out {
-        let mut r = transport(format!(
-            "host {} ({}) did not answer in time; the ssh process group was killed",
-            host.name, ssh.address
-        ));
-        r.outcome = Outcome::Timeout;
-        return r;
     }
-    if out.exit_code == Some(SSH_FAILED) {
-        let why = out.failure_text();
-        return transport(format!(
-            "ssh to host {} ({}:{}) failed: {why}",
-            host.name, ssh.address, ssh.port
-        ));
-    }
-    let stdout = out.stdout_text();
-    let Some(line) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
-        return transport(format!(
-            "the agent on host {} answered nothing ({})",
-            host.name,
-            out.failure_text()
-        ));
-    };
-    match serde_json::from_str::<AgentReply>(line) {
-        Ok(AgentReply::Result(r)) => r,
-        Ok(AgentReply::Refused(why)) => ToolResult {
-            data: json!({ "refused_by_host": true, "host": host.name }),
-            ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
-        },
-        Err(e) => transport(format!(
-            "malformed reply from the agent on host {}: {e} ({} bytes{})",
-            host.name,
-            stdout.len(),
-            if out.stdout_truncated {
-                ", cut at the cap"
-            } else {
-                ""
+}
+
+/// Why a channel could not answer.
+enum Broken {
+    Timeout,
+    TooLong(usize),
+    Closed,
+}
+
+/// One `ssh ... runwarden-agent` client: requests in, one reply line each out.
+struct Channel {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
+    /// The end of stderr, for the error message when the channel breaks.
+    stderr: std::sync::Arc<Mutex<Vec<u8>>>,
+    stderr_reader: tokio::task::JoinHandle<()>,
+}
+
+impl Channel {
+    fn open(argv: &Argv, jail: &Path) -> std::io::Result<Channel> {
+        use std::process::Stdio;
+        let mut child = tokio::process::Command::from(process::command(argv, jail))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let mut err = child
+            .stderr
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stderr"))?;
+        let stderr: std::sync::Arc<Mutex<Vec<u8>>> = Default::default();
+        let tail = stderr.clone();
+        let stderr_reader = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(8192);
+                t.drain(..excess);
             }
-        )),
+        });
+        Ok(Channel {
+            child,
+            stdin,
+            stdout: tokio::io::BufReader::new(stdout),
+            stderr,
+            stderr_reader,
+        })
+    }
+
+    /// One request line out, one reply line back, by the deadline and under the cap.
+    async fn exchange(
+        &mut self,
+        request: &AgentRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<u8>, Broken> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut line = serde_json::to_vec(request).unwrap_or_default();
+        line.push(b'\n');
+        let cap = crate::tools::OUTPUT_CAP * 2;
+        let io = async {
+            self.stdin
+                .write_all(&line)
+                .await
+                .map_err(|_| Broken::Closed)?;
+            self.stdin.flush().await.map_err(|_| Broken::Closed)?;
+            let mut reply = Vec::new();
+            loop {
+                let buf = self.stdout.fill_buf().await.map_err(|_| Broken::Closed)?;
+                if buf.is_empty() {
+                    return Err(Broken::Closed);
+                }
+                if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                    reply.extend_from_slice(&buf[..i]);
+                    self.stdout.consume(i + 1);
+                    // Blank lines are not replies.
+                    if reply.iter().all(u8::is_ascii_whitespace) {
+                        reply.clear();
+                        continue;
+                    }
+                    return Ok(reply);
+                }
+                let n = buf.len();
+                reply.extend_from_slice(buf);
+                self.stdout.consume(n);
+                if reply.len() > cap {
+                    return Err(Broken::TooLong(reply.len()));
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, io).await {
+            Ok(r) => r,
+            Err(_) => Err(Broken::Timeout),
+        }
+    }
+
+    /// Kill the client's process group; its exit code and how it ended.
+    async fn end(mut self) -> (Option<i32>, String) {
+        // A closed stdout is usually an exit on its way: give it a moment.
+        let status = match tokio::time::timeout(Duration::from_millis(500), self.child.wait()).await
+        {
+            Ok(s) => s,
+            Err(_) => {
+                process::kill_group(self.child.id());
+                self.child.wait().await
+            }
+        };
+        // Its last words: stderr closes with the process group.
+        let _ = tokio::time::timeout(Duration::from_millis(500), &mut self.stderr_reader).await;
+        match status {
+            Ok(status) => (status.code(), self.describe(status)),
+            Err(e) => (None, e.to_string()),
+        }
+    }
+
+    fn describe(&self, status: std::process::ExitStatus) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        let tail = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let text = String::from_utf8_lossy(&tail);
+        let last: String = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim()
+            .chars()
+            .take(300)
+            .collect();
+        match (status.code(), status.signal()) {
+            (Some(c), _) if last.is_empty() => format!("exited with status {c}"),
+            (Some(c), _) => format!("exited with status {c}: {last}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "ended without an exit status".into(),
+        }
+    }
+
+    /// End a healthy session: EOF to the agent, then the process group.
+    async fn close(self) {
+        let Channel {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        let _ = tokio::time::timeout(Duration::from_millis(500), child.wait()).await;
+        process::kill_group(child.id());
+    }
+
+    fn kill(self) {
+        process::kill_group(self.child.id());
     }
 }
 

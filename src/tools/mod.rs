@@ -593,7 +593,6 @@ impl<'a> Ctx<'a> {
             output_cap: self.output_cap,
             kill_grace: self.kill_grace,
             jail: self.host.jail.clone(),
-            input: None,
         }
     }
 

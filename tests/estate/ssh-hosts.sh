@@ -9,6 +9,9 @@
 #                                          client_key.pub and agent.yaml; writes DIR/ssh_host_ed25519_key.pub.
 #                                          COMMAND replaces the forced command (a broken agent, for tests).
 #   ssh-hosts.sh down NAME INDEX DIR       stop it and remove the namespace
+#
+# Env: RW_PLAIN_USER=NAME also lets account NAME in with the same key and an
+# ordinary shell (no forced command): for benchmarks against Ansible only.
 set -euo pipefail
 USER_NAME=rw-agent
 
@@ -28,17 +31,26 @@ up() {
   ssh-keygen -q -t ed25519 -N '' -C "$name" -f "$dir/ssh_host_ed25519_key"
   down "$name" "$i"   # whatever a killed test run left behind under this name
   local forced=${5:-"$agent agent --stdio --policy $dir/agent.yaml --audit $dir/agent-audit.jsonl"}
-  printf 'command="%s",restrict %s\n' "$forced" "$(cat "$dir/client_key.pub")" > "$dir/authorized_keys"
+  printf 'command="%s",restrict %s\n' "$forced" "$(cat "$dir/client_key.pub")" > "$dir/authorized_keys.$USER_NAME"
+  local allow=$USER_NAME
+  if [ -n "${RW_PLAIN_USER:-}" ]; then
+    flock 8
+    getent passwd "$RW_PLAIN_USER" >/dev/null || \
+      useradd --system --create-home --home-dir "/var/lib/$RW_PLAIN_USER" --shell /bin/sh --password '*' "$RW_PLAIN_USER"
+    flock -u 8
+    cp "$dir/client_key.pub" "$dir/authorized_keys.$RW_PLAIN_USER"
+    allow="$allow $RW_PLAIN_USER"
+  fi
   chown -R "$USER_NAME" "$dir/jail"
   touch "$dir/agent-audit.jsonl" && chown "$USER_NAME" "$dir/agent-audit.jsonl"
-  chmod 755 "$dir"; chmod 644 "$dir/authorized_keys" "$dir/agent.yaml"
+  chmod 755 "$dir"; chmod 644 "$dir"/authorized_keys.* "$dir/agent.yaml"
   cat > "$dir/sshd_config" <<CONF
 ListenAddress 10.239.$i.2
 Port 22
 HostKey $dir/ssh_host_ed25519_key
-AuthorizedKeysFile $dir/authorized_keys
+AuthorizedKeysFile $dir/authorized_keys.%u
 PidFile $dir/sshd.pid
-AllowUsers $USER_NAME
+AllowUsers $allow
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no

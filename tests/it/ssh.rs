@@ -249,12 +249,10 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
         rest.split("\n### ").next().unwrap().to_string()
     };
     let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
-    assert!(
-        section("~rw-agent/.ssh/authorized_keys").contains(&format!(
-            "command=\"/usr/local/bin/runwarden agent --stdio\",restrict {}",
-            public.trim()
-        ))
-    );
+    assert!(section("~rw-agent/.ssh/authorized_keys").contains(&format!(
+        "command=\"/usr/local/bin/runwarden agent --stdio\",restrict {}",
+        public.trim()
+    )));
     let sudoers = e.work().join("sudoers");
     std::fs::write(&sudoers, section("/etc/sudoers.d/runwarden")).unwrap();
     let check = Command::new("/usr/sbin/visudo")
