@@ -36,6 +36,7 @@ pub struct Metrics {
     pub model_requests: IntCounterVec,
     pub model_request_duration: prometheus::Histogram,
     pub model_tokens: IntCounterVec,
+    pub transport_errors: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -136,6 +137,12 @@ impl Metrics {
         r.register(Box::new(model_request_duration.clone()))
             .expect("metric registered once");
         Metrics {
+            transport_errors: counter(
+                r,
+                "runwarden_host_transport_errors_total",
+                "Calls to a remote host whose connection failed (host key, authentication, unreachable, timeout, malformed reply), retried or not.",
+                &["host"],
+            ),
             model_requests: counter(
                 r,
                 "runwarden_model_requests_total",

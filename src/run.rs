@@ -461,6 +461,14 @@ impl RunLoop<'_> {
         m.tool_calls
             .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, &r.status])
             .inc();
+        if r.result
+            .as_ref()
+            .is_some_and(crate::executor::ssh::is_transport_error)
+        {
+            m.transport_errors
+                .with_label_values(&[&self.host.name])
+                .inc();
+        }
     }
 }
 
