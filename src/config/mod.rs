@@ -82,7 +82,7 @@ impl Config {
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         let mut diags = Diagnostics::default();
         let settings_file = dir.join("runwarden.yaml");
-        let settings = match read_file(&settings_file, &mut diags, true) {
+        let settings = match read_file(&settings_file, dir, &mut diags, true) {
             Some((text, _)) => {
                 parse::<raw::Settings>(&settings_file, &text, &mut diags).unwrap_or_default()
             }
@@ -176,7 +176,7 @@ impl Config {
         let mut hosts = BTreeMap::new();
         // Every name seen, valid or not, and its file: for "defined twice" and dangling-name checks.
         let mut host_names: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for (file, parsed, text) in parse_files::<raw::Host>(&host_files, &mut diags) {
+        for (file, parsed, text) in parse_files::<raw::Host>(dir, &host_files, &mut diags) {
             let file = &file;
             let Some((raw, _)) = parsed else {
                 let Some(text) = text else { continue };
@@ -207,7 +207,7 @@ impl Config {
             .collect();
         let mut runbooks: BTreeMap<String, Arc<Runbook>> = BTreeMap::new();
         let mut runbook_names: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for (file, parsed, _) in parse_files::<raw::Runbook>(&runbook_files, &mut diags) {
+        for (file, parsed, _) in parse_files::<raw::Runbook>(dir, &runbook_files, &mut diags) {
             let file = &file;
             let Some((raw, version)) = parsed else {
                 continue;
@@ -244,7 +244,7 @@ impl Config {
 /// Load one host file on its own (the agent's policy on a managed host).
 pub fn load_host_file(file: &Path, dir: &Path) -> Result<Host, ConfigError> {
     let mut diags = Diagnostics::default();
-    let host = read_file(file, &mut diags, false)
+    let host = read_file(file, dir, &mut diags, false)
         .and_then(|(text, _)| parse::<raw::Host>(file, &text, &mut diags))
         .and_then(|raw| host::validate(raw, file, dir, &mut diags));
     match host {
@@ -260,6 +260,7 @@ type Parsed<T> = (PathBuf, Option<(T, String)>, Option<String>);
 /// Read and parse files on every core (large estates have hundreds), keeping
 /// the files' order and all their problems.
 fn parse_files<T: serde::de::DeserializeOwned + Send>(
+    root: &Path,
     files: &[PathBuf],
     diags: &mut Diagnostics,
 ) -> Vec<Parsed<T>> {
@@ -275,7 +276,7 @@ fn parse_files<T: serde::de::DeserializeOwned + Send>(
                     let mut d = Diagnostics::default();
                     let out = part
                         .iter()
-                        .map(|file| match read_file(file, &mut d, false) {
+                        .map(|file| match read_file(file, root, &mut d, false) {
                             None => (file.clone(), None, None),
                             Some((text, version)) => match parse::<T>(file, &text, &mut d) {
                                 Some(raw) => (file.clone(), Some((raw, version)), None),
@@ -317,37 +318,84 @@ fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {
     files
 }
 
-/// Read a config file: bounded size, UTF-8, and its sha256 (the version recorded in the audit log).
-fn read_file(file: &Path, diags: &mut Diagnostics, optional: bool) -> Option<(String, String)> {
-    let meta = match std::fs::metadata(file) {
-        Ok(m) => m,
+/// Read a config file: bounded size, UTF-8, and its sha256 (the version
+/// recorded in the audit log). A symlink is followed only to a file inside
+/// `root` (the configuration directory): a host file that links to
+/// /etc/shadow must not be read, since errors quote what they could not parse.
+fn read_file(
+    file: &Path,
+    root: &Path,
+    diags: &mut Diagnostics,
+    optional: bool,
+) -> Option<(String, String)> {
+    use std::io::Read;
+    match std::fs::symlink_metadata(file) {
         Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
             diags.file(file, format!("cannot read: {e}"));
             return None;
         }
-    };
-    if !meta.is_file() {
-        diags.file(file, "not a regular file");
-        return None;
+        Ok(m) if m.file_type().is_symlink() => {
+            let target = std::fs::canonicalize(file);
+            let inside = std::fs::canonicalize(root)
+                .ok()
+                .zip(target.as_ref().ok())
+                .is_some_and(|(r, t)| t.starts_with(r));
+            if !inside {
+                let to = target.map_or_else(|e| e.to_string(), |t| t.display().to_string());
+                diags.file(
+                    file,
+                    format!(
+                        "is a symlink to {to}, outside the configuration directory {}; refused (copy the file in, or link to one inside)",
+                        root.display()
+                    ),
+                );
+                return None;
+            }
+        }
+        Ok(_) => {}
     }
-    if meta.len() > MAX_FILE_BYTES {
-        diags.file(
-            file,
-            format!(
-                "file is {} bytes; config files are limited to {MAX_FILE_BYTES} bytes",
-                meta.len()
-            ),
-        );
-        return None;
-    }
-    let bytes = match std::fs::read(file) {
-        Ok(b) => b,
+    let mut f = match std::fs::File::open(file) {
+        Ok(f) => f,
         Err(e) => {
             diags.file(file, format!("cannot read: {e}"));
             return None;
         }
     };
+    // Checked on the open file, so a file swapped after the check cannot slip by.
+    match f.metadata() {
+        Ok(m) if !m.is_file() => {
+            diags.file(file, "not a regular file");
+            return None;
+        }
+        Ok(m) if m.len() > MAX_FILE_BYTES => {
+            diags.file(
+                file,
+                format!(
+                    "file is {} bytes; config files are limited to {MAX_FILE_BYTES} bytes",
+                    m.len()
+                ),
+            );
+            return None;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            diags.file(file, format!("cannot read: {e}"));
+            return None;
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = (&mut f).take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes) {
+        diags.file(file, format!("cannot read: {e}"));
+        return None;
+    }
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        diags.file(
+            file,
+            format!("file grew past {MAX_FILE_BYTES} bytes while being read"),
+        );
+        return None;
+    }
     let version = format!("{:x}", Sha256::digest(&bytes));
     match String::from_utf8(bytes) {
         Ok(text) => Some((text, version)),
@@ -377,7 +425,17 @@ fn parse<T: serde::de::DeserializeOwned>(
         Err(e) => {
             let loc = e.location().unwrap_or(serde_saphyr::Location::UNKNOWN);
             let msg = e.without_snippet().to_string();
-            diags.at(file, loc, strip_location(&msg));
+            let msg = if msg.contains("budget breached") {
+                format!(
+                    "the document is too large once its aliases are expanded ({}); refused (a YAML alias bomb?)",
+                    strip_location(&msg)
+                        .trim_start_matches("budget breached: ")
+                        .to_lowercase()
+                )
+            } else {
+                strip_location(&msg)
+            };
+            diags.at(file, loc, msg);
             None
         }
     }

@@ -154,6 +154,9 @@ pub fn is_template(s: &str) -> bool {
     s.contains("{{") || s.contains("{%") || s.contains("{#")
 }
 
+/// The most steps a runbook may have: `budget.max_steps` is at most 1000.
+const MAX_STEPS: usize = 1000;
+
 pub(super) fn validate(
     raw: raw::Runbook,
     file: &Path,
@@ -295,6 +298,17 @@ pub(super) fn validate(
         budget.max_duration = d;
     }
 
+    if raw.steps.len() > MAX_STEPS {
+        diags.at(
+            file,
+            raw.name.referenced,
+            format!(
+                "{} steps; a runbook has at most {MAX_STEPS} (no budget can run more)",
+                raw.steps.len()
+            ),
+        );
+        return None;
+    }
     let env = template_env();
     let mut ids = BTreeSet::new();
     let mut steps = Vec::new();

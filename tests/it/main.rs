@@ -6,6 +6,7 @@ mod cli;
 mod daemon;
 mod e2e;
 mod gate;
+mod hardening;
 mod model;
 mod observability;
 mod ssh;
