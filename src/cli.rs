@@ -80,6 +80,10 @@ pub enum Command {
         /// runwarden.yaml configures one (auto), or force one.
         #[arg(long, value_enum, default_value = "auto")]
         planner: PlannerChoice,
+        /// Run as if for this alert: a JSON file with `labels` and `annotations`
+        /// (one alert of an Alertmanager notification), seen by templates as `alert.*`.
+        #[arg(long)]
+        alert: Option<PathBuf>,
     },
     /// Print a run from the audit log as a person reads it: each model turn
     /// (what it was sent, what it answered), each call with the gate's decision, each result.
@@ -250,9 +254,19 @@ pub async fn main(cli: Cli) -> i32 {
             config,
             json,
             planner,
+            alert,
         } => {
             let mut req = RunRequest::cli(runbook, host, dry_run);
             req.planner = planner;
+            if let Some(file) = alert {
+                match read_alert(&file) {
+                    Ok(a) => req.alert = Some(a),
+                    Err(e) => {
+                        eprintln!("runwarden: {e}");
+                        return EXIT_USAGE;
+                    }
+                }
+            }
             run(&config, req, json).await
         }
         Command::Transcript { run_id, config } => transcript(&run_id, &config),
@@ -867,6 +881,31 @@ fn audit_verify(file: Option<PathBuf>, dir: &Path) -> i32 {
             EXIT_USAGE
         }
     }
+}
+
+/// `run --alert FILE`: one alert's labels and annotations, as the webhook would pass them.
+fn read_alert(file: &Path) -> Result<Value, String> {
+    let text = std::fs::read(file).map_err(|e| format!("--alert {}: {e}", file.display()))?;
+    if text.len() > 1 << 20 {
+        return Err(format!("--alert {}: larger than 1 MiB", file.display()));
+    }
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| format!("--alert {}: not JSON: {e}", file.display()))?;
+    let strings = |key: &str| -> Result<Value, String> {
+        match &v[key] {
+            Value::Null => Ok(Value::Object(Default::default())),
+            Value::Object(m) if m.values().all(Value::is_string) => Ok(v[key].clone()),
+            _ => Err(format!(
+                "--alert {}: `{key}` must be an object of strings",
+                file.display()
+            )),
+        }
+    };
+    Ok(serde_json::json!({
+        "labels": strings("labels")?,
+        "annotations": strings("annotations")?,
+        "fingerprint": v["fingerprint"].as_str().unwrap_or(""),
+    }))
 }
 
 fn transcript(run_id: &str, dir: &Path) -> i32 {

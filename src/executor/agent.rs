@@ -40,15 +40,20 @@ pub enum AgentReply {
     Refused(String),
 }
 
-/// Serve requests from stdin until EOF. Returns the process exit code.
+/// Serve requests from stdin until EOF, one reply line per request line,
+/// whatever the line holds (an over-long line is skipped to its end and
+/// refused once, so replies never fall out of step). Returns the exit code.
 pub async fn serve_stdio(policy: &Host, audit: &AuditLog) -> i32 {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    let mut line = String::new();
-    let mut reader = stdin.lock().take(MAX_REQUEST as u64 + 1);
+    let mut input = stdin.lock();
+    let mut line = Vec::new();
     loop {
         line.clear();
-        match reader.read_line(&mut line) {
+        let read = (&mut input)
+            .take(MAX_REQUEST as u64 + 1)
+            .read_until(b'\n', &mut line);
+        match read {
             Ok(0) => return 0,
             Ok(_) => {}
             Err(e) => {
@@ -60,11 +65,26 @@ pub async fn serve_stdio(policy: &Host, audit: &AuditLog) -> i32 {
                 return 1;
             }
         }
-        reader.set_limit(MAX_REQUEST as u64 + 1);
         let reply = if line.len() > MAX_REQUEST {
-            AgentReply::Refused(format!("request longer than {MAX_REQUEST} bytes"))
+            // Drop the rest of this line.
+            let mut rest = Vec::new();
+            while !line.ends_with(b"\n") && !rest.ends_with(b"\n") {
+                rest.clear();
+                match (&mut input).take(64 << 10).read_until(b'\n', &mut rest) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            unparsed(
+                policy,
+                audit,
+                format!("request longer than {MAX_REQUEST} bytes"),
+            )
         } else {
-            handle(policy, audit, line.trim_end()).await
+            match std::str::from_utf8(&line) {
+                Ok(text) => handle(policy, audit, text.trim_end()).await,
+                Err(e) => unparsed(policy, audit, format!("request is not UTF-8: {e}")),
+            }
         };
         let _ = writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default());
         let _ = out.flush();
@@ -76,7 +96,7 @@ use std::io::Read;
 async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
     let req: AgentRequest = match serde_json::from_str(line) {
         Ok(r) => r,
-        Err(e) => return AgentReply::Refused(format!("malformed request: {e}")),
+        Err(e) => return unparsed(policy, audit, format!("malformed request: {e}")),
     };
     let info = RunInfo {
         run_id: req.run_id.chars().take(64).collect(),
@@ -172,6 +192,25 @@ fn status(audit: &AuditLog, run_id: &str, step: u32) -> AgentReply {
         super::ssh::status_answer("never_received", None)
     };
     AgentReply::Result(answer)
+}
+
+/// Refuse a line that is not a request, and say so in the host's audit log
+/// (it names no run: whoever holds the key sent something else).
+fn unparsed(policy: &Host, audit: &AuditLog, why: String) -> AgentReply {
+    let info = RunInfo {
+        run_id: "-".into(),
+        runbook: String::new(),
+        runbook_version: String::new(),
+        host: policy.name.clone(),
+        planner: "agent".into(),
+        model: None,
+        prompt: None,
+    };
+    let mut e = info.entry(Phase::Denied, None);
+    e.outcome = Some("denied".into());
+    e.detail = Some(json!({ "reason": "malformed_request", "message": why }));
+    let _ = audit.append(e, true);
+    AgentReply::Refused(why)
 }
 
 /// Not a tool: the runner asks what became of a call after losing the connection.

@@ -421,7 +421,10 @@ fn allowed_key<V>(
     }
 }
 
-/// A path that must be one of `allowed` or below one of them, after resolution.
+/// A path that must be one of `allowed` or below one of them, after
+/// resolution. Resolved (local) paths must also stay on the filesystem of the
+/// allowed entry they fall under: a bind mount of /etc placed inside an
+/// allowed directory resolves to a path below it, but is another mount.
 pub fn allowed_path(
     raw: &str,
     allowed: &[PathBuf],
@@ -429,16 +432,56 @@ pub fn allowed_path(
     field: &str,
 ) -> Result<PathBuf, String> {
     let resolved = resolve_path(raw, mode)?;
-    for a in allowed {
-        let a = match mode {
+    let under = allowed
+        .iter()
+        .map(|a| match mode {
             PathMode::Resolve => std::fs::canonicalize(a).unwrap_or_else(|_| a.clone()),
             PathMode::Lexical => a.clone(),
-        };
-        if resolved.starts_with(&a) {
-            return Ok(resolved);
+        })
+        .filter(|a| resolved.starts_with(a))
+        .max_by_key(|a| a.components().count());
+    match under {
+        Some(a)
+            if mode == PathMode::Resolve
+                && a != resolved
+                && mount_of(&a) != mount_of(&resolved) =>
+        {
+            Err(format!(
+                "path {} crosses a mount point below the allowed {} (list the mount point in the host's {field} if it may be examined)",
+                shown(raw),
+                a.display()
+            ))
         }
+        Some(_) => Ok(resolved),
+        None => Err(not_allowed(raw, &resolved, allowed, field)),
     }
-    Err(not_allowed(raw, &resolved, allowed, field))
+}
+
+/// Which mount a path is on (statx's mount id; the device number where
+/// the kernel has no mount ids). `None` when it cannot be told.
+fn mount_of(path: &Path) -> Option<u64> {
+    use nix::libc;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx writes into the zeroed buffer it is given; the path is NUL-terminated.
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut buf,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    if buf.stx_mask & libc::STATX_MNT_ID != 0 {
+        Some(buf.stx_mnt_id)
+    } else {
+        Some(((buf.stx_dev_major as u64) << 32) | buf.stx_dev_minor as u64)
+    }
 }
 
 /// A file that must be exactly one of `allowed`, after resolution.

@@ -12,7 +12,8 @@ fn check(e: &Estate) -> (Option<i32>, String, Duration, i64) {
     let started = Instant::now();
     let out = e.run(&["check"]);
     let took = started.elapsed();
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    let usage =
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -41,20 +42,43 @@ fn hostile_config_files_are_refused_whole_in_bounded_time_and_memory() {
     // Nesting 100,000 deep.
     rb(
         "deep",
-        &format!("steps:\n  - call: disk_usage\n    args: {{ path: {}{} }}\n", "[".repeat(100_000), "]".repeat(100_000)),
+        &format!(
+            "steps:\n  - call: disk_usage\n    args: {{ path: {}{} }}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        ),
     );
     // 10,000 steps.
-    rb("many", &"steps:\n".chars().chain("  - call: disk_usage\n    args: { path: /tmp }\n".repeat(10_000).chars()).collect::<String>());
+    rb(
+        "many",
+        &"steps:\n"
+            .chars()
+            .chain(
+                "  - call: disk_usage\n    args: { path: /tmp }\n"
+                    .repeat(10_000)
+                    .chars(),
+            )
+            .collect::<String>(),
+    );
     // Invalid UTF-8 on line 2.
-    std::fs::write(e.path().join("runbooks/utf8.yaml"), b"name: utf8\ndescription: \xff\xfe\n").unwrap();
+    std::fs::write(
+        e.path().join("runbooks/utf8.yaml"),
+        b"name: utf8\ndescription: \xff\xfe\n",
+    )
+    .unwrap();
     // 100 MB (sparse).
     let huge = std::fs::File::create(e.path().join("runbooks/huge.yaml")).unwrap();
     huge.set_len(100 << 20).unwrap();
     // A host file that is a link to /etc/shadow, and one to a file inside the directory (allowed).
     std::os::unix::fs::symlink("/etc/shadow", e.path().join("hosts/shadow.yaml")).unwrap();
     std::fs::create_dir_all(e.path().join("shared")).unwrap();
-    std::fs::write(e.path().join("shared/inside.yaml"), local_host("inside", "paths: [/tmp]")).unwrap();
-    std::os::unix::fs::symlink("../shared/inside.yaml", e.path().join("hosts/inside.yaml")).unwrap();
+    std::fs::write(
+        e.path().join("shared/inside.yaml"),
+        local_host("inside", "paths: [/tmp]"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("../shared/inside.yaml", e.path().join("hosts/inside.yaml"))
+        .unwrap();
 
     let (code, err, took, rss) = check(&e);
     assert_eq!(code, Some(2), "{err}");
@@ -65,14 +89,24 @@ fn hostile_config_files_are_refused_whole_in_bounded_time_and_memory() {
         format!("{root}/runbooks/deep.yaml:"),
         format!("{root}/runbooks/many.yaml:1:7: 10000 steps; a runbook has at most 1000"),
         format!("{root}/runbooks/utf8.yaml:2:14: file is not valid UTF-8"),
-        format!("{root}/runbooks/huge.yaml:1:1: file is 104857600 bytes; config files are limited to 4194304 bytes"),
-        format!("{root}/hosts/shadow.yaml:1:1: is a symlink to /etc/shadow, outside the configuration directory"),
+        format!(
+            "{root}/runbooks/huge.yaml:1:1: file is 104857600 bytes; config files are limited to 4194304 bytes"
+        ),
+        format!(
+            "{root}/hosts/shadow.yaml:1:1: is a symlink to /etc/shadow, outside the configuration directory"
+        ),
         "nothing was loaded".to_string(),
     ] {
         assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
     }
-    assert!(!err.contains("root:"), "nothing of /etc/shadow is quoted:\n{err}");
-    assert!(!err.contains("inside.yaml"), "a link inside the directory is fine:\n{err}");
+    assert!(
+        !err.contains("root:"),
+        "nothing of /etc/shadow is quoted:\n{err}"
+    );
+    assert!(
+        !err.contains("inside.yaml"),
+        "a link inside the directory is fine:\n{err}"
+    );
     assert!(!err.contains("panicked"));
     assert!(took < Duration::from_secs(30), "took {took:?}");
     assert!(rss < 512 * 1024, "peak RSS {rss} KiB");
