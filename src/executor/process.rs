@@ -210,11 +210,11 @@ pub fn command(argv: &Argv, dir: &Path) -> std::process::Command {
 
 /// A helper with no pipes (the SSH connection master).
 pub fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
-    command(argv, dir)
-        .stdin(Stdio::null())
+    let mut c = command(argv, dir);
+    c.stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+        .stderr(Stdio::null());
+    escapees::spawn(|| c.spawn())
 }
 
 /// SIGKILL the process group led by `pid` (a helper from [`command`]).
@@ -232,7 +232,8 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         program: argv.program.display().to_string(),
         source,
     };
-    let mut child = std::process::Command::new(&argv.program)
+    let mut command = std::process::Command::new(&argv.program);
+    command
         .args(argv.args.iter().map(OsString::from))
         .env_clear()
         .envs(STUB_ENV)
@@ -240,9 +241,9 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(spawn_error)?;
+        .process_group(0);
+    let mut child = escapees::spawn(|| command.spawn()).map_err(spawn_error)?;
+    let _forget = escapees::Forget(child.id());
     let group = Pid::from_raw(child.id() as i32);
     let pidfd = match pidfd_open(child.id()) {
         Ok(fd) => fd,
@@ -308,6 +309,10 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             signal_group(Some(group), Signal::SIGKILL);
             exited_at = Some(std::time::Instant::now());
         }
+        if exited_at.is_some() {
+            // Whatever left the group (setsid, setpgid) and was orphaned came to us.
+            escapees::sweep();
+        }
     }
 
     let status = if timed_out {
@@ -320,6 +325,7 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         signal_group(Some(group), Signal::SIGKILL);
         child.wait().ok()
     };
+    escapees::sweep();
     let mut out = ProcessOutput {
         timed_out,
         ..Default::default()
@@ -468,5 +474,104 @@ mod tests {
         );
         assert_eq!(out.stdout.len(), 1024);
         assert!(out.stdout_truncated);
+    }
+}
+
+/// Processes that escape a call's process group (`setsid`, `setpgid`) and
+/// outlive it. runwarden is a child subreaper: such a process, once its
+/// parents are gone, is adopted by runwarden instead of init. Every process
+/// runwarden starts is recorded under a lock held across `fork`; any other
+/// child of runwarden is by construction an escapee of some tool call, and
+/// [`sweep`] kills and reaps it.
+pub mod escapees {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use nix::sys::signal::{Signal, kill};
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    use nix::unistd::Pid;
+
+    static SPAWNED: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
+
+    /// Become the subreaper of everything this process starts (once).
+    pub fn adopt_orphans() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+                tracing::warn!("cannot become a child subreaper ({e}): a tool's escaped processes would outlive it");
+            }
+        });
+    }
+
+    /// Start a process with `f` and record it, so [`sweep`] leaves it alone.
+    pub fn spawn<C: Pid32>(f: impl FnOnce() -> std::io::Result<C>) -> std::io::Result<C> {
+        adopt_orphans();
+        let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
+        let child = f()?;
+        if let Some(pid) = child.pid32() {
+            set.get_or_insert_with(HashSet::new).insert(pid);
+        }
+        Ok(child)
+    }
+
+    /// Forget a process when this guard drops (it has been reaped).
+    pub struct Forget(pub u32);
+
+    impl Drop for Forget {
+        fn drop(&mut self) {
+            forget(self.0);
+        }
+    }
+
+    pub fn forget(pid: u32) {
+        let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = set.as_mut() {
+            s.remove(&pid);
+        }
+    }
+
+    /// Kill and reap every child of this process that it did not start.
+    pub fn sweep() {
+        let set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for pid in children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+            {
+                if set.as_ref().is_some_and(|s| s.contains(&pid)) {
+                    continue;
+                }
+                let p = Pid::from_raw(pid as i32);
+                tracing::warn!(
+                    pid,
+                    "killing a process that escaped a tool call's process group"
+                );
+                let _ = kill(p, Signal::SIGKILL);
+                let _ = waitpid(p, Some(WaitPidFlag::__WALL));
+            }
+        }
+    }
+
+    /// A started process's pid.
+    pub trait Pid32 {
+        fn pid32(&self) -> Option<u32>;
+    }
+
+    impl Pid32 for std::process::Child {
+        fn pid32(&self) -> Option<u32> {
+            Some(self.id())
+        }
+    }
+
+    impl Pid32 for tokio::process::Child {
+        fn pid32(&self) -> Option<u32> {
+            self.id()
+        }
     }
 }

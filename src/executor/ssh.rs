@@ -417,12 +417,13 @@ struct Channel {
 impl Channel {
     fn open(argv: &Argv, jail: &Path) -> std::io::Result<Channel> {
         use std::process::Stdio;
-        let mut child = tokio::process::Command::from(process::command(argv, jail))
+        let mut command = tokio::process::Command::from(process::command(argv, jail));
+        command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        let mut child = process::escapees::spawn(|| command.spawn())?;
         let stdin = child
             .stdin
             .take()
@@ -556,6 +557,9 @@ impl Channel {
     }
 
     fn kill(self) {
+        if let Some(pid) = self.child.id() {
+            process::escapees::forget(pid);
+        }
         process::kill_group(self.child.id());
     }
 }

@@ -111,3 +111,53 @@ fn hostile_config_files_are_refused_whole_in_bounded_time_and_memory() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
     assert!(rss < 512 * 1024, "peak RSS {rss} KiB");
 }
+
+#[test]
+fn processes_that_escape_a_tools_process_group_do_not_outlive_the_call() {
+    let e = Estate::new();
+    let pids = e.work().join("pids");
+    // A `ps` that leaves two processes behind in sessions of their own (one
+    // directly, one through a double fork), holding the output pipe open.
+    let ps = e.script(
+        "leaky-ps",
+        &format!(
+            "setsid /bin/sleep 300 &\necho $! >> {p}\nsetsid /bin/sh -c '/bin/sleep 301 & echo $! >> {p}; exec /bin/sleep 302' &\nsleep 0.2\nexec /bin/ps \"$@\"",
+            p = pids.display()
+        ),
+    );
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries:\n  ps: {}", ps.display())),
+    );
+    e.runbook(
+        "procs",
+        "name: procs\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n  - call: list_processes\n  - call: list_processes\n",
+    );
+    let started = Instant::now();
+    let (code, report) = e.run_json("procs", "h", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 4, "two escapes per call");
+    for pid in pids {
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if alive {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(
+            !alive,
+            "process {pid} escaped the call and is still running"
+        );
+    }
+}
