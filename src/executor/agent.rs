@@ -93,7 +93,8 @@ pub async fn serve_stdio(policy: &Host, audit: &AuditLog) -> i32 {
 
 use std::io::Read;
 
-async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
+/// Answer one request line (what `serve_stdio` does with each line).
+pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
     let req: AgentRequest = match serde_json::from_str(line) {
         Ok(r) => r,
         Err(e) => return unparsed(policy, audit, format!("malformed request: {e}")),
