@@ -265,10 +265,8 @@ proptest! {
             let reply = rt.block_on(runwarden::executor::agent::handle(host, audit, text.trim_end()));
             let v = serde_json::to_value(&reply).unwrap();
             // Anything that ran was a tool the policy allows, on an allowed path.
-            if let Some(r) = v.get("result") {
-                if let Some(p) = r["data"]["path"].as_str() {
-                    prop_assert!(Path::new(p).starts_with(e.work()), "{p}");
-                }
+            if let Some(p) = v.get("result").and_then(|r| r["data"]["path"].as_str()) {
+                prop_assert!(Path::new(p).starts_with(e.work()), "{p}");
             }
             Ok(())
         })?;
