@@ -230,9 +230,15 @@ impl AuditLog {
             let mut line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
             let hash = hex(&Sha256::digest(&line));
             line.push(b'\n');
-            head.file.write_all(&line)?;
-            if sync {
-                head.file.sync_data()?;
+            let wrote = head
+                .file
+                .write_all(&line)
+                .and_then(|()| if sync { head.file.sync_data() } else { Ok(()) });
+            if let Err(e) = wrote {
+                // A full disk can take half a line: cut it off, so the log
+                // stays a chain of whole lines and works again when space returns.
+                let _ = head.file.set_len(head.len);
+                return Err(e);
             }
             head.hash = hash;
             head.len += line.len() as u64;

@@ -161,3 +161,139 @@ fn processes_that_escape_a_tools_process_group_do_not_outlive_the_call() {
         );
     }
 }
+
+/// A `runwarden` command in a private mount namespace whose state directory
+/// (the audit log's) is a 64 KiB tmpfs, filled by a file `state/filler`.
+fn on_full_state_dir(e: &Estate, args: &str) -> std::process::Command {
+    let state = e.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let script = format!(
+        "set -e; mount -t tmpfs -o size=64k rw-state {s}; dd if=/dev/zero of={s}/filler bs=4k 2>/dev/null || true; exec {bin} {args} --config {cfg}",
+        s = state.display(),
+        bin = bin(),
+        cfg = e.path().display()
+    );
+    let mut c = std::process::Command::new("/usr/bin/unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    c
+}
+
+fn rotation_estate() -> (Estate, std::path::PathBuf) {
+    let e = Estate::new();
+    let conf = rotating_host(&e, "h");
+    e.runbook(
+        "rotate",
+        &format!("name: rotate\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\non_alert:\n  matchers: ['alertname=\"LogsFull\"']\n  host_label: instance\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n  - call: rotate_logs\n    args: {{ config: {conf} }}\n    reason: logs full\n"),
+    );
+    (e, e_logs(&conf))
+}
+
+fn e_logs(conf: &str) -> std::path::PathBuf {
+    std::path::Path::new(conf).parent().unwrap().join("logs")
+}
+
+#[test]
+fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_returns() {
+    // The command line: nothing runs, the run is broken, the reason is named.
+    let (e, logs) = rotation_estate();
+    let out = on_full_state_dir(&e, "run rotate --host h --json")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("No space left on device")
+            && err.contains("no call runs without its audit line"),
+        "{err}"
+    );
+    assert!(!logs.join("app.log.1").exists(), "nothing was rotated");
+
+    // The daemon: unhealthy while full, each alert's run broken with no call made;
+    // healthy and working again once space returns.
+    let (e, logs) = rotation_estate();
+    let mut child = on_full_state_dir(&e, "serve --listen 127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let _daemon = Proc(child);
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+    let pid = _daemon.0.id().to_string();
+    let alert = |fp: &str| {
+        format!(
+            r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"{fp}","alerts":[{{"status":"firing","labels":{{"alertname":"LogsFull","instance":"h"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"{fp}"}}]}}"#
+        )
+    };
+    let settled = |n: usize| {
+        wait_for("the run", Duration::from_secs(20), || {
+            let runs: serde_json::Value =
+                serde_json::from_str(&http(&addr, "GET", "/api/v1/runs", "")?.1).ok()?;
+            let runs = runs["runs"].as_array()?.clone();
+            (runs.len() == n
+                && runs
+                    .iter()
+                    .all(|r| r["status"] != "running" && r["status"] != "queued"))
+            .then_some(runs)
+        })
+    };
+    http(&addr, "POST", "/api/v1/alerts", &alert("a1")).unwrap();
+    let runs = settled(1);
+    assert_eq!(runs[0]["status"], "broken", "{runs:#?}");
+    let (status, body) = http(&addr, "GET", "/healthz", "").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("audit"), "{body}");
+    assert!(!logs.join("app.log.1").exists());
+    let metrics = http(&addr, "GET", "/metrics", "").unwrap().1;
+    assert!(
+        !metrics.contains("runwarden_audit_write_failures_total 0"),
+        "{metrics}"
+    );
+
+    // Space returns.
+    sh(
+        "/usr/bin/nsenter",
+        &[
+            "-t",
+            &pid,
+            "-m",
+            "rm",
+            &e.path().join("state/filler").display().to_string(),
+        ],
+    );
+    http(&addr, "POST", "/api/v1/alerts", &alert("a2")).unwrap();
+    let runs = settled(2);
+    assert!(runs.iter().any(|r| r["status"] == "ok"), "{runs:#?}");
+    assert_eq!(http(&addr, "GET", "/healthz", "").unwrap().0, 200);
+    assert!(logs.join("app.log.1").exists(), "the second run rotated");
+    let verify = sh(
+        "/usr/bin/nsenter",
+        &[
+            "-t",
+            &pid,
+            "-m",
+            bin(),
+            "audit",
+            "verify",
+            "--config",
+            &e.path().display().to_string(),
+        ],
+    );
+    assert!(verify.contains("chain intact"), "{verify}");
+}
