@@ -297,3 +297,54 @@ fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_r
     );
     assert!(verify.contains("chain intact"), "{verify}");
 }
+
+#[test]
+fn a_kill_switch_directory_removed_or_replaced_while_runs_are_in_flight_fails_closed() {
+    for (what, sabotage) in [
+        ("removed", "rm -rf {ks}"),
+        ("replaced by a file", "rm -rf {ks} && echo x > {ks}"),
+        (
+            "replaced by a symlink to nowhere",
+            "rm -rf {ks} && ln -s /nonexistent {ks}",
+        ),
+    ] {
+        let e = Estate::new();
+        let ps = e.script("slow-ps", "sleep 0.3\nexec /bin/ps \"$@\"");
+        e.host(
+            "h",
+            &local_host("h", &format!("binaries:\n  ps: {}", ps.display())),
+        );
+        let mut rb = "name: slow\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n".to_string();
+        for _ in 0..10 {
+            rb += "  - call: list_processes\n";
+        }
+        e.runbook("slow", &rb);
+        let run = e
+            .cmd(&["run", "slow", "--host", "h", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        let ks = e.path().join("kill-switch").display().to_string();
+        sh("/bin/sh", &["-c", &sabotage.replace("{ks}", &ks)]);
+        let out = run.wait_with_output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["verdict"], "halted", "{what}: {report:#}");
+        let ran = steps_with(&report, "ok").len();
+        assert!((1..10).contains(&ran), "{what}: {ran} calls ran");
+        let denied = steps_with(&report, "denied");
+        assert_eq!(
+            denied.len(),
+            1,
+            "{what}: the run stops at the first refusal"
+        );
+        assert!(
+            denied[0]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("kill_switch"),
+            "{what}: {:#}",
+            denied[0]
+        );
+    }
+}
