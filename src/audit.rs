@@ -40,6 +40,8 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// The daemon accepted a trigger: the run exists before it starts.
+    Queued,
     Start,
     Intent,
     Result,
@@ -200,6 +202,15 @@ impl AuditLog {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// fsync what was appended without it (several `queued` lines at once).
+    pub fn sync(&self) -> Result<(), AuditError> {
+        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        head.file.sync_data().map_err(|source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// Append one line (chained to the previous one); fsync it when `sync`.
@@ -449,6 +460,8 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
 
 /// The `start` lines of runs that have no `verdict` line: runs the process
 /// was killed in the middle of.
+/// Runs with a `queued` or `start` line and no verdict: the last line of each
+/// (a `queued` line means it was accepted and never started).
 pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
@@ -461,6 +474,9 @@ pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
             continue;
         };
         match e.phase {
+            Some(Phase::Queued) => {
+                open.insert(e.run_id.clone(), e);
+            }
             Some(Phase::Start) => {
                 open.insert(e.run_id.clone(), e);
             }

@@ -163,6 +163,14 @@ impl Scheduler {
             });
             results.push(self.submit_one(&config, req, stopped));
         }
+        // Every accepted trigger is on disk before the sender hears so: after a
+        // crash it is reported, never silently lost.
+        if results.contains(&TriggerResult::Started)
+            && let Err(e) = self.audit.sync()
+        {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!("accepted triggers could not be synced: {e}");
+        }
         results
     }
 
@@ -221,6 +229,25 @@ impl Scheduler {
 
     fn start(self: &Arc<Self>, config: Arc<Config>, req: RunRequest) {
         let run_id = uuid::Uuid::now_v7().to_string();
+        let info = RunInfo {
+            run_id: run_id.clone(),
+            runbook: req.runbook.clone(),
+            runbook_version: config
+                .runbooks
+                .get(&req.runbook)
+                .map(|r| r.version.clone())
+                .unwrap_or_default(),
+            host: req.host.clone(),
+            planner: String::new(),
+            model: None,
+            prompt: None,
+        };
+        let mut queued = info.entry(Phase::Queued, None);
+        queued.detail = Some(serde_json::json!({ "trigger": req.trigger, "keys": req.keys }));
+        if let Err(e) = self.audit.append(queued, false) {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!(run_id = %run_id, "queued line not written: {e}");
+        }
         let record = RunRecord {
             run_id: run_id.clone(),
             runbook: req.runbook.clone(),
@@ -331,7 +358,11 @@ impl Scheduler {
             let mut e = info.entry(Phase::Verdict, None);
             e.outcome = Some("interrupted".into());
             e.detail = Some(serde_json::json!({
-                "detail": "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
+                "detail": if start.phase == Some(Phase::Queued) {
+                    "the process stopped after accepting this trigger and before the run started; nothing ran (the trigger is not replayed)"
+                } else {
+                    "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
+                }
             }));
             self.audit.append(e, true).map_err(std::io::Error::other)?;
             self.metrics

@@ -14,7 +14,12 @@ use crate::audit::{Entry, Phase};
 /// Render one run's lines (in log order).
 pub fn render(lines: &[Entry]) -> String {
     let mut out = String::new();
-    let Some(first) = lines.first() else {
+    // The header comes from the run's start line (a daemon run is `queued` first).
+    let Some(first) = lines
+        .iter()
+        .find(|e| e.phase == Some(Phase::Start))
+        .or(lines.first())
+    else {
         return out;
     };
     let _ = writeln!(
@@ -42,6 +47,9 @@ pub fn render(lines: &[Entry]) -> String {
         };
         let detail = e.detail.as_ref().unwrap_or(&Value::Null);
         match e.phase {
+            Some(Phase::Queued) => {
+                let _ = writeln!(out, "accepted {} (queued)", e.ts);
+            }
             Some(Phase::Start) => {
                 let _ = writeln!(out, "trigger {}", detail["trigger"]);
             }

@@ -474,10 +474,17 @@ fn validate_step(
         }
         None => format!("step{}", index + 1),
     };
-    if let Some(w) = &s.when
-        && let Err(e) = env.compile_expression(&w.value)
-    {
-        diags.at(file, w.referenced, format!("`when` does not parse: {e}"));
+    if let Some(w) = &s.when {
+        if is_template(&w.value) || w.value.contains("}}") || w.value.contains("%}") {
+            // Delimiters inside an expression also crash minijinja's lexer (found by fuzzing).
+            diags.at(
+                file,
+                w.referenced,
+                "`when` is an expression, not a template: write it without {{ }} or {% %}",
+            );
+        } else if let Err(e) = env.compile_expression(&w.value) {
+            diags.at(file, w.referenced, format!("`when` does not parse: {e}"));
+        }
     }
     let action = match (&s.call, &s.suggest) {
         (Some(_), Some(_)) | (None, None) => {

@@ -7,7 +7,7 @@
 //!
 //! The test command runs 256 cases per target (`PROPTEST_CASES` to run more
 //! by hand, e.g. `PROPTEST_CASES=20000 cargo test --test it fuzz::`). A case
-//! that fails is saved under `proptest-regressions/` (kept in the repository)
+//! that fails is saved under `tests/proptest-regressions/` (kept in the repository)
 //! and replayed first.
 
 use std::path::{Path, PathBuf};

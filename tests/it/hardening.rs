@@ -7,18 +7,18 @@ use std::time::{Duration, Instant};
 
 use crate::util::*;
 
-/// `runwarden check` on `e`: (exit code, stderr, wall time, peak RSS of the child in KiB).
+/// `runwarden check` on `e`: (exit code, stderr, wall time, its peak RSS in KiB).
 fn check(e: &Estate) -> (Option<i32>, String, Duration, i64) {
     let started = Instant::now();
-    let out = e.run(&["check"]);
-    let took = started.elapsed();
-    let usage =
-        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    let err = e.work().join("check.err");
+    let mut cmd = e.cmd(&["check"]);
+    cmd.stderr(std::fs::File::create(&err).unwrap());
+    let (_, code, rss) = run_measured_keep_stderr(cmd);
     (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        took,
-        usage.max_rss(),
+        code,
+        std::fs::read_to_string(&err).unwrap(),
+        started.elapsed(),
+        rss,
     )
 }
 
@@ -60,6 +60,11 @@ fn hostile_config_files_are_refused_whole_in_bounded_time_and_memory() {
             )
             .collect::<String>(),
     );
+    // Template delimiters inside a `when` expression (crashed minijinja's lexer; found by fuzzing).
+    rb(
+        "crash",
+        "steps:\n  - call: disk_usage\n    when: \"steps.a.b }} c {{ d\"\n    args: { path: /tmp }\n",
+    );
     // Invalid UTF-8 on line 2.
     std::fs::write(
         e.path().join("runbooks/utf8.yaml"),
@@ -89,6 +94,7 @@ fn hostile_config_files_are_refused_whole_in_bounded_time_and_memory() {
         format!("{root}/runbooks/deep.yaml:"),
         format!("{root}/runbooks/many.yaml:1:7: 10000 steps; a runbook has at most 1000"),
         format!("{root}/runbooks/utf8.yaml:2:14: file is not valid UTF-8"),
+        format!("{root}/runbooks/crash.yaml:8:11: `when` is an expression, not a template"),
         format!(
             "{root}/runbooks/huge.yaml:1:1: file is 104857600 bytes; config files are limited to 4194304 bytes"
         ),
@@ -347,4 +353,135 @@ fn a_kill_switch_directory_removed_or_replaced_while_runs_are_in_flight_fails_cl
             denied[0]
         );
     }
+}
+
+#[test]
+fn sigkill_of_the_daemon_mid_runs_loses_no_audit_line_and_repeats_no_change() {
+    const HOSTS: usize = 10;
+    const CYCLES: usize = 10;
+    let e = Estate::new();
+    let count = e.work().join("rotations");
+    let lr = e.script(
+        "counting-logrotate",
+        &format!(
+            "echo x >> {}\nsleep 0.05\nexec /usr/sbin/logrotate \"$@\"",
+            count.display()
+        ),
+    );
+    for i in 0..HOSTS {
+        let dir = e.work().join(format!("h{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("app.log"), "line\n").unwrap();
+        std::fs::write(
+            dir.join("lr.conf"),
+            format!(
+                "{}/app.log {{\n  rotate 500\n  missingok\n  create\n}}\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        e.host(
+            &format!("h{i}"),
+            &local_host(
+                &format!("h{i}"),
+                &format!(
+                    "paths: [/tmp]\nlogrotate_configs: [{d}/lr.conf]\nlogrotate_state: {d}/lr.state\nbinaries:\n  logrotate: {}",
+                    lr.display(),
+                    d = dir.display()
+                ),
+            ),
+        );
+    }
+    let hosts: Vec<String> = (0..HOSTS).map(|i| format!("h{i}")).collect();
+    e.runbook(
+        "churn",
+        &format!(
+            "name: churn\ndescription: t\nhosts: [{}]\nautonomy: L3\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\non_alert:\n  matchers: ['alertname=\"Churn\"']\n  host_label: instance\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n  - call: rotate_logs\n    args: {{ config: \"{}/{{{{ run.host }}}}/lr.conf\" }}\n    reason: churn\n  - call: disk_usage\n    args: {{ path: /tmp }}\n",
+            hosts.join(", "),
+            e.work().display()
+        ),
+    );
+    std::fs::write(e.path().join("runwarden.yaml"), "max_concurrent_runs: 10\n").unwrap();
+    // A reproducible spread of kill points (0-400 ms after the alerts).
+    let mut seed: u64 = 0x5eed_1234;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % 400
+    };
+    for cycle in 0..CYCLES {
+        let (mut child, addr) = spawn_serve(&e);
+        let alerts: Vec<String> = hosts
+            .iter()
+            .map(|h| format!(r#"{{"status":"firing","labels":{{"alertname":"Churn","instance":"{h}"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"c{cycle}-{h}"}}"#))
+            .collect();
+        let body = format!(
+            r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"g{cycle}","alerts":[{}]}}"#,
+            alerts.join(",")
+        );
+        let (status, _) = http(&addr, "POST", "/api/v1/alerts", &body).unwrap();
+        assert_eq!(status, 200);
+        std::thread::sleep(Duration::from_millis(next()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    // The restart closes what the kills interrupted.
+    let (mut child, _) = spawn_serve(&e);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let audit = e.audit();
+    let runs: std::collections::BTreeSet<&str> = audit
+        .iter()
+        .filter(|l| l["phase"] == "queued")
+        .map(|l| l["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        runs.len(),
+        HOSTS * CYCLES,
+        "every alert was accepted, on disk"
+    );
+    let mut interrupted = 0;
+    for run in &runs {
+        let lines: Vec<&serde_json::Value> = audit.iter().filter(|l| l["run_id"] == *run).collect();
+        let verdicts: Vec<&str> = lines
+            .iter()
+            .filter(|l| l["phase"] == "verdict")
+            .map(|l| l["outcome"].as_str().unwrap())
+            .collect();
+        assert_eq!(verdicts.len(), 1, "run {run}: {verdicts:?}");
+        let intents = lines.iter().filter(|l| l["phase"] == "intent").count();
+        let results = lines.iter().filter(|l| l["phase"] == "result").count();
+        if intents > results || verdicts[0] == "interrupted" {
+            assert_eq!(
+                verdicts[0], "interrupted",
+                "run {run}: an intent without a result"
+            );
+            interrupted += 1;
+        }
+    }
+    // Every rotation ran after its intent line, and none ran twice.
+    let tier2_intents = audit
+        .iter()
+        .filter(|l| l["phase"] == "intent" && l["tier"] == 2)
+        .count();
+    let tier2_results = audit
+        .iter()
+        .filter(|l| l["phase"] == "result" && l["tool"] == "rotate_logs")
+        .count();
+    let rotations = std::fs::read_to_string(&count)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert!(
+        tier2_results <= rotations && rotations <= tier2_intents,
+        "{tier2_results} results <= {rotations} rotations <= {tier2_intents} intents"
+    );
+    assert!(e.run(&["audit", "verify"]).status.success());
+    println!(
+        "{} runs, {CYCLES} kills: {interrupted} interrupted, {tier2_intents} tier-2 intents, {rotations} rotations, {tier2_results} results",
+        runs.len()
+    );
+    assert!(interrupted > 0, "the kills landed mid-run at least once");
 }

@@ -341,3 +341,27 @@ pub fn run_on_small_tmpfs(
         .output()
         .expect("unshare")
 }
+
+/// Run a command to the end: its stdout, exit code and its own peak RSS in
+/// KiB (from wait4, so other tests' children do not count).
+pub fn run_measured(mut cmd: Command) -> (Vec<u8>, Option<i32>, i64) {
+    cmd.stderr(Stdio::null());
+    run_measured_keep_stderr(cmd)
+}
+
+/// [`run_measured`], leaving stderr where the command already sends it.
+pub fn run_measured_keep_stderr(mut cmd: Command) -> (Vec<u8>, Option<i32>, i64) {
+    use std::io::Read;
+    // Reaped below by wait4, which also reports its resource usage.
+    #[allow(clippy::zombie_processes)]
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn");
+    let mut out = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    let mut status = 0;
+    // SAFETY: rusage is plain data filled by the kernel; the pid is our unreaped child.
+    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { nix::libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert!(pid > 0, "wait4");
+    let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
+    (out, code, usage.ru_maxrss)
+}
