@@ -1,9 +1,12 @@
 //! The daemon under load: `cargo bench --bench daemon`.
 //!
 //! 1. startup time and idle RSS with 200 runbooks and 500 hosts;
-//! 2. an alert storm: 20,000 alerts in 200 webhook notifications against 500
-//!    hosts: accept latency p50/p99, every alert accounted for in
-//!    `runwarden_alert_triggers_total`, peak RSS;
+//! 2. an alert storm: 100,000 alerts in 1,000 webhook notifications against
+//!    500 hosts (`STORM_NOTIFICATIONS` to change): accept latency p50/p99,
+//!    every alert accounted for in `runwarden_alert_triggers_total`, no run
+//!    started twice for one (runbook, host), peak RSS;
+//! 2b. a scheduled fan-out to 500 hosts with `max_concurrent_runs: 8`: the
+//!    most runs in flight at any sample, every host's verdict, wall time;
 //! 3. the kill switch (50 trials): time from `touch kill-switch/ENGAGED` to the last tool
 //!    call dispatched by a runbook making calls back to back.
 //!
@@ -153,10 +156,14 @@ fn main() {
         rss_kb(d.child.id(), "VmRSS:") as f64 / 1024.0
     );
 
-    // 2. The storm: 200 notifications of 100 alerts, 500 hosts, one group each.
+    // 2. The storm: notifications of 100 alerts, 500 hosts, one group each.
+    let notifications: usize = std::env::var("STORM_NOTIFICATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
     let mut latencies = Vec::new();
     let mut alerts_sent = 0;
-    for n in 0..200 {
+    for n in 0..notifications {
         let alerts: Vec<String> = (0..100)
             .map(|i| {
                 let host = &hosts[(n * 100 + i) % hosts.len()];
@@ -185,7 +192,7 @@ fn main() {
         .filter(|l| l.starts_with("runwarden_alert_triggers_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    println!("alert storm: {alerts_sent} alerts in 200 notifications (500 hosts):");
+    println!("alert storm: {alerts_sent} alerts in {notifications} notifications (500 hosts):");
     println!(
         "  accept latency p50 / p99         : {:>7.2} / {:.2} ms (target p99 < 10 ms)",
         percentile(&latencies, 0.5).as_secs_f64() * 1e3,
@@ -198,11 +205,19 @@ fn main() {
     {
         println!("    {l}");
     }
+    let started: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("runwarden_runs_started_total{") && l.contains("storm"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!("  runs started (at most one per host): {started} for 500 hosts");
     println!(
         "  peak RSS                         : {:>7.1} MB (target < 60 MB)",
         rss_kb(d.child.id(), "VmHWM:") as f64 / 1024.0
     );
     drop(d);
+
+    fan_out(root, &hosts);
 
     // 3. Kill switch: a runbook making calls back to back; touch the file; when did the last call start?
     let kdir = tempfile::Builder::new()
@@ -410,6 +425,88 @@ fn webhook_to_first_call() {
     println!(
         "  p99 ratio runwarden / webhook    : {:>7.2} (target <= 1.5)",
         ms(percentile(&rw, 0.99)) / ms(percentile(&wh, 0.99))
+    );
+}
+
+/// 2b. One scheduled fire across 500 hosts under `max_concurrent_runs: 8`.
+fn fan_out(root: &Path, hosts: &[String]) {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-fan-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let f = dir.path();
+    write(f, "kill-switch/README", "");
+    write(
+        f,
+        "runwarden.yaml",
+        "max_concurrent_runs: 8
+timezone: UTC
+",
+    );
+    for h in hosts {
+        std::fs::copy(root.join(format!("hosts/{h}.yaml")), {
+            std::fs::create_dir_all(f.join("hosts")).unwrap();
+            f.join(format!("hosts/{h}.yaml"))
+        })
+        .unwrap();
+    }
+    // A second of the day 4 s from now: the schedule fires once while we watch.
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    let at = at.to_zoned(jiff::tz::TimeZone::UTC);
+    write(
+        f,
+        "runbooks/fan.yaml",
+        &format!(
+            "name: fan\ndescription: b\nhosts: [{}]\nautonomy: L3\nschedule: \"{} {} {} * * *\"\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n",
+            hosts.join(", "),
+            at.second(),
+            at.minute(),
+            at.hour()
+        ),
+    );
+    let d = start(f);
+    let mut most = 0.0f64;
+    let mut first: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let finished = loop {
+        let metrics = get(&d.addr, "/metrics");
+        let value = |name: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let in_flight = value("runwarden_runs_in_flight ");
+        most = most.max(in_flight);
+        let done = value("runwarden_runs_finished_total{runbook=\"fan\"");
+        if first.is_none() && (in_flight > 0.0 || done > 0.0) {
+            first = Some(Instant::now());
+        }
+        if done >= hosts.len() as f64 || Instant::now() > deadline {
+            break done;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let wall = first.map(|t| t.elapsed()).unwrap_or_default();
+    let metrics = get(&d.addr, "/metrics");
+    println!(
+        "scheduled fan-out to {} hosts, max_concurrent_runs 8:",
+        hosts.len()
+    );
+    println!(
+        "  runs finished                    : {finished} of {}",
+        hosts.len()
+    );
+    for l in metrics.lines().filter(|l| {
+        l.starts_with("runwarden_runs_finished_total{runbook=\"fan\"") && !l.ends_with(" 0")
+    }) {
+        println!("    {l}");
+    }
+    println!("  most runs in flight at a sample  : {most} (limit 8; sampled every 10 ms)");
+    println!(
+        "  wall time, first run to last    : {:>7.2} s",
+        wall.as_secs_f64()
     );
 }
 

@@ -485,3 +485,92 @@ fn sigkill_of_the_daemon_mid_runs_loses_no_audit_line_and_repeats_no_change() {
     );
     assert!(interrupted > 0, "the kills landed mid-run at least once");
 }
+
+#[test]
+fn a_config_reload_racing_100_runs_in_flight_leaves_each_run_on_one_version() {
+    const HOSTS: usize = 100;
+    let e = Estate::new();
+    let ps = e.script("slow-ps", "sleep 0.2\nexec /bin/ps \"$@\"");
+    let hosts: Vec<String> = (0..HOSTS).map(|i| format!("h{i}")).collect();
+    for h in &hosts {
+        e.host(
+            h,
+            &local_host(h, &format!("binaries:\n  ps: {}", ps.display())),
+        );
+    }
+    let runbook = |version: usize| {
+        format!(
+            "name: race\ndescription: version {version}\nhosts: [{}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Race\"']\n  host_label: instance\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n  - call: list_processes\n  - call: list_processes\n",
+            hosts.join(", ")
+        )
+    };
+    e.runbook("race", &runbook(0));
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "max_concurrent_runs: 100\n",
+    )
+    .unwrap();
+    let (child, addr) = spawn_serve(&e);
+    let daemon = Proc(child);
+    let notify = |tag: &str, hosts: &[String]| {
+        let alerts: Vec<String> = hosts
+            .iter()
+            .map(|h| format!(r#"{{"status":"firing","labels":{{"alertname":"Race","instance":"{h}"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"{tag}-{h}"}}"#))
+            .collect();
+        let body = format!(
+            r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"{tag}","alerts":[{}]}}"#,
+            alerts.join(",")
+        );
+        assert_eq!(http(&addr, "POST", "/api/v1/alerts", &body).unwrap().0, 200);
+    };
+    let settled = |n: usize| {
+        wait_for("the runs", Duration::from_secs(60), || {
+            let runs: serde_json::Value =
+                serde_json::from_str(&http(&addr, "GET", "/api/v1/runs", "")?.1).ok()?;
+            let runs = runs["runs"].as_array()?.clone();
+            (runs.len() >= n
+                && runs
+                    .iter()
+                    .all(|r| r["status"] != "running" && r["status"] != "queued"))
+            .then_some(runs)
+        })
+    };
+    notify("first", &hosts);
+    // Five new versions while the 100 runs work, each announced with SIGHUP too.
+    for v in 1..=5 {
+        std::thread::sleep(Duration::from_millis(120));
+        e.runbook("race", &runbook(v));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(daemon.0.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap();
+    }
+    let runs = settled(HOSTS);
+    assert!(runs.iter().all(|r| r["status"] == "ok"), "{runs:#?}");
+    // After the reloads settle, a new run uses the last version.
+    std::thread::sleep(Duration::from_millis(500));
+    notify("second", &hosts[..1]);
+    settled(HOSTS + 1);
+
+    let audit = e.audit();
+    let mut per_run: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for l in audit.iter().filter(|l| l["phase"] != "queued") {
+        per_run
+            .entry(l["run_id"].as_str().unwrap())
+            .or_default()
+            .insert(l["runbook_version"].as_str().unwrap());
+    }
+    assert_eq!(per_run.len(), HOSTS + 1);
+    for (run, versions) in &per_run {
+        assert_eq!(versions.len(), 1, "run {run} saw versions {versions:?}");
+    }
+    let last_version = {
+        use sha2::Digest;
+        let bytes = std::fs::read(e.path().join("runbooks/race.yaml")).unwrap();
+        format!("{:x}", sha2::Sha256::digest(&bytes))
+    };
+    let last_run = audit.iter().rev().find(|l| l["phase"] == "start").unwrap();
+    assert_eq!(last_run["runbook_version"], last_version.as_str());
+}
