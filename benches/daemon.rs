@@ -5,9 +5,9 @@
 //!    500 hosts (`STORM_NOTIFICATIONS` to change): accept latency p50/p99,
 //!    every alert accounted for in `runwarden_alert_triggers_total`, no run
 //!    started twice for one (runbook, host), peak RSS;
-//! 2b. a scheduled fan-out to 500 hosts with `max_concurrent_runs: 8`: the
+//! 3. a scheduled fan-out to 500 hosts with `max_concurrent_runs: 8`: the
 //!    most runs in flight at any sample, every host's verdict, wall time;
-//! 3. the kill switch (50 trials): time from `touch kill-switch/ENGAGED` to the last tool
+//! 4. the kill switch (50 trials): time from `touch kill-switch/ENGAGED` to the last tool
 //!    call dispatched by a runbook making calls back to back.
 //!
 //! Figures only; nothing here asserts a time.
@@ -428,7 +428,7 @@ fn webhook_to_first_call() {
     );
 }
 
-/// 2b. One scheduled fire across 500 hosts under `max_concurrent_runs: 8`.
+/// 3. One scheduled fire across 500 hosts under `max_concurrent_runs: 8`.
 fn fan_out(root: &Path, hosts: &[String]) {
     let dir = tempfile::Builder::new()
         .prefix("rw-bench-fan-")
