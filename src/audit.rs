@@ -204,17 +204,13 @@ impl AuditLog {
         &self.path
     }
 
-    /// fsync what was appended without it (several `queued` lines at once).
-    pub fn sync(&self) -> Result<(), AuditError> {
-        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
-        head.file.sync_data().map_err(|source| AuditError::Io {
-            path: self.path.clone(),
-            source,
-        })
+    /// Append one line (chained to the previous one); fsync it when `sync`.
+    pub fn append(&self, entry: Entry, sync: bool) -> Result<(), AuditError> {
+        self.append_all(vec![entry], sync)
     }
 
-    /// Append one line (chained to the previous one); fsync it when `sync`.
-    pub fn append(&self, mut entry: Entry, sync: bool) -> Result<(), AuditError> {
+    /// Append lines in order with one write (and one fsync when `sync`).
+    pub fn append_all(&self, entries: Vec<Entry>, sync: bool) -> Result<(), AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -237,13 +233,18 @@ impl AuditLog {
                     }
                 }
             }
-            entry.prev = head.hash.clone();
-            let mut line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
-            let hash = hex(&Sha256::digest(&line));
-            line.push(b'\n');
+            let mut hash = head.hash.clone();
+            let mut bytes = Vec::new();
+            for mut entry in entries {
+                entry.prev = hash;
+                let line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
+                hash = hex(&Sha256::digest(&line));
+                bytes.extend_from_slice(&line);
+                bytes.push(b'\n');
+            }
             let wrote = head
                 .file
-                .write_all(&line)
+                .write_all(&bytes)
                 .and_then(|()| if sync { head.file.sync_data() } else { Ok(()) });
             if let Err(e) = wrote {
                 // A full disk can take half a line: cut it off, so the log
@@ -252,7 +253,7 @@ impl AuditLog {
                 return Err(e);
             }
             head.hash = hash;
-            head.len += line.len() as u64;
+            head.len += bytes.len() as u64;
             Ok(())
         })();
         let _ = head.file.unlock();

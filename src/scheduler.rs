@@ -154,6 +154,7 @@ impl Scheduler {
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut results = Vec::with_capacity(reqs.len());
+        let mut accepted = Vec::new();
         for req in reqs {
             let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
                 *self.shutdown.borrow()
@@ -161,26 +162,38 @@ impl Scheduler {
                         .check(&req.runbook)
                         .is_err()
             });
-            results.push(self.submit_one(&config, req, stopped));
+            let result = self.submit_one(&config, &req, stopped);
+            if result == TriggerResult::Started {
+                accepted.push(req);
+            }
+            results.push(result);
         }
-        // Every accepted trigger is on disk before the sender hears so: after a
+        if accepted.is_empty() {
+            return results;
+        }
+        // Every accepted trigger is on disk (one write, one fsync) before the
+        // sender hears so, and before its run can write anything: after a
         // crash it is reported, never silently lost.
-        if results.contains(&TriggerResult::Started)
-            && let Err(e) = self.audit.sync()
-        {
+        let runs: Vec<(String, RunRequest)> = accepted
+            .into_iter()
+            .map(|req| (uuid::Uuid::now_v7().to_string(), req))
+            .collect();
+        let lines = runs
+            .iter()
+            .map(|(id, req)| queued_line(&config, id, req))
+            .collect();
+        if let Err(e) = self.audit.append_all(lines, true) {
             self.metrics.audit_write_failures.inc();
-            tracing::error!("accepted triggers could not be synced: {e}");
+            tracing::error!("accepted triggers could not be recorded: {e}");
+        }
+        for (run_id, req) in runs {
+            self.start(config.clone(), run_id, req);
         }
         results
     }
 
-    fn submit_one(
-        self: &Arc<Self>,
-        config: &Arc<Config>,
-        req: RunRequest,
-        stopped: bool,
-    ) -> TriggerResult {
-        let result = self.decide(config, &req, stopped);
+    fn submit_one(&self, config: &Arc<Config>, req: &RunRequest, stopped: bool) -> TriggerResult {
+        let result = self.decide(config, req, stopped);
         if req.trigger == crate::trigger::Trigger::Alert {
             self.metrics
                 .alert_triggers
@@ -188,9 +201,6 @@ impl Scheduler {
                 .inc();
         }
         tracing::info!(runbook = %req.runbook, host = %req.host, trigger = req.trigger.as_str(), result = result.as_str(), "trigger");
-        if result == TriggerResult::Started {
-            self.start(config.clone(), req);
-        }
         result
     }
 
@@ -227,27 +237,7 @@ impl Scheduler {
         TriggerResult::Started
     }
 
-    fn start(self: &Arc<Self>, config: Arc<Config>, req: RunRequest) {
-        let run_id = uuid::Uuid::now_v7().to_string();
-        let info = RunInfo {
-            run_id: run_id.clone(),
-            runbook: req.runbook.clone(),
-            runbook_version: config
-                .runbooks
-                .get(&req.runbook)
-                .map(|r| r.version.clone())
-                .unwrap_or_default(),
-            host: req.host.clone(),
-            planner: String::new(),
-            model: None,
-            prompt: None,
-        };
-        let mut queued = info.entry(Phase::Queued, None);
-        queued.detail = Some(serde_json::json!({ "trigger": req.trigger, "keys": req.keys }));
-        if let Err(e) = self.audit.append(queued, false) {
-            self.metrics.audit_write_failures.inc();
-            tracing::error!(run_id = %run_id, "queued line not written: {e}");
-        }
+    fn start(self: &Arc<Self>, config: Arc<Config>, run_id: String, req: RunRequest) {
         let record = RunRecord {
             run_id: run_id.clone(),
             runbook: req.runbook.clone(),
@@ -386,4 +376,24 @@ impl Scheduler {
         }
         Ok(unfinished.len())
     }
+}
+
+/// The `queued` audit line of an accepted trigger.
+fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit::Entry {
+    let info = RunInfo {
+        run_id: run_id.to_string(),
+        runbook: req.runbook.clone(),
+        runbook_version: config
+            .runbooks
+            .get(&req.runbook)
+            .map(|r| r.version.clone())
+            .unwrap_or_default(),
+        host: req.host.clone(),
+        planner: String::new(),
+        model: None,
+        prompt: None,
+    };
+    let mut queued = info.entry(Phase::Queued, None);
+    queued.detail = Some(serde_json::json!({ "trigger": req.trigger, "keys": req.keys }));
+    queued
 }
