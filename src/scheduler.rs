@@ -171,9 +171,11 @@ impl Scheduler {
         if accepted.is_empty() {
             return results;
         }
-        // Every accepted trigger is on disk (one write, one fsync) before the
-        // sender hears so, and before its run can write anything: after a
-        // crash it is reported, never silently lost.
+        // Every accepted trigger is written (one write for the notification)
+        // before the sender hears so and before its run can write anything:
+        // if runwarden is killed it is reported, never silently lost. Like a
+        // run's start line it is not fsynced on its own; the run's first
+        // intent line carries it to disk.
         let runs: Vec<(String, RunRequest)> = accepted
             .into_iter()
             .map(|req| (uuid::Uuid::now_v7().to_string(), req))
@@ -182,7 +184,7 @@ impl Scheduler {
             .iter()
             .map(|(id, req)| queued_line(&config, id, req))
             .collect();
-        if let Err(e) = self.audit.append_all(lines, true) {
+        if let Err(e) = self.audit.append_all(lines, false) {
             self.metrics.audit_write_failures.inc();
             tracing::error!("accepted triggers could not be recorded: {e}");
         }
