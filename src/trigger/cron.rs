@@ -37,6 +37,32 @@ fn next_after(cron: &Cron, now: &Zoned) -> Option<Zoned> {
     cron.find_next_occurrence(now, false).ok()
 }
 
+/// Take every schedule whose next time has come (`now` is the wall clock),
+/// and plan its next time strictly after `now`. Whatever the clock did since
+/// the last call, each schedule fires at most once here and is never left
+/// without a next time: a forward jump fires once, not once per missed time;
+/// a backward jump fires nothing until the wall clock reaches the planned time.
+fn fire_due(
+    next: &mut BTreeMap<String, Zoned>,
+    crons: &BTreeMap<String, Cron>,
+    now: &Zoned,
+) -> Vec<(String, Zoned)> {
+    let due: Vec<String> = next
+        .iter()
+        .filter(|(_, t)| t.timestamp() <= now.timestamp())
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut fired = Vec::new();
+    for name in due {
+        let at = next.remove(&name).expect("due");
+        if let Some(t) = crons.get(&name).and_then(|c| next_after(c, now)) {
+            next.insert(name.clone(), t);
+        }
+        fired.push((name, at));
+    }
+    fired
+}
+
 pub async fn worker(
     mut config: watch::Receiver<Arc<Config>>,
     scheduler: Arc<Scheduler>,
@@ -74,13 +100,7 @@ pub async fn worker(
                 _ = shutdown.changed() => return,
             }
             let now = Zoned::now().with_time_zone(tz.clone());
-            let due: Vec<String> = next
-                .iter()
-                .filter(|(_, t)| t.timestamp() <= now.timestamp())
-                .map(|(n, _)| n.clone())
-                .collect();
-            for name in due {
-                let fired = next.remove(&name).expect("due");
+            for (name, fired) in fire_due(&mut next, &crons, &now) {
                 if let Some(rb) = cfg.runbooks.get(&name) {
                     for host in &rb.hosts {
                         scheduler.submit(RunRequest {
@@ -98,14 +118,69 @@ pub async fn worker(
                     .schedule_last
                     .with_label_values(&[&name])
                     .set(fired.timestamp().as_second() as f64);
-                if let Some(t) = crons.get(&name).and_then(|c| next_after(c, &now)) {
+                if let Some(t) = next.get(&name) {
                     metrics
                         .schedule_next
                         .with_label_values(&[&name])
                         .set(t.timestamp().as_second() as f64);
-                    next.insert(name, t);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> Zoned {
+        format!("{s}[UTC]").parse().unwrap()
+    }
+
+    fn every_minute() -> BTreeMap<String, Cron> {
+        [(
+            "m".to_string(),
+            CronParser::new().parse("* * * * *").unwrap(),
+        )]
+        .into()
+    }
+
+    #[test]
+    fn a_forward_jump_fires_once_and_plans_the_next_time_after_the_new_now() {
+        let crons = every_minute();
+        let mut next = BTreeMap::from([("m".to_string(), at("2026-11-30T10:01:00"))]);
+        // The wall clock jumps three hours ahead: 180 fire times were skipped.
+        let fired = fire_due(&mut next, &crons, &at("2026-11-30T13:01:30"));
+        assert_eq!(fired.len(), 1, "no burst of catch-up runs");
+        assert_eq!(fired[0].1, at("2026-11-30T10:01:00"));
+        assert_eq!(next["m"], at("2026-11-30T13:02:00"), "no missed next run");
+        // Nothing more fires until that next time.
+        assert!(fire_due(&mut next, &crons, &at("2026-11-30T13:01:59")).is_empty());
+        assert_eq!(
+            fire_due(&mut next, &crons, &at("2026-11-30T13:02:00")).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_backward_jump_fires_nothing_twice_and_nothing_early() {
+        let crons = every_minute();
+        let mut next = BTreeMap::from([("m".to_string(), at("2026-11-30T10:02:00"))]);
+        assert_eq!(
+            fire_due(&mut next, &crons, &at("2026-11-30T10:02:00")).len(),
+            1
+        );
+        assert_eq!(next["m"], at("2026-11-30T10:03:00"));
+        // The clock is set back an hour: the time that just fired is not fired
+        // again, and the planned one waits for the wall clock to reach it.
+        for minute in 0..60 {
+            let now = at("2026-11-30T09:02:30")
+                .checked_add(jiff::SignedDuration::from_secs(minute * 60))
+                .unwrap();
+            assert!(fire_due(&mut next, &crons, &now).is_empty(), "at {now}");
+        }
+        let fired = fire_due(&mut next, &crons, &at("2026-11-30T10:03:00"));
+        assert_eq!(fired.len(), 1);
+        assert_eq!(next["m"], at("2026-11-30T10:04:00"));
     }
 }
