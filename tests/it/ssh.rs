@@ -407,6 +407,23 @@ fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
         step(&report, "tmp")
     );
 
+    // An agent that is missing (the shell cannot find it) or crashes at once.
+    for (body, status) in [
+        ("/usr/local/bin/no-such-agent", "127"),
+        ("kill -SEGV $$", "139"),
+    ] {
+        let (code, report) = against_broken_agent(body, "");
+        assert_eq!(code, 1, "{report:#}");
+        let err = step(&report, "tmp")["result"]["error"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("the agent on host web answered nothing") && err.contains(status),
+            "{body}: {err}"
+        );
+    }
+
     let (code, report) = against_broken_agent("head -c 50000000 /dev/zero | tr '\\0' x", "");
     assert_eq!(code, 1);
     let err = step(&report, "tmp")["result"]["error"]
