@@ -179,16 +179,7 @@ fn on_full_state_dir(e: &Estate, args: &str) -> std::process::Command {
         bin = bin(),
         cfg = e.path().display()
     );
-    let mut c = std::process::Command::new("/usr/bin/unshare");
-    c.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
-    c
+    in_private_mount_namespace(&script)
 }
 
 fn rotation_estate() -> (Estate, std::path::PathBuf) {

@@ -48,20 +48,7 @@ fn ssh_host_with(e: &Estate, policy: &str, command: Option<&str>) -> (SshHost, P
     }
     let key = e.work().join("client_key");
     if !key.exists() {
-        sh(
-            "/usr/bin/ssh-keygen",
-            &[
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "runwarden",
-                "-f",
-                key.to_str().unwrap(),
-            ],
-        );
+        keygen(&key);
     }
     std::fs::copy(e.work().join("client_key.pub"), dir.join("client_key.pub")).unwrap();
     std::fs::write(
@@ -187,18 +174,7 @@ fn a_host_key_that_does_not_match_is_refused() {
     let e = Estate::new();
     let (h, key) = ssh_host(&e, "paths: [/tmp]");
     let wrong = e.work().join("wrong_host_key");
-    sh(
-        "/usr/bin/ssh-keygen",
-        &[
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-f",
-            wrong.to_str().unwrap(),
-        ],
-    );
+    keygen(&wrong);
     let fake = std::fs::read_to_string(wrong.with_extension("pub")).unwrap();
     let kh = e.work().join("known_hosts-wrong");
     let fields: Vec<&str> = fake.split_whitespace().take(2).collect();
@@ -348,18 +324,7 @@ fn a_wrong_identity_is_an_authentication_failure_naming_the_host() {
     let (h, _) = ssh_host(&e, "paths: [/tmp]");
     let kh = pinned(&e, &h);
     let other = e.work().join("other_key");
-    sh(
-        "/usr/bin/ssh-keygen",
-        &[
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-f",
-            other.to_str().unwrap(),
-        ],
-    );
+    keygen(&other);
     e.host("web", &host_file(&h, &other, &kh, "paths: [/tmp]"));
     e.runbook("look", ONE_CALL);
     let (code, report) = e.run_json("look", "web", &[]);

@@ -62,6 +62,20 @@ worker_pools:
     health_check: web
 ";
 
+/// `runwarden run RUNBOOK` on staging-web-1 with the host's bind-mounted config.
+fn run_argv(runbook: &str) -> [&str; 8] {
+    [
+        "/usr/local/bin/runwarden",
+        "run",
+        runbook,
+        "--host",
+        "staging-web-1",
+        "--json",
+        "--config",
+        "/srv/runwarden",
+    ]
+}
+
 impl SystemdHost {
     /// Boot a host whose web certificate expires in `cert_days` days.
     fn boot(tag: &str, cert_days: u32) -> SystemdHost {
@@ -191,16 +205,7 @@ impl SystemdHost {
                 "-w",
                 "--",
             ])
-            .args([
-                "/usr/local/bin/runwarden",
-                "run",
-                runbook,
-                "--host",
-                "staging-web-1",
-                "--json",
-                "--config",
-                "/srv/runwarden",
-            ])
+            .args(run_argv(runbook))
             .env("RUNWARDEN_MODEL_KEY", key)
             .output()
             .expect("nsenter");
@@ -222,16 +227,7 @@ impl SystemdHost {
 
     /// `runwarden run RUNBOOK --host staging-web-1 --json` inside the host.
     fn run(&self, runbook: &str) -> (i32, Value) {
-        let out = self.exec(&[
-            "/usr/local/bin/runwarden",
-            "run",
-            runbook,
-            "--host",
-            "staging-web-1",
-            "--json",
-            "--config",
-            "/srv/runwarden",
-        ]);
+        let out = self.exec(&run_argv(runbook));
         let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "no report ({e}): {}\n{}",
@@ -628,20 +624,7 @@ fn next_net() -> u32 {
 fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
     let e = Estate::new();
     let key = e.work().join("id_ed25519");
-    sh(
-        "/usr/bin/ssh-keygen",
-        &[
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-C",
-            "runwarden",
-            "-f",
-            key.to_str().unwrap(),
-        ],
-    );
+    keygen(&key);
     let allowlists = HOST_FILE.replacen("connection: local\n", "", 1);
     let hosts: Vec<(SystemdHost, u32)> = [("fleet1", 90), ("fleet2", 3)]
         .into_iter()

@@ -328,15 +328,7 @@ pub fn run_on_small_tmpfs(
         bin = bin(),
         cfg = e.path().display()
     );
-    Command::new("/usr/bin/unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
+    in_private_mount_namespace(&script)
         .envs(env.iter().copied())
         .output()
         .expect("unshare")
@@ -364,4 +356,36 @@ pub fn run_measured_keep_stderr(mut cmd: Command) -> (Vec<u8>, Option<i32>, i64)
     assert!(pid > 0, "wait4");
     let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
     (out, code, usage.ru_maxrss)
+}
+
+/// `/bin/sh -c SCRIPT` in a private mount namespace: its mounts vanish with it.
+pub fn in_private_mount_namespace(script: &str) -> Command {
+    let mut c = Command::new("/usr/bin/unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    c
+}
+
+/// A new ed25519 key pair at `path` (and `path.pub`), no passphrase.
+pub fn keygen(path: &Path) {
+    sh(
+        "/usr/bin/ssh-keygen",
+        &[
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "runwarden",
+            "-f",
+            path.to_str().unwrap(),
+        ],
+    );
 }
