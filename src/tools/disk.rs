@@ -30,8 +30,45 @@ pub fn argv(host: &Host, path: &Path) -> [Argv; 2] {
     ]
 }
 
+/// The directory the gate checked, held open. The path may change after the
+/// check (a component replaced by a symlink): what was opened is compared
+/// with what was checked, and `df` and `du` then measure the opened
+/// directory itself, through `/proc/PID/fd/N`, never the path again.
+struct Opened {
+    fd: std::os::fd::OwnedFd,
+    /// `/proc/PID/fd/N/.`: the opened directory, for the child processes.
+    via: String,
+}
+
+fn open_checked(path: &Path) -> Result<Opened, String> {
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::Mode;
+    use std::os::fd::AsRawFd;
+    let fd = open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| format!("cannot tell what {} opened: {e}", path.display()))?;
+    if opened != path {
+        return Err(format!(
+            "path {} changed after it was checked (it now opens {}); nothing was measured",
+            path.display(),
+            opened.display()
+        ));
+    }
+    let via = format!("/proc/{}/fd/{}/.", std::process::id(), fd.as_raw_fd());
+    Ok(Opened { fd, via })
+}
+
 pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
-    let [df, du] = argv(ctx.host, path);
+    let opened = match open_checked(path) {
+        Ok(o) => o,
+        Err(e) => return ToolResult::failed(e),
+    };
+    let [df, du] = argv(ctx.host, Path::new(&opened.via));
     let out = match ctx.run(&df).await {
         Ok(o) => o,
         Err(e) => return ToolResult::failed(e),
@@ -50,7 +87,11 @@ pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
     let du_deadline = tokio::time::Instant::now() + DU_BUDGET;
     match ctx.run_until(&du, du_deadline).await {
         Ok(out) => {
-            let (largest, cut) = parse_du(&out.stdout_text(), path);
+            // du names entries through the opened directory: name them by the checked path.
+            let text = out
+                .stdout_text()
+                .replace(&format!("{}/", opened.via), &format!("{}/", path.display()));
+            let (largest, cut) = parse_du(&text, Path::new(&opened.via));
             data["largest"] = json!(largest);
             data["largest_truncated"] = json!(cut || out.timed_out || out.stdout_truncated);
         }
@@ -59,6 +100,7 @@ pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
             data["largest_error"] = json!(e);
         }
     }
+    drop(opened.fd);
     result.data = data;
     result
 }

@@ -481,7 +481,7 @@ fn sigkill_of_the_daemon_mid_runs_loses_no_audit_line_and_repeats_no_change() {
 fn a_config_reload_racing_100_runs_in_flight_leaves_each_run_on_one_version() {
     const HOSTS: usize = 100;
     let e = Estate::new();
-    let ps = e.script("slow-ps", "sleep 0.2\nexec /bin/ps \"$@\"");
+    let ps = e.script("slow-ps", "sleep 0.1\nexec /bin/ps \"$@\"");
     let hosts: Vec<String> = (0..HOSTS).map(|i| format!("h{i}")).collect();
     for h in &hosts {
         e.host(
@@ -515,7 +515,7 @@ fn a_config_reload_racing_100_runs_in_flight_leaves_each_run_on_one_version() {
         assert_eq!(http(&addr, "POST", "/api/v1/alerts", &body).unwrap().0, 200);
     };
     let settled = |n: usize| {
-        wait_for("the runs", Duration::from_secs(60), || {
+        wait_for("the runs", Duration::from_secs(240), || {
             let runs: serde_json::Value =
                 serde_json::from_str(&http(&addr, "GET", "/api/v1/runs", "")?.1).ok()?;
             let runs = runs["runs"].as_array()?.clone();
@@ -564,4 +564,76 @@ fn a_config_reload_racing_100_runs_in_flight_leaves_each_run_on_one_version() {
     };
     let last_run = audit.iter().rev().find(|l| l["phase"] == "start").unwrap();
     assert_eq!(last_run["runbook_version"], last_version.as_str());
+}
+
+#[test]
+fn a_path_swapped_after_the_gate_checked_it_is_not_measured() {
+    use runwarden::tools::{self, Ctx, Outcome, PathMode, ToolId};
+    let e = Estate::new();
+    let allowed = e.work().join("allowed");
+    let outside = e.work().join("outside");
+    for d in [
+        allowed.join("last"),
+        allowed.join("mid/inner"),
+        outside.join("inner"),
+    ] {
+        std::fs::create_dir_all(&d).unwrap();
+    }
+    std::fs::write(outside.join("inner/secret-name"), "x").unwrap();
+    e.host(
+        "h",
+        &local_host("h", &format!("paths: [{}]", allowed.display())),
+    );
+    let config = runwarden::config::Config::load(e.path()).unwrap();
+    let host = config.hosts["h"].clone();
+    std::fs::create_dir_all(&host.jail).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |path: &std::path::Path, swap: &dyn Fn()| {
+        let action = tools::resolve(
+            ToolId::DiskUsage,
+            &serde_json::json!({ "path": path }),
+            &host,
+            PathMode::Resolve,
+        )
+        .expect("the gate allows it");
+        swap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        rt.block_on(async { tools::execute(&action, &Ctx::new(&host, deadline)).await })
+    };
+    // Untouched: measured, entries named by the checked path.
+    let ok = run(&allowed.join("mid"), &|| {});
+    assert_eq!(ok.outcome, Outcome::Ok, "{ok:?}");
+    assert_eq!(
+        ok.data["largest"][0]["path"],
+        allowed.join("mid/inner").display().to_string()
+    );
+    // The last component replaced by a symlink out, after the check.
+    let last = run(&allowed.join("last"), &|| {
+        std::fs::remove_dir(allowed.join("last")).unwrap();
+        std::os::unix::fs::symlink(&outside, allowed.join("last")).unwrap();
+    });
+    assert_eq!(last.outcome, Outcome::Error, "{last:?}");
+    // A middle component replaced, after the check.
+    let mid = run(&allowed.join("mid/inner"), &|| {
+        std::fs::rename(allowed.join("mid"), allowed.join("mid-old")).unwrap();
+        std::os::unix::fs::symlink(&outside, allowed.join("mid")).unwrap();
+    });
+    assert_eq!(mid.outcome, Outcome::Error, "{mid:?}");
+    assert!(
+        mid.error
+            .as_deref()
+            .unwrap()
+            .contains("changed after it was checked"),
+        "{mid:?}"
+    );
+    for r in [&last, &mid] {
+        assert!(
+            !serde_json::to_string(r).unwrap().contains("secret-name"),
+            "nothing outside was read"
+        );
+        assert!(r.argv.is_empty(), "df and du never ran: {:?}", r.argv);
+    }
 }
