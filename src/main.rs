@@ -12,6 +12,9 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Before any thread or child exists: processes that escape a tool's
+    // process group are adopted by runwarden and killed when the call ends.
+    runwarden::executor::process::escapees::adopt_orphans();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -492,20 +492,24 @@ pub mod escapees {
     use nix::unistd::Pid;
 
     static SPAWNED: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
+    /// Set by [`adopt_orphans`]: only the runwarden process itself sweeps. A
+    /// program that uses this library (a test binary) has children of its own
+    /// that must not be taken for escapees.
+    static ADOPTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-    /// Become the subreaper of everything this process starts (once).
+    /// Become the subreaper of everything this process starts, and sweep
+    /// escapees after each call. The `runwarden` binary calls this first thing.
     pub fn adopt_orphans() {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-                tracing::warn!("cannot become a child subreaper ({e}): a tool's escaped processes would outlive it");
-            }
-        });
+        match nix::sys::prctl::set_child_subreaper(true) {
+            Ok(()) => ADOPTING.store(true, std::sync::atomic::Ordering::SeqCst),
+            Err(e) => tracing::warn!(
+                "cannot become a child subreaper ({e}): a tool's escaped processes would outlive it"
+            ),
+        }
     }
 
     /// Start a process with `f` and record it, so [`sweep`] leaves it alone.
     pub fn spawn<C: Pid32>(f: impl FnOnce() -> std::io::Result<C>) -> std::io::Result<C> {
-        adopt_orphans();
         let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         let child = f()?;
         if let Some(pid) = child.pid32() {
@@ -532,6 +536,9 @@ pub mod escapees {
 
     /// Kill and reap every child of this process that it did not start.
     pub fn sweep() {
+        if !ADOPTING.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
             return;
