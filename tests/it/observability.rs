@@ -179,7 +179,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     );
 
     // Hop 1-3: the estate alert fires in Prometheus, Alertmanager routes it, runwarden runs.
-    let run = wait_for("the remediation run", Duration::from_secs(60), || {
+    let run = wait_for("the remediation run", Duration::from_secs(150), || {
         let runs: Value =
             serde_json::from_str(&http(&rw_addr, "GET", "/api/v1/runs", "")?.1).ok()?;
         runs["runs"]
@@ -202,7 +202,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     // Hop 4-5: the tier-2 calls make runwarden's own burst alert fire, and it reaches a person.
     let burst = wait_for(
         "RunwardenTier2Burst at the person's receiver",
-        Duration::from_secs(60),
+        Duration::from_secs(150),
         || {
             person
                 .lock()
@@ -217,7 +217,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     // ... and never back into runwarden: every alert runwarden received was the estate's.
     let received = wait_for(
         "runwarden's own alert counts",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || {
             let m = http(&rw_addr, "GET", "/metrics", "")?.1;
             Some(
@@ -258,7 +258,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     assert!(exprs.len() >= 14);
     for expr in exprs {
         let concrete = expr.replace("$__rate_interval", "1m");
-        wait_for(&format!("data for {expr}"), Duration::from_secs(30), || {
+        wait_for(&format!("data for {expr}"), Duration::from_secs(90), || {
             query(&prom_addr, &concrete).filter(|r| !r.is_empty())
         });
     }
@@ -268,7 +268,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         "runwarden:runs_finished:increase1h",
         "runwarden:run_duration_seconds:p95_1h",
     ] {
-        wait_for(rule, Duration::from_secs(60), || {
+        wait_for(rule, Duration::from_secs(150), || {
             query(&prom_addr, rule).filter(|r| !r.is_empty())
         });
     }
