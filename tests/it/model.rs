@@ -885,6 +885,19 @@ fn the_daemon_runs_the_model_on_an_alert_and_shows_its_answer_and_metrics() {
         4.0 * 900.0 + 1200.0
     );
     assert!(metrics.contains("runwarden_model_request_duration_seconds_count 5"));
+    // The dashboard's model panels name series this daemon exports.
+    let dashboard = std::fs::read_to_string(repo().join("dashboards/runwarden.json")).unwrap();
+    let names: std::collections::BTreeSet<&str> = dashboard
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("runwarden_model_"))
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    for name in names {
+        assert!(
+            metrics.contains(&format!("{name}{{")),
+            "{name} not in /metrics"
+        );
+    }
     assert!(!metrics.contains(KEY));
     let (head, _) = &server.requests()[0];
     assert!(head.contains(&format!("Bearer {KEY}")));
