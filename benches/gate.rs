@@ -34,6 +34,8 @@ fn write(dir: &Path, rel: &str, text: &str) {
 }
 
 fn main() {
+    // As the runwarden binary does: escaped processes are swept after each call.
+    runwarden::executor::process::escapees::adopt_orphans();
     let dir = tempfile::Builder::new()
         .prefix("rw-bench-")
         .tempdir_in("/var/tmp")

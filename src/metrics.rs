@@ -53,6 +53,14 @@ fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec 
     g
 }
 
+fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> prometheus::Histogram {
+    let h = prometheus::Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .expect("metric definition");
+    r.register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
 impl Metrics {
     pub fn new(registry: Registry) -> Metrics {
         let r = &registry;
@@ -116,26 +124,18 @@ impl Metrics {
         .expect("metric");
         r.register(Box::new(approvals_pending.clone()))
             .expect("metric registered once");
-        let approval_wait = prometheus::Histogram::with_opts(
-            HistogramOpts::new(
-                "runwarden_approval_wait_seconds",
-                "How long approval requests waited for a decision.",
-            )
-            .buckets(vec![1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
-        )
-        .expect("metric");
-        r.register(Box::new(approval_wait.clone()))
-            .expect("metric registered once");
-        let model_request_duration = prometheus::Histogram::with_opts(
-            HistogramOpts::new(
-                "runwarden_model_request_duration_seconds",
-                "Duration of each request to the model endpoint (each retry counts).",
-            )
-            .buckets(vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
-        )
-        .expect("metric");
-        r.register(Box::new(model_request_duration.clone()))
-            .expect("metric registered once");
+        let approval_wait = histogram(
+            r,
+            "runwarden_approval_wait_seconds",
+            "How long approval requests waited for a decision.",
+            vec![1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0],
+        );
+        let model_request_duration = histogram(
+            r,
+            "runwarden_model_request_duration_seconds",
+            "Duration of each request to the model endpoint (each retry counts).",
+            vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
+        );
         Metrics {
             transport_errors: counter(
                 r,

@@ -184,13 +184,13 @@ fn status(audit: &AuditLog, run_id: &str, step: u32) -> AgentReply {
             .find(|e| e.step == Some(step) && e.phase == Some(phase))
     };
     let answer = if let Some(done) = of_step(Phase::Result) {
-        super::ssh::status_answer("done", done.detail.clone())
+        status_answer("done", done.detail.clone())
     } else if of_step(Phase::Denied).is_some() {
-        super::ssh::status_answer("refused", None)
+        status_answer("refused", None)
     } else if of_step(Phase::Intent).is_some() {
-        super::ssh::status_answer("in_progress", None)
+        status_answer("in_progress", None)
     } else {
-        super::ssh::status_answer("never_received", None)
+        status_answer("never_received", None)
     };
     AgentReply::Result(answer)
 }
@@ -212,6 +212,12 @@ fn unparsed(policy: &Host, audit: &AuditLog, why: String) -> AgentReply {
     e.detail = Some(json!({ "reason": "malformed_request", "message": why }));
     let _ = audit.append(e, true);
     AgentReply::Refused(why)
+}
+
+/// The recorded state of one call, as the status answer carries it
+/// (the runner reads `state` and `result`, see [`super::ssh`]).
+fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
+    ToolResult::observed(json!({ "state": state, "result": result }))
 }
 
 /// Not a tool: the runner asks what became of a call after losing the connection.

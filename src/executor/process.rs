@@ -309,8 +309,9 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             signal_group(Some(group), Signal::SIGKILL);
             exited_at = Some(std::time::Instant::now());
         }
-        if exited_at.is_some() {
-            // Whatever left the group (setsid, setpgid) and was orphaned came to us.
+        if exited_at.is_some() && pipes.iter().any(Option::is_some) {
+            // A pipe still open after the group died: whatever holds it left the
+            // group (setsid, setpgid) and, orphaned, came to us.
             escapees::sweep();
         }
     }

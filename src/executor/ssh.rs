@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::agent::{AgentReply, AgentRequest, STATUS};
 use super::process::{self, Argv};
@@ -115,7 +115,7 @@ impl Session {
         }
     }
 
-    /// The socket to pass to a call: the live master's, if any.
+    /// The socket to pass to a call: the live master's, if any (the caller made the jail).
     async fn ensure_master(&self, host: &Host) -> Option<&Path> {
         let path = self.control.as_deref()?;
         {
@@ -129,10 +129,6 @@ impl Session {
                 let _ = old.wait();
             }
             let _ = std::fs::remove_file(path);
-            if let Err(e) = create_private_dir(&host.jail) {
-                tracing::warn!(host = %host.name, "ssh master: cannot create {}: {e}", host.jail.display());
-                return None;
-            }
             let master = base(host, &self.target)
                 .args(["-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no"])
                 .arg("-o")
@@ -570,9 +566,4 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-}
-
-/// The recorded state of one call, as the agent's status answer carries it.
-pub fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
-    ToolResult::observed(json!({ "state": state, "result": result }))
 }

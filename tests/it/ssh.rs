@@ -183,10 +183,7 @@ fn a_host_key_that_does_not_match_is_refused() {
     e.runbook("look", "name: look\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - id: tmp\n    call: disk_usage\n    args: { path: /tmp }\n");
     let (code, report) = e.run_json("look", "web", &[]);
     assert_eq!(code, 1, "{report:#}");
-    let err = step(&report, "tmp")["result"]["error"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let err = step_error(&report, "tmp");
     assert!(
         err.contains("ssh to host web") && err.contains("Host key verification failed"),
         "{err}"
@@ -329,10 +326,7 @@ fn a_wrong_identity_is_an_authentication_failure_naming_the_host() {
     e.runbook("look", ONE_CALL);
     let (code, report) = e.run_json("look", "web", &[]);
     assert_eq!(code, 1);
-    let err = step(&report, "tmp")["result"]["error"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let err = step_error(&report, "tmp");
     assert!(
         err.contains("ssh to host web") && err.contains("Permission denied"),
         "{err}"
@@ -379,10 +373,7 @@ fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
     ] {
         let (code, report) = against_broken_agent(body, "");
         assert_eq!(code, 1, "{report:#}");
-        let err = step(&report, "tmp")["result"]["error"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let err = step_error(&report, "tmp");
         assert!(
             err.contains("the agent on host web answered nothing") && err.contains(status),
             "{body}: {err}"
@@ -391,10 +382,7 @@ fn a_hung_agent_is_a_timeout_and_a_flood_is_capped() {
 
     let (code, report) = against_broken_agent("head -c 50000000 /dev/zero | tr '\\0' x", "");
     assert_eq!(code, 1);
-    let err = step(&report, "tmp")["result"]["error"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let err = step_error(&report, "tmp");
     assert!(
         err.contains("malformed reply") && err.contains("cut at the cap"),
         "{err}"

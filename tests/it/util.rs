@@ -132,6 +132,14 @@ pub fn step<'a>(report: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no step {id} in {report:#}"))
 }
 
+/// The error text of one step's result.
+pub fn step_error(report: &Value, id: &str) -> String {
+    step(report, id)["result"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("step {id} has no error: {report:#}"))
+        .to_string()
+}
+
 /// Run a command and insist it succeeds (test setup only).
 pub fn sh(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
