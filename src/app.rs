@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::audit::AuditLog;
 use crate::config::Config;
-use crate::gate::killswitch::GLOBAL;
+use crate::gate::KillSwitch;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
@@ -41,7 +41,7 @@ pub async fn serve(
     let config = Arc::new(Config::load(&opts.config_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
     let listen = opts.listen.unwrap_or(config.settings.listen);
     let token = match &config.settings.webhook_token_file {
-        Some(f) => Some(Arc::new(read_token(f)?)),
+        Some(f) => Some(read_token(f)?),
         None => None,
     };
     if !listen.ip().is_loopback() && token.is_none() {
@@ -60,6 +60,7 @@ pub async fn serve(
     let (config_tx, config_rx) = watch::channel(config.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let token = Arc::new(std::sync::RwLock::new(token));
     let approvals = match &config.settings.approvers_file {
         Some(f) => Some(Arc::new(
             crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)
@@ -72,7 +73,7 @@ pub async fn serve(
         audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
-        approvals,
+        approvals.clone(),
     );
     let interrupted = scheduler
         .close_interrupted()
@@ -106,6 +107,11 @@ pub async fn serve(
     workers.spawn(reload_worker(
         opts.config_dir.clone(),
         config_tx,
+        Secrets {
+            token: token.clone(),
+            approvals,
+            loopback: listen.ip().is_loopback(),
+        },
         metrics.clone(),
         hup,
         stop_rx.clone(),
@@ -118,11 +124,7 @@ pub async fn serve(
         audit,
         token,
     };
-    let mut http_stop = stop_rx.clone();
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
-        let _ = http_stop.wait_for(|s| *s).await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
     println!(
         "runwarden: listening on {bound}; {} runbook(s), {} host(s)",
@@ -148,8 +150,7 @@ pub async fn serve(
 }
 
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read webhook_token_file {}", file.display()))?;
+    let text = crate::secret::read_file(file, "webhook_token_file").map_err(anyhow::Error::msg)?;
     let token = text.trim();
     if token.len() < 16 {
         bail!(
@@ -182,15 +183,19 @@ async fn killswitch_worker(
             dir.display()
         );
     }
-    let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
+    let ks = KillSwitch::new(dir);
     loop {
-        let engaged_global = !dir.is_dir() || dir.join(GLOBAL).exists();
+        // The gate's own checks, so the gauge and the gate never disagree
+        // (a dangling `ENGAGED` link stops every call, and shows as 1).
+        let engaged_global = ks.check_global().is_err();
         metrics
             .kill_switch_engaged
             .with_label_values(&["global"])
             .set(engaged_global as i64);
+        // The runbooks of the config in force now, not of the one at start-up.
+        let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
         for rb in &runbooks {
-            let on = dir.join(format!("{rb}.{GLOBAL}")).exists();
+            let on = ks.runbook_file_engaged(rb);
             metrics
                 .kill_switch_engaged
                 .with_label_values(&[rb])
@@ -207,9 +212,50 @@ async fn killswitch_worker(
 /// Reload on SIGHUP and when files under runbooks/ or hosts/ change. A valid
 /// config replaces the old one for the next run; an invalid one is rejected
 /// whole and the old one stays.
+/// The secrets `serve` holds that a SIGHUP re-reads.
+struct Secrets {
+    token: Arc<std::sync::RwLock<Option<Vec<u8>>>>,
+    approvals: Option<Arc<crate::gate::approvals::Approvals>>,
+    /// Whether the daemon listens on loopback (where no token is allowed).
+    loopback: bool,
+}
+
+impl Secrets {
+    /// Re-read the token and approvers files the new config names; on any
+    /// problem the old secret stays and the problem is logged by name.
+    fn reload(&self, config: &Config) {
+        match &config.settings.webhook_token_file {
+            Some(f) => match read_token(f) {
+                Ok(t) => {
+                    *self.token.write().unwrap_or_else(|p| p.into_inner()) = Some(t);
+                    tracing::info!("webhook token re-read from {}", f.display());
+                }
+                Err(e) => tracing::error!("webhook token not reloaded, the old one stays: {e:#}"),
+            },
+            None if self.loopback => {
+                *self.token.write().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+            None => tracing::error!(
+                "webhook_token_file was removed, but runwarden listens beyond loopback: the old token stays (restart to change `listen`)"
+            ),
+        }
+        match (&self.approvals, &config.settings.approvers_file) {
+            (Some(a), Some(f)) => match a.reload(f) {
+                Ok(n) => tracing::info!("approvers re-read from {}: {n} approver(s)", f.display()),
+                Err(e) => tracing::error!("approvers not reloaded, the old list stays: {e}"),
+            },
+            (None, Some(_)) | (Some(_), None) => tracing::warn!(
+                "approvers_file was added or removed: that takes a restart of runwarden serve"
+            ),
+            (None, None) => {}
+        }
+    }
+}
+
 async fn reload_worker(
     dir: PathBuf,
     config: watch::Sender<Arc<Config>>,
+    secrets: Secrets,
     metrics: Arc<Metrics>,
     mut hup: tokio::signal::unix::Signal,
     mut stop: watch::Receiver<bool>,
@@ -237,6 +283,7 @@ async fn reload_worker(
         }
         match Config::load(&dir) {
             Ok(new) => {
+                secrets.reload(&new);
                 metrics.init_series(&new);
                 config.send_replace(Arc::new(new));
                 metrics.config_reloads.with_label_values(&["success"]).inc();

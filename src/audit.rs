@@ -237,6 +237,14 @@ impl AuditLog {
             let mut bytes = Vec::new();
             for mut entry in entries {
                 entry.prev = hash;
+                // Whatever a planner, an alert or a tool produced, the line
+                // stays one that `verify`, `show` and `transcript` can read.
+                if let Some(v) = entry.args.as_mut() {
+                    fit(v, MAX_VALUE_DEPTH);
+                }
+                if let Some(v) = entry.detail.as_mut() {
+                    fit(v, MAX_VALUE_DEPTH);
+                }
                 let line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
                 hash = hex(&Sha256::digest(&line));
                 bytes.extend_from_slice(&line);
@@ -350,11 +358,36 @@ impl AuditLog {
     }
 }
 
-/// Untrusted arguments of a denied call, kept but bounded.
-fn bounded(args: &Value) -> Value {
+/// How deep a value inside a line may nest. serde_json reads at most 128
+/// levels; a line keeps well inside that whatever it carries.
+pub const MAX_VALUE_DEPTH: usize = 32;
+
+/// Replace whatever nests deeper than `depth` levels by a note saying so.
+fn fit(v: &mut Value, depth: usize) {
+    if !(v.is_array() || v.is_object()) {
+        return;
+    }
+    if depth == 0 {
+        *v = Value::String(format!(
+            "(a value nested deeper than {MAX_VALUE_DEPTH} levels, not kept)"
+        ));
+        return;
+    }
+    match v {
+        Value::Array(a) => a.iter_mut().for_each(|c| fit(c, depth - 1)),
+        Value::Object(o) => o.values_mut().for_each(|c| fit(c, depth - 1)),
+        _ => {}
+    }
+}
+
+/// Untrusted arguments of a denied call, kept but bounded in size and depth
+/// (the audit line and the report both show this form).
+pub fn bounded(args: &Value) -> Value {
     let text = args.to_string();
     if text.len() <= 4096 {
-        args.clone()
+        let mut v = args.clone();
+        fit(&mut v, MAX_VALUE_DEPTH);
+        v
     } else {
         Value::String(format!(
             "{}… ({} bytes)",
@@ -397,17 +430,28 @@ fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
 #[derive(Debug)]
 pub struct Verification {
     pub lines: usize,
+    /// The hash of the last line (what `--head` pins).
     pub head: String,
-    /// The first problem: (line number, what is wrong).
-    pub broken: Option<(usize, String)>,
+    /// Every problem, in order: (line number, what is wrong). After a bad
+    /// line the chain is picked up again from that line's own hash, so one
+    /// edit shows once and every later tampering still shows.
+    pub problems: Vec<(usize, String)>,
 }
 
-/// Walk the whole chain.
+impl Verification {
+    /// The first problem, if any.
+    pub fn broken(&self) -> Option<&(usize, String)> {
+        self.problems.first()
+    }
+}
+
+/// Walk the whole chain, reporting every line where it breaks.
 pub fn verify(path: &Path) -> std::io::Result<Verification> {
     let mut reader = BufReader::new(File::open(path)?);
     let mut prev = GENESIS.to_string();
     let mut n = 0;
     let mut line = Vec::new();
+    let mut problems = Vec::new();
     loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
@@ -415,24 +459,15 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
         }
         n += 1;
         if line.last() != Some(&b'\n') {
-            return Ok(Verification {
-                lines: n,
-                head: prev,
-                broken: Some((n, "incomplete line (a write was cut short)".into())),
-            });
+            problems.push((n, "incomplete line (a write was cut short)".into()));
+            break;
         }
         let body = &line[..line.len() - 1];
         let claimed = serde_json::from_slice::<Value>(body)
             .ok()
             .and_then(|v| v["prev"].as_str().map(String::from));
         match claimed {
-            None => {
-                return Ok(Verification {
-                    lines: n,
-                    head: prev,
-                    broken: Some((n, "not a JSON audit line".into())),
-                });
-            }
+            None => problems.push((n, "not a JSON audit line".into())),
             Some(p) if p != prev => {
                 let what = if n == 1 {
                     "the first line does not start the chain (lines before it were deleted)"
@@ -443,19 +478,16 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
                         n - 1
                     )
                 };
-                return Ok(Verification {
-                    lines: n,
-                    head: prev,
-                    broken: Some((n, what)),
-                });
+                problems.push((n, what));
             }
-            Some(_) => prev = hex(&Sha256::digest(body)),
+            Some(_) => {}
         }
+        prev = hex(&Sha256::digest(body));
     }
     Ok(Verification {
         lines: n,
         head: prev,
-        broken: None,
+        problems,
     })
 }
 
@@ -644,7 +676,7 @@ mod tests {
         write_lines(&path, 2);
         let v = verify(&path).unwrap();
         assert_eq!(v.lines, 5);
-        assert!(v.broken.is_none(), "{:?}", v.broken);
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
     }
 
     #[test]
@@ -658,22 +690,22 @@ mod tests {
         let edited = original.replacen("\"step\":1", "\"step\":7", 1);
         std::fs::write(&path, edited).unwrap();
         assert_eq!(
-            verify(&path).unwrap().broken.unwrap().0,
+            verify(&path).unwrap().broken().unwrap().0,
             3,
             "the line after the edited one breaks"
         );
 
         let deleted = [lines[0], lines[2], lines[3]].join("\n") + "\n";
         std::fs::write(&path, deleted).unwrap();
-        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 2);
+        assert_eq!(verify(&path).unwrap().broken().unwrap().0, 2);
 
         let reordered = [lines[0], lines[2], lines[1], lines[3]].join("\n") + "\n";
         std::fs::write(&path, reordered).unwrap();
-        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 2);
+        assert_eq!(verify(&path).unwrap().broken().unwrap().0, 2);
 
         let headless = lines[1..].join("\n") + "\n";
         std::fs::write(&path, headless).unwrap();
-        assert_eq!(verify(&path).unwrap().broken.unwrap().0, 1);
+        assert_eq!(verify(&path).unwrap().broken().unwrap().0, 1);
     }
 
     #[test]
@@ -707,6 +739,6 @@ mod tests {
         }
         let v = verify(&path).unwrap();
         assert_eq!(v.lines, 10);
-        assert!(v.broken.is_none(), "{:?}", v.broken);
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
     }
 }

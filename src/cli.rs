@@ -235,7 +235,8 @@ pub enum KillSwitchCommand {
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
-    /// Print the state and what each engaged switch file says.
+    /// Print the state and what each engaged switch file says. Exit 0 when
+    /// released, 1 when any switch is engaged, 2 when runwarden.yaml does not load.
     Status {
         #[arg(long, default_value = ".")]
         config: PathBuf,
@@ -340,10 +341,10 @@ async fn approvals(
         );
         return EXIT_USAGE;
     };
-    let token = match std::fs::read_to_string(&file) {
+    let token = match crate::secret::read_file(&file, "approver token file") {
         Ok(t) => t.trim().to_string(),
         Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", file.display());
+            eprintln!("runwarden: {e}");
             return EXIT_USAGE;
         }
     };
@@ -846,7 +847,13 @@ fn compact(v: &Value) -> String {
 fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
     match file {
         Some(f) => Ok(f),
-        None => load(dir).map(|c| c.settings.audit_log),
+        // runwarden.yaml alone: the log can be read while a runbook is half edited.
+        None => crate::config::Settings::load(dir)
+            .map(|s| s.audit_log)
+            .map_err(|e| {
+                eprintln!("{e}");
+                EXIT_USAGE
+            }),
     }
 }
 
@@ -856,26 +863,27 @@ fn audit_verify(file: Option<PathBuf>, dir: &Path) -> i32 {
         Err(code) => return code,
     };
     match audit::verify(&path) {
-        Ok(v) => match v.broken {
-            None => {
-                println!(
-                    "{}: {} line(s), chain intact; head {}",
-                    path.display(),
-                    v.lines,
-                    v.head
-                );
-                0
-            }
-            Some((line, why)) => {
+        Ok(v) if v.problems.is_empty() => {
+            println!(
+                "{}: {} line(s), chain intact; head {}",
+                path.display(),
+                v.lines,
+                v.head
+            );
+            0
+        }
+        Ok(v) => {
+            for (line, why) in &v.problems {
                 println!("{}:{line}: chain broken: {why}", path.display());
-                println!(
-                    "{} line(s) before it verify; their head is {}",
-                    line - 1,
-                    v.head
-                );
-                EXIT_USAGE
             }
-        },
+            println!(
+                "{} problem(s) in {} line(s); the first {} line(s) verify",
+                v.problems.len(),
+                v.lines,
+                v.problems[0].0 - 1
+            );
+            EXIT_USAGE
+        }
         Err(e) => {
             eprintln!("runwarden: cannot read {}: {e}", path.display());
             EXIT_USAGE
@@ -1008,17 +1016,43 @@ fn kill_switch(command: KillSwitchCommand) -> i32 {
     let dir = match &command {
         KillSwitchCommand::Engage { config, .. }
         | KillSwitchCommand::Release { config, .. }
-        | KillSwitchCommand::Status { config } => config,
+        | KillSwitchCommand::Status { config } => config.clone(),
     };
-    // The switch must work even when the rest of the config is broken.
-    let ks = KillSwitch::new(match Config::load(dir) {
-        Ok(c) => c.settings.kill_switch_dir,
-        Err(_) => dir.join("kill-switch"),
-    });
+    // The directory `serve` uses, read from runwarden.yaml alone: the switch
+    // must work while a runbook or host file is half edited, and must never
+    // guess a directory nothing watches.
+    let settings = match crate::config::Settings::load(&dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "runwarden: cannot tell which kill-switch directory runwarden uses, because runwarden.yaml does not load:\n{e}\nFix runwarden.yaml, or stop everything by hand: `touch KILL_SWITCH_DIR/ENGAGED` (the kill_switch_dir it names) or stop the service"
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let ks = KillSwitch::new(settings.kill_switch_dir);
+    let runbook = match &command {
+        KillSwitchCommand::Engage { runbook, .. } | KillSwitchCommand::Release { runbook, .. } => {
+            runbook.clone()
+        }
+        KillSwitchCommand::Status { .. } => None,
+    };
+    let runbook = runbook.as_deref();
+    if let Some(rb) = runbook {
+        let known = crate::config::runbook_names(&dir);
+        if !known.contains(rb) {
+            eprintln!(
+                "runwarden: {:?} is not a runbook of {}{}; a switch for it would stop nothing (omit --runbook to stop every runbook)",
+                rb,
+                dir.join("runbooks").display(),
+                crate::config::did_you_mean(rb, known.iter().map(String::as_str))
+            );
+            return EXIT_USAGE;
+        }
+    }
+    let shown = ks.dir().display();
     match command {
-        KillSwitchCommand::Engage {
-            reason, runbook, ..
-        } => match ks.engage(runbook.as_deref(), &reason) {
+        KillSwitchCommand::Engage { reason, .. } => match ks.engage(runbook, &reason) {
             Ok(path) => {
                 println!(
                     "engaged: {} (runs stop before their next call)",
@@ -1028,41 +1062,52 @@ fn kill_switch(command: KillSwitchCommand) -> i32 {
             }
             Err(e) => {
                 eprintln!(
-                    "runwarden: cannot engage the kill switch in {}: {e}; as a fallback, `touch {}/ENGAGED` or remove the directory (both stop everything)",
-                    ks.dir().display(),
-                    ks.dir().display()
+                    "runwarden: cannot engage the kill switch in {shown}: {e}; as a fallback, `touch {shown}/ENGAGED` or remove the directory (both stop everything)"
                 );
                 1
             }
         },
-        KillSwitchCommand::Release { runbook, .. } => match ks.release(runbook.as_deref()) {
+        KillSwitchCommand::Release { .. } => match ks.release(runbook) {
             Ok(true) => {
-                println!("released");
+                println!("released: {}", ks.file_of(runbook).display());
+                match ks.status() {
+                    Ok(left) if !left.is_empty() => {
+                        for (scope, detail) in left {
+                            println!("still ENGAGED {scope}: {detail}");
+                        }
+                    }
+                    Err(e) => println!("still ENGAGED {e}"),
+                    Ok(_) => {}
+                }
                 0
             }
             Ok(false) => {
-                println!("was not engaged");
+                println!("was not engaged: no {}", ks.file_of(runbook).display());
                 0
             }
             Err(e) => {
-                eprintln!("runwarden: cannot release: {e}");
+                eprintln!(
+                    "runwarden: cannot release {}: {e}",
+                    ks.file_of(runbook).display()
+                );
                 1
             }
         },
+        // Exit 0: released (calls may run); 1: engaged (something is stopped).
         KillSwitchCommand::Status { .. } => match ks.status() {
             Ok(list) if list.is_empty() => {
-                println!("released: no switch file in {}", ks.dir().display());
+                println!("released: no switch file in {shown}");
                 0
             }
             Ok(list) => {
                 for (scope, detail) in list {
                     println!("ENGAGED {scope}: {detail}");
                 }
-                0
+                1
             }
             Err(e) => {
                 println!("ENGAGED {e}");
-                0
+                1
             }
         },
     }

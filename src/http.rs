@@ -1,6 +1,16 @@
 //! The daemon's HTTP interface: `/metrics`, `/healthz`, the runs API and the
 //! Alertmanager webhook receiver.
 //!
+//! Who may call what: `/metrics` and `/healthz` are open (Prometheus and a
+//! load balancer read them). Every `/api/v1` route is refused to a browser
+//! (a request with `Origin`, or `Sec-Fetch-Site` other than `none`), takes
+//! only `application/json` bodies, and, with a webhook token configured,
+//! needs `Authorization: Bearer TOKEN` (approvals take an approver's token
+//! instead). Without a token the daemon listens on loopback only and answers
+//! only requests whose `Host` is a loopback name, so a web page cannot reach
+//! it through DNS rebinding. Connections are capped and must send their
+//! headers within a few seconds.
+//!
 //! The webhook only records and enqueues: it answers 2xx once every alert in
 //! the notification has its outcome, 4xx (with a JSON reason) for a body it
 //! will never accept, and 5xx only when it could not record the triggers, so
@@ -32,11 +42,89 @@ pub struct AppState {
     pub scheduler: Arc<Scheduler>,
     pub metrics: Arc<Metrics>,
     pub audit: Arc<AuditLog>,
-    /// The bearer token the webhook requires, if one is configured.
-    pub token: Option<Arc<Vec<u8>>>,
+    /// The bearer token the API requires, if one is configured (re-read on SIGHUP).
+    pub token: Arc<std::sync::RwLock<Option<Vec<u8>>>>,
+}
+
+/// Connections served at once; more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to send a request's headers.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long one request may take, its body included.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serve `router` on `listener` until `stop` turns true, then let the
+/// connections in flight finish their current request.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stopped(&mut stop) => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let router = router.clone();
+        let mut stop = stop.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let router = router.clone();
+                    async move {
+                        let call = tower_service::Service::call(&mut router.into_service(), req);
+                        Ok::<_, std::convert::Infallible>(
+                            match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+                                Ok(Ok(resp)) => resp,
+                                Ok(Err(never)) => match never {},
+                                Err(_) => problem(
+                                    StatusCode::REQUEST_TIMEOUT,
+                                    "the request took too long",
+                                ),
+                            },
+                        )
+                    }
+                });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 pub fn router(state: AppState) -> Router {
+    let guarded = state.clone();
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -47,7 +135,96 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/approvals/{id}", get(approval_show))
         .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(guarded, guard))
         .with_state(state)
+}
+
+/// What every `/api/` request must satisfy before its handler sees it.
+async fn guard(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    if headers.contains_key(header::ORIGIN)
+        || headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() != b"none")
+    {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "requests from a web page are refused: call the API from Alertmanager, curl or the runwarden CLI",
+        );
+    }
+    let token = s.token.read().unwrap_or_else(|p| p.into_inner()).clone();
+    if token.is_none() {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !loopback_host(host) {
+            return problem(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host {host:?} is not a loopback name; without a webhook token only requests to 127.0.0.1, [::1] or localhost are answered (set webhook_token_file to serve other names)"
+                ),
+            );
+        }
+    }
+    // Without a token, a browser's "simple" cross-site POST (a form) is the
+    // threat: it cannot send JSON. With one, it cannot send the token.
+    if token.is_none() && req.method() != axum::http::Method::GET {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return problem(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the body must be sent as Content-Type: application/json",
+            );
+        }
+    }
+    if let Some(token) = &token
+        && !req.uri().path().starts_with("/api/v1/approvals")
+    {
+        match bearer(headers) {
+            Some(g) if crate::same_secret(g.as_bytes(), token) => {}
+            Some(_) => return problem(StatusCode::UNAUTHORIZED, "wrong bearer token"),
+            None => {
+                return problem(
+                    StatusCode::UNAUTHORIZED,
+                    "missing `Authorization: Bearer` header (the webhook token)",
+                );
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// The credentials of `Authorization: Bearer X`; the scheme is case-insensitive (RFC 7235).
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, credentials) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim())
+}
+
+/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn problem(status: StatusCode, reason: impl Into<String>) -> Response {
@@ -104,24 +281,8 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(token) = &s.token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            Some(g) if crate::same_secret(g.as_bytes(), token) => {}
-            Some(_) => return problem(StatusCode::UNAUTHORIZED, "wrong bearer token"),
-            None => {
-                return problem(
-                    StatusCode::UNAUTHORIZED,
-                    "missing `Authorization: Bearer` header",
-                );
-            }
-        }
-    }
+/// The token, if one is configured, was checked by [`guard`].
+async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
     let notification = match Notification::parse(&body) {
         Ok(n) => n,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e),
@@ -144,7 +305,16 @@ async fn alerts(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> R
             _ => None,
         })
         .collect();
-    let mut started = s.scheduler.submit_all(runs).into_iter();
+    let mut started = match s.scheduler.submit_all(runs) {
+        Ok(results) => results.into_iter(),
+        // Nothing was recorded and nothing starts: Alertmanager retries a 5xx.
+        Err(e) => {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the triggers could not be recorded, so no run started; retry: {e}"),
+            );
+        }
+    };
     let mut outcomes = Vec::with_capacity(candidates.len());
     for c in candidates {
         let (runbook, fingerprint, result) = match c {
@@ -201,15 +371,10 @@ fn approver_token(
             "approvals are not configured: set approvers_file in runwarden.yaml",
         ));
     };
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().as_bytes().to_vec())
-        .ok_or((
-            StatusCode::UNAUTHORIZED,
-            "missing `Authorization: Bearer` header with an approver token",
-        ))?;
+    let token = bearer(headers).map(|t| t.as_bytes().to_vec()).ok_or((
+        StatusCode::UNAUTHORIZED,
+        "missing `Authorization: Bearer` header with an approver token",
+    ))?;
     if approvals.approver(&token).is_none() {
         return Err((StatusCode::UNAUTHORIZED, "unknown approver token"));
     }
@@ -290,8 +455,10 @@ async fn approval_decide(
         Ok(r) => axum::Json(r).into_response(),
         Err(e @ DecisionError::Unauthorized) => problem(StatusCode::UNAUTHORIZED, e.to_string()),
         Err(e @ DecisionError::NotFound(_)) => problem(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e @ (DecisionError::StaleDigest | DecisionError::AlreadyDecided(_))) => {
-            problem(StatusCode::CONFLICT, e.to_string())
-        }
+        Err(
+            e @ (DecisionError::StaleDigest
+            | DecisionError::AlreadyDecided(_)
+            | DecisionError::Expired(_)),
+        ) => problem(StatusCode::CONFLICT, e.to_string()),
     }
 }

@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod planner;
 pub mod run;
 pub mod scheduler;
+pub mod secret;
 pub mod tools;
 pub mod transcript;
 pub mod trigger;

@@ -69,6 +69,18 @@ impl Verdict {
     }
 }
 
+impl From<DenyReason> for Verdict {
+    /// What a refusal makes of the run, when it is the worst thing that happened.
+    fn from(reason: DenyReason) -> Verdict {
+        match reason {
+            DenyReason::KillSwitch => Verdict::Halted,
+            DenyReason::StepLimit => Verdict::StepLimit,
+            DenyReason::TimeBudget | DenyReason::MutationBudget => Verdict::BudgetExhausted,
+            _ => Verdict::Denied,
+        }
+    }
+}
+
 /// One line of the report: what was asked, what the gate said, what happened.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepReport {
@@ -516,7 +528,8 @@ impl RunLoop<'_> {
                 break;
             }
             let n = steps.len() as u32 + 1;
-            let next = self.planner.next(&transcript).await;
+            let mut admit = || gate.admit_model_request();
+            let next = self.planner.next(&transcript, &mut admit).await;
             if let Some(more) = self.planner.take_step_limit() {
                 gate.limit_steps(more);
             }
@@ -536,6 +549,18 @@ impl RunLoop<'_> {
                     }
                 }
                 Next::Fail(msg) => stop = Some((Verdict::Broken, msg)),
+                Next::Stopped(denial) => {
+                    if let Some(m) = &self.runner.metrics {
+                        m.gate_denials
+                            .with_label_values(&[&self.runbook.name, denial.reason.as_str()])
+                            .inc();
+                    }
+                    let why = format!(
+                        "before model request {}: {denial}",
+                        gate.budget().model_requests() + 1
+                    );
+                    stop = Some((Verdict::from(denial.reason), why));
+                }
                 Next::Skip { id, when } => {
                     let mut r = StepReport::new(n, &id, "skipped");
                     r.detail = Some(format!("when: {when}"));
@@ -582,7 +607,7 @@ impl RunLoop<'_> {
                         }
                         Decision::Deny(denial) => {
                             r.status = "denied".into();
-                            r.args = call.args.clone();
+                            r.args = crate::audit::bounded(&call.args);
                             r.tier = denial.tool.map(|t| t.tier().number());
                             r.detail = Some(denial.to_string());
                             transcript.steps.insert(id, json!({ "outcome": "denied", "ok": false, "error": denial.to_string() }));
@@ -599,14 +624,7 @@ impl RunLoop<'_> {
                                     ])
                                     .inc();
                             }
-                            let v = match denial.reason {
-                                DenyReason::KillSwitch => Verdict::Halted,
-                                DenyReason::StepLimit => Verdict::StepLimit,
-                                DenyReason::TimeBudget | DenyReason::MutationBudget => {
-                                    Verdict::BudgetExhausted
-                                }
-                                _ => Verdict::Denied,
-                            };
+                            let v = Verdict::from(denial.reason);
                             if denial.reason.stops_run() && stop.is_none() {
                                 stop = Some((v, denial.to_string()));
                             }
@@ -721,7 +739,7 @@ impl RunLoop<'_> {
             }
         }
 
-        let (verdict, verdict_detail) = match stop {
+        let (mut verdict, mut verdict_detail) = match stop {
             Some((v, why)) => (v.max(worst), why),
             None if worst == Verdict::Ok => (
                 Verdict::Ok,
@@ -740,7 +758,17 @@ impl RunLoop<'_> {
             "suggestions": suggestions,
         }));
         if let Err(err) = audit.append(e, true) {
+            // The record is the product: a run whose verdict is not on disk
+            // did not end well, whatever its calls did.
             tracing::error!(run_id = %self.info.run_id, "verdict line not written: {err}");
+            if let Some(m) = &self.runner.metrics {
+                m.audit_write_failures.inc();
+            }
+            verdict_detail = format!(
+                "the verdict line ({}: {verdict_detail}) could not be written: {err}",
+                verdict.as_str()
+            );
+            verdict = Verdict::Broken;
         }
         RunReport {
             run_id: self.info.run_id.clone(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{Semaphore, watch};
 
-use crate::audit::{AuditLog, Phase, RunInfo};
+use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
@@ -142,15 +142,22 @@ impl Scheduler {
     }
 
     /// Decide what becomes of one trigger, record it, and start the run if it is one.
-    pub fn submit(self: &Arc<Self>, req: RunRequest) -> TriggerResult {
-        self.submit_all(vec![req])
+    pub fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, AuditError> {
+        Ok(self
+            .submit_all(vec![req])?
             .pop()
-            .expect("one result per request")
+            .expect("one result per request"))
     }
 
     /// Decide a batch (one notification's alerts), looking at the kill switch
     /// once per runbook rather than once per alert.
-    pub fn submit_all(self: &Arc<Self>, reqs: Vec<RunRequest>) -> Vec<TriggerResult> {
+    ///
+    /// An error means the accepted triggers could not be recorded: none of
+    /// them starts, and the sender must be told to retry.
+    pub fn submit_all(
+        self: &Arc<Self>,
+        reqs: Vec<RunRequest>,
+    ) -> Result<Vec<TriggerResult>, AuditError> {
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut results = Vec::with_capacity(reqs.len());
@@ -169,13 +176,12 @@ impl Scheduler {
             results.push(result);
         }
         if accepted.is_empty() {
-            return results;
+            return Ok(results);
         }
-        // Every accepted trigger is written (one write for the notification)
-        // before the sender hears so and before its run can write anything:
-        // if runwarden is killed it is reported, never silently lost. Like a
-        // run's start line it is not fsynced on its own; the run's first
-        // intent line carries it to disk.
+        // Every accepted trigger is on disk (one write and one fsync for the
+        // notification) before the sender hears so and before its run can
+        // write anything: a trigger answered 2xx is never silently lost, and
+        // one that could not be recorded is refused so that it is sent again.
         let runs: Vec<(String, RunRequest)> = accepted
             .into_iter()
             .map(|req| (uuid::Uuid::now_v7().to_string(), req))
@@ -184,14 +190,25 @@ impl Scheduler {
             .iter()
             .map(|(id, req)| queued_line(&config, id, req))
             .collect();
-        if let Err(e) = self.audit.append_all(lines, false) {
+        if let Err(e) = self.audit.append_all(lines, true) {
             self.metrics.audit_write_failures.inc();
-            tracing::error!("accepted triggers could not be recorded: {e}");
+            tracing::error!(
+                "{} accepted trigger(s) could not be recorded, so none starts: {e}",
+                runs.len()
+            );
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, req) in &runs {
+                if let Some(slot) = slots.get_mut(&(req.runbook.clone(), req.host.clone())) {
+                    slot.in_flight = false;
+                    slot.keys.clear();
+                }
+            }
+            return Err(e);
         }
         for (run_id, req) in runs {
             self.start(config.clone(), run_id, req);
         }
-        results
+        Ok(results)
     }
 
     fn submit_one(&self, config: &Arc<Config>, req: &RunRequest, stopped: bool) -> TriggerResult {

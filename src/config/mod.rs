@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
 
-pub use diag::{ConfigError, Diagnostic};
+pub use diag::{ConfigError, Diagnostic, did_you_mean};
 pub use host::{Connection, Host};
 pub use model::{ApiKey, ModelEndpoint};
 pub use runbook::{Autonomy, Runbook, Step, StepAction};
@@ -81,95 +81,7 @@ impl Config {
     /// Load and validate everything under `dir`; any problem rejects the whole config.
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         let mut diags = Diagnostics::default();
-        let settings_file = dir.join("runwarden.yaml");
-        let settings = match read_file(&settings_file, dir, &mut diags, true) {
-            Some((text, _)) => {
-                parse::<raw::Settings>(&settings_file, &text, &mut diags).unwrap_or_default()
-            }
-            None => raw::Settings::default(),
-        };
-        let resolve = |v: &Option<Spanned<String>>, default: &str| -> PathBuf {
-            let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
-            dir.join(p)
-        };
-        let listen = match &settings.listen {
-            Some(l) => l.value.parse().unwrap_or_else(|e| {
-                diags.at(
-                    &settings_file,
-                    l.referenced,
-                    format!(
-                        "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
-                        l.value
-                    ),
-                );
-                DEFAULT_LISTEN.parse().expect("default address")
-            }),
-            None => DEFAULT_LISTEN.parse().expect("default address"),
-        };
-        let timezone_name = settings
-            .timezone
-            .as_ref()
-            .map_or("UTC".to_string(), |t| t.value.clone());
-        let timezone = jiff::tz::TimeZone::get(&timezone_name).unwrap_or_else(|e| {
-            if let Some(t) = &settings.timezone {
-                diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
-            }
-            jiff::tz::TimeZone::UTC
-        });
-        let max_concurrent_runs = match &settings.max_concurrent_runs {
-            Some(n) if n.value == 0 || n.value > 1000 => {
-                diags.at(
-                    &settings_file,
-                    n.referenced,
-                    "max_concurrent_runs must be between 1 and 1000",
-                );
-                1
-            }
-            Some(n) => n.value as usize,
-            None => 4,
-        };
-        let shutdown_grace = settings
-            .shutdown_grace
-            .as_ref()
-            .and_then(|g| duration(g, "shutdown_grace", &settings_file, &mut diags))
-            .unwrap_or(Duration::from_secs(30));
-        let approval_timeout = settings
-            .approval_timeout
-            .as_ref()
-            .and_then(|t| duration(t, "approval_timeout", &settings_file, &mut diags))
-            .unwrap_or(Duration::from_secs(300));
-        if let Some(url) = &settings.approval_webhook
-            && reqwest::Url::parse(&url.value).is_err()
-        {
-            diags.at(
-                &settings_file,
-                url.referenced,
-                format!("approval_webhook \"{}\" is not a URL", url.value),
-            );
-        }
-        let model = settings
-            .model
-            .as_ref()
-            .and_then(|m| model::validate(&m.value, &settings_file, dir, &mut diags));
-        let settings = Settings {
-            model,
-            approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
-            approval_timeout,
-            approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
-            audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
-            kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
-            state_dir: resolve(&settings.state_dir, "state"),
-            listen,
-            timezone,
-            timezone_name,
-            max_concurrent_runs,
-            webhook_token_file: settings
-                .webhook_token_file
-                .as_ref()
-                .map(|f| dir.join(&f.value)),
-            shutdown_grace,
-        };
-
+        let settings = load_settings(dir, &mut diags);
         let host_files = yaml_files(&dir.join("hosts"), &mut diags);
         let runbook_files = yaml_files(&dir.join("runbooks"), &mut diags);
 
@@ -239,6 +151,130 @@ impl Config {
             hosts,
         })
     }
+}
+
+/// Read `DIR/runwarden.yaml` alone. The kill-switch commands need only this,
+/// and must work while a runbook or host file is half edited.
+fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
+    let settings_file = dir.join("runwarden.yaml");
+    let settings = match read_file(&settings_file, dir, diags, true) {
+        Some((text, _)) => parse::<raw::Settings>(&settings_file, &text, diags).unwrap_or_default(),
+        None => raw::Settings::default(),
+    };
+    let resolve = |v: &Option<Spanned<String>>, default: &str| -> PathBuf {
+        let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
+        dir.join(p)
+    };
+    let listen = match &settings.listen {
+        Some(l) => l.value.parse().unwrap_or_else(|e| {
+            diags.at(
+                &settings_file,
+                l.referenced,
+                format!(
+                    "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
+                    l.value
+                ),
+            );
+            DEFAULT_LISTEN.parse().expect("default address")
+        }),
+        None => DEFAULT_LISTEN.parse().expect("default address"),
+    };
+    let timezone_name = settings
+        .timezone
+        .as_ref()
+        .map_or("UTC".to_string(), |t| t.value.clone());
+    let timezone = jiff::tz::TimeZone::get(&timezone_name).unwrap_or_else(|e| {
+            if let Some(t) = &settings.timezone {
+                diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
+            }
+            jiff::tz::TimeZone::UTC
+        });
+    let max_concurrent_runs = match &settings.max_concurrent_runs {
+        Some(n) if n.value == 0 || n.value > 1000 => {
+            diags.at(
+                &settings_file,
+                n.referenced,
+                "max_concurrent_runs must be between 1 and 1000",
+            );
+            1
+        }
+        Some(n) => n.value as usize,
+        None => 4,
+    };
+    let shutdown_grace = settings
+        .shutdown_grace
+        .as_ref()
+        .and_then(|g| duration(g, "shutdown_grace", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(30));
+    let approval_timeout = settings
+        .approval_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "approval_timeout", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(300));
+    if let Some(url) = &settings.approval_webhook
+        && reqwest::Url::parse(&url.value).is_err()
+    {
+        diags.at(
+            &settings_file,
+            url.referenced,
+            format!("approval_webhook \"{}\" is not a URL", url.value),
+        );
+    }
+    let model = settings
+        .model
+        .as_ref()
+        .and_then(|m| model::validate(&m.value, &settings_file, dir, diags));
+    Settings {
+        model,
+        approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
+        approval_timeout,
+        approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
+        audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
+        kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
+        state_dir: resolve(&settings.state_dir, "state"),
+        listen,
+        timezone,
+        timezone_name,
+        max_concurrent_runs,
+        webhook_token_file: settings
+            .webhook_token_file
+            .as_ref()
+            .map(|f| dir.join(&f.value)),
+        shutdown_grace,
+    }
+}
+
+impl Settings {
+    /// The settings of `dir`, however its runbooks and hosts are: exactly
+    /// what `serve` would use, or the problems of runwarden.yaml.
+    pub fn load(dir: &Path) -> Result<Settings, ConfigError> {
+        let mut diags = Diagnostics::default();
+        let settings = load_settings(dir, &mut diags);
+        if diags.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError(diags.into_vec()))
+        }
+    }
+}
+
+/// The names the runbook files under `DIR/runbooks/` give themselves, read
+/// leniently (a file with other problems still names its runbook): what a
+/// `--runbook` argument may be while the configuration is being edited.
+pub fn runbook_names(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut diags = Diagnostics::default();
+    let mut names = std::collections::BTreeSet::new();
+    for file in yaml_files(&dir.join("runbooks"), &mut diags) {
+        let Some((text, _)) = read_file(&file, dir, &mut diags, false) else {
+            continue;
+        };
+        if let Ok(raw::NameOnly { name: Some(name) }) = serde_saphyr::from_str(&text)
+            && safe_name(&name)
+        {
+            names.insert(name);
+        }
+    }
+    names
 }
 
 /// Load one host file on its own (the agent's policy on a managed host).

@@ -37,8 +37,7 @@ impl ApiKey {
             ApiKey::Env(var) => std::env::var(var).map_err(|_| {
                 format!("model.api_key_env: the environment variable {var} is not set")
             })?,
-            ApiKey::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("model.api_key_file {}: {e}", path.display()))?,
+            ApiKey::File(path) => crate::secret::read_file(path, "model.api_key_file")?,
         };
         let key = key.trim().to_string();
         if key.is_empty() || key.chars().any(char::is_control) {

@@ -535,15 +535,34 @@ pub mod escapees {
         }
     }
 
-    /// Kill and reap every child of this process that it did not start.
+    /// Kill and reap every child of this process that it did not start, and
+    /// again, until none is left: killing an escaped process hands its own
+    /// children to this subreaper, so a whole detached tree goes pass by pass.
     pub fn sweep() {
         if !ADOPTING.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
+        // A tree that forks as fast as it is killed still ends: each pass
+        // kills every process it finds, and a bounded number of passes run.
+        for _ in 0..MAX_PASSES {
+            if sweep_once() == 0 {
+                return;
+            }
+        }
+        tracing::error!(
+            "processes kept escaping a tool call after {MAX_PASSES} sweeps; some may still run"
+        );
+    }
+
+    const MAX_PASSES: usize = 10_000;
+
+    /// One pass: how many escapees it killed.
+    fn sweep_once() -> usize {
         let set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return;
+            return 0;
         };
+        let mut killed = 0;
         for task in tasks.flatten() {
             let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
                 continue;
@@ -562,8 +581,10 @@ pub mod escapees {
                 );
                 let _ = kill(p, Signal::SIGKILL);
                 let _ = waitpid(p, Some(WaitPidFlag::__WALL));
+                killed += 1;
             }
         }
+        killed
     }
 
     /// A started process's pid.

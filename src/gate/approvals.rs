@@ -73,6 +73,8 @@ pub enum DecisionError {
     StaleDigest,
     #[error("approval request {0} was already decided")]
     AlreadyDecided(String),
+    #[error("approval request {0} expired before this decision arrived: nothing was approved")]
+    Expired(String),
 }
 
 struct Entry {
@@ -83,8 +85,9 @@ struct Entry {
 }
 
 pub struct Approvals {
-    /// token -> approver name.
-    approvers: HashMap<Vec<u8>, String>,
+    /// token -> approver name; replaced whole on SIGHUP, so a revoked
+    /// approver's token stops working at once.
+    approvers: std::sync::RwLock<HashMap<Vec<u8>, String>>,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
 }
@@ -110,53 +113,67 @@ pub fn digest(
         .collect()
 }
 
+/// `NAME TOKEN` lines (`#` comments) from a file only its owner can read.
+fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, String> {
+    let text = crate::secret::read_file(file, "approvers file")?;
+    let mut approvers = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!(
+                "{}:{}: expected `NAME TOKEN`",
+                file.display(),
+                i + 1
+            ));
+        };
+        if token.len() < 16 {
+            return Err(format!(
+                "{}:{}: the token of {name} is shorter than 16 characters",
+                file.display(),
+                i + 1
+            ));
+        }
+        approvers.insert(token.as_bytes().to_vec(), name.to_string());
+    }
+    if approvers.is_empty() {
+        return Err(format!(
+            "approvers file {} names no approver",
+            file.display()
+        ));
+    }
+    Ok(approvers)
+}
+
 impl Approvals {
     /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
     pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, String> {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read approvers file {}: {e}", file.display()))?;
-        let mut approvers = HashMap::new();
-        for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut parts = line.split_whitespace();
-            let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(format!(
-                    "{}:{}: expected `NAME TOKEN`",
-                    file.display(),
-                    i + 1
-                ));
-            };
-            if token.len() < 16 {
-                return Err(format!(
-                    "{}:{}: the token of {name} is shorter than 16 characters",
-                    file.display(),
-                    i + 1
-                ));
-            }
-            approvers.insert(token.as_bytes().to_vec(), name.to_string());
-        }
-        if approvers.is_empty() {
-            return Err(format!(
-                "approvers file {} names no approver",
-                file.display()
-            ));
-        }
         Ok(Approvals {
-            approvers,
+            approvers: std::sync::RwLock::new(read_approvers(file)?),
             timeout,
             entries: Mutex::default(),
         })
     }
 
+    /// Read the approvers file again (SIGHUP); on error the old list stays.
+    /// Returns how many approvers it names.
+    pub fn reload(&self, file: &Path) -> Result<usize, String> {
+        let approvers = read_approvers(file)?;
+        let n = approvers.len();
+        *self.approvers.write().unwrap_or_else(|p| p.into_inner()) = approvers;
+        Ok(n)
+    }
+
     /// The approver a token belongs to (compared without timing leaks).
-    pub fn approver(&self, token: &[u8]) -> Option<&str> {
+    pub fn approver(&self, token: &[u8]) -> Option<String> {
+        let approvers = self.approvers.read().unwrap_or_else(|p| p.into_inner());
         let mut found = None;
-        for (t, name) in &self.approvers {
+        for (t, name) in approvers.iter() {
             if crate::same_secret(t, token) {
-                found = Some(name.as_str());
+                found = Some(name.clone());
             }
         }
         found
@@ -191,16 +208,25 @@ impl Approvals {
         approve: bool,
         comment: &str,
     ) -> Result<Request, DecisionError> {
-        let who = self
-            .approver(token)
-            .ok_or(DecisionError::Unauthorized)?
-            .to_string();
+        let who = self.approver(token).ok_or(DecisionError::Unauthorized)?;
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let e = entries
             .get_mut(id)
             .ok_or_else(|| DecisionError::NotFound(id.to_string()))?;
         if e.request.state != State::Pending {
-            return Err(DecisionError::AlreadyDecided(id.to_string()));
+            // Expired and cancelled requests say so: a late approver must know
+            // that nothing they decide now can run.
+            return Err(match &e.request.state {
+                State::Expired => DecisionError::Expired(id.to_string()),
+                _ => DecisionError::AlreadyDecided(id.to_string()),
+            });
+        }
+        // Expiry is exact: a decision that arrives late changes nothing,
+        // however soon the waiting run would have noticed.
+        if Instant::now() >= e.expires {
+            e.request.state = State::Expired;
+            let _ = e.tx.send(State::Expired);
+            return Err(DecisionError::Expired(id.to_string()));
         }
         if !crate::same_secret(e.request.digest.as_bytes(), digest.as_bytes()) {
             return Err(DecisionError::StaleDigest);
@@ -282,6 +308,7 @@ mod tests {
             "# on-call\nalice aaaaaaaaaaaaaaaaaaaa\nbob bbbbbbbbbbbbbbbbbbbb\n",
         )
         .unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         (dir, Approvals::load(&f, Duration::from_secs(300)).unwrap())
     }
 

@@ -14,6 +14,9 @@ pub struct Budget {
     started: Instant,
     steps: u32,
     mutations: u32,
+    /// Requests made to the model planner, and the most it may make.
+    model_requests: u32,
+    max_model_requests: u32,
 }
 
 impl Budget {
@@ -23,6 +26,8 @@ impl Budget {
             started: Instant::now(),
             steps: 0,
             mutations: 0,
+            model_requests: 0,
+            max_model_requests: limits.max_steps.saturating_add(1),
         }
     }
 
@@ -33,21 +38,8 @@ impl Budget {
 
     /// Would one more call (a mutation if `mutating`) stay inside the budget?
     pub(super) fn check(&self, mutating: bool) -> Result<(), (DenyReason, String)> {
-        if self.steps > self.limits.max_steps {
-            return Err((
-                DenyReason::StepLimit,
-                format!("max_steps {} reached", self.limits.max_steps),
-            ));
-        }
-        if self.started.elapsed() >= self.limits.max_duration {
-            return Err((
-                DenyReason::TimeBudget,
-                format!(
-                    "max_duration {} spent",
-                    humantime::format_duration(self.limits.max_duration)
-                ),
-            ));
-        }
+        self.step_check()?;
+        self.time_check()?;
         if mutating && self.mutations >= self.limits.max_mutations {
             return Err((
                 DenyReason::MutationBudget,
@@ -59,6 +51,53 @@ impl Budget {
 
     pub(super) fn limit_steps(&mut self, more: u32) {
         self.limits.max_steps = self.limits.max_steps.min(self.steps.saturating_add(more));
+        // Every useful request proposes at least one call, and one more gives
+        // the final answer: a model that asks more is stuck.
+        self.max_model_requests = self.max_model_requests.min(more.saturating_add(1));
+    }
+
+    /// Refuses the call just counted when it is past `max_steps`.
+    pub(super) fn step_check(&self) -> Result<(), (DenyReason, String)> {
+        if self.steps > self.limits.max_steps {
+            return Err((
+                DenyReason::StepLimit,
+                format!("max_steps {} reached", self.limits.max_steps),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Count one model request, refusing it past the ceiling.
+    pub(super) fn count_model_request(&mut self) -> Result<(), (DenyReason, String)> {
+        if self.model_requests >= self.max_model_requests {
+            return Err((
+                DenyReason::StepLimit,
+                format!(
+                    "the model made {} requests, the most one run may make (its max_steps plus the final answer); it is not converging",
+                    self.model_requests
+                ),
+            ));
+        }
+        self.model_requests += 1;
+        Ok(())
+    }
+
+    pub fn model_requests(&self) -> u32 {
+        self.model_requests
+    }
+
+    /// Whether the wall-time budget is spent.
+    pub(super) fn time_check(&self) -> Result<(), (DenyReason, String)> {
+        if self.started.elapsed() >= self.limits.max_duration {
+            return Err((
+                DenyReason::TimeBudget,
+                format!(
+                    "max_duration {} spent",
+                    humantime::format_duration(self.limits.max_duration)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn count_mutation(&mut self) {

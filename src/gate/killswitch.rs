@@ -41,6 +41,11 @@ impl KillSwitch {
         &self.dir
     }
 
+    /// The switch file of one runbook (`None`: the global one).
+    pub fn file_of(&self, runbook: Option<&str>) -> PathBuf {
+        self.file(runbook)
+    }
+
     fn file(&self, runbook: Option<&str>) -> PathBuf {
         match runbook {
             None => self.dir.join(GLOBAL),
@@ -72,16 +77,32 @@ impl KillSwitch {
 
     /// Ok when calls of `runbook` may proceed; every doubt is an `Engaged`.
     pub fn check(&self, runbook: &str) -> Result<(), Engaged> {
+        self.check_scopes(Some(runbook))
+    }
+
+    /// Ok unless everything is stopped (the directory, or `ENGAGED`): what
+    /// `runwarden_kill_switch_engaged{scope="global"}` shows.
+    pub fn check_global(&self) -> Result<(), Engaged> {
+        self.check_scopes(None)
+    }
+
+    /// Whether `RUNBOOK.ENGAGED` itself is there (a dangling link counts).
+    pub fn runbook_file_engaged(&self, runbook: &str) -> bool {
+        !matches!(std::fs::symlink_metadata(self.file(Some(runbook))), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    }
+
+    fn check_scopes(&self, runbook: Option<&str>) -> Result<(), Engaged> {
         if let Some(detail) = self.dir_problem() {
             return Err(Engaged {
                 scope: "global".into(),
                 detail,
             });
         }
-        for (scope, file) in [
-            ("global", self.file(None)),
-            (runbook, self.file(Some(runbook))),
-        ] {
+        let files = [
+            Some(("global", self.file(None))),
+            runbook.map(|r| (r, self.file(Some(r)))),
+        ];
+        for (scope, file) in files.into_iter().flatten() {
             match std::fs::symlink_metadata(&file) {
                 Ok(_) => {
                     return Err(Engaged {

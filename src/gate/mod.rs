@@ -222,6 +222,11 @@ impl Gate {
                 ToolId::from_name(&call.tool),
             );
         }
+        // A call past `max_steps` is refused whatever it asks for: a planner
+        // stuck on a tool it does not have must not keep the run going.
+        if let Err((reason, detail)) = self.budget.step_check() {
+            return deny(reason, detail, ToolId::from_name(&call.tool));
+        }
         // 2. The tool must exist and be one the runbook lists.
         let Some(tool) = ToolId::from_name(&call.tool) else {
             return deny(
@@ -252,7 +257,10 @@ impl Gate {
                 Some(tool),
             );
         }
-        // 4. Arguments: the tool's type, then the host's allowlists.
+        // 4. Arguments: their shape, the tool's type, then the host's allowlists.
+        if let Err(e) = argument_shape(&call.args) {
+            return deny(DenyReason::InvalidArguments, e, Some(tool));
+        }
         let action = match tools::resolve(tool, &call.args, &self.host, self.path_mode) {
             Ok(a) => a,
             Err(e) => return deny(DenyReason::InvalidArguments, e, Some(tool)),
@@ -313,6 +321,28 @@ impl Gate {
 }
 
 impl Gate {
+    /// Before every request to the model planner: the kill switch, the time
+    /// budget and the ceiling on requests apply to thinking as they do to
+    /// calls, so a model that never proposes a runnable call still ends.
+    pub fn admit_model_request(&mut self) -> Result<(), Denial> {
+        let step = self.budget.steps();
+        let deny = |reason, detail: String| Denial {
+            step,
+            reason,
+            detail,
+            tool: None,
+        };
+        if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
+            return Err(deny(DenyReason::KillSwitch, engaged.to_string()));
+        }
+        if let Err((reason, detail)) = self.budget.time_check() {
+            return Err(deny(reason, detail));
+        }
+        self.budget
+            .count_model_request()
+            .map_err(|(reason, detail)| deny(reason, detail))
+    }
+
     /// A person approved a held call: the kill switch and the budget are
     /// checked again (time has passed), then the call is permitted.
     pub fn approved(&mut self, hold: Hold, by: String) -> Decision {
@@ -340,6 +370,35 @@ impl Gate {
             approved_by: ApprovedBy::Person(by),
         })
     }
+}
+
+/// Tool arguments are one flat object of short values; anything nested or
+/// large is refused before it is parsed further or written to the log.
+pub const MAX_ARGUMENT_DEPTH: usize = 8;
+pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
+
+fn argument_shape(args: &Value) -> Result<(), String> {
+    fn depth(v: &Value) -> usize {
+        match v {
+            Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    // Depth first: it is bounded by the parser, and serializing is then safe.
+    let d = depth(args);
+    if d > MAX_ARGUMENT_DEPTH {
+        return Err(format!(
+            "arguments nest {d} levels deep; a tool takes one object of plain values"
+        ));
+    }
+    let len = args.to_string().len();
+    if len > MAX_ARGUMENT_BYTES {
+        return Err(format!(
+            "arguments are {len} bytes; at most {MAX_ARGUMENT_BYTES} are accepted"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -433,7 +492,9 @@ mod tests {
 
     #[test]
     fn hostile_arguments_are_refused() {
-        let (_d, mut g) = gate("L3", "web", false);
+        // More attempts than max_steps: each gets a fresh run's budget, since
+        // a call past the step limit is refused as `step_limit` first.
+        let fresh = || gate("L3", "web", false);
         let long = "a".repeat(10_000);
         for args in [
             json!({"unit": "nginx.service; rm -rf /"}),
@@ -447,6 +508,7 @@ mod tests {
             json!({"unit": "sshd.service"}),
             json!("nginx.service"),
         ] {
+            let (_d, mut g) = fresh();
             assert_eq!(
                 denied(g.check(&call("service_status", args.clone()))),
                 DenyReason::InvalidArguments,
@@ -459,15 +521,68 @@ mod tests {
             "/tmp/../etc",
             "/tmp\u{0}/x",
         ] {
+            let (_d, mut g) = fresh();
             let d = g.check(&call("disk_usage", json!({ "path": path })));
             assert_eq!(denied(d), DenyReason::InvalidArguments, "{path}");
         }
+        let (_d, mut g) = fresh();
         let no_reason = call("restart_service", json!({"unit": "nginx.service"}));
         assert_eq!(
             denied(g.check(&no_reason)),
             DenyReason::InvalidArguments,
             "a tier-2 call needs a reason (arguments are checked before the budget)"
         );
+    }
+
+    #[test]
+    fn a_call_past_max_steps_is_a_step_limit_whatever_it_asks_for() {
+        let (_d, mut g) = gate("L3", "web", false);
+        for _ in 0..5 {
+            g.check(&call("nope", json!({})));
+        }
+        for (tool, args) in [
+            ("nope", json!({})),
+            ("read_journal", json!({})),
+            ("disk_usage", json!({"path": "/etc"})),
+            ("service_status", json!({"unit": "nginx.service"})),
+        ] {
+            assert_eq!(
+                denied(g.check(&call(tool, args))),
+                DenyReason::StepLimit,
+                "{tool}"
+            );
+        }
+    }
+
+    #[test]
+    fn model_requests_are_counted_and_capped() {
+        let (_d, mut g) = gate("L3", "web", false);
+        g.limit_steps(2);
+        for _ in 0..3 {
+            assert!(g.admit_model_request().is_ok());
+        }
+        let d = g.admit_model_request().unwrap_err();
+        assert_eq!(d.reason, DenyReason::StepLimit);
+        let (_d, mut engaged) = gate("L3", "web", true);
+        assert_eq!(
+            engaged.admit_model_request().unwrap_err().reason,
+            DenyReason::KillSwitch
+        );
+    }
+
+    #[test]
+    fn arguments_nested_or_large_are_refused_before_the_tool_sees_them() {
+        let deep = (0..20).fold(json!("/tmp"), |v, _| json!([v]));
+        for args in [
+            json!({ "path": deep }),
+            json!({ "path": "/tmp", "x": "a".repeat(20_000) }),
+        ] {
+            let (_d, mut g) = gate("L3", "web", false);
+            assert_eq!(
+                denied(g.check(&call("disk_usage", args))),
+                DenyReason::InvalidArguments
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod steps;
 
 use serde_json::{Map, Value};
 
-use crate::gate::ProposedCall;
+use crate::gate::{Denial, ProposedCall};
 pub use model::{ModelPlanner, ModelTurn};
 pub use steps::StepsPlanner;
 
@@ -39,7 +39,13 @@ pub enum Next {
     /// The planner cannot go on (a `when` or template failed, the model
     /// endpoint failed or answered garbage): the run is broken.
     Fail(String),
+    /// The gate refused the next model request (kill switch, time budget,
+    /// the ceiling on requests): the run stops.
+    Stopped(Denial),
 }
+
+/// Asked before every model request; an error stops the run instead.
+pub type Admit<'a> = &'a mut (dyn FnMut() -> Result<(), Denial> + Send);
 
 /// What the run has seen so far, as planners and templates read it.
 #[derive(Debug, Default)]
@@ -95,7 +101,8 @@ impl Planner {
         self.model.as_mut()?.take_step_limit()
     }
 
-    pub async fn next(&mut self, transcript: &Transcript) -> Next {
+    /// The next thing to do; `admit` is asked before every model request.
+    pub async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
         if let Some(steps) = &mut self.steps {
             match steps.next(transcript) {
                 Next::Finish => self.steps = None,
@@ -103,7 +110,7 @@ impl Planner {
             }
         }
         match &mut self.model {
-            Some(model) => model.next(transcript).await,
+            Some(model) => model.next(transcript, admit).await,
             None => Next::Finish,
         }
     }

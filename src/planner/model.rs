@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::openai::{Client, Usage};
-use super::{Next, Transcript};
+use super::{Admit, Next, Transcript};
 use crate::config::{Host, ModelEndpoint, Runbook};
 use crate::gate::ProposedCall;
 use crate::metrics::Metrics;
@@ -172,7 +172,7 @@ impl ModelPlanner {
         self.step_limit_pending.take()
     }
 
-    pub async fn next(&mut self, transcript: &Transcript) -> Next {
+    pub async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
         if let Some((asked, call)) = self.queue.pop_front() {
             let id = asked.step_id.clone();
             self.answered.push(asked);
@@ -186,6 +186,9 @@ impl ModelPlanner {
         }
         if self.finished {
             return Next::Finish;
+        }
+        if let Err(denial) = admit() {
+            return Next::Stopped(denial);
         }
         self.ask(transcript).await
     }
@@ -293,7 +296,7 @@ impl ModelPlanner {
             content: cut(&reply.content, MAX_AUDITED_TEXT),
             tool_calls: calls
                 .iter()
-                .map(|(a, c)| json!({ "id": a.step_id, "tool": a.tool, "arguments": c.args }))
+                .map(|(a, c)| json!({ "id": a.step_id, "tool": a.tool, "arguments": crate::audit::bounded(&c.args) }))
                 .collect(),
             dropped,
             prompt_tokens: reply.usage.map(|u: Usage| u.prompt),

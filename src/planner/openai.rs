@@ -247,6 +247,11 @@ impl Client {
                 }
             }
         }
+        // An endpoint may echo the request's `Authorization` header back:
+        // nothing of what it says carries the key any further.
+        if let Some(k) = key {
+            bytes = crate::secret::redact(&bytes, k);
+        }
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
             return (
                 "rate_limited",

@@ -103,7 +103,7 @@ pub async fn worker(
             for (name, fired) in fire_due(&mut next, &crons, &now) {
                 if let Some(rb) = cfg.runbooks.get(&name) {
                     for host in &rb.hosts {
-                        scheduler.submit(RunRequest {
+                        let submitted = scheduler.submit(RunRequest {
                             runbook: name.clone(),
                             host: host.to_string(),
                             dry_run: false,
@@ -112,6 +112,9 @@ pub async fn worker(
                             alert: None,
                             keys: vec![format!("cron:{}", fired.timestamp())],
                         });
+                        if let Err(e) = submitted {
+                            tracing::error!(runbook = %name, %host, "scheduled run not started (its trigger could not be recorded): {e}");
+                        }
                     }
                 }
                 metrics

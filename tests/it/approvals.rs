@@ -23,11 +23,10 @@ fn l2_estate(timeout: &str) -> Estate {
             conf
         ),
     );
-    std::fs::write(
-        e.path().join("approvers"),
+    write_secret(
+        &e.path().join("approvers"),
         "# people who may approve\nalice alice-token-0123456789\nbob bob-token-0123456789ab\n",
-    )
-    .unwrap();
+    );
     std::fs::write(
         e.path().join("runwarden.yaml"),
         format!("approvers_file: approvers\napproval_timeout: {timeout}\n"),
@@ -252,7 +251,7 @@ fn the_cli_approves_the_call_it_showed_and_promote_report_counts_it() {
     let d = Daemon::start(&e);
     let (id, _) = id_digest(&pending(&d));
     let token = e.work().join("my-token");
-    std::fs::write(&token, "alice-token-0123456789\n").unwrap();
+    write_secret(&token, "alice-token-0123456789\n");
     let daemon = format!("http://{}", d.addr);
     let cli = |args: &[&str]| {
         let mut all = vec!["approvals"];
@@ -287,4 +286,111 @@ fn the_cli_approves_the_call_it_showed_and_promote_report_counts_it() {
     let counts: Vec<&str> = row.split_whitespace().skip(1).collect();
     assert_eq!(counts, ["0", "1", "0", "0", "0"], "{report}");
     assert!(report.contains("calls a person denied: 0"));
+}
+
+/// Sleep until `ms` milliseconds after the request's `expires_at`.
+fn sleep_past_expiry(r: &Value, ms: i64) {
+    let expires: jiff::Timestamp = r["expires_at"].as_str().unwrap().parse().unwrap();
+    let target = expires + jiff::SignedDuration::from_millis(ms);
+    let wait = target.duration_since(jiff::Timestamp::now());
+    if wait.is_positive() {
+        std::thread::sleep(Duration::try_from(wait).unwrap());
+    }
+}
+
+#[test]
+fn a_decision_after_expires_at_is_refused_however_late() {
+    for late_ms in [2, 30, 80] {
+        let e = l2_estate("2s");
+        let d = Daemon::start(&e);
+        let r = pending(&d);
+        let (id, digest) = id_digest(&r);
+        sleep_past_expiry(&r, late_ms);
+        let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+        assert_eq!(status, 409, "{late_ms} ms late: {body}");
+        assert!(body.contains("expired"), "{body}");
+        let runs = d.settled_runs();
+        assert_eq!(runs[0]["status"], "denied", "{late_ms} ms late: {runs:#?}");
+        assert!(!state_file(&e).exists(), "{late_ms} ms late: nothing ran");
+        let denied = e.audit_phase("denied");
+        assert_eq!(denied[0]["detail"]["reason"], "approval_expired");
+    }
+}
+
+#[test]
+fn secret_files_anyone_else_can_read_are_refused_with_the_fix() {
+    // The approvers file.
+    let e = l2_estate("5m");
+    std::fs::set_permissions(
+        e.path().join("approvers"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let out = e.run(&["serve", "--listen", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("approvers file") && err.contains("chmod 600"),
+        "{err}"
+    );
+    // The webhook token.
+    let e = l2_estate("5m");
+    std::fs::write(e.path().join("token"), "a-token-0123456789abcdef").unwrap();
+    std::fs::set_permissions(
+        e.path().join("token"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "approvers_file: approvers\nwebhook_token_file: token\n",
+    )
+    .unwrap();
+    let out = e.run(&["serve", "--listen", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("webhook_token_file") && err.contains("640"),
+        "{err}"
+    );
+    // An approver's own token file for the CLI.
+    let token = e.work().join("mine");
+    std::fs::write(&token, "alice-token-0123456789").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o604)).unwrap();
+    let out = e.run(&[
+        "approvals",
+        "list",
+        "--daemon",
+        "http://127.0.0.1:9",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+}
+
+#[test]
+fn sighup_rereads_the_approvers_so_a_revoked_approver_is_revoked() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let r = pending(&d);
+    let (id, digest) = id_digest(&r);
+    // Bob leaves on-call.
+    write_secret(
+        &e.path().join("approvers"),
+        "alice alice-token-0123456789\n",
+    );
+    let reloads = |d: &Daemon| d.metric(r#"runwarden_config_reloads_total{result="success"}"#);
+    let before = reloads(&d);
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for("the reload", Duration::from_secs(10), || {
+        (reloads(&d) > before).then_some(())
+    });
+    let (status, body) = decide(&d, BOB, &id, "approve", &digest);
+    assert_eq!(status, 401, "{body}");
+    assert!(!state_file(&e).exists(), "bob's approval ran nothing");
+    let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(d.settled_runs()[0]["status"], "ok");
 }

@@ -35,7 +35,8 @@ impl Daemon {
         let mut c = TcpStream::connect(&self.addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.addr,
             body.len()
         );
         for (k, v) in headers {
@@ -220,7 +221,7 @@ fn webhook_starts_one_run_and_accounts_for_every_alert() {
 #[test]
 fn webhook_refuses_bad_bodies_and_bad_tokens() {
     let e = alert_estate("web-01", DISK_STEPS);
-    std::fs::write(e.path().join("token"), "s3cret-token-0123456789\n").unwrap();
+    write_secret(&e.path().join("token"), "s3cret-token-0123456789\n");
     std::fs::write(
         e.path().join("runwarden.yaml"),
         "webhook_token_file: token\n",

@@ -19,7 +19,7 @@ fn alertmanager_routes_an_alert_to_a_run_and_prometheus_scrapes_it() {
         "name: disk-alert\ndescription: t\nhosts: [web-01]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"', 'env=\"staging\"']\n  host_label: instance\ncooldown: 1h\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
     );
     let token = e.path().join("token");
-    std::fs::write(&token, "e2e-token-0123456789abcdef\n").unwrap();
+    write_secret(&token, "e2e-token-0123456789abcdef\n");
     std::fs::write(
         e.path().join("runwarden.yaml"),
         "webhook_token_file: token\n",
@@ -50,7 +50,13 @@ fn alertmanager_routes_an_alert_to_a_run_and_prometheus_scrapes_it() {
         "a run started by Alertmanager",
         Duration::from_secs(30),
         || {
-            let (_, body) = http(&rw_addr, "GET", "/api/v1/runs", "")?;
+            let (_, body) = http_with(
+                &rw_addr,
+                "GET",
+                "/api/v1/runs",
+                "",
+                &["Authorization: Bearer e2e-token-0123456789abcdef"],
+            )?;
             let runs: Value = serde_json::from_str(&body).ok()?;
             runs["runs"]
                 .as_array()?

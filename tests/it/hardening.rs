@@ -212,7 +212,8 @@ fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_r
     );
     assert!(!logs.join("app.log.1").exists(), "nothing was rotated");
 
-    // The daemon: unhealthy while full, each alert's run broken with no call made;
+    // The daemon: unhealthy while full, and an alert it cannot record is
+    // refused with 503 (Alertmanager retries), never answered 200 and lost;
     // healthy and working again once space returns.
     let (e, logs) = rotation_estate();
     let mut child = on_full_state_dir(&e, "serve --listen 127.0.0.1:0")
@@ -250,9 +251,11 @@ fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_r
             .then_some(runs)
         })
     };
-    http(&addr, "POST", "/api/v1/alerts", &alert("a1")).unwrap();
-    let runs = settled(1);
-    assert_eq!(runs[0]["status"], "broken", "{runs:#?}");
+    let (status, body) = http(&addr, "POST", "/api/v1/alerts", &alert("a1")).unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("could not be recorded"), "{body}");
+    let runs = http(&addr, "GET", "/api/v1/runs", "").unwrap().1;
+    assert!(runs.contains("\"runs\":[]"), "no run started: {runs}");
     let (status, body) = http(&addr, "GET", "/healthz", "").unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("audit"), "{body}");
@@ -274,8 +277,9 @@ fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_r
             &e.path().join("state/filler").display().to_string(),
         ],
     );
-    http(&addr, "POST", "/api/v1/alerts", &alert("a2")).unwrap();
-    let runs = settled(2);
+    let (status, body) = http(&addr, "POST", "/api/v1/alerts", &alert("a2")).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let runs = settled(1);
     assert!(runs.iter().any(|r| r["status"] == "ok"), "{runs:#?}");
     assert_eq!(http(&addr, "GET", "/healthz", "").unwrap().0, 200);
     assert!(logs.join("app.log.1").exists(), "the second run rotated");

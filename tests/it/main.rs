@@ -6,6 +6,7 @@ mod approvals;
 mod cli;
 mod daemon;
 mod e2e;
+mod edges;
 mod fuzz;
 mod gate;
 mod hardening;

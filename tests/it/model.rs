@@ -821,7 +821,7 @@ fn the_daemon_runs_the_model_on_an_alert_and_shows_its_answer_and_metrics() {
     let g = crate::tools::gunicorn(dir.path(), true);
     let e = crate::tools::pool_estate(&g);
     let server = ModelServer::start(pool_script);
-    std::fs::write(e.work().join("model.key"), format!("{KEY}\n")).unwrap();
+    write_secret(&e.work().join("model.key"), &format!("{KEY}\n"));
     std::fs::write(
         e.path().join("runwarden.yaml"),
         format!(
@@ -984,4 +984,43 @@ fn model_config_problems_name_file_line_and_field() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no agent goal"));
     assert!(e.audit().is_empty(), "nothing ran, nothing was audited");
+}
+
+#[test]
+fn an_endpoint_that_echoes_the_api_key_never_gets_it_printed_logged_or_audited() {
+    type Echo = (&'static str, fn() -> Turn);
+    let echoes: [Echo; 4] = [
+        ("a 401 body quoting the header", || {
+            Turn::Status(
+                401,
+                format!("{{\"error\":\"bad key in Authorization: Bearer {KEY}\"}}"),
+            )
+        }),
+        ("a 500 body, retried", || {
+            Turn::Status(500, format!("upstream said: Bearer {KEY} rejected"))
+        }),
+        ("an answer that quotes the key", || {
+            answer(&format!("Your key is {KEY}.\nSUGGEST: export KEY={KEY}"))
+        }),
+        ("a tool call whose arguments carry the key", || {
+            call("http_check", json!({ "name": KEY }))
+        }),
+    ];
+    for (what, turn) in echoes {
+        let server = ModelServer::start(move |n, _| if n < 2 { turn() } else { answer("done") });
+        let (e, _) = injection_estate(&server, "L3", &server.settings(""));
+        let (_, report, text) = run_model(&e, "inj", "h");
+        assert!(
+            !text.contains(KEY),
+            "{what}: the key in the output:\n{text}"
+        );
+        assert!(!report.to_string().contains(KEY), "{what}");
+        let audit = std::fs::read_to_string(e.audit_path()).unwrap();
+        assert!(!audit.contains(KEY), "{what}: the key in the audit log");
+        assert!(
+            text.contains("[redacted]") || audit.contains("[redacted]"),
+            "{what}: the echo is shown redacted"
+        );
+        assert!(e.run(&["audit", "verify"]).status.success());
+    }
 }

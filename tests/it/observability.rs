@@ -137,7 +137,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         "name: tick\ndescription: t\nhosts: [web-01]\nautonomy: L3\nschedule: \"*/2 * * * * *\"\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
     );
     let token = e.path().join("token");
-    std::fs::write(&token, "obs-token-0123456789abcdef\n").unwrap();
+    write_secret(&token, "obs-token-0123456789abcdef\n");
     std::fs::write(
         e.path().join("runwarden.yaml"),
         "webhook_token_file: token\n",
@@ -196,8 +196,17 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
 
     // Hop 1-3: the estate alert fires in Prometheus, Alertmanager routes it, runwarden runs.
     let run = wait_for("the remediation run", Duration::from_secs(150), || {
-        let runs: Value =
-            serde_json::from_str(&http(&rw_addr, "GET", "/api/v1/runs", "")?.1).ok()?;
+        let runs: Value = serde_json::from_str(
+            &http_with(
+                &rw_addr,
+                "GET",
+                "/api/v1/runs",
+                "",
+                &["Authorization: Bearer obs-token-0123456789abcdef"],
+            )?
+            .1,
+        )
+        .ok()?;
         runs["runs"]
             .as_array()?
             .iter()

@@ -154,6 +154,13 @@ pub fn sh(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A secret file (token, approvers, model key): only its owner may read it.
+pub fn write_secret(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 pub fn local_host(name: &str, extra: &str) -> String {
     format!("name: {name}\nconnection: local\n{extra}\n")
 }
@@ -194,14 +201,26 @@ pub fn wait_for<T>(
 
 /// One HTTP/1.0 request on loopback (no chunked answers): (status, body).
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    http_with(addr, method, path, body, &[])
+}
+
+/// [`http`] with extra header lines (`"Authorization: Bearer T"`).
+pub fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[&str],
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(addr).ok()?;
     c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .ok()?;
     write!(
         c,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
+        body.len(),
+        headers.iter().map(|h| format!("{h}\r\n")).collect::<String>()
     )
     .ok()?;
     let mut resp = Vec::new();
