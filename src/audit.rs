@@ -491,6 +491,43 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
     })
 }
 
+/// Who is writing a run: this process's pid, its start time (in clock
+/// ticks since boot) and the boot's id, recorded on `queued` and `start`
+/// lines so that a reader can tell a run in progress from one whose process
+/// died, even once the pid is reused.
+pub fn this_process() -> Value {
+    let pid = std::process::id();
+    serde_json::json!({ "pid": pid, "start": process_start(pid), "boot": boot_id() })
+}
+
+/// Whether the process recorded on `e` (see [`this_process`]) still runs.
+/// A line without the record (older logs) counts as gone.
+pub fn process_alive(e: &Entry) -> bool {
+    let Some(p) = e.detail.as_ref().map(|d| &d["process"]) else {
+        return false;
+    };
+    let Some(pid) = p["pid"].as_u64().and_then(|p| u32::try_from(p).ok()) else {
+        return false;
+    };
+    p["boot"].as_str() == boot_id().as_deref()
+        && p["start"].as_u64().is_some()
+        && p["start"].as_u64() == process_start(pid)
+}
+
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 (starttime) is the 20th after the command name.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
 /// The `start` lines of runs that have no `verdict` line: runs the process
 /// was killed in the middle of.
 /// Runs with a `queued` or `start` line and no verdict: the last line of each
@@ -706,6 +743,25 @@ mod tests {
         let headless = lines[1..].join("\n") + "\n";
         std::fs::write(&path, headless).unwrap();
         assert_eq!(verify(&path).unwrap().broken().unwrap().0, 1);
+    }
+
+    #[test]
+    fn a_recorded_process_is_alive_only_while_that_very_process_runs() {
+        let mut e = info().entry(Phase::Start, None);
+        e.detail = Some(serde_json::json!({ "process": this_process() }));
+        assert!(process_alive(&e));
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        e.detail =
+            Some(serde_json::json!({ "process": { "pid": pid, "start": 1, "boot": boot_id() } }));
+        assert!(!process_alive(&e), "gone");
+        let mut me = this_process();
+        me["start"] = serde_json::json!(me["start"].as_u64().unwrap() + 1);
+        e.detail = Some(serde_json::json!({ "process": me }));
+        assert!(!process_alive(&e), "the pid reused by another process");
+        e.detail = None;
+        assert!(!process_alive(&e), "no record");
     }
 
     #[test]

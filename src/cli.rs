@@ -736,7 +736,7 @@ async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
             } else {
-                print!("{}", render(&report));
+                print!("{}", crate::text::printable(&render(&report)));
             }
             report.verdict.exit_code()
         }
@@ -927,7 +927,10 @@ fn transcript(run_id: &str, dir: &Path) -> i32 {
             1
         }
         Ok(lines) => {
-            print!("{}", crate::transcript::render(&lines));
+            print!(
+                "{}",
+                crate::text::printable(&crate::transcript::render(&lines))
+            );
             0
         }
         Err(e) => {
@@ -1004,7 +1007,7 @@ fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
         if interrupted {
             line += "  INTERRUPTED: no result line (the process stopped during this call)";
         }
-        println!("{line}");
+        println!("{}", crate::text::printable(&line));
     }
     if !has_verdict {
         println!("(no verdict line: the run was interrupted or is still running)");

@@ -44,6 +44,7 @@ pub mod planner;
 pub mod run;
 pub mod scheduler;
 pub mod secret;
+pub mod text;
 pub mod tools;
 pub mod transcript;
 pub mod trigger;

@@ -275,7 +275,7 @@ impl Runner {
         };
         let mut start = info.entry(Phase::Start, None);
         start.detail = Some(
-            json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str() }),
+            json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str(), "process": crate::audit::this_process() }),
         );
         // Not synced on its own: nothing has run yet, and the first intent line carries it to disk.
         if let Err(e) = self.audit.append(start, false) {
@@ -610,7 +610,7 @@ impl RunLoop<'_> {
                             r.args = crate::audit::bounded(&call.args);
                             r.tier = denial.tool.map(|t| t.tier().number());
                             r.detail = Some(denial.to_string());
-                            transcript.steps.insert(id, json!({ "outcome": "denied", "ok": false, "error": denial.to_string() }));
+                            transcript.steps.insert(id, json!({ "outcome": "denied", "ok": false, "error": denial.for_planner() }));
                             if let Err(err) =
                                 audit.denied(&self.info, &call.tool, &call.args, &denial)
                             {

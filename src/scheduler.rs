@@ -353,7 +353,12 @@ impl Scheduler {
     /// Runs the audit log shows as started and never finished (the process was
     /// killed): close each with an `interrupted` verdict line.
     pub fn close_interrupted(&self) -> std::io::Result<usize> {
-        let unfinished = crate::audit::unfinished_runs(self.audit.path())?;
+        // Only runs whose process is gone: a `runwarden run` still going on
+        // the command line closes its own run.
+        let unfinished: Vec<_> = crate::audit::unfinished_runs(self.audit.path())?
+            .into_iter()
+            .filter(|e| !crate::audit::process_alive(e))
+            .collect();
         for start in &unfinished {
             let info = RunInfo {
                 run_id: start.run_id.clone(),
@@ -413,6 +418,8 @@ fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit:
         prompt: None,
     };
     let mut queued = info.entry(Phase::Queued, None);
-    queued.detail = Some(serde_json::json!({ "trigger": req.trigger, "keys": req.keys }));
+    queued.detail = Some(
+        serde_json::json!({ "trigger": req.trigger, "keys": req.keys, "process": crate::audit::this_process() }),
+    );
     queued
 }

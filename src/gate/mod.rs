@@ -153,6 +153,21 @@ pub struct Denial {
     pub tool: Option<ToolId>,
 }
 
+impl Denial {
+    /// What the planner is told. A refused path says only that it is outside
+    /// the allowlists: whether it exists, or where a link on the host points,
+    /// stays in the audit line for a person.
+    pub fn for_planner(&self) -> String {
+        if self.reason == DenyReason::InvalidArguments && self.detail.contains("path ") {
+            return format!(
+                "denied: {}: a path in the arguments is outside the host's allowlists",
+                self.reason.as_str()
+            );
+        }
+        self.to_string()
+    }
+}
+
 impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "denied: {}: {}", self.reason.as_str(), self.detail)
@@ -378,6 +393,18 @@ pub const MAX_ARGUMENT_DEPTH: usize = 8;
 pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
 
 fn argument_shape(args: &Value) -> Result<(), String> {
+    // Named fields only: an array would be read by position against the schema.
+    if !(args.is_object() || args.is_null()) {
+        return Err(format!(
+            "arguments must be a JSON object of named fields, not {}",
+            match args {
+                Value::Array(_) => "an array",
+                Value::String(_) => "a string",
+                Value::Number(_) => "a number",
+                _ => "a boolean",
+            }
+        ));
+    }
     fn depth(v: &Value) -> usize {
         match v {
             Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
@@ -581,6 +608,18 @@ mod tests {
             assert_eq!(
                 denied(g.check(&call("disk_usage", args))),
                 DenyReason::InvalidArguments
+            );
+        }
+    }
+
+    #[test]
+    fn arguments_must_be_named() {
+        for args in [json!(["/tmp"]), json!("/tmp"), json!(7), json!(true)] {
+            let (_d, mut g) = gate("L3", "web", false);
+            assert_eq!(
+                denied(g.check(&call("disk_usage", args.clone()))),
+                DenyReason::InvalidArguments,
+                "{args}"
             );
         }
     }

@@ -42,6 +42,13 @@ fn clean(s: &str, what: &str, max: usize) -> Result<(), String> {
             c
         ));
     }
+    if let Some(c) = s.chars().find(|c| crate::text::invisible(*c)) {
+        return Err(format!(
+            "{what} {} contains the invisible character U+{:04X}, which makes it read differently from what it says",
+            shown(s),
+            c as u32
+        ));
+    }
     Ok(())
 }
 
@@ -375,6 +382,16 @@ mod tests {
         assert!(AbsPath::new("/var/\0log".into()).is_err());
         assert!(AbsPath::new(format!("/{}", "x".repeat(10_000))).is_err());
         assert!(Reason::new("disk at 97%".into()).is_ok());
+        for sneaky in [
+            "disk at 97%\u{202E}%79 ta ksid",
+            "restart\u{200B}nginx",
+            "disk \u{2066}full\u{2069}",
+            "ok\u{FEFF}",
+            "soft\u{00AD}hyphen",
+        ] {
+            let e = Reason::new(sneaky.into()).unwrap_err();
+            assert!(e.contains("invisible character"), "{e}");
+        }
         assert!(Reason::new("   ".into()).is_err());
         assert!(Reason::new("x".repeat(501)).is_err());
     }

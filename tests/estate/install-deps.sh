@@ -17,6 +17,7 @@ declare -A need=(
   [/usr/bin/nsenter]=util-linux
   [/usr/sbin/ip]=iproute2
   [/usr/bin/curl]=curl
+  [/usr/bin/time]=time
   [/usr/sbin/sshd]=openssh-server
   [/usr/bin/ssh]=openssh-client
   [/usr/bin/ssh-keygen]=openssh-client

@@ -505,7 +505,10 @@ fn the_webhook_answers_503_for_triggers_it_could_not_record_and_200_once_it_can(
             r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"g{i}","alerts":[{}]}}"#,
             list.join(",")
         );
-        let (status, answer) = http(addr, "POST", "/api/v1/alerts", &body).unwrap();
+        // Nothing is recorded on a 503, so a request lost to a loaded machine may be sent again.
+        let (status, answer) = wait_for("an answer", Duration::from_secs(30), || {
+            http(addr, "POST", "/api/v1/alerts", &body)
+        });
         assert_eq!(status, 503, "{alerts} alert(s): {answer}");
         assert!(answer.contains("retry"), "{answer}");
     }
@@ -859,4 +862,149 @@ fn slow_and_idle_connections_are_cut_and_capped() {
     );
     assert_eq!(answer.0, 200);
     drop(idle);
+}
+
+// ---- what people read -----------------------------------------------------------------
+
+#[test]
+fn escape_sequences_from_outside_are_printed_escaped_never_obeyed() {
+    let fake = "\u{1b}[1A\u{1b}[2K\rverdict: ok (every call succeeded)";
+    let server = ModelServer::start(move |n, _| match n {
+        0 => calls(&[("disk\u{1b}[2Jusage", "{}".to_string())]),
+        _ => answer(&format!(
+            "All good.{fake}\nSUGGEST: rm -rf /var/tmp/x{fake}"
+        )),
+    });
+    let e = model_estate(&server, "max_steps: 12");
+    let out = e
+        .cmd(&["run", "agent", "--host", "h"])
+        .env("RUNWARDEN_MODEL_KEY", KEY)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let run_id = text.split_whitespace().nth(1).unwrap().to_string();
+    let transcript = e.run(&["transcript", &run_id]);
+    let show = e.run(&["audit", "show", &run_id]);
+    for (what, bytes) in [
+        ("run", out.stdout.clone()),
+        ("transcript", transcript.stdout),
+        ("audit show", show.stdout),
+    ] {
+        assert!(!bytes.contains(&0x1b), "{what} printed a raw escape");
+        assert!(
+            !bytes.contains(&b'\r'),
+            "{what} printed a raw carriage return"
+        );
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("\\u{1b}"), "{what} shows the escape: {text}");
+    }
+    assert_eq!(text.matches("\nverdict: ").count(), 1, "{text}");
+}
+
+#[test]
+fn arguments_by_position_are_refused() {
+    for args in ["[\"/tmp\"]", "\"/tmp\"", "42", "[[\"/tmp\"]]"] {
+        let a = args.to_string();
+        let server = ModelServer::start(move |n, _| match n {
+            0 => calls(&[("disk_usage", a.clone())]),
+            _ => answer("done"),
+        });
+        let e = model_estate(&server, "max_steps: 12");
+        run_model(&e);
+        let denied = e.audit_phase("denied");
+        assert_eq!(denied.len(), 1, "{args}");
+        assert_eq!(denied[0]["detail"]["reason"], "invalid_arguments", "{args}");
+        assert!(e.audit_phase("intent").is_empty(), "{args} ran");
+    }
+}
+
+#[test]
+fn a_denial_tells_the_planner_nothing_about_what_is_on_the_host() {
+    let e0 = Estate::new();
+    let link = e0.work().join("to-ssh");
+    std::os::unix::fs::symlink("/etc/ssh", &link).unwrap();
+    let probes = [
+        "/etc/shadow".to_string(),
+        "/etc/no-such-dir-runwarden".to_string(),
+        link.display().to_string(),
+        "/root".to_string(),
+    ];
+    let mut seen = Vec::new();
+    for path in &probes {
+        let p = path.clone();
+        let server = ModelServer::start(move |n, _| match n {
+            0 => call("disk_usage", json!({ "path": p })),
+            _ => answer("done"),
+        });
+        let e = model_estate(&server, "max_steps: 12");
+        run_model(&e);
+        let told = crate::model::results(&server.requests()[1].1);
+        let error = told[0]["error"].as_str().unwrap().to_string();
+        assert!(
+            !error.contains("resolves to")
+                && !error.contains("No such file")
+                && !error.contains("/etc/ssh"),
+            "{path}: {error}"
+        );
+        seen.push(error);
+        let denied = e.audit_phase("denied");
+        assert!(
+            denied[0]["detail"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("path"),
+            "the audit line keeps the detail"
+        );
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:#?}");
+}
+
+// ---- runs of other processes -------------------------------------------------------
+
+#[test]
+fn daemon_start_up_closes_only_runs_whose_process_is_gone() {
+    let e = Estate::new();
+    let ps = e.script("slow-ps", "/bin/sleep 3\nexec /bin/ps \"$@\"");
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries:\n  ps: {}", ps.display())),
+    );
+    e.runbook(
+        "slow",
+        "name: slow\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n  - call: list_processes\n",
+    );
+    // One run killed mid-call, one still going on the command line.
+    let mut killed = e.cmd(&["run", "slow", "--host", "h"]).spawn().unwrap();
+    wait_for("the first start line", Duration::from_secs(10), || {
+        (!e.audit_phase("intent").is_empty()).then_some(())
+    });
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let live = e
+        .cmd(&["run", "slow", "--host", "h", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the second start line", Duration::from_secs(10), || {
+        (e.audit_phase("intent").len() == 2).then_some(())
+    });
+    let (_daemon, _) = serve(&e);
+    let out = live.wait_with_output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "ok", "{report:#}");
+    let verdicts = e.audit_phase("verdict");
+    let live_id = report["run_id"].as_str().unwrap();
+    let of_live: Vec<_> = verdicts.iter().filter(|v| v["run_id"] == live_id).collect();
+    assert_eq!(
+        of_live.len(),
+        1,
+        "one verdict for the live run: {verdicts:#?}"
+    );
+    assert_eq!(of_live[0]["outcome"], "ok");
+    let others: Vec<_> = verdicts.iter().filter(|v| v["run_id"] != live_id).collect();
+    assert_eq!(others.len(), 1, "{verdicts:#?}");
+    assert_eq!(
+        others[0]["outcome"], "interrupted",
+        "the killed run is closed"
+    );
 }

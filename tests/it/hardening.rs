@@ -11,9 +11,8 @@ use crate::util::*;
 fn check(e: &Estate) -> (Option<i32>, String, Duration, i64) {
     let started = Instant::now();
     let err = e.work().join("check.err");
-    let mut cmd = e.cmd(&["check"]);
-    cmd.stderr(std::fs::File::create(&err).unwrap());
-    let (_, code, rss) = run_measured_keep_stderr(cmd);
+    let cmd = e.cmd(&["check"]);
+    let (_, code, rss) = run_measured_to(cmd, std::fs::File::create(&err).unwrap().into());
     (
         code,
         std::fs::read_to_string(&err).unwrap(),

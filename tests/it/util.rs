@@ -362,27 +362,46 @@ pub fn run_on_small_tmpfs(
 }
 
 /// Run a command to the end: its stdout, exit code and its own peak RSS in
-/// KiB (from wait4, so other tests' children do not count).
-pub fn run_measured(mut cmd: Command) -> (Vec<u8>, Option<i32>, i64) {
-    cmd.stderr(Stdio::null());
-    run_measured_keep_stderr(cmd)
+/// KiB. GNU time forks the command from its own small image and reports
+/// its child's peak: a child spawned straight from this test binary would
+/// count the test binary's memory, which it shares until it execs.
+pub fn run_measured(cmd: Command) -> (Vec<u8>, Option<i32>, i64) {
+    run_measured_to(cmd, Stdio::null())
 }
 
-/// [`run_measured`], leaving stderr where the command already sends it.
-pub fn run_measured_keep_stderr(mut cmd: Command) -> (Vec<u8>, Option<i32>, i64) {
-    use std::io::Read;
-    // Reaped below by wait4, which also reports its resource usage.
-    #[allow(clippy::zombie_processes)]
-    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn");
-    let mut out = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
-    let mut status = 0;
-    // SAFETY: rusage is plain data filled by the kernel; the pid is our unreaped child.
-    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = unsafe { nix::libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert!(pid > 0, "wait4");
-    let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
-    (out, code, usage.ru_maxrss)
+/// [`run_measured`], sending the command's stderr to `stderr`.
+pub fn run_measured_to(cmd: Command, stderr: Stdio) -> (Vec<u8>, Option<i32>, i64) {
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let mut timed = Command::new("/usr/bin/time");
+    timed
+        .arg("-q")
+        .arg("-f")
+        .arg("%M")
+        .arg("-o")
+        .arg(report.path())
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => timed.env(k, v),
+            None => timed.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        timed.current_dir(dir);
+    }
+    let out = timed
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .output()
+        .expect("/usr/bin/time (Debian package time)");
+    let rss = std::fs::read_to_string(report.path())
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(i64::MAX);
+    (out.stdout, out.status.code(), rss)
 }
 
 /// `/bin/sh -c SCRIPT` in a private mount namespace: its mounts vanish with it.
