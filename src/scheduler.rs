@@ -117,6 +117,9 @@ pub struct Scheduler {
     shutdown: watch::Receiver<bool>,
     /// Open approval requests (L2), when approvers are configured.
     pub approvals: Option<Arc<crate::gate::approvals::Approvals>>,
+    /// Held from deciding a batch to recording it: a trigger is only ever
+    /// deduplicated against a run whose trigger is already on disk.
+    submitting: Mutex<()>,
 }
 
 impl Scheduler {
@@ -138,6 +141,7 @@ impl Scheduler {
             active: watch::channel(0).0,
             shutdown,
             approvals,
+            submitting: Mutex::new(()),
         })
     }
 
@@ -158,6 +162,7 @@ impl Scheduler {
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
     ) -> Result<Vec<TriggerResult>, AuditError> {
+        let _one_batch_at_a_time = self.submitting.lock().unwrap_or_else(|p| p.into_inner());
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut results = Vec::with_capacity(reqs.len());
