@@ -89,8 +89,13 @@ pub fn policy(host: &Host) -> String {
                 PoolMaster::Unit(u) => {
                     let _ = writeln!(s, "    unit: {}", q(u));
                 }
-                PoolMaster::PidFile(f) => {
-                    let _ = writeln!(s, "    pid_file: {}", q(&f.display().to_string()));
+                PoolMaster::PidFile { file, executable } => {
+                    let _ = writeln!(s, "    pid_file: {}", q(&file.display().to_string()));
+                    let _ = writeln!(
+                        s,
+                        "    executable: {}",
+                        q(&executable.display().to_string())
+                    );
                 }
             }
             match p.recycle {

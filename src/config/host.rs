@@ -76,7 +76,13 @@ pub struct WorkerPool {
 #[derive(Debug, Clone)]
 pub enum PoolMaster {
     Unit(String),
-    PidFile(PathBuf),
+    /// A pid file, and the program the pid must be running: the pid in the
+    /// file is checked against it (and the file's owner and mode) before any
+    /// signal is sent, so a stale or planted pid file signals nothing else.
+    PidFile {
+        file: PathBuf,
+        executable: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,7 +290,22 @@ pub(super) fn validate(
                 PoolMaster::Unit(u.value.clone())
             }
             (None, Some(f)) => {
-                PoolMaster::PidFile(abs_path(f, "worker_pools.pid_file", file, diags))
+                let pid_file = abs_path(f, "worker_pools.pid_file", file, diags);
+                let executable = match &pool.executable {
+                    Some(x) => abs_path(x, "worker_pools.executable", file, diags),
+                    None => {
+                        diags.at(
+                            file,
+                            f.referenced,
+                            format!("worker_pools.{pname}: with `pid_file`, name the master's program too (`executable: /usr/bin/gunicorn`): the pid in the file is checked against it before any signal"),
+                        );
+                        PathBuf::new()
+                    }
+                };
+                PoolMaster::PidFile {
+                    file: pid_file,
+                    executable,
+                }
             }
             _ => {
                 diags.at(
@@ -292,7 +313,10 @@ pub(super) fn validate(
                     p.referenced,
                     format!("worker_pools.{pname}: give exactly one of `unit` or `pid_file` to find the master process"),
                 );
-                PoolMaster::PidFile(PathBuf::new())
+                PoolMaster::PidFile {
+                    file: PathBuf::new(),
+                    executable: PathBuf::new(),
+                }
             }
         };
         let recycle = match &pool.recycle.value {

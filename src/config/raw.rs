@@ -179,6 +179,8 @@ pub struct Certificate {
 pub struct WorkerPool {
     pub unit: Option<S<String>>,
     pub pid_file: Option<S<String>>,
+    /// With `pid_file`: the program the master runs (checked before a signal).
+    pub executable: Option<S<String>>,
     pub recycle: S<Recycle>,
     pub health_check: Option<S<String>>,
 }

@@ -23,7 +23,7 @@ pub fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
             vec![service::change_argv(host, "reload", unit)]
         }
         (_, Recycle::Signal(sig)) => vec![signal_argv(host, sig.name(), "<master pid>")],
-        (PoolMaster::PidFile(_), Recycle::Reload) => Vec::new(),
+        (PoolMaster::PidFile { .. }, Recycle::Reload) => Vec::new(),
     }
 }
 
@@ -36,12 +36,16 @@ fn signal_argv(host: &Host, signal: &str, pid: &str) -> Argv {
 
 async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, String> {
     let pid = match master {
-        PoolMaster::PidFile(f) => {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| format!("cannot read pid file {}: {e}", f.display()))?;
-            text.trim()
-                .parse::<u32>()
-                .map_err(|_| format!("pid file {} does not hold a pid", f.display()))?
+        PoolMaster::PidFile { file, executable } => {
+            let pid = trusted_pid_file(file)?;
+            if !runs(pid, executable) {
+                return Err(format!(
+                    "pid file {} names process {pid}, which is not {}: nothing was signalled (a stale or planted pid file)",
+                    file.display(),
+                    executable.display()
+                ));
+            }
+            pid
         }
         PoolMaster::Unit(unit) => {
             let out = ctx.run(&service::show_argv(ctx.host, unit)).await?;
@@ -53,6 +57,53 @@ async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, String> {
         return Err(format!("the pool's master process ({pid}) is not running"));
     }
     Ok(pid)
+}
+
+/// The pid in a pid file that only root can have written: the file and its
+/// directory owned by root and writable by nobody else (a sticky directory
+/// such as /run's may be shared, since only the file's owner can replace it).
+fn trusted_pid_file(file: &Path) -> Result<u32, String> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = file.display();
+    let meta = std::fs::symlink_metadata(file)
+        .map_err(|e| format!("cannot read pid file {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("pid file {shown} is not a regular file"));
+    }
+    if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "pid file {shown} can be written by someone other than root (owner uid {}, mode {:03o}); nothing was signalled",
+            meta.uid(),
+            meta.mode() & 0o777
+        ));
+    }
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    let d = std::fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let sticky = d.mode() & 0o1000 != 0;
+    if d.uid() != 0 || (d.mode() & 0o022 != 0 && !sticky) {
+        return Err(format!(
+            "pid file {shown} is in {}, where someone other than root can replace it; nothing was signalled",
+            dir.display()
+        ));
+    }
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("cannot read pid file {shown}: {e}"))?;
+    text.trim()
+        .parse::<u32>()
+        .map_err(|_| format!("pid file {shown} does not hold a pid"))
+}
+
+/// Whether process `pid` runs `program`: its executable, or, for an
+/// interpreted program (gunicorn under python3), the script it was started with.
+fn runs(pid: u32, program: &Path) -> bool {
+    if std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program) {
+        return true;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let want = program.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).take(2).any(|arg| arg == want)
 }
 
 /// Children of `pid`, from /proc (works the same on the runner and on an agent host).
@@ -100,7 +151,7 @@ pub async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     let argv = match (&pool.master, pool.recycle) {
         (PoolMaster::Unit(unit), Recycle::Reload) => service::change_argv(ctx.host, "reload", unit),
         (_, Recycle::Signal(sig)) => signal_argv(ctx.host, sig.name(), &master.to_string()),
-        (PoolMaster::PidFile(_), Recycle::Reload) => {
+        (PoolMaster::PidFile { .. }, Recycle::Reload) => {
             return ToolResult::failed("reload needs a unit");
         }
     };

@@ -401,7 +401,7 @@ pub fn pool_estate(g: &Gunicorn) -> Estate {
         &local_host(
             "staging-web-1",
             &format!(
-                "health_checks:\n  web: http://127.0.0.1:{}/health\nworker_pools:\n  web:\n    pid_file: {}\n    recycle: {{ signal: HUP }}\n    health_check: web\n",
+                "health_checks:\n  web: http://127.0.0.1:{}/health\nworker_pools:\n  web:\n    pid_file: {}\n    executable: /usr/bin/gunicorn\n    recycle: {{ signal: HUP }}\n    health_check: web\n",
                 g.port,
                 g.pidfile.display()
             ),
@@ -448,4 +448,95 @@ fn worker_pool_recycle_leaves_a_healthy_pool_alone() {
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(step(&report, "recycle")["status"], "skipped");
     assert!(e.audit_phase("intent").iter().all(|l| l["tier"] == 1));
+}
+
+#[test]
+fn a_pid_file_that_names_another_process_or_that_others_can_write_signals_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let g = gunicorn(dir.path(), true);
+    let master = std::fs::read_to_string(&g.pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    let workers = |pid: &str| sh("/usr/bin/pgrep", &["-P", pid]);
+    let before = workers(&master);
+    // A bystander that a HUP would kill.
+    let mut bystander = Proc(Command::new("/bin/sleep").arg("300").spawn().unwrap());
+    let planted = dir.path().join("planted.pid");
+    std::fs::write(&planted, format!("{}\n", bystander.0.id())).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::copy(&g.pidfile, shared.join("g.pid")).unwrap();
+    let writable = dir.path().join("writable.pid");
+    std::fs::copy(&g.pidfile, &writable).unwrap();
+    std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let foreign = dir.path().join("foreign.pid");
+    std::fs::copy(&g.pidfile, &foreign).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+    for (what, file, says) in [
+        (
+            "a pid file naming an unrelated process",
+            planted,
+            "which is not /usr/bin/gunicorn",
+        ),
+        (
+            "a pid file others can write",
+            writable,
+            "someone other than root",
+        ),
+        (
+            "a pid file owned by nobody",
+            foreign,
+            "someone other than root",
+        ),
+        (
+            "a pid file in a directory anyone can write",
+            shared.join("g.pid"),
+            "can replace it",
+        ),
+    ] {
+        let e = Estate::new();
+        e.shipped_runbook("worker-pool-recycle");
+        e.host("staging-web-2", &local_host("staging-web-2", ""));
+        e.host(
+            "staging-web-1",
+            &local_host(
+                "staging-web-1",
+                &format!(
+                    "health_checks:\n  web: http://127.0.0.1:{}/health\nworker_pools:\n  web:\n    pid_file: {}\n    executable: /usr/bin/gunicorn\n    recycle: {{ signal: HUP }}\n    health_check: web\n",
+                    g.port,
+                    file.display()
+                ),
+            ),
+        );
+        let (_, report) = e.run_json("worker-pool-recycle", "staging-web-1", &[]);
+        let error = step_error(&report, "recycle");
+        assert!(error.contains(says), "{what}: {error}");
+        assert!(error.contains("nothing was signalled"), "{what}: {error}");
+        assert_eq!(report["verdict"], "failed", "{what}: {report:#}");
+        assert!(
+            bystander.0.try_wait().unwrap().is_none(),
+            "{what}: the bystander was signalled"
+        );
+        assert_eq!(workers(&master), before, "{what}: the pool was signalled");
+    }
+    let _ = bystander.0.kill();
+}
+
+#[test]
+fn a_pid_file_pool_must_name_its_program() {
+    let e = Estate::new();
+    e.host(
+        "h",
+        &local_host("h", "worker_pools:\n  web:\n    pid_file: /run/gunicorn.pid\n    recycle: { signal: HUP }\n"),
+    );
+    let out = e.run(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        err.contains("hosts/h.yaml:5:15") && err.contains("executable: /usr/bin/gunicorn"),
+        "{err}"
+    );
 }
