@@ -159,9 +159,14 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// Check the hash chain; report the first broken or missing line.
+    /// Also checked, where there is a system journal: every head the journal
+    /// recorded for this log as runs ended.
     Verify {
         /// The log file (default: the configured audit log).
         file: Option<PathBuf>,
+        /// A head recorded elsewhere, as `HASH:LINES` (printed by this command); may repeat.
+        #[arg(long, value_parser = clap::value_parser!(crate::audit::head::Head))]
+        head: Vec<crate::audit::head::Head>,
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
@@ -295,8 +300,8 @@ pub async fn main(cli: Cli) -> i32 {
             config,
         } => promote_report(&runbook, &since, &config),
         Command::Audit {
-            command: AuditCommand::Verify { file, config },
-        } => audit_verify(file, &config),
+            command: AuditCommand::Verify { file, config, head },
+        } => audit_verify(file, &config, head),
         Command::Audit {
             command:
                 AuditCommand::Show {
@@ -857,18 +862,41 @@ fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
     }
 }
 
-fn audit_verify(file: Option<PathBuf>, dir: &Path) -> i32 {
+fn audit_verify(file: Option<PathBuf>, dir: &Path, mut heads: Vec<audit::head::Head>) -> i32 {
     let path = match audit_path(file, dir) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    match audit::verify(&path) {
+    let pinned = heads.len();
+    let mut from_journal = None;
+    if audit::head::journal_available() {
+        match audit::head::journal_heads(&path) {
+            Ok(found) => {
+                from_journal = Some(found.len());
+                heads.extend(found);
+            }
+            Err(e) => eprintln!("runwarden: {e}; only the chain is checked"),
+        }
+    }
+    let against = match (pinned, from_journal) {
+        (0, None) => {
+            "no head recorded elsewhere was checked (no journal here; pin one with --head)"
+                .to_string()
+        }
+        (p, j) => format!(
+            "matches {} head(s) recorded elsewhere ({p} pinned, {} from the journal)",
+            p + j.unwrap_or(0),
+            j.map_or("none".into(), |n| n.to_string())
+        ),
+    };
+    match audit::verify_against(&path, &heads) {
         Ok(v) if v.problems.is_empty() => {
             println!(
-                "{}: {} line(s), chain intact; head {}",
+                "{}: {} line(s), chain intact; head {}:{}; {against}",
                 path.display(),
                 v.lines,
-                v.head
+                v.head,
+                v.lines
             );
             0
         }

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub alerts_received: IntCounterVec,
     pub alert_triggers: IntCounterVec,
     pub audit_write_failures: IntCounter,
+    /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
+    pub audit_heads: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub config_last_reload_successful: IntGauge,
     pub schedule_next: GaugeVec,
@@ -210,6 +212,12 @@ impl Metrics {
                 &["runbook", "result"],
             ),
             audit_write_failures,
+            audit_heads: counter(
+                r,
+                "runwarden_audit_heads_total",
+                "Audit heads (hash and line count) sent to the system journal as runs end, by result: shipped, failed.",
+                &["result"],
+            ),
             config_reloads: counter(
                 r,
                 "runwarden_config_reloads_total",
@@ -288,6 +296,11 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
+        if config.settings.audit_head_journal {
+            for result in ["shipped", "failed"] {
+                self.audit_heads.with_label_values(&[result]).inc_by(0);
+            }
+        }
         if let Some(m) = &config.settings.model {
             let mut models: Vec<&str> = vec![m.name.as_str()];
             models.extend(

@@ -196,6 +196,40 @@ impl Runner {
         }
     }
 
+    /// Send the audit log's head to the journal, where the runwarden user
+    /// cannot rewrite it (see [`crate::audit::head`]). A failure is logged
+    /// and counted: the run's own record is already on disk.
+    pub fn ship_head(&self, run_id: &str) {
+        if !self.config.settings.audit_head_journal {
+            return;
+        }
+        let head = self.audit.head();
+        let journal = crate::audit::head::journal_available();
+        let shipped = if journal {
+            crate::audit::head::ship(self.audit.path(), &head, run_id).map_err(|e| {
+                format!(
+                    "cannot write to {}: {e}",
+                    crate::audit::head::JOURNAL_SOCKET
+                )
+            })
+        } else {
+            Err(format!(
+                "no system journal here ({} is missing); pin heads by hand with `audit verify --head`, or set `audit_head: none` in runwarden.yaml",
+                crate::audit::head::JOURNAL_SOCKET
+            ))
+        };
+        if let Some(m) = &self.metrics {
+            let result = if shipped.is_ok() { "shipped" } else { "failed" };
+            m.audit_heads.with_label_values(&[result]).inc();
+        }
+        match shipped {
+            Ok(()) => tracing::debug!(%run_id, head = %head, "audit head sent to the journal"),
+            // No journal at all is how this machine is, not a fault of the moment.
+            Err(e) if !journal => tracing::info!(%run_id, "audit head {head} not shipped: {e}"),
+            Err(e) => tracing::warn!(%run_id, "audit head {head} not shipped: {e}"),
+        }
+    }
+
     pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
         self.run_as(req, uuid::Uuid::now_v7().to_string()).await
     }
@@ -769,6 +803,8 @@ impl RunLoop<'_> {
                 verdict.as_str()
             );
             verdict = Verdict::Broken;
+        } else {
+            self.runner.ship_head(&self.info.run_id);
         }
         RunReport {
             run_id: self.info.run_id.clone(),

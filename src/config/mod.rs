@@ -42,6 +42,8 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub audit_log: PathBuf,
+    /// Send each run's audit head to the system journal (see [`crate::audit::head`]).
+    pub audit_head_journal: bool,
     pub kill_switch_dir: PathBuf,
     pub state_dir: PathBuf,
     /// Where `serve` listens; loopback unless a webhook token is configured.
@@ -230,6 +232,22 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
         audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
+        audit_head_journal: match &settings.audit_head {
+            None => true,
+            Some(v) if v.value == "journal" => true,
+            Some(v) if v.value == "none" => false,
+            Some(v) => {
+                diags.at(
+                    &settings_file,
+                    v.referenced,
+                    format!(
+                        "audit_head \"{}\" is not known: use `journal` (each run's head goes to the system journal) or `none`",
+                        v.value
+                    ),
+                );
+                false
+            }
+        },
         kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
         state_dir: resolve(&settings.state_dir, "state"),
         listen,

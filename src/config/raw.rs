@@ -24,6 +24,8 @@ pub struct NameOnly {
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub audit_log: Option<S<String>>,
+    /// Where each run's audit head is sent: `journal` (default) or `none`.
+    pub audit_head: Option<S<String>>,
     pub kill_switch_dir: Option<S<String>>,
     pub state_dir: Option<S<String>>,
     pub listen: Option<S<String>>,

@@ -969,3 +969,91 @@ fn daemon_start_up_closes_only_runs_whose_process_is_gone() {
         "the killed run is closed"
     );
 }
+
+// ---- tamper evidence -------------------------------------------------------------------
+
+/// `audit verify` with extra arguments: (exit code, stdout).
+fn verify(e: &Estate, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec!["audit", "verify"];
+    args.extend_from_slice(extra);
+    let out = e.run(&args);
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn a_head_kept_elsewhere_catches_an_edited_last_line_a_cut_and_a_whole_rewrite() {
+    let e = alert_estate();
+    for _ in 0..2 {
+        assert_eq!(e.run_json("df", "h", &[]).0, 0);
+    }
+    let (code, out) = verify(&e, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let head = out
+        .split("head ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .unwrap()
+        .to_string();
+    let pin = ["--head", head.as_str()];
+    assert_eq!(verify(&e, &pin).0, Some(0));
+    let original = std::fs::read_to_string(e.audit_path()).unwrap();
+    let lines: Vec<&str> = original.lines().collect();
+
+    // 1. The verdict, the last line, edited: the chain alone cannot see it.
+    let last = lines
+        .last()
+        .unwrap()
+        .replace("\"outcome\":\"ok\"", "\"outcome\":\"failed\"");
+    assert_ne!(&last, lines.last().unwrap());
+    let mut v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    *v.last_mut().unwrap() = last;
+    std::fs::write(e.audit_path(), v.join("\n") + "\n").unwrap();
+    assert_eq!(
+        verify(&e, &[]).0,
+        Some(0),
+        "the chain alone misses it (documented)"
+    );
+    let (code, out) = verify(&e, &pin);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("does not match the head recorded"), "{out}");
+
+    // 2. The last run cut off the end.
+    std::fs::write(e.audit_path(), lines[..lines.len() - 3].join("\n") + "\n").unwrap();
+    assert_eq!(verify(&e, &[]).0, Some(0));
+    let (code, out) = verify(&e, &pin);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("cut off the end"), "{out}");
+
+    // 3. The whole chain rewritten consistently, a verdict changed on the way.
+    let forged = e.work().join("forged.jsonl");
+    {
+        let log = runwarden::audit::AuditLog::open(&forged).unwrap();
+        for l in &lines {
+            let mut entry: runwarden::audit::Entry = serde_json::from_str(l).unwrap();
+            if entry.outcome.as_deref() == Some("ok") {
+                entry.outcome = Some("failed".into());
+            }
+            log.append(entry, false).unwrap();
+        }
+    }
+    std::fs::rename(&forged, e.audit_path()).unwrap();
+    assert_eq!(
+        verify(&e, &[]).0,
+        Some(0),
+        "a rewritten chain verifies on its own"
+    );
+    let (code, out) = verify(&e, &pin);
+    assert_eq!(code, Some(2), "{out}");
+
+    // A head that is not one.
+    for bad in ["abc:3", "nothex:x", &("z".repeat(64) + ":2")] {
+        assert_eq!(verify(&e, &["--head", bad]).0, Some(2), "{bad}");
+    }
+}

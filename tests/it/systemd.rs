@@ -453,6 +453,60 @@ fn cert_expiry_agent_renews_and_reloads_on_real_systemd() {
     assert_eq!(served, on_disk);
 }
 
+/// Each run's audit head goes to the host's real journal, and `audit verify`
+/// checks the file against every head recorded there.
+#[test]
+fn audit_heads_in_the_journal_catch_an_edited_verdict_and_a_cut() {
+    let host = SystemdHost::boot("heads", 90);
+    for _ in 0..2 {
+        let (code, report) = host.run("cert-expiry");
+        assert_eq!(code, 0, "{report:#}");
+    }
+    let verify = || {
+        let out = host.exec(&[
+            "/usr/local/bin/runwarden",
+            "audit",
+            "verify",
+            "--config",
+            "/srv/runwarden",
+        ]);
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, out) = verify();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("2 from the journal"), "{out}");
+    let records =
+        host.setup("journalctl -o json SYSLOG_IDENTIFIER=runwarden | grep -c RUNWARDEN_AUDIT_HEAD");
+    assert_eq!(records.trim(), "2", "one head per run");
+    let file = host.config().join("state/audit.jsonl");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let mut lines: Vec<String> = original.lines().map(String::from).collect();
+    let last = lines
+        .last()
+        .unwrap()
+        .replace("\"outcome\":\"ok\"", "\"outcome\":\"failed\"");
+    assert_ne!(&last, lines.last().unwrap());
+    *lines.last_mut().unwrap() = last;
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let (code, out) = verify();
+    assert_eq!(code, Some(2), "the edited verdict is caught: {out}");
+    assert!(out.contains("does not match the head recorded"), "{out}");
+    let kept: Vec<&str> = original.lines().collect();
+    std::fs::write(&file, kept[..kept.len() - 2].join("\n") + "\n").unwrap();
+    let (code, out) = verify();
+    assert_eq!(code, Some(2), "the cut is caught: {out}");
+    assert!(out.contains("cut off the end"), "{out}");
+    std::fs::write(&file, &original).unwrap();
+    assert_eq!(verify().0, Some(0));
+}
+
 #[test]
 fn service_tools_against_real_systemd() {
     let host = SystemdHost::boot("svc", 90);

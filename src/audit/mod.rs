@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod head;
+
 use crate::gate::{Denial, Permit, Proposal};
 use crate::tools::ToolResult;
 
@@ -154,16 +156,18 @@ pub enum AuditError {
     Torn { path: PathBuf },
 }
 
-struct Head {
+struct Tail {
     file: File,
-    /// Hash of the last line, and the file length it was read at.
+    /// Hash of the last line, the file length it was read at, and the
+    /// number of lines up to there.
     hash: String,
     len: u64,
+    lines: u64,
 }
 
 pub struct AuditLog {
     path: PathBuf,
-    head: Mutex<Head>,
+    head: Mutex<Tail>,
     /// Appends that failed, ever (exported as a metric).
     failures: std::sync::atomic::AtomicU64,
     /// Whether the last append failed (the daemon's health check).
@@ -192,9 +196,15 @@ impl AuditLog {
             .ok_or_else(|| AuditError::Torn {
                 path: path.to_path_buf(),
             })?;
+        let lines = count_lines(&file, 0, len).map_err(io)?;
         Ok(AuditLog {
             path: path.to_path_buf(),
-            head: Mutex::new(Head { file, hash, len }),
+            head: Mutex::new(Tail {
+                file,
+                hash,
+                len,
+                lines,
+            }),
             failures: Default::default(),
             failing: Default::default(),
         })
@@ -223,6 +233,12 @@ impl AuditLog {
                 // Another process appended since our last write: continue its chain.
                 match last_hash(&head.file)? {
                     Some((hash, len)) => {
+                        let more = count_lines(&head.file, head.len.min(len), len)?;
+                        head.lines = if len >= head.len {
+                            head.lines + more
+                        } else {
+                            count_lines(&head.file, 0, len)?
+                        };
                         head.hash = hash;
                         head.len = len;
                     }
@@ -235,6 +251,7 @@ impl AuditLog {
             }
             let mut hash = head.hash.clone();
             let mut bytes = Vec::new();
+            let added = entries.len() as u64;
             for mut entry in entries {
                 entry.prev = hash;
                 // Whatever a planner, an alert or a tool produced, the line
@@ -262,6 +279,7 @@ impl AuditLog {
             }
             head.hash = hash;
             head.len += bytes.len() as u64;
+            head.lines += added;
             Ok(())
         })();
         let _ = head.file.unlock();
@@ -272,6 +290,15 @@ impl AuditLog {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         written.map_err(io)
+    }
+
+    /// The last line this process knows of: its hash and its line number.
+    pub fn head(&self) -> head::Head {
+        let t = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        head::Head {
+            lines: t.lines,
+            hash: t.hash.clone(),
+        }
     }
 
     /// How many appends have failed since the log was opened.
@@ -397,6 +424,23 @@ pub fn bounded(args: &Value) -> Value {
     }
 }
 
+/// Newlines between byte offsets `from` and `to` of `file`.
+fn count_lines(file: &File, from: u64, to: u64) -> std::io::Result<u64> {
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut reader = BufReader::with_capacity(64 << 10, f.take(to - from));
+    let mut n = 0;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(n);
+        }
+        n += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        let len = buf.len();
+        reader.consume(len);
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -447,6 +491,12 @@ impl Verification {
 
 /// Walk the whole chain, reporting every line where it breaks.
 pub fn verify(path: &Path) -> std::io::Result<Verification> {
+    verify_against(path, &[])
+}
+
+/// [`verify`], and check the file against heads recorded elsewhere (the
+/// journal, or one pinned by hand): line `lines` must hash to `hash`.
+pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Verification> {
     let mut reader = BufReader::new(File::open(path)?);
     let mut prev = GENESIS.to_string();
     let mut n = 0;
@@ -483,6 +533,30 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
             Some(_) => {}
         }
         prev = hex(&Sha256::digest(body));
+        for h in heads.iter().filter(|h| h.lines == n as u64) {
+            if h.hash != prev {
+                problems.push((
+                    n,
+                    format!(
+                        "does not match the head recorded for line {n} ({}…): the log was rewritten at or before this line",
+                        &h.hash[..12]
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(h) = heads
+        .iter()
+        .filter(|h| h.lines > n as u64)
+        .max_by_key(|h| h.lines)
+    {
+        problems.push((
+            n + 1,
+            format!(
+                "the log ends at line {n}, but a head was recorded at line {}: lines were cut off the end",
+                h.lines
+            ),
+        ));
     }
     Ok(Verification {
         lines: n,

@@ -1,0 +1,115 @@
+//! The chain's head, kept where the runwarden user cannot rewrite it.
+//!
+//! A hash chain shows an edited line only while a later line still points
+//! at the original: the last line (usually a verdict) can be edited freely,
+//! and whoever can write the file can rewrite the whole chain. So as each
+//! run ends its writer sends the head (the last line's hash and the line
+//! count) to the system journal, which the runwarden user can add to but
+//! neither edit nor delete from. `runwarden audit verify` then checks the
+//! file against every head the journal holds for it, or against one pinned
+//! by hand (`--head HASH:LINES`).
+//!
+//! Detected: an edit to any line at or before a recorded head (the last
+//! line included), lines cut off before a recorded head, a chain rewritten
+//! whole. Not detected: changes to lines after the newest head (a run still
+//! in progress), or anything by someone who can also rewrite the journal
+//! (root). A forged newer record cannot hide a rewrite: every record is
+//! checked, and the older ones still describe the original lines.
+
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+
+/// journald's native socket.
+pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+const JOURNALCTL: &str = "/usr/bin/journalctl";
+
+/// One recorded head: the log had `lines` lines and the last one hashed to `hash`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub lines: u64,
+    pub hash: String,
+}
+
+impl std::str::FromStr for Head {
+    type Err = String;
+
+    /// `HASH:LINES`, as `audit verify` prints it.
+    fn from_str(s: &str) -> Result<Head, String> {
+        let (hash, lines) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: expected HASH:LINES, as `audit verify` prints it"))?;
+        let lines = lines
+            .parse()
+            .map_err(|_| format!("{s:?}: LINES is not a number"))?;
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{s:?}: HASH is not a sha256 in hex"));
+        }
+        Ok(Head {
+            lines,
+            hash: hash.to_ascii_lowercase(),
+        })
+    }
+}
+
+impl std::fmt::Display for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.hash, self.lines)
+    }
+}
+
+/// Whether this machine has a journal to send heads to.
+pub fn journal_available() -> bool {
+    Path::new(JOURNAL_SOCKET).exists()
+}
+
+/// Send `head` of the log at `log` to the journal (one datagram, journald's
+/// native protocol: `KEY=value` lines).
+pub fn ship(log: &Path, head: &Head, run_id: &str) -> std::io::Result<()> {
+    let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
+    let mut msg = Vec::new();
+    let _ = writeln!(
+        msg,
+        "MESSAGE=runwarden audit head {head} of {} (run {run_id})",
+        log.display()
+    );
+    let _ = writeln!(msg, "SYSLOG_IDENTIFIER=runwarden");
+    let _ = writeln!(msg, "PRIORITY=6");
+    let _ = writeln!(msg, "RUNWARDEN_AUDIT_LOG={}", log.display());
+    let _ = writeln!(msg, "RUNWARDEN_AUDIT_HEAD={}", head.hash);
+    let _ = writeln!(msg, "RUNWARDEN_AUDIT_LINES={}", head.lines);
+    let _ = writeln!(msg, "RUNWARDEN_RUN_ID={run_id}");
+    UnixDatagram::unbound()?.send_to(&msg, JOURNAL_SOCKET)?;
+    Ok(())
+}
+
+/// Every head the journal holds for the log at `log`, oldest first.
+pub fn journal_heads(log: &Path) -> Result<Vec<Head>, String> {
+    let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
+    let out = std::process::Command::new(JOURNALCTL)
+        .args([
+            "--no-pager",
+            "-o",
+            "json",
+            "--output-fields=RUNWARDEN_AUDIT_HEAD,RUNWARDEN_AUDIT_LINES",
+        ])
+        .arg("SYSLOG_IDENTIFIER=runwarden")
+        .arg(format!("RUNWARDEN_AUDIT_LOG={}", log.display()))
+        .output()
+        .map_err(|e| format!("cannot read the journal ({JOURNALCTL}): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{JOURNALCTL} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let hash = v["RUNWARDEN_AUDIT_HEAD"].as_str()?;
+            let lines = v["RUNWARDEN_AUDIT_LINES"].as_str()?;
+            format!("{hash}:{lines}").parse().ok()
+        })
+        .collect())
+}
