@@ -440,6 +440,7 @@ async fn host_check(name: &str, dir: &Path) -> i32 {
         runbook: String::new(),
         tool: HELLO.into(),
         args: Value::Null,
+        permit: None,
     };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
     let mut once = ssh.clone();

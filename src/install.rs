@@ -23,8 +23,9 @@ fn list<I: IntoIterator<Item = String>>(items: I) -> String {
     format!("[{}]", v.join(", "))
 }
 
-/// The host's allowlists as the agent's policy file (a host file with `connection: local`).
-pub fn policy(host: &Host) -> String {
+/// The host's allowlists as the agent's policy file (a host file with
+/// `connection: local`), with the runner's public key that signs tier-2 permits.
+pub fn policy(host: &Host, permit_public_key: Option<&str>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -35,6 +36,20 @@ pub fn policy(host: &Host) -> String {
     let _ = writeln!(s, "connection: local");
     let _ = writeln!(s, "sudo: {}", host.sudo);
     let _ = writeln!(s, "jail: /var/lib/runwarden/jail");
+    match permit_public_key {
+        Some(k) => {
+            let _ = writeln!(
+                s,
+                "# The runner's key: a tier-2 call runs only with a permit it signed.\npermit_public_key: {k}"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "# permit_public_key: (none: this host takes no tier-2 call)"
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "tool_timeout: {}",
@@ -246,7 +261,18 @@ WantedBy=multi-user.target
 }
 
 /// Everything for one host, in sections named after where each file goes.
+/// The runner's permit key is made here (`permit_key_file`, mode 0600) if
+/// there is none yet: its public half goes into the host's policy.
 pub fn print(config: &Config, host: &Host) -> String {
+    let permit_key =
+        crate::gate::signed::PermitKey::load_or_create(&config.settings.permit_key_file);
+    let public = match &permit_key {
+        Ok(k) => Some(k.public_hex()),
+        Err(e) => {
+            eprintln!("runwarden: {e}; the policy below takes no tier-2 call");
+            None
+        }
+    };
     let (user, public_key) = match &host.connection {
         Connection::Ssh(ssh) => {
             let pubfile = format!("{}.pub", ssh.identity.display());
@@ -261,7 +287,7 @@ pub fn print(config: &Config, host: &Host) -> String {
     };
     format!(
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
-        policy(host),
+        policy(host, public.as_deref()),
         authorized_keys(&user, &public_key),
         sudoers(host, &user),
         systemd_unit(config)

@@ -292,7 +292,8 @@ impl Runner {
             .get(&req.host)
             .cloned()
             .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
-        let executor = Executor::for_host(&host, &run_id).map_err(StartError::Unreachable)?;
+        let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file)
+            .map_err(StartError::Unreachable)?;
         let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
         if let Some(alert) = &req.alert {
             context["alert"] = alert.clone();

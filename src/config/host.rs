@@ -34,6 +34,9 @@ pub struct Host {
     pub binaries: Binaries,
     /// The file this host came from (for messages).
     pub source: PathBuf,
+    /// In an agent's policy: the runner's Ed25519 key (hex) that must sign
+    /// every tier-2 call (see [`crate::gate::signed`]).
+    pub permit_public_key: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,6 +212,17 @@ pub(super) fn validate(
         Some(j) => abs_path(j, "jail", file, diags),
         None => config_dir.join("state/jail"),
     };
+    let permit_public_key = raw.permit_public_key.as_ref().map(|k| {
+        let key = k.value.trim().to_ascii_lowercase();
+        if !crate::gate::signed::is_public_key(&key) {
+            diags.at(
+                file,
+                k.referenced,
+                "permit_public_key must be the runner's Ed25519 public key in hex (64 characters), as `runwarden install print` gives it",
+            );
+        }
+        key
+    });
     let tool_timeout = raw
         .tool_timeout
         .as_ref()
@@ -402,6 +416,7 @@ pub(super) fn validate(
         worker_pools,
         binaries,
         source: file.to_path_buf(),
+        permit_public_key,
     })
 }
 

@@ -44,6 +44,8 @@ pub struct Settings {
     pub audit_log: PathBuf,
     /// Send each run's audit head to the system journal (see [`crate::audit::head`]).
     pub audit_head_journal: bool,
+    /// The key that signs each tier-2 permit sent to a managed host.
+    pub permit_key_file: PathBuf,
     pub kill_switch_dir: PathBuf,
     pub state_dir: PathBuf,
     /// Where `serve` listens; loopback unless a webhook token is configured.
@@ -249,6 +251,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             }
         },
         kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
+        permit_key_file: resolve(&settings.permit_key_file, "state/permit.key"),
         state_dir: resolve(&settings.state_dir, "state"),
         listen,
         timezone,

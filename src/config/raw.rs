@@ -26,6 +26,8 @@ pub struct Settings {
     pub audit_log: Option<S<String>>,
     /// Where each run's audit head is sent: `journal` (default) or `none`.
     pub audit_head: Option<S<String>>,
+    /// The key that signs tier-2 permits for managed hosts.
+    pub permit_key_file: Option<S<String>>,
     pub kill_switch_dir: Option<S<String>>,
     pub state_dir: Option<S<String>>,
     pub listen: Option<S<String>>,
@@ -129,6 +131,8 @@ pub struct Host {
     #[serde(default)]
     pub sudo: bool,
     pub jail: Option<S<String>>,
+    /// Agent policies: the runner's public key that signs tier-2 permits.
+    pub permit_public_key: Option<S<String>>,
     pub tool_timeout: Option<S<String>>,
     #[serde(default)]
     pub units: Vec<S<String>>,

@@ -30,6 +30,9 @@ pub struct AgentRequest {
     pub runbook: String,
     pub tool: String,
     pub args: Value,
+    /// Tier-2 calls: the runner's signed permit for exactly this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permit: Option<crate::gate::signed::SignedPermit>,
 }
 
 /// The answer: a result, or why the host refused.
@@ -136,6 +139,11 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         Ok(a) => a,
         Err(e) => return refuse(format!("host policy refuses it: {e}")),
     };
+    if tool.tier() == tools::Tier::Change
+        && let Err(why) = permitted(policy, audit, &req)
+    {
+        return refuse(why);
+    }
     let mut intent = info.entry(Phase::Intent, Some(req.step));
     intent.tool = Some(tool.name().into());
     intent.args = Some(action.args_json());
@@ -167,6 +175,39 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
     }
     let _ = audit.append(done, tool.tier() == tools::Tier::Change);
     AgentReply::Result(result)
+}
+
+/// A tier-2 call runs only with the runner's signed permit for exactly this
+/// call, once: holding the SSH key is not enough to change this host.
+fn permitted(policy: &Host, audit: &AuditLog, req: &AgentRequest) -> Result<(), String> {
+    let Some(public) = &policy.permit_public_key else {
+        return Err(
+            "this host's policy names no permit_public_key, so it takes no tier-2 call: add the line `runwarden install print` gives".into(),
+        );
+    };
+    let Some(permit) = &req.permit else {
+        return Err("a tier-2 call without the runner's signed permit".into());
+    };
+    let call = crate::gate::signed::CallId {
+        run_id: &req.run_id,
+        step: req.step,
+        host: &policy.name,
+        tool: &req.tool,
+        args: &req.args,
+    };
+    permit.check(public, &call)?;
+    // One permit, one call: a permit seen before is not honoured again.
+    let seen = crate::audit::run_lines(audit.path(), &req.run_id)
+        .map_err(|e| format!("cannot read the host's audit log: {e}"))?
+        .iter()
+        .any(|e| e.step == Some(req.step) && e.phase == Some(Phase::Intent));
+    if seen {
+        return Err(format!(
+            "the permit for run {} step {} was already used",
+            req.run_id, req.step
+        ));
+    }
+    Ok(())
 }
 
 /// What this host's audit log says about one call: `done` (with the result

@@ -10,26 +10,37 @@ pub mod ssh;
 
 use crate::audit::{AuditTicket, RunInfo};
 use crate::config::{Connection, Host};
+use std::path::Path;
+
 use crate::gate::Permit;
-use crate::tools::{self, Ctx, ToolResult};
+use crate::gate::signed::{CallId, PermitKey};
+use crate::tools::{self, Ctx, Tier, ToolResult};
 
 /// How calls reach a host, for one run.
 pub enum Executor {
     /// Tools run on this machine, as this process's children.
     Local,
     /// Tools run on the host, through its forced-command agent over SSH,
-    /// on one multiplexed connection per run.
-    Ssh(Box<ssh::Session>),
+    /// on one multiplexed connection per run; tier-2 calls carry a permit
+    /// signed with the runner's key (or the reason there is no key).
+    Ssh {
+        session: Box<ssh::Session>,
+        permits: Box<Result<PermitKey, String>>,
+    },
 }
 
 impl Executor {
-    pub fn for_host(host: &Host, run_id: &str) -> Result<Executor, String> {
+    /// `permit_key` is the file of the key that signs tier-2 permits for
+    /// managed hosts (`permit_key_file`).
+    pub fn for_host(host: &Host, run_id: &str, permit_key: &Path) -> Result<Executor, String> {
         match &host.connection {
             Connection::Local => Ok(Executor::Local),
-            Connection::Ssh(ssh) => Ok(Executor::Ssh(Box::new(ssh::Session::new(
-                ssh.clone(),
-                run_id,
-            )))),
+            Connection::Ssh(ssh) => Ok(Executor::Ssh {
+                session: Box::new(ssh::Session::new(ssh.clone(), run_id)),
+                permits: Box::new(PermitKey::load(permit_key).map_err(|e| {
+                    format!("{e}; `runwarden install print --host {}` makes the key and prints the line the host's policy needs", host.name)
+                })),
+            }),
         }
     }
 
@@ -43,18 +54,38 @@ impl Executor {
     ) -> ToolResult {
         debug_assert_eq!(permit.step(), ticket.step(), "ticket of another call");
         match self {
-            Executor::Ssh(session) => {
+            Executor::Ssh { session, permits } => {
                 let action = permit.action();
                 let mut args = action.args_json();
                 if let Some(reason) = action.reason() {
                     args["reason"] = reason.into();
                 }
+                let tool = action.tool().name();
+                let signed = match (action.tier(), permits.as_ref()) {
+                    (Tier::Observe, _) => None,
+                    (Tier::Change, Ok(key)) => Some(key.sign(
+                        &CallId {
+                            run_id: &run.run_id,
+                            step: permit.step(),
+                            host: &host.name,
+                            tool,
+                            args: &args,
+                        },
+                        &permit.approved_by().to_string(),
+                    )),
+                    (Tier::Change, Err(e)) => {
+                        return ToolResult::failed(format!(
+                            "not sent: a managed host takes a tier-2 call only with a signed permit, and {e}"
+                        ));
+                    }
+                };
                 let request = agent::AgentRequest {
                     run_id: run.run_id.clone(),
                     step: permit.step(),
                     runbook: run.runbook.clone(),
-                    tool: action.tool().name().into(),
+                    tool: tool.into(),
                     args,
+                    permit: signed,
                 };
                 let started = std::time::Instant::now();
                 let mut result = session

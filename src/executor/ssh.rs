@@ -281,6 +281,7 @@ impl Session {
             runbook: request.runbook.clone(),
             tool: STATUS.into(),
             args: json!({ "tool": request.tool }),
+            permit: None,
         };
         let mut last = first.clone();
         let mut backoff = Duration::from_millis(500);

@@ -20,6 +20,7 @@
 pub mod approvals;
 pub mod budget;
 pub mod killswitch;
+pub mod signed;
 
 use std::fmt;
 use std::sync::Arc;

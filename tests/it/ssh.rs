@@ -51,11 +51,17 @@ fn ssh_host_with(e: &Estate, policy: &str, command: Option<&str>) -> (SshHost, P
         keygen(&key);
     }
     std::fs::copy(e.work().join("client_key.pub"), dir.join("client_key.pub")).unwrap();
+    // The host knows the runner's permit key, as `install print` would set it
+    // up, and its own name is the runner's name for it (permits name the host).
+    let permit =
+        runwarden::gate::signed::PermitKey::load_or_create(&e.path().join("state/permit.key"))
+            .unwrap();
     std::fs::write(
         dir.join("agent.yaml"),
         format!(
-            "name: {name}\nconnection: local\njail: {}/jail\n{policy}\n",
-            dir.display()
+            "name: web\nconnection: local\njail: {}/jail\npermit_public_key: {}\n{policy}\n",
+            dir.display(),
+            permit.public_hex()
         ),
     )
     .unwrap();

@@ -4,6 +4,7 @@
 //! The runwarden binary under test is bind-mounted into the host and run
 //! there with `connection: local`.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -766,6 +767,138 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
     // Each run used one SSH connection; the hosts kept their own audit logs.
     let accepted = h2.setup("journalctl -u ssh --no-pager | grep -c 'Accepted publickey'");
     assert_eq!(accepted.trim(), "2", "two runs on host 2");
+    // Whoever copied the SSH key reaches tier-1 calls only: a tier-2 call needs
+    // the runner's signed permit for exactly that call, once.
+    let (h2, n2) = &hosts[1];
+    let copied_key = |requests: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        let mut child = Command::new("/usr/bin/ssh")
+            .args([
+                "-i",
+                key.to_str().unwrap(),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=yes",
+            ])
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                e.work().join("known_hosts-staging-web-2").display()
+            ))
+            .arg(format!("rw-agent@10.238.{n2}.2"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for r in requests {
+            writeln!(stdin, "{r}").unwrap();
+        }
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    use runwarden::gate::signed::{CallId, PermitKey};
+    let runner_key = PermitKey::load(&e.path().join("state/permit.key")).unwrap();
+    let stranger = PermitKey::load_or_create(&e.work().join("stranger.key")).unwrap();
+    let args = |reason: &str| serde_json::json!({ "unit": "nginx.service", "reason": reason });
+    let request = |run: &str,
+                   reason: &str,
+                   permit: Option<runwarden::gate::signed::SignedPermit>| {
+        let mut r = serde_json::json!({ "run_id": run, "step": 1, "runbook": "restart-nginx", "tool": "restart_service", "args": args(reason) });
+        if let Some(p) = permit {
+            r["permit"] = serde_json::to_value(p).unwrap();
+        }
+        r
+    };
+    let sign = |k: &PermitKey, run: &str, reason: &str, expires: Option<i64>| {
+        let a = args(reason);
+        let call = CallId {
+            run_id: run,
+            step: 1,
+            host: "staging-web-2",
+            tool: "restart_service",
+            args: &a,
+        };
+        match expires {
+            Some(t) => k.sign_until(&call, "standing:restart-nginx", t),
+            None => k.sign(&call, "standing:restart-nginx"),
+        }
+    };
+    let pid_before = h2.setup("systemctl show -P MainPID nginx");
+    let now = jiff::Timestamp::now().as_second();
+    let replies = copied_key(&[
+        request("x1", "attacker", None),
+        request(
+            "x2",
+            "attacker",
+            Some(sign(&stranger, "x2", "attacker", None)),
+        ),
+        request(
+            "x3",
+            "attacker",
+            Some(sign(&runner_key, "x3", "another reason", None)),
+        ),
+        request(
+            "x4",
+            "attacker",
+            Some(sign(&runner_key, "x4", "attacker", Some(now - 5))),
+        ),
+        serde_json::json!({ "run_id": "x6", "step": 1, "runbook": "r", "tool": "service_status", "args": { "unit": "nginx.service" } }),
+    ]);
+    let refused: Vec<String> = replies[..4]
+        .iter()
+        .map(|r| {
+            r["refused"]
+                .as_str()
+                .unwrap_or_else(|| panic!("not refused: {r}"))
+                .to_string()
+        })
+        .collect();
+    for (got, want) in refused.iter().zip([
+        "without the runner's signed permit",
+        "signature does not verify",
+        "its arguments differs",
+        "expired",
+    ]) {
+        assert!(got.contains(want), "{got}");
+    }
+    assert!(
+        replies[4]["result"].is_object(),
+        "tier 1 still answers: {}",
+        replies[4]
+    );
+    assert_eq!(
+        h2.setup("systemctl show -P MainPID nginx"),
+        pid_before,
+        "nothing restarted"
+    );
+    // A real permit runs once; the same permit again runs nothing.
+    let good = request(
+        "x5",
+        "attacker",
+        Some(sign(&runner_key, "x5", "attacker", None)),
+    );
+    let replies = copied_key(&[good.clone(), good]);
+    assert!(replies[0]["result"].is_object(), "{}", replies[0]);
+    assert!(
+        replies[1]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("already used"),
+        "{}",
+        replies[1]
+    );
+    assert_ne!(
+        h2.setup("systemctl show -P MainPID nginx"),
+        pid_before,
+        "the signed call ran"
+    );
+
     for (h, _) in &hosts {
         h.setup_ok("/usr/local/bin/runwarden audit verify /var/lib/runwarden/agent-audit.jsonl");
     }

@@ -1,0 +1,258 @@
+//! Signed tier-2 permits: what a managed host needs to believe that the
+//! gate, and not merely a holder of the SSH key, allowed a change.
+//!
+//! The agent on a managed host checks every call against its own policy, but
+//! a policy cannot know whether a change was approved: anyone who copied the
+//! runner's SSH key could ask for one. So the runner signs each tier-2 call's
+//! permit (run, step, host, tool, the digest of the exact arguments, who
+//! approved it, when it expires) with a key of its own, kept outside the SSH
+//! key; the host's policy names the public key (`permit_public_key`), and the
+//! agent refuses a tier-2 call whose permit is missing, forged, for another
+//! call or stale. A copied SSH key then reaches tier-1 calls only.
+//!
+//! Ed25519, with the key stored as a 32-byte seed in hex in a file only its
+//! owner can read (`permit_key_file`, default `state/permit.key`).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// How long a signed permit is good for after it is made: the call's own
+/// timeout bounds the work, this bounds how late a permit may arrive.
+pub const PERMIT_TTL_SECS: i64 = 120;
+
+/// The runner's signing key.
+pub struct PermitKey(SigningKey);
+
+impl std::fmt::Debug for PermitKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PermitKey(public {})", self.public_hex())
+    }
+}
+
+impl PermitKey {
+    /// Read the key file (refused when others can read it).
+    pub fn load(path: &Path) -> Result<PermitKey, String> {
+        let text = crate::secret::read_file(path, "permit_key_file")?;
+        let seed = decode_hex::<32>(text.trim()).ok_or_else(|| {
+            format!(
+                "permit_key_file {} does not hold a 32-byte key in hex",
+                path.display()
+            )
+        })?;
+        Ok(PermitKey(SigningKey::from_bytes(&seed)))
+    }
+
+    /// Read the key file, or make a new key there (mode 0600) if there is none.
+    pub fn load_or_create(path: &Path) -> Result<PermitKey, String> {
+        if path.exists() {
+            return PermitKey::load(path);
+        }
+        let mut seed = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+            .map_err(|e| format!("cannot read /dev/urandom for a new permit key: {e}"))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("cannot create permit_key_file {}: {e}", path.display()))?;
+        writeln!(f, "{}", hex(&seed))
+            .and_then(|()| f.sync_all())
+            .map_err(|e| format!("cannot write permit_key_file {}: {e}", path.display()))?;
+        Ok(PermitKey(SigningKey::from_bytes(&seed)))
+    }
+
+    /// The public key, as a host's policy names it.
+    pub fn public_hex(&self) -> String {
+        hex(self.0.verifying_key().as_bytes())
+    }
+
+    /// Sign the permit of one tier-2 call, good for [`PERMIT_TTL_SECS`].
+    pub fn sign(&self, call: &CallId<'_>, approved_by: &str) -> SignedPermit {
+        let expires_at = jiff::Timestamp::now().as_second() + PERMIT_TTL_SECS;
+        self.sign_until(call, approved_by, expires_at)
+    }
+
+    /// Sign a permit that expires at `expires_at` (Unix seconds).
+    pub fn sign_until(
+        &self,
+        call: &CallId<'_>,
+        approved_by: &str,
+        expires_at: i64,
+    ) -> SignedPermit {
+        let mut permit = SignedPermit {
+            run_id: call.run_id.to_string(),
+            step: call.step,
+            host: call.host.to_string(),
+            tool: call.tool.to_string(),
+            args_sha256: args_digest(call.args),
+            approved_by: approved_by.to_string(),
+            expires_at,
+            sig: String::new(),
+        };
+        permit.sig = hex(&self.0.sign(&permit.message()).to_bytes());
+        permit
+    }
+}
+
+/// What a permit is for: one call of one run on one host.
+pub struct CallId<'a> {
+    pub run_id: &'a str,
+    pub step: u32,
+    pub host: &'a str,
+    pub tool: &'a str,
+    pub args: &'a Value,
+}
+
+/// A tier-2 permit as it travels to the host with the call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SignedPermit {
+    pub run_id: String,
+    pub step: u32,
+    pub host: String,
+    pub tool: String,
+    pub args_sha256: String,
+    pub approved_by: String,
+    /// Unix seconds.
+    pub expires_at: i64,
+    pub sig: String,
+}
+
+impl SignedPermit {
+    /// The signed bytes: every field but the signature, as canonical JSON.
+    fn message(&self) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "run_id": self.run_id, "step": self.step, "host": self.host, "tool": self.tool,
+            "args_sha256": self.args_sha256, "approved_by": self.approved_by,
+            "expires_at": self.expires_at, "purpose": "runwarden tier-2 permit v1",
+        }))
+        .unwrap_or_default()
+    }
+
+    /// Whether this permit, signed by `public_hex`, allows exactly `call` now.
+    pub fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), String> {
+        let key = decode_hex::<32>(public_hex)
+            .and_then(|k| VerifyingKey::from_bytes(&k).ok())
+            .ok_or("the policy's permit_public_key is not an Ed25519 public key in hex")?;
+        let sig = decode_hex::<64>(&self.sig)
+            .map(|s| Signature::from_bytes(&s))
+            .ok_or("the permit's signature is not 64 bytes in hex")?;
+        key.verify(&self.message(), &sig).map_err(
+            |_| "the permit's signature does not verify against this host's permit_public_key",
+        )?;
+        let mismatch = [
+            ("run", self.run_id == call.run_id),
+            ("step", self.step == call.step),
+            ("host", self.host == call.host),
+            ("tool", self.tool == call.tool),
+            ("arguments", self.args_sha256 == args_digest(call.args)),
+        ];
+        if let Some((what, _)) = mismatch.iter().find(|(_, same)| !same) {
+            return Err(format!(
+                "the permit is for another call (its {what} differs)"
+            ));
+        }
+        let now = jiff::Timestamp::now().as_second();
+        if now > self.expires_at {
+            return Err(format!(
+                "the permit expired {} s ago",
+                now - self.expires_at
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// sha256 of the arguments as canonical JSON (object keys sorted).
+pub fn args_digest(args: &Value) -> String {
+    hex(&Sha256::digest(
+        serde_json::to_vec(args).unwrap_or_default(),
+    ))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Whether `s` is an Ed25519 public key in hex (for the config loader).
+pub fn is_public_key(s: &str) -> bool {
+    decode_hex::<32>(s).is_some_and(|k| VerifyingKey::from_bytes(&k).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call<'a>(args: &'a Value) -> CallId<'a> {
+        CallId {
+            run_id: "r1",
+            step: 3,
+            host: "web",
+            tool: "restart_service",
+            args,
+        }
+    }
+
+    #[test]
+    fn a_permit_allows_exactly_its_call_and_only_under_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = PermitKey::load_or_create(&dir.path().join("k")).unwrap();
+        let again = PermitKey::load(&dir.path().join("k")).unwrap();
+        assert_eq!(key.public_hex(), again.public_hex());
+        let args = json!({"unit": "nginx.service", "reason": "stuck"});
+        let p = key.sign(&call(&args), "standing:rb");
+        assert!(p.check(&key.public_hex(), &call(&args)).is_ok());
+        let other = json!({"unit": "postgresql.service", "reason": "stuck"});
+        assert!(
+            p.check(&key.public_hex(), &call(&other))
+                .unwrap_err()
+                .contains("arguments")
+        );
+        let mut forged = p.clone();
+        forged.approved_by = "person:mallory".into();
+        assert!(
+            forged
+                .check(&key.public_hex(), &call(&args))
+                .unwrap_err()
+                .contains("signature")
+        );
+        let stranger = PermitKey::load_or_create(&dir.path().join("k2")).unwrap();
+        let theirs = stranger.sign(&call(&args), "standing:rb");
+        assert!(theirs.check(&key.public_hex(), &call(&args)).is_err());
+        let stale = key.sign_until(
+            &call(&args),
+            "standing:rb",
+            jiff::Timestamp::now().as_second() - 10,
+        );
+        assert!(
+            stale
+                .check(&key.public_hex(), &call(&args))
+                .unwrap_err()
+                .contains("expired")
+        );
+        assert!(is_public_key(&key.public_hex()) && !is_public_key("00"));
+    }
+}
