@@ -881,7 +881,7 @@ fn audit_verify(file: Option<PathBuf>, dir: &Path, mut heads: Vec<audit::head::H
     }
     let against = match (pinned, from_journal) {
         (0, None) => {
-            "no head recorded elsewhere was checked (no journal here; pin one with --head)"
+            "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
                 .to_string()
         }
         (p, j) => format!(
@@ -892,13 +892,9 @@ fn audit_verify(file: Option<PathBuf>, dir: &Path, mut heads: Vec<audit::head::H
     };
     match audit::verify_against(&path, &heads) {
         Ok(v) if v.problems.is_empty() => {
-            println!(
-                "{}: {} line(s), chain intact; head {}:{}; {against}",
-                path.display(),
-                v.lines,
-                v.head,
-                v.lines
-            );
+            println!("{}: {} line(s), chain intact", path.display(), v.lines);
+            println!("head: {}:{}", v.head, v.lines);
+            println!("{against}");
             0
         }
         Ok(v) => {

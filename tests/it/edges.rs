@@ -996,9 +996,8 @@ fn a_head_kept_elsewhere_catches_an_edited_last_line_a_cut_and_a_whole_rewrite()
     let (code, out) = verify(&e, &[]);
     assert_eq!(code, Some(0), "{out}");
     let head = out
-        .split("head ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
+        .lines()
+        .find_map(|l| l.strip_prefix("head: "))
         .unwrap()
         .to_string();
     let pin = ["--head", head.as_str()];
