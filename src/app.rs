@@ -261,40 +261,129 @@ async fn reload_worker(
     mut stop: watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::channel::<()>(1);
-    let fs_tx = tx.clone();
-    let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-        let _ = fs_tx.try_send(());
+    let watched = dir.clone();
+    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        if e.is_ok_and(|e| is_config_change(&watched, &e)) {
+            let _ = tx.try_send(());
+        }
     })
     .ok();
     if let Some(w) = watcher.as_mut() {
         for sub in ["runbooks", "hosts"] {
             let _ = w.watch(&dir.join(sub), notify::RecursiveMode::NonRecursive);
         }
+        let _ = w.watch(&dir, notify::RecursiveMode::NonRecursive);
     }
+    let mut in_force = fingerprint(&dir);
     loop {
-        tokio::select! {
+        let explicit = tokio::select! {
             _ = rx.recv() => {
-                // Editors write in several steps: let them finish.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                while rx.try_recv().is_ok() {}
+                // Editors write in several steps (a temporary file, then a
+                // rename): wait until the directory has been quiet a moment.
+                loop {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    if rx.try_recv().is_err() {
+                        break;
+                    }
+                }
+                false
             }
-            _ = hup.recv() => {}
+            _ = hup.recv() => true,
             _ = stop.changed() => return,
+        };
+        let now = fingerprint(&dir);
+        if !explicit && now == in_force {
+            continue; // touched, not changed
         }
         match Config::load(&dir) {
             Ok(new) => {
+                in_force = now;
                 secrets.reload(&new);
                 metrics.init_series(&new);
+                needs_restart(&config.borrow().settings, &new.settings);
                 config.send_replace(Arc::new(new));
                 metrics.config_reloads.with_label_values(&["success"]).inc();
                 metrics.config_last_reload_successful.set(1);
-                tracing::info!("configuration reloaded from {}", dir.display());
+                let why = if explicit { "SIGHUP" } else { "a file changed" };
+                tracing::info!("configuration reloaded from {} ({why})", dir.display());
             }
             Err(e) => {
+                // Not again until the files change once more.
+                in_force = now;
                 metrics.config_reloads.with_label_values(&["failure"]).inc();
                 metrics.config_last_reload_successful.set(0);
                 tracing::error!("configuration rejected, the previous one stays in force:\n{e}");
             }
         }
+    }
+}
+
+/// Whether an inotify event is a change to the configuration: a YAML file
+/// under runbooks/ or hosts/, or runwarden.yaml, created, written, renamed
+/// or removed. Opening and reading files (which every reload does itself)
+/// is not a change, nor is anything under state/.
+fn is_config_change(dir: &Path, e: &notify::Event) -> bool {
+    use notify::EventKind;
+    if !matches!(
+        e.kind,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+    ) || matches!(
+        e.kind,
+        EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+    ) {
+        return false;
+    }
+    e.paths.iter().any(|p| {
+        let yaml = matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
+        let parent = p.parent();
+        (yaml && (parent == Some(&dir.join("runbooks")) || parent == Some(&dir.join("hosts"))))
+            || *p == dir.join("runwarden.yaml")
+    })
+}
+
+/// sha256 of every configuration file's name and bytes: equal fingerprints
+/// mean nothing changed, whatever inotify said.
+fn fingerprint(dir: &Path) -> String {
+    use sha2::Digest;
+    let mut files = vec![dir.join("runwarden.yaml")];
+    for sub in ["runbooks", "hosts"] {
+        if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
+            files.extend(entries.flatten().map(|e| e.path()).filter(|p| {
+                matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"))
+            }));
+        }
+    }
+    files.sort();
+    let mut h = sha2::Sha256::new();
+    for f in files {
+        h.update(f.as_os_str().as_encoded_bytes());
+        h.update([0]);
+        if let Ok(bytes) = std::fs::read(&f) {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Log, by name, each changed setting that only a restart applies.
+fn needs_restart(old: &crate::config::Settings, new: &crate::config::Settings) {
+    let changed = [
+        ("listen", old.listen != new.listen),
+        ("audit_log", old.audit_log != new.audit_log),
+        (
+            "kill_switch_dir",
+            old.kill_switch_dir != new.kill_switch_dir,
+        ),
+        ("state_dir", old.state_dir != new.state_dir),
+        (
+            "max_concurrent_runs",
+            old.max_concurrent_runs != new.max_concurrent_runs,
+        ),
+    ];
+    for (name, _) in changed.iter().filter(|(_, c)| *c) {
+        tracing::warn!(
+            "`{name}` changed in runwarden.yaml: that takes a restart of runwarden serve; the old value stays in force until then"
+        );
     }
 }

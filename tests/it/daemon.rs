@@ -424,3 +424,58 @@ fn serve_refuses_a_public_address_without_a_token() {
         "{err}"
     );
 }
+
+/// What the daemon's own reads and writes cause is not a change: an idle
+/// daemon reloads nothing, a touch reloads nothing, one edit reloads once
+/// (an editor's write-then-rename included), a broken edit is reported
+/// once, and SIGHUP always reloads.
+#[test]
+fn the_daemon_reloads_only_when_its_configuration_changes() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    let ok = |d: &Daemon| d.metric(r#"runwarden_config_reloads_total{result="success"}"#);
+    let failed = |d: &Daemon| d.metric(r#"runwarden_config_reloads_total{result="failure"}"#);
+    let settle = || std::thread::sleep(Duration::from_millis(2500));
+    settle();
+    assert_eq!((ok(&d), failed(&d)), (0.0, 0.0), "idle");
+    // Its own writes, reads and a touch.
+    e.run(&["run", "disk-alert", "--host", "web-01"]);
+    assert!(!e.audit().is_empty(), "the run wrote its audit lines");
+    assert_eq!(e.run(&["check"]).status.code(), Some(0));
+    let rb = e.path().join("runbooks/disk-alert.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(&rb, &text).unwrap();
+    settle();
+    assert_eq!((ok(&d), failed(&d)), (0.0, 0.0), "nothing changed");
+    // An editor's write-then-rename: one reload.
+    let tmp = e.path().join("runbooks/.disk-alert.yaml.swp");
+    std::fs::write(&tmp, text.replace("cooldown: 1h", "cooldown: 2h")).unwrap();
+    std::fs::rename(&tmp, &rb).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        (ok(&d) == 1.0).then_some(())
+    });
+    settle();
+    assert_eq!(ok(&d), 1.0, "one edit, one reload");
+    // An edit in place of a host file: one more.
+    let host = e.path().join("hosts/web-02.yaml");
+    std::fs::write(&host, local_host("web-02", "paths: [/tmp, /var/tmp]")).unwrap();
+    wait_for("the second reload", Duration::from_secs(10), || {
+        (ok(&d) == 2.0).then_some(())
+    });
+    // A broken edit: reported once, not over and over.
+    std::fs::write(&host, "name: web-02\nconnection: [\n").unwrap();
+    wait_for("the rejected reload", Duration::from_secs(10), || {
+        (failed(&d) == 1.0).then_some(())
+    });
+    settle();
+    assert_eq!(failed(&d), 1.0, "a broken file is reported once");
+    std::fs::write(&host, local_host("web-02", "paths: [/tmp]")).unwrap();
+    wait_for("the repaired reload", Duration::from_secs(10), || {
+        (ok(&d) == 3.0).then_some(())
+    });
+    // SIGHUP reloads whether or not anything changed.
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for("the SIGHUP reload", Duration::from_secs(10), || {
+        (ok(&d) == 4.0).then_some(())
+    });
+}
