@@ -39,6 +39,12 @@ pub async fn serve(
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> anyhow::Result<()> {
     let config = Arc::new(Config::load(&opts.config_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
+    for w in config
+        .serve_problems(opts.listen)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+    {
+        tracing::warn!("{w}");
+    }
     let listen = opts.listen.unwrap_or(config.settings.listen);
     let token = match &config.settings.webhook_token_file {
         Some(f) => Some(read_token(f)?),

@@ -641,6 +641,23 @@ fn check(dir: &Path) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
+    match cfg.serve_problems(None) {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!(
+                "runwarden: {} problem(s) that `runwarden serve` would refuse in {}",
+                e.0.len(),
+                dir.display()
+            );
+            return EXIT_USAGE;
+        }
+    }
     for h in cfg.hosts.values() {
         let conn = match &h.connection {
             Connection::Local => "local".to_string(),

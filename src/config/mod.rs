@@ -85,9 +85,22 @@ impl Config {
     /// Load and validate everything under `dir`; any problem rejects the whole config.
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         let mut diags = Diagnostics::default();
+        if !dir.is_dir() {
+            diags.file(
+                dir,
+                "the configuration directory does not exist: give --config DIR, a directory with runbooks/ and hosts/",
+            );
+            return Err(ConfigError(diags.into_vec()));
+        }
         let settings = load_settings(dir, &mut diags);
         let host_files = yaml_files(&dir.join("hosts"), &mut diags);
         let runbook_files = yaml_files(&dir.join("runbooks"), &mut diags);
+        if host_files.is_empty() && runbook_files.is_empty() && diags.is_empty() {
+            diags.file(
+                dir,
+                "no runbook and no host here (runbooks/*.yaml, hosts/*.yaml): nothing to run; is --config the right directory?",
+            );
+        }
 
         let mut hosts = BTreeMap::new();
         // Every name seen, valid or not, and its file: for "defined twice" and dangling-name checks.
@@ -296,6 +309,84 @@ pub fn runbook_names(dir: &Path) -> std::collections::BTreeSet<String> {
         }
     }
     names
+}
+
+impl Config {
+    /// What `serve` needs beyond a valid configuration, checked the same way
+    /// by `check`: a token wherever it listens beyond loopback, secret files
+    /// it can read (and nobody else can), an approver for every L2 runbook,
+    /// `listen` overrides the file's. Ok holds warnings: SSH files a remote
+    /// host names that are not there (serve starts, and calls to that host
+    /// fail until they are).
+    pub fn serve_problems(
+        &self,
+        listen: Option<std::net::SocketAddr>,
+    ) -> Result<Vec<Diagnostic>, ConfigError> {
+        let mut diags = Diagnostics::default();
+        let settings_file = self.dir.join("runwarden.yaml");
+        let s = &self.settings;
+        let listen = listen.unwrap_or(s.listen);
+        match &s.webhook_token_file {
+            None if !listen.ip().is_loopback() => diags.file(
+                &settings_file,
+                format!("refusing to listen on {listen} without a webhook token: set webhook_token_file in runwarden.yaml, or listen on 127.0.0.1"),
+            ),
+            None => {}
+            Some(f) => {
+                if let Err(e) = crate::secret::read_file(f, "webhook_token_file").and_then(|t| {
+                    (t.trim().len() >= 16).then_some(()).ok_or_else(|| {
+                        format!("the webhook token in {} is shorter than 16 characters", f.display())
+                    })
+                }) {
+                    diags.file(&settings_file, e);
+                }
+            }
+        }
+        match &s.approvers_file {
+            Some(f) => {
+                if let Err(e) = crate::gate::approvals::Approvals::load(f, s.approval_timeout) {
+                    diags.file(&settings_file, e);
+                }
+            }
+            None => {
+                for rb in self
+                    .runbooks
+                    .values()
+                    .filter(|r| r.autonomy == Autonomy::L2)
+                {
+                    diags.file(
+                        &rb.source,
+                        format!("runbook \"{}\" is autonomy L2, but runwarden.yaml sets no approvers_file: under serve every tier-2 call would be denied (no_approver)", rb.name),
+                    );
+                }
+            }
+        }
+        let mut warnings = Diagnostics::default();
+        for h in self.hosts.values() {
+            if let Connection::Ssh(ssh) = &h.connection {
+                for (field, path) in [
+                    ("ssh.identity", &ssh.identity),
+                    ("ssh.known_hosts", &ssh.known_hosts),
+                ] {
+                    if let Err(e) = std::fs::File::open(path) {
+                        warnings.file(
+                            &h.source,
+                            format!(
+                                "{field} {}: {e}; every call to host \"{}\" fails until it is there",
+                                path.display(),
+                                h.name
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if diags.is_empty() {
+            Ok(warnings.into_vec())
+        } else {
+            Err(ConfigError(diags.into_vec()))
+        }
+    }
 }
 
 /// Load one host file on its own (the agent's policy on a managed host).

@@ -1,5 +1,7 @@
 //! The command line: `check` errors with locations, `tools`, `audit verify/show`, the kill switch.
 
+use std::process::Command;
+
 use crate::util::*;
 
 #[test]
@@ -179,4 +181,115 @@ fn the_quick_start_runbook_runs_on_this_machine() {
             .is_empty()
     );
     assert!(e.run(&["audit", "verify"]).status.success());
+}
+
+/// `check` refuses exactly what `serve` refuses, with the same words.
+#[test]
+fn check_refuses_what_serve_refuses() {
+    let missing = std::path::Path::new("/nonexistent/runwarden-config");
+    let out = Command::new(bin())
+        .args(["check", "--config"])
+        .arg(missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    let empty = Estate::new();
+    let out = empty.run(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no runbook and no host"), "{err}");
+
+    type Break = (&'static str, fn(&Estate), &'static str);
+    let cases: [Break; 5] = [
+        (
+            "listen beyond loopback, no token",
+            |e| std::fs::write(e.path().join("runwarden.yaml"), "listen: 0.0.0.0:9731\n").unwrap(),
+            "refusing to listen on 0.0.0.0:9731 without a webhook token",
+        ),
+        (
+            "a token file that is missing",
+            |e| {
+                std::fs::write(
+                    e.path().join("runwarden.yaml"),
+                    "webhook_token_file: token\n",
+                )
+                .unwrap()
+            },
+            "cannot read webhook_token_file",
+        ),
+        (
+            "an approvers file that is missing",
+            |e| {
+                std::fs::write(
+                    e.path().join("runwarden.yaml"),
+                    "approvers_file: approvers\n",
+                )
+                .unwrap()
+            },
+            "cannot read approvers file",
+        ),
+        (
+            "an approvers file others can read",
+            |e| {
+                std::fs::write(e.path().join("approvers"), "alice alice-token-0123456789\n")
+                    .unwrap();
+                std::fs::write(
+                    e.path().join("runwarden.yaml"),
+                    "approvers_file: approvers\n",
+                )
+                .unwrap()
+            },
+            "chmod 600",
+        ),
+        (
+            "an L2 runbook and no approvers",
+            |e| {
+                e.runbook("l2", "name: l2\ndescription: t\nhosts: [h]\nautonomy: L2\ntools: { observe: [disk_usage], approve: [restart_service] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n");
+            },
+            "is autonomy L2, but runwarden.yaml sets no approvers_file",
+        ),
+    ];
+    for (what, break_it, says) in cases {
+        let e = Estate::new();
+        e.host("h", &local_host("h", "paths: [/tmp]"));
+        e.runbook("df", "name: df\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n");
+        assert_eq!(
+            e.run(&["check"]).status.code(),
+            Some(0),
+            "{what}: the base is fine"
+        );
+        break_it(&e);
+        let check = e.run(&["check"]);
+        // Bounded: a serve that accepted it would run until stopped.
+        let mut serve = Command::new("/usr/bin/timeout");
+        serve.args(["10", bin(), "serve", "--config"]).arg(e.path());
+        if !what.starts_with("listen") {
+            serve.args(["--listen", "127.0.0.1:0"]);
+        }
+        let serve = serve.output().unwrap();
+        for (cmd, out) in [("check", &check), ("serve", &serve)] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what}: {cmd} accepted it");
+            assert!(err.contains(says), "{what}: {cmd} says:\n{err}");
+        }
+    }
+}
+
+#[test]
+fn check_and_serve_warn_of_ssh_files_that_are_not_there() {
+    let e = Estate::new();
+    e.host("remote", "name: remote\nconnection:\n  ssh:\n    address: 127.0.0.1\n    user: rw-agent\n    identity: /nonexistent/id_ed25519\n    known_hosts: /nonexistent/known_hosts\n");
+    let out = e.run(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for says in [
+        "warning: ",
+        "ssh.identity /nonexistent/id_ed25519",
+        "ssh.known_hosts /nonexistent/known_hosts",
+        "every call to host \"remote\" fails",
+    ] {
+        assert!(err.contains(says), "{says}: {err}");
+    }
 }
