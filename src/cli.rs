@@ -40,6 +40,8 @@ macro_rules! println {
 
 /// Exit code for usage and configuration errors.
 pub const EXIT_USAGE: i32 = 2;
+/// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
+pub const EXIT_BUSY: i32 = 75;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -766,6 +768,10 @@ async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
         Err(e @ StartError::Audit(_)) => {
             eprintln!("runwarden: {e}");
             Verdict::Broken.exit_code()
+        }
+        Err(e @ StartError::Busy(_)) => {
+            eprintln!("runwarden: {e}; try again when it has ended");
+            EXIT_BUSY
         }
         Err(e) => {
             eprintln!("runwarden: {e}");

@@ -42,6 +42,7 @@ pub mod install;
 pub mod metrics;
 pub mod planner;
 pub mod run;
+pub mod runlock;
 pub mod scheduler;
 pub mod secret;
 pub mod text;

@@ -163,6 +163,9 @@ pub enum StartError {
     Unreachable(String),
     #[error("{0}")]
     Planner(String),
+    /// Another process runs this runbook on this host (`runwarden run` exits 75).
+    #[error("{0}; nothing ran")]
+    Busy(String),
     #[error(transparent)]
     Audit(#[from] AuditError),
 }
@@ -193,6 +196,40 @@ impl Runner {
             shutdown: None,
             approvals: None,
             approval_webhook: None,
+        }
+    }
+
+    /// The (runbook, host) lock (see [`crate::runlock`]). On the command line
+    /// a held lock refuses the run; in the daemon the run waits for it, up
+    /// to the runbook's `max_duration`, and gives up on shutdown.
+    async fn lock(
+        &self,
+        runbook: &Runbook,
+        host: &str,
+        run_id: &str,
+    ) -> Result<crate::runlock::RunLock, StartError> {
+        let state = &self.config.settings.state_dir;
+        let give_up = Instant::now() + runbook.budget.max_duration;
+        loop {
+            let busy = match crate::runlock::try_acquire(state, &runbook.name, host, run_id) {
+                Ok(Ok(lock)) => return Ok(lock),
+                Ok(Err(busy)) => busy,
+                Err(e) => {
+                    return Err(StartError::Unreachable(format!(
+                        "cannot take the run lock under {}: {e}",
+                        state.display()
+                    )));
+                }
+            };
+            let Some(shutdown) = &self.shutdown else {
+                return Err(StartError::Busy(busy.to_string()));
+            };
+            if *shutdown.borrow() || Instant::now() >= give_up {
+                return Err(StartError::Busy(format!(
+                    "{busy}, waited for it until it was time to stop"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
 
@@ -292,6 +329,11 @@ impl Runner {
             .get(&req.host)
             .cloned()
             .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
+        // A dry run changes nothing and takes no lock.
+        let lock = match req.dry_run {
+            true => None,
+            false => Some(self.lock(&runbook, &host.name, &run_id).await?),
+        };
         let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file)
             .map_err(StartError::Unreachable)?;
         let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
@@ -320,6 +362,7 @@ impl Runner {
             return Err(e.into());
         }
         Ok(RunLoop {
+            _lock: lock,
             runner: self,
             runbook,
             host,
@@ -520,6 +563,8 @@ impl RunLoop<'_> {
 }
 
 struct RunLoop<'a> {
+    /// Held for the run's whole life: one run per (runbook, host) on this machine.
+    _lock: Option<crate::runlock::RunLock>,
     runner: &'a Runner,
     runbook: Arc<Runbook>,
     host: Arc<Host>,

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Child;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -478,4 +478,115 @@ fn the_daemon_reloads_only_when_its_configuration_changes() {
     wait_for("the SIGHUP reload", Duration::from_secs(10), || {
         (ok(&d) == 4.0).then_some(())
     });
+}
+
+/// A runbook whose one call takes 2 s (a slow `ps`), for alerts `Slow`.
+fn slow_alert_estate() -> Estate {
+    let e = Estate::new();
+    let ps = e.script("slow-ps", "/bin/sleep 2\nexec /bin/ps \"$@\"");
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries:\n  ps: {}", ps.display())),
+    );
+    e.runbook(
+        "slow",
+        "name: slow\ndescription: t\nhosts: [h]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Slow\"']\n  host_label: instance\ntools: { observe: [list_processes] }\nsteps:\n  - call: list_processes\n",
+    );
+    e
+}
+
+const SLOW: &str = r#"{"version":"4","status":"firing","receiver":"rw","groupKey":"g","alerts":[{"status":"firing","labels":{"alertname":"Slow","instance":"h"},"annotations":{},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"s1"}]}"#;
+
+/// (start, verdict) timestamps of every run in the audit log.
+fn run_spans(e: &Estate) -> Vec<(String, jiff::Timestamp, jiff::Timestamp)> {
+    let lines = e.audit();
+    let ts = |l: &Value| {
+        l["ts"]
+            .as_str()
+            .unwrap()
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+    };
+    lines
+        .iter()
+        .filter(|l| l["phase"] == "start")
+        .filter_map(|s| {
+            let end = lines
+                .iter()
+                .find(|l| l["phase"] == "verdict" && l["run_id"] == s["run_id"])?;
+            Some((s["run_id"].as_str().unwrap().to_string(), ts(s), ts(end)))
+        })
+        .collect()
+}
+
+#[test]
+fn a_command_line_run_and_the_daemon_never_run_one_runbook_on_one_host_at_once() {
+    let e = slow_alert_estate();
+    let d = Daemon::start(&e);
+    // The command line first: the daemon's run waits for it.
+    let cli = e
+        .cmd(&["run", "slow", "--host", "h", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the command-line run's call",
+        Duration::from_secs(10),
+        || (!e.audit_phase("intent").is_empty()).then_some(()),
+    );
+    assert_eq!(results(&d.post_alerts(SLOW).1)[0], "started");
+    // A second command-line run meanwhile is refused, and nothing of it runs.
+    let second = e.run(&["run", "slow", "--host", "h"]);
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("another run of this runbook on this host is in progress"),
+        "{err}"
+    );
+    let out = cli.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let runs = d.settled_runs();
+    assert_eq!(runs[0]["status"], "ok", "{runs:#?}");
+    let spans = run_spans(&e);
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let (first, then) = if spans[0].1 <= spans[1].1 {
+        (&spans[0], &spans[1])
+    } else {
+        (&spans[1], &spans[0])
+    };
+    assert!(then.1 >= first.2, "the runs overlapped: {spans:?}");
+
+    // The daemon first: the command line is refused while it runs.
+    let again = SLOW.replace("\"s1\"", "\"s2\"").replace("\"g\"", "\"g2\"");
+    let before = e.audit_phase("intent").len();
+    assert_eq!(results(&d.post_alerts(&again).1)[0], "started");
+    wait_for("the daemon's call", Duration::from_secs(10), || {
+        (e.audit_phase("intent").len() > before).then_some(())
+    });
+    let cli = e.run(&["run", "slow", "--host", "h"]);
+    assert_eq!(
+        cli.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+}
+
+#[test]
+fn a_killed_run_releases_its_lock_even_while_its_tool_lives_on() {
+    let e = slow_alert_estate();
+    let mut killed = e.cmd(&["run", "slow", "--host", "h"]).spawn().unwrap();
+    wait_for("the call", Duration::from_secs(10), || {
+        (!e.audit_phase("intent").is_empty()).then_some(())
+    });
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    // Its `sleep 2` is still running, orphaned; the lock is free all the same.
+    let out = e.run(&["run", "slow", "--host", "h"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
