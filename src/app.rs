@@ -190,10 +190,27 @@ async fn killswitch_worker(
         );
     }
     let ks = KillSwitch::new(dir);
+    let mut was: std::collections::HashMap<String, bool> = Default::default();
+    let mut log_change = |scope: &str, on: bool, why: &dyn Fn() -> String| {
+        // Every change, and a switch already engaged when the daemon starts.
+        match (was.insert(scope.to_string(), on), on) {
+            (Some(false) | None, true) => tracing::warn!(scope, "kill switch engaged: {}", why()),
+            (Some(true), false) => tracing::info!(scope, "kill switch released"),
+            _ => {}
+        }
+    };
     loop {
         // The gate's own checks, so the gauge and the gate never disagree
         // (a dangling `ENGAGED` link stops every call, and shows as 1).
-        let engaged_global = ks.check_global().is_err();
+        let global = ks.check_global();
+        let engaged_global = global.is_err();
+        log_change("global", engaged_global, &|| {
+            global
+                .as_ref()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        });
         metrics
             .kill_switch_engaged
             .with_label_values(&["global"])
@@ -202,6 +219,7 @@ async fn killswitch_worker(
         let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
         for rb in &runbooks {
             let on = ks.runbook_file_engaged(rb);
+            log_change(rb, on, &|| ks.file_of(Some(rb)).display().to_string());
             metrics
                 .kill_switch_engaged
                 .with_label_values(&[rb])

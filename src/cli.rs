@@ -52,6 +52,34 @@ pub const EXIT_BUSY: i32 = 75;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log level or filter (`info`, `debug`, `runwarden=debug`); overrides
+    /// RUNWARDEN_LOG. Default: `info` for serve, `warn` for other commands.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    /// `text` (the default) or `json`, one object per line, for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Cli {
+    /// The log filter: `--log-level`, else RUNWARDEN_LOG, else the command's default.
+    pub fn log_filter(&self) -> String {
+        let default = match self.command {
+            Command::Serve { .. } => "info",
+            _ => "warn",
+        };
+        self.log_level
+            .clone()
+            .or_else(|| std::env::var("RUNWARDEN_LOG").ok())
+            .unwrap_or_else(|| default.to_string())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -765,7 +793,7 @@ async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
             }
             report.verdict.exit_code()
         }
-        Err(e @ StartError::Audit(_)) => {
+        Err(e @ (StartError::Audit(_) | StartError::Lock(_))) => {
             eprintln!("runwarden: {e}");
             Verdict::Broken.exit_code()
         }

@@ -334,6 +334,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                 runbook,
                 fingerprint,
             } => {
+                tracing::info!(%runbook, %fingerprint, result = "out_of_scope", "trigger: the alert names a host the runbook may not touch");
                 s.metrics
                     .alert_triggers
                     .with_label_values(&[&runbook, TriggerResult::OutOfScope.as_str()])
@@ -341,6 +342,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                 (runbook, fingerprint, TriggerResult::OutOfScope)
             }
             Candidate::NoMatch { fingerprint } => {
+                tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook's on_alert matchers match this alert");
                 s.metrics
                     .alert_triggers
                     .with_label_values(&["none", TriggerResult::NoMatch.as_str()])

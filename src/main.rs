@@ -5,13 +5,19 @@ use clap::Parser;
 
 fn main() {
     let cli = runwarden::cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUNWARDEN_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+    let filter = tracing_subscriber::EnvFilter::try_new(cli.log_filter()).unwrap_or_else(|e| {
+        eprintln!("runwarden: log level {:?}: {e}", cli.log_filter());
+        std::process::exit(2);
+    });
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        // journald and log files get plain text, a terminal gets colour.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match cli.log_format {
+        runwarden::cli::LogFormat::Json => logs.json().init(),
+        runwarden::cli::LogFormat::Text => logs.init(),
+    }
     // Before any thread or child exists: processes that escape a tool's
     // process group are adopted by runwarden and killed when the call ends.
     runwarden::executor::process::escapees::adopt_orphans();

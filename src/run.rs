@@ -166,6 +166,9 @@ pub enum StartError {
     /// Another process runs this runbook on this host (`runwarden run` exits 75).
     #[error("{0}; nothing ran")]
     Busy(String),
+    /// The run lock could not be taken (the state directory is unusable): broken.
+    #[error("{0}")]
+    Lock(String),
     #[error(transparent)]
     Audit(#[from] AuditError),
 }
@@ -215,8 +218,8 @@ impl Runner {
                 Ok(Ok(lock)) => return Ok(lock),
                 Ok(Err(busy)) => busy,
                 Err(e) => {
-                    return Err(StartError::Unreachable(format!(
-                        "cannot take the run lock under {}: {e}",
+                    return Err(StartError::Lock(format!(
+                        "cannot take the run lock under {}: {e}; nothing ran (fix the state directory or its filesystem)",
                         state.display()
                     )));
                 }
@@ -361,6 +364,7 @@ impl Runner {
             }
             return Err(e.into());
         }
+        tracing::info!(%run_id, runbook = %runbook.name, host = %host.name, trigger = req.trigger.as_str(), planner = info.planner, dry_run = req.dry_run, "run started");
         Ok(RunLoop {
             _lock: lock,
             runner: self,
@@ -442,6 +446,7 @@ impl RunLoop<'_> {
             state: State::Pending,
         };
         let mut rx = approvals.open(request);
+        tracing::info!(approval_id = %id, run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, tool = tool.name(), "approval requested");
         if let Some(m) = &self.runner.metrics {
             m.approvals_pending.inc();
         }
@@ -485,6 +490,7 @@ impl RunLoop<'_> {
                 _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
             }
         };
+        tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?state, "approval decided");
         if let Some(m) = &self.runner.metrics {
             m.approvals_pending.dec();
             m.approval_wait.observe(approvals.waited(&id).as_secs_f64());
@@ -852,6 +858,7 @@ impl RunLoop<'_> {
         } else {
             self.runner.ship_head(&self.info.run_id);
         }
+        tracing::info!(run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, verdict = verdict.as_str(), detail = %verdict_detail, "run ended");
         RunReport {
             run_id: self.info.run_id.clone(),
             runbook: self.runbook.name.clone(),

@@ -590,3 +590,85 @@ fn a_killed_run_releases_its_lock_even_while_its_tool_lives_on() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `serve` with its stderr in a file: (daemon, address, the log file).
+fn serve_logging(e: &Estate, extra: &[&str]) -> (Daemon, std::path::PathBuf) {
+    use std::io::BufRead;
+    let log = e.work().join("serve.log");
+    let mut child = e
+        .cmd(&["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("RUNWARDEN_LOG")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+    (Daemon { child, addr }, log)
+}
+
+const NO_MATCH: &str = r#"{"version":"4","status":"firing","receiver":"rw","groupKey":"n","alerts":[{"status":"firing","labels":{"alertname":"NobodysAlert","instance":"web-01"},"annotations":{},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"nm1"}]}"#;
+
+#[test]
+fn at_info_the_daemon_logs_each_trigger_run_switch_and_reload_without_colour() {
+    for format in ["text", "json"] {
+        let e = alert_estate("web-01", DISK_STEPS);
+        let (d, log) = serve_logging(&e, &["--log-format", format]);
+        assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+        d.settled_runs();
+        d.post_alerts(NO_MATCH);
+        std::fs::write(e.path().join("kill-switch/ENGAGED"), "reason: test\n").unwrap();
+        let text = || std::fs::read_to_string(&log).unwrap();
+        wait_for("the engaged line", Duration::from_secs(15), || {
+            text().contains("kill switch engaged").then_some(())
+        });
+        std::fs::remove_file(e.path().join("kill-switch/ENGAGED")).unwrap();
+        wait_for("the released line", Duration::from_secs(15), || {
+            text().contains("kill switch released").then_some(())
+        });
+        d.signal(nix::sys::signal::Signal::SIGHUP);
+        wait_for("the reload line", Duration::from_secs(15), || {
+            text().contains("configuration reloaded").then_some(())
+        });
+        let text = text();
+        for says in [
+            "trigger",
+            "started",
+            "no_match",
+            "run started",
+            "run ended",
+            "verdict",
+        ] {
+            assert!(text.contains(says), "{format}: no {says:?} in:\n{text}");
+        }
+        assert!(
+            !text.contains('\u{1b}'),
+            "{format}: colour codes in a file:\n{text}"
+        );
+        if format == "json" {
+            for line in text.lines() {
+                let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+            }
+        }
+    }
+    // --log-level quiets it.
+    let e = alert_estate("web-01", DISK_STEPS);
+    let (d, log) = serve_logging(&e, &["--log-level", "warn"]);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    d.settled_runs();
+    assert!(
+        !std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("run started")
+    );
+}
