@@ -264,8 +264,15 @@ impl Runner {
         }
         match shipped {
             Ok(()) => tracing::debug!(%run_id, head = %head, "audit head sent to the journal"),
-            // No journal at all is how this machine is, not a fault of the moment.
-            Err(e) if !journal => tracing::info!(%run_id, "audit head {head} not shipped: {e}"),
+            // No journal at all is how this machine is, not a fault of the
+            // moment: said once per process.
+            Err(e) if !journal => {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!("audit heads are not shipped: {e}");
+                }
+            }
             Err(e) => tracing::warn!(%run_id, "audit head {head} not shipped: {e}"),
         }
     }
@@ -598,6 +605,8 @@ impl RunLoop<'_> {
         let mut worst_detail = String::new();
         let mut final_answer = None;
         let mut model_turns = 0;
+        // Calls in a row that never reached the host (SSH transport errors).
+        let mut unreachable = 0u32;
         let mut note = |v: Verdict, why: String, worst: &mut Verdict| {
             if v > *worst {
                 *worst = v;
@@ -803,6 +812,24 @@ impl RunLoop<'_> {
                                     Outcome::Timeout => "timeout",
                                 }
                                 .into();
+                                if crate::executor::ssh::is_transport_error(&result) {
+                                    unreachable += 1;
+                                    if unreachable >= MAX_UNREACHABLE && stop.is_none() {
+                                        stop = Some((
+                                            Verdict::Failed,
+                                            format!(
+                                                "host {} cannot be reached: {unreachable} calls in a row failed before reaching it (last: {}); the run stops rather than wait out every step's timeout",
+                                                self.host.name,
+                                                result
+                                                    .error
+                                                    .as_deref()
+                                                    .unwrap_or("transport error")
+                                            ),
+                                        ));
+                                    }
+                                } else {
+                                    unreachable = 0;
+                                }
                                 if result.outcome != Outcome::Ok || result.verified == Some(false) {
                                     let why = result
                                         .error
@@ -881,6 +908,9 @@ impl RunLoop<'_> {
         }
     }
 }
+
+/// Transport failures in a row to one host after which a run gives up on it.
+const MAX_UNREACHABLE: u32 = 2;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

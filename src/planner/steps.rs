@@ -75,6 +75,14 @@ impl StepsPlanner {
                     };
                 }
                 Err(e) => {
+                    // A `when` over a step that failed, was skipped or was
+                    // refused is false: that step is what the run reports.
+                    if let Some(id) = unsuccessful_reference(when, transcript) {
+                        return Next::Skip {
+                            id: step.id,
+                            when: format!("{when} (false: step {id} did not succeed)"),
+                        };
+                    }
                     return Next::Fail(format!("{label}: `when: {when}` failed: {}", detail(&e)));
                 }
             }
@@ -130,6 +138,24 @@ impl StepsPlanner {
             }
         }
     }
+}
+
+/// The first step `when` names (`steps.ID`) whose result is not a success.
+fn unsuccessful_reference(when: &str, transcript: &Transcript) -> Option<String> {
+    let mut rest = when;
+    while let Some(i) = rest.find("steps.") {
+        rest = &rest[i + "steps.".len()..];
+        let id: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+            .collect();
+        if let Some(seen) = transcript.steps.get(&id)
+            && seen["ok"] != true
+        {
+            return Some(id);
+        }
+    }
+    None
 }
 
 fn detail(e: &minijinja::Error) -> String {

@@ -16,3 +16,4 @@ mod ssh;
 mod systemd;
 mod tools;
 mod util;
+mod verdicts;
