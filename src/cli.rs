@@ -115,6 +115,26 @@ pub enum Command {
         #[arg(long)]
         alert: Option<PathBuf>,
     },
+    /// List runs from the audit log: every run of any process, across restarts.
+    Runs {
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        /// A verdict (`ok`, `failed`, ...), `running`, `queued` or `interrupted`.
+        #[arg(long)]
+        status: Option<String>,
+        /// A duration back from now (`1h`, `7d`) or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// The newest this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
     /// Print a run from the audit log as a person reads it: each model turn
     /// (what it was sent, what it answered), each call with the gate's decision, each result.
     Transcript {
@@ -306,6 +326,26 @@ pub async fn main(cli: Cli) -> i32 {
             run(&config, req, json).await
         }
         Command::Transcript { run_id, config } => transcript(&run_id, &config),
+        Command::Runs {
+            runbook,
+            host,
+            status,
+            since,
+            limit,
+            json,
+            config,
+        } => runs(
+            audit::runs::Filter {
+                runbook,
+                host,
+                status,
+                since: None,
+                limit: Some(limit),
+            },
+            since.as_deref(),
+            json,
+            &config,
+        ),
         Command::Serve { config, listen } => serve(config, listen).await,
         Command::Agent {
             stdio,
@@ -992,9 +1032,69 @@ fn read_alert(file: &Path) -> Result<Value, String> {
     }))
 }
 
+fn runs(mut filter: audit::runs::Filter, since: Option<&str>, json: bool, dir: &Path) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if let Some(s) = since {
+        match audit::runs::parse_since(s) {
+            Ok(t) => filter.since = Some(t),
+            Err(e) => {
+                eprintln!("runwarden: {e}");
+                return EXIT_USAGE;
+            }
+        }
+    }
+    let list = match audit::runs::list(&path, &filter) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            return EXIT_USAGE;
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        );
+        return 0;
+    }
+    if list.is_empty() {
+        println!("no runs in {}", path.display());
+        return 0;
+    }
+    let width = |f: fn(&audit::runs::RunSummary) -> usize| list.iter().map(f).max().unwrap_or(0);
+    let (rb, host) = (width(|r| r.runbook.len()), width(|r| r.host.len()));
+    println!(
+        "{:<30} {:<36} {:<rb$} {:<host$} {:<8} STATUS",
+        "STARTED", "RUN", "RUNBOOK", "HOST", "TRIGGER"
+    );
+    for r in &list {
+        let line = format!(
+            "{:<30} {:<36} {:<rb$} {:<host$} {:<8} {}",
+            r.started_at, r.run_id, r.runbook, r.host, r.trigger, r.status
+        );
+        println!("{}", crate::text::printable(&line));
+    }
+    0
+}
+
+/// A run id or a unique prefix of one, as given on the command line.
+fn run_id_of(path: &Path, given: &str) -> Result<String, i32> {
+    audit::runs::resolve(path, given).map_err(|e| {
+        eprintln!("runwarden: {e}");
+        1
+    })
+}
+
 fn transcript(run_id: &str, dir: &Path) -> i32 {
     let path = match audit_path(None, dir) {
         Ok(p) => p,
+        Err(code) => return code,
+    };
+    let run_id = &match run_id_of(&path, run_id) {
+        Ok(id) => id,
         Err(code) => return code,
     };
     match audit::run_lines(&path, run_id) {
@@ -1019,6 +1119,10 @@ fn transcript(run_id: &str, dir: &Path) -> i32 {
 fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
     let path = match audit_path(None, dir) {
         Ok(p) => p,
+        Err(code) => return code,
+    };
+    let run_id = &match run_id_of(&path, run_id) {
+        Ok(id) => id,
         Err(code) => return code,
     };
     let lines = match audit::run_lines(&path, run_id) {

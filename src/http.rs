@@ -270,14 +270,74 @@ async fn healthz(State(s): State<AppState>) -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-async fn runs(State(s): State<AppState>) -> Response {
-    axum::Json(json!({ "runs": s.scheduler.runs.list() })).into_response()
+/// `GET /api/v1/runs?runbook=&host=&status=&since=&limit=`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunsQuery {
+    runbook: Option<String>,
+    host: Option<String>,
+    /// A verdict, `running`, `queued` or `interrupted` (`verdict` is the same).
+    status: Option<String>,
+    verdict: Option<String>,
+    /// A duration back from now (`1h`, `7d`) or an RFC 3339 time.
+    since: Option<String>,
+    limit: Option<usize>,
 }
 
+/// The run history, from the audit log: every run of any process, across restarts.
+async fn runs(
+    State(s): State<AppState>,
+    query: Result<axum::extract::Query<RunsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(q) => q.0,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let since = match q.since.as_deref().map(crate::audit::runs::parse_since) {
+        Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, e),
+        Some(Ok(t)) => Some(t),
+        None => None,
+    };
+    let filter = crate::audit::runs::Filter {
+        runbook: q.runbook,
+        host: q.host,
+        status: q.status.or(q.verdict),
+        since,
+        limit: Some(q.limit.unwrap_or(500).min(10_000)),
+    };
+    let path = s.audit.path().to_path_buf();
+    match tokio::task::spawn_blocking(move || crate::audit::runs::list(&path, &filter)).await {
+        Ok(Ok(list)) => axum::Json(json!({ "runs": list })).into_response(),
+        Ok(Err(e)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the audit log: {e}"),
+        ),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// One run: its full report while the daemon remembers it, else its summary from the audit log.
 async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    match s.scheduler.runs.get(&id) {
-        Some(r) => axum::Json(r).into_response(),
-        None => problem(StatusCode::NOT_FOUND, format!("no recent run {id}")),
+    if let Some(r) = s.scheduler.runs.get(&id) {
+        return axum::Json(r).into_response();
+    }
+    let path = s.audit.path().to_path_buf();
+    let found = tokio::task::spawn_blocking(move || {
+        crate::audit::runs::list(&path, &Default::default())
+            .map(|all| all.into_iter().find(|r| r.run_id == id))
+    })
+    .await;
+    match found {
+        Ok(Ok(Some(r))) => axum::Json(r).into_response(),
+        Ok(Ok(None)) => problem(
+            StatusCode::NOT_FOUND,
+            "no run with that id in the audit log",
+        ),
+        Ok(Err(e)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the audit log: {e}"),
+        ),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
@@ -317,7 +377,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
     };
     let mut outcomes = Vec::with_capacity(candidates.len());
     for c in candidates {
-        let (runbook, fingerprint, result) = match c {
+        let (runbook, fingerprint, (result, run_id)) = match c {
             Candidate::Run(req) => {
                 let fp = req
                     .keys
@@ -339,7 +399,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                     .alert_triggers
                     .with_label_values(&[&runbook, TriggerResult::OutOfScope.as_str()])
                     .inc();
-                (runbook, fingerprint, TriggerResult::OutOfScope)
+                (runbook, fingerprint, (TriggerResult::OutOfScope, None))
             }
             Candidate::NoMatch { fingerprint } => {
                 tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook's on_alert matchers match this alert");
@@ -347,12 +407,19 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                     .alert_triggers
                     .with_label_values(&["none", TriggerResult::NoMatch.as_str()])
                     .inc();
-                ("none".to_string(), fingerprint, TriggerResult::NoMatch)
+                (
+                    "none".to_string(),
+                    fingerprint,
+                    (TriggerResult::NoMatch, None),
+                )
             }
         };
-        outcomes.push(
-            json!({ "runbook": runbook, "fingerprint": fingerprint, "result": result.as_str() }),
-        );
+        let mut outcome =
+            json!({ "runbook": runbook, "fingerprint": fingerprint, "result": result.as_str() });
+        if let Some(id) = run_id {
+            outcome["run_id"] = id.into();
+        }
+        outcomes.push(outcome);
     }
     let body: Value = json!({
         "alerts": notification.alerts.len(),

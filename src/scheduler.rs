@@ -150,18 +150,20 @@ impl Scheduler {
         Ok(self
             .submit_all(vec![req])?
             .pop()
-            .expect("one result per request"))
+            .expect("one result per request")
+            .0)
     }
 
     /// Decide a batch (one notification's alerts), looking at the kill switch
     /// once per runbook rather than once per alert.
     ///
-    /// An error means the accepted triggers could not be recorded: none of
-    /// them starts, and the sender must be told to retry.
+    /// Each outcome comes with the run id of a run it started. An error means
+    /// the accepted triggers could not be recorded: none of them starts, and
+    /// the sender must be told to retry.
     pub fn submit_all(
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
-    ) -> Result<Vec<TriggerResult>, AuditError> {
+    ) -> Result<Vec<(TriggerResult, Option<String>)>, AuditError> {
         let _one_batch_at_a_time = self.submitting.lock().unwrap_or_else(|p| p.into_inner());
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
@@ -175,10 +177,12 @@ impl Scheduler {
                         .is_err()
             });
             let result = self.submit_one(&config, &req, stopped);
-            if result == TriggerResult::Started {
-                accepted.push(req);
-            }
-            results.push(result);
+            let run_id = (result == TriggerResult::Started).then(|| {
+                let id = uuid::Uuid::now_v7().to_string();
+                accepted.push((id.clone(), req));
+                id
+            });
+            results.push((result, run_id));
         }
         if accepted.is_empty() {
             return Ok(results);
@@ -187,10 +191,7 @@ impl Scheduler {
         // notification) before the sender hears so and before its run can
         // write anything: a trigger answered 2xx is never silently lost, and
         // one that could not be recorded is refused so that it is sent again.
-        let runs: Vec<(String, RunRequest)> = accepted
-            .into_iter()
-            .map(|req| (uuid::Uuid::now_v7().to_string(), req))
-            .collect();
+        let runs: Vec<(String, RunRequest)> = accepted;
         let lines = runs
             .iter()
             .map(|(id, req)| queued_line(&config, id, req))
@@ -328,6 +329,15 @@ impl Scheduler {
             }
             if let Err(e) = &outcome {
                 tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
+                // The accepted trigger ends with its one verdict all the same.
+                let mut v = run_info(&config, &run_id, &req).entry(Phase::Verdict, None);
+                v.outcome = Some(Verdict::Broken.as_str().into());
+                v.detail =
+                    Some(serde_json::json!({ "detail": format!("the run could not start: {e}") }));
+                if let Err(err) = this.audit.append(v, true) {
+                    this.metrics.audit_write_failures.inc();
+                    tracing::error!(%run_id, "verdict line not written: {err}");
+                }
             }
             this.runs.upsert(RunRecord {
                 status: verdict.to_string(),
@@ -407,9 +417,9 @@ impl Scheduler {
     }
 }
 
-/// The `queued` audit line of an accepted trigger.
-fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit::Entry {
-    let info = RunInfo {
+/// What every line of a trigger's run carries before the run itself starts.
+fn run_info(config: &Config, run_id: &str, req: &RunRequest) -> RunInfo {
+    RunInfo {
         run_id: run_id.to_string(),
         runbook: req.runbook.clone(),
         runbook_version: config
@@ -421,8 +431,12 @@ fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit:
         planner: String::new(),
         model: None,
         prompt: None,
-    };
-    let mut queued = info.entry(Phase::Queued, None);
+    }
+}
+
+/// The `queued` audit line of an accepted trigger.
+fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit::Entry {
+    let mut queued = run_info(config, run_id, req).entry(Phase::Queued, None);
     queued.detail = Some(
         serde_json::json!({ "trigger": req.trigger, "keys": req.keys, "process": crate::audit::this_process() }),
     );

@@ -32,6 +32,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub mod head;
+pub mod runs;
 
 use crate::gate::{Denial, Permit, Proposal};
 use crate::tools::ToolResult;

@@ -672,3 +672,83 @@ fn at_info_the_daemon_logs_each_trigger_run_switch_and_reload_without_colour() {
             .contains("run started")
     );
 }
+
+#[test]
+fn run_history_comes_from_the_audit_log_for_every_process_and_survives_a_restart() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    e.runbook(
+        "look",
+        "name: look\ndescription: t\nhosts: [web-02]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    // A person's run on the command line, before any daemon.
+    let (code, manual) = e.run_json("look", "web-02", &[]);
+    assert_eq!(code, 0, "{manual:#}");
+    let manual_id = manual["run_id"].as_str().unwrap().to_string();
+    let d = Daemon::start(&e);
+    let (_, answer) = d.post_alerts(FIRING);
+    assert_eq!(results(&answer)[0], "started");
+    let runs = d.settled_runs();
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert_eq!(
+        answer["outcomes"][0]["run_id"], runs[1]["run_id"],
+        "the webhook names the run it started"
+    );
+    assert_eq!(
+        runs[0]["run_id"],
+        manual_id.as_str(),
+        "the command-line run is listed"
+    );
+    assert_eq!(runs[0]["trigger"], "cli");
+    assert_eq!(runs[1]["trigger"], "alert");
+    let count = |q: &str| {
+        d.get_json(&format!("/api/v1/runs{q}"))["runs"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count("?runbook=look"), 1);
+    assert_eq!(count("?host=web-01"), 1);
+    for r in &runs {
+        let status = r["status"].as_str().unwrap();
+        let same = runs.iter().filter(|o| o["status"] == status).count();
+        assert_eq!(count(&format!("?status={status}")), same, "{status}");
+        assert_eq!(count(&format!("?verdict={status}")), same, "{status}");
+    }
+    assert_eq!(count("?status=interrupted"), 0);
+    assert_eq!(count("?limit=1"), 1);
+    assert_eq!(count("?since=1h"), 2);
+    assert_eq!(count("?since=2999-01-01T00:00:00Z"), 0);
+    let (status, body) = d.request("GET", "/api/v1/runs?colour=red", &[], b"");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = d.request("GET", "/api/v1/runs?since=yesterdayish", &[], b"");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        d.get_json(&format!("/api/v1/runs/{manual_id}"))["status"],
+        "ok"
+    );
+    // A restart forgets nothing.
+    drop(d);
+    let d = Daemon::start(&e);
+    assert_eq!(
+        d.get_json("/api/v1/runs")["runs"].as_array().unwrap().len(),
+        2
+    );
+    drop(d);
+    // The same from the command line, and a run id by a unique prefix.
+    let out = e.run(&["runs", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    let text = String::from_utf8_lossy(&e.run(&["runs", "--runbook", "look"]).stdout).into_owned();
+    assert!(
+        text.starts_with("STARTED") && text.contains(&manual_id),
+        "{text}"
+    );
+    let show = e.run(&["audit", "show", &manual_id[..20]]);
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    let ambiguous = e.run(&["transcript", "01"]);
+    assert!(String::from_utf8_lossy(&ambiguous.stderr).contains("give more of the id"));
+}

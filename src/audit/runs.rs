@@ -1,0 +1,174 @@
+//! Run history, read from the audit log: every run of any process, across
+//! restarts, as `GET /api/v1/runs` and `runwarden runs` list it.
+//!
+//! The log is the record, so the history is whatever it says: a run with a
+//! verdict line has that verdict; one with a `start` line and no verdict is
+//! `running` while the process that wrote it lives (else `interrupted`,
+//! until a daemon start-up closes it); one with only its `queued` line is
+//! `queued` (or `interrupted`).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{Entry, Phase, process_alive};
+
+/// One run as the history shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub runbook: String,
+    pub host: String,
+    /// `schedule`, `alert`, `cli`, or `unknown`.
+    pub trigger: String,
+    pub started_at: String,
+    /// `queued`, `running`, `interrupted`, or the verdict.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Which runs to list.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub runbook: Option<String>,
+    pub host: Option<String>,
+    /// A status: a verdict, `running`, `queued` or `interrupted`.
+    pub status: Option<String>,
+    pub since: Option<jiff::Timestamp>,
+    /// The newest this many.
+    pub limit: Option<usize>,
+}
+
+impl Filter {
+    fn keeps(&self, r: &RunSummary) -> bool {
+        self.runbook.as_ref().is_none_or(|x| *x == r.runbook)
+            && self.host.as_ref().is_none_or(|x| *x == r.host)
+            && self.status.as_ref().is_none_or(|x| *x == r.status)
+            && self.since.is_none_or(|t| {
+                r.started_at
+                    .parse::<jiff::Timestamp>()
+                    .is_ok_and(|s| s >= t)
+            })
+    }
+}
+
+/// Every run in the log that `filter` keeps, oldest first.
+pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut order: Vec<String> = Vec::new();
+    let mut runs: HashMap<String, (RunSummary, Option<Entry>)> = HashMap::new();
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        if e.run_id == "-" || e.run_id.is_empty() {
+            continue;
+        }
+        let (run, open) = runs.entry(e.run_id.clone()).or_insert_with(|| {
+            order.push(e.run_id.clone());
+            (
+                RunSummary {
+                    run_id: e.run_id.clone(),
+                    runbook: e.runbook.clone(),
+                    host: e.host.clone(),
+                    trigger: "unknown".into(),
+                    started_at: e.ts.clone(),
+                    status: "queued".into(),
+                    ended_at: None,
+                    detail: None,
+                },
+                None,
+            )
+        });
+        match e.phase {
+            Some(Phase::Queued | Phase::Start) => {
+                if let Some(t) = e.detail.as_ref().and_then(|d| d["trigger"].as_str()) {
+                    run.trigger = t.to_string();
+                }
+                if e.phase == Some(Phase::Start) {
+                    run.status = "running".into();
+                }
+                *open = Some(e);
+            }
+            Some(Phase::Verdict) => {
+                run.status = e.outcome.clone().unwrap_or_default();
+                run.ended_at = Some(e.ts.clone());
+                run.detail = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["detail"].as_str())
+                    .map(String::from);
+                *open = None;
+            }
+            _ => {}
+        }
+    }
+    let mut out: Vec<RunSummary> = order
+        .into_iter()
+        .filter_map(|id| runs.remove(&id))
+        .map(|(mut run, open)| {
+            if let Some(last) = open
+                && !process_alive(&last)
+            {
+                run.status = "interrupted".into();
+            }
+            run
+        })
+        .filter(|r| filter.keeps(r))
+        .collect();
+    if let Some(n) = filter.limit
+        && out.len() > n
+    {
+        out.drain(..out.len() - n);
+    }
+    Ok(out)
+}
+
+/// `since` as a person writes it: a duration back from now (`90m`, `7d`) or an RFC 3339 time.
+pub fn parse_since(s: &str) -> Result<jiff::Timestamp, String> {
+    if let Ok(t) = s.parse::<jiff::Timestamp>() {
+        return Ok(t);
+    }
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("since {s:?}: not a duration (1h, 7d) nor an RFC 3339 time: {e}"))?;
+    let d = jiff::SignedDuration::try_from(d).map_err(|e| format!("since {s:?}: {e}"))?;
+    jiff::Timestamp::now()
+        .checked_sub(d)
+        .map_err(|e| format!("since {s:?}: {e}"))
+}
+
+/// The one run id in the log that starts with `prefix`.
+pub fn resolve(path: &Path, prefix: &str) -> Result<String, String> {
+    let all = list(path, &Filter::default())
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let hits: Vec<&RunSummary> = all
+        .iter()
+        .filter(|r| r.run_id.starts_with(prefix))
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok(one.run_id.clone()),
+        [] => Err(format!(
+            "no run id in {} starts with {prefix:?}",
+            path.display()
+        )),
+        many => Err(format!(
+            "{} runs start with {prefix:?} ({}…): give more of the id",
+            many.len(),
+            many.iter()
+                .take(3)
+                .map(|r| r.run_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
