@@ -84,6 +84,9 @@ pub async fn serve(
     let interrupted = scheduler
         .close_interrupted()
         .context("reading the audit log for interrupted runs")?;
+    scheduler
+        .restore_cooldowns()
+        .context("reading the audit log for cooldowns")?;
     if interrupted > 0 {
         tracing::warn!(
             "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"

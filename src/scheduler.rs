@@ -365,6 +365,21 @@ impl Scheduler {
             .is_ok()
     }
 
+    /// Cooldowns and deduplication keys as the audit log left them: a
+    /// restart within a runbook's cooldown does not allow an immediate rerun.
+    pub fn restore_cooldowns(&self) -> std::io::Result<usize> {
+        let ends = crate::audit::runs::last_ends(self.audit.path())?;
+        let now = jiff::Timestamp::now();
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for ((runbook, host), (ended, keys)) in &ends {
+            let ago = Duration::try_from(now.duration_since(*ended)).unwrap_or(Duration::ZERO);
+            let slot = slots.entry((runbook.clone(), host.clone())).or_default();
+            slot.ended = Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
+            slot.keys = keys.iter().cloned().collect();
+        }
+        Ok(ends.len())
+    }
+
     /// Runs the audit log shows as started and never finished (the process was
     /// killed): close each with an `interrupted` verdict line.
     pub fn close_interrupted(&self) -> std::io::Result<usize> {

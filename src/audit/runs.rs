@@ -172,3 +172,47 @@ pub fn resolve(path: &Path, prefix: &str) -> Result<String, String> {
         )),
     }
 }
+
+/// (runbook, host) -> when its last run ended, and the trigger keys that started it.
+pub type LastEnds = HashMap<(String, String), (jiff::Timestamp, Vec<String>)>;
+
+/// For each (runbook, host): when its last run ended and the trigger keys
+/// (alert fingerprints, group keys) that started it, as a restarted daemon
+/// needs them for cooldown and deduplication.
+pub fn last_ends(path: &Path) -> std::io::Result<LastEnds> {
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(e),
+    };
+    let mut keys: HashMap<String, Vec<String>> = HashMap::new();
+    let mut last = HashMap::new();
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        match e.phase {
+            Some(Phase::Queued) => {
+                let k = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["keys"].as_array())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|k| k.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                keys.insert(e.run_id.clone(), k);
+            }
+            Some(Phase::Verdict) => {
+                if let Ok(ts) = e.ts.parse::<jiff::Timestamp>() {
+                    let k = keys.remove(&e.run_id).unwrap_or_default();
+                    last.insert((e.runbook.clone(), e.host.clone()), (ts, k));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(last)
+}

@@ -752,3 +752,26 @@ fn run_history_comes_from_the_audit_log_for_every_process_and_survives_a_restart
     let ambiguous = e.run(&["transcript", "01"]);
     assert!(String::from_utf8_lossy(&ambiguous.stderr).contains("give more of the id"));
 }
+
+#[test]
+fn cooldown_and_deduplication_survive_a_restart() {
+    let e = alert_estate("web-01", DISK_STEPS);
+    let d = Daemon::start(&e);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    d.settled_runs();
+    drop(d);
+    let d = Daemon::start(&e);
+    // The same alert again: a repeat inside the runbook's 1 h cooldown.
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "deduplicated");
+    // Another alert for the same host: still in cooldown.
+    let mut other: Value = serde_json::from_str(FIRING).unwrap();
+    other["groupKey"] = "another-group".into();
+    for a in other["alerts"].as_array_mut().unwrap() {
+        a["fingerprint"] = format!("x{}", a["fingerprint"].as_str().unwrap()).into();
+    }
+    assert_eq!(results(&d.post_alerts(&other.to_string()).1)[0], "cooldown");
+    assert_eq!(
+        d.get_json("/api/v1/runs")["runs"].as_array().unwrap().len(),
+        1
+    );
+}
