@@ -151,10 +151,10 @@ fn main() {
         let t = Instant::now();
         rt.block_on(async {
             for _ in 0..CALLS {
-                runwarden::executor::process::run(&df_argv, &limits())
+                runwarden::executor::process::run_for_bench(&df_argv, &limits())
                     .await
                     .unwrap();
-                runwarden::executor::process::run(&du_argv, &limits())
+                runwarden::executor::process::run_for_bench(&du_argv, &limits())
                     .await
                     .unwrap();
             }

@@ -9,12 +9,15 @@
 //! # Layout
 //!
 //! ```text
-//! cli ──[RunRequest]──> run ── planner.next(&transcript)  -> Call | Suggest | Turn | Finish
-//!                            │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
-//!                            │                             -> Allow(Permit)
-//!                            │ audit.intent(&permit)       -> AuditTicket  (synced before the call)
-//!                            │ executor.dispatch(&permit, &ticket, deadline) -> ToolResult
-//!                            └ audit.result(ticket, &result); transcript += result
+//! cli ──[RunRequest]──────────────┐
+//! trigger (cron, webhook) ──> scheduler ──[RunRequest]──> run
+//!   (kill switch, locks, cooldown, queued line on disk)     │
+//! run ── planner.next(&transcript, admit)  -> Call | Suggest | Turn | Finish
+//!     │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
+//!     │                             -> Allow(Permit)
+//!     │ audit.intent(permit)        -> AuditTicket  (synced before the call; the permit is spent)
+//!     │ executor.dispatch(ticket)   -> (Dispatched, ToolResult)  (the ticket is spent)
+//!     └ audit.result(dispatched, &result); transcript += result
 //! ```
 //!
 //! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`config::Host`], errors as `FILE:LINE:COLUMN`.
@@ -27,9 +30,14 @@
 //! - [`run`]: one runbook on one host, from the first call to the verdict.
 //! - [`transcript`]: a run read back from the audit log, model turns included.
 //!
-//! Two types make the order of operations a compile-time fact: a
-//! [`gate::Permit`] can only be made by the gate, an [`audit::AuditTicket`]
-//! only by the audit log, and the executor demands both.
+//! The order of operations is a compile-time fact (`tests/compile-fail/`):
+//! a [`tools::Action`] is made only by resolving a proposed call against a
+//! host; a [`gate::Permit`] only by the gate's full check (an L2 approval
+//! turns the gate's own [`gate::Hold`] into one); [`audit::AuditLog::intent`]
+//! consumes the permit and returns the [`audit::AuditTicket`] that
+//! [`executor::Executor::dispatch`] consumes in turn, so no call runs without
+//! its intent line, nor twice on one; the result line takes what dispatch
+//! returns. Spawning a process is crate-private.
 
 pub mod app;
 pub mod audit;

@@ -397,10 +397,10 @@ impl RunLoop<'_> {
         transcript: &Transcript,
         r: &mut StepReport,
     ) -> Decision {
-        let tool = hold.action.tool();
+        let tool = hold.action().tool();
         let deny = |reason, detail: String| {
             Decision::Deny(Denial {
-                step: hold.step,
+                step: hold.step(),
                 reason,
                 detail,
                 tool: Some(tool),
@@ -412,11 +412,11 @@ impl RunLoop<'_> {
                 "autonomy L2: no person can approve here; run it under `runwarden serve` with `approvers_file` set".into(),
             );
         };
-        let args = hold.action.args_json();
-        let reason = hold.action.reason().unwrap_or_default().to_string();
+        let args = hold.action().args_json();
+        let reason = hold.action().reason().unwrap_or_default().to_string();
         let digest = approvals::digest(
             &self.info.run_id,
-            hold.step,
+            hold.step(),
             &self.runbook.name,
             &self.host.name,
             tool.name(),
@@ -424,7 +424,7 @@ impl RunLoop<'_> {
             &reason,
         );
         let id = uuid::Uuid::now_v7().to_string();
-        let mut e = self.info.entry(Phase::Pending, Some(hold.step));
+        let mut e = self.info.entry(Phase::Pending, Some(hold.step()));
         e.tool = Some(tool.name().into());
         e.args = Some(args.clone());
         e.tier = Some(2);
@@ -440,7 +440,7 @@ impl RunLoop<'_> {
         let request = Request {
             id: id.clone(),
             run_id: self.info.run_id.clone(),
-            step: hold.step,
+            step: hold.step(),
             runbook: self.runbook.name.clone(),
             host: self.host.name.clone(),
             tool: tool.name().into(),
@@ -690,10 +690,10 @@ impl RunLoop<'_> {
                         Decision::Hold(hold) => {
                             // `ask` resolves every hold; a hold here would be a bug, and it is refused.
                             let denial = Denial {
-                                step: hold.step,
+                                step: hold.step(),
                                 reason: DenyReason::NoApprover,
                                 detail: "unresolved approval".into(),
-                                tool: Some(hold.action.tool()),
+                                tool: Some(hold.action().tool()),
                             };
                             r.status = "denied".into();
                             r.detail = Some(denial.to_string());
@@ -727,15 +727,15 @@ impl RunLoop<'_> {
                         }
                         Decision::Propose(p) => {
                             let argv: Vec<Vec<String>> = p
-                                .action
+                                .action()
                                 .planned_argv(&self.host)
                                 .iter()
                                 .map(|a| a.to_vec())
                                 .collect();
                             r.status = "proposed".into();
-                            r.tier = Some(p.action.tier().number());
-                            r.args = p.action.args_json();
-                            r.reason = p.action.reason().map(String::from);
+                            r.tier = Some(p.action().tier().number());
+                            r.args = p.action().args_json();
+                            r.reason = p.action().reason().map(String::from);
                             r.detail =
                                 Some("L1: recorded as a proposal for a person; not run".into());
                             let flat: Vec<String> = argv
@@ -752,6 +752,7 @@ impl RunLoop<'_> {
                         }
                         Decision::Allow(permit) => {
                             let action = permit.action();
+                            let tool_name = action.tool().name();
                             r.tier = Some(action.tier().number());
                             r.args = action.args_json();
                             r.approved_by = Some(permit.approved_by().to_string());
@@ -779,7 +780,9 @@ impl RunLoop<'_> {
                                     .steps
                                     .insert(id, json!({ "outcome": "dry_run", "ok": false }));
                             } else {
-                                let ticket = match audit.intent(&self.info, &permit) {
+                                // The intent line takes the permit: what comes back is
+                                // the one thing dispatch accepts, once.
+                                let ticket = match audit.intent(&self.info, permit) {
                                     Ok(t) => t,
                                     Err(err) => {
                                         r.status = "denied".into();
@@ -796,11 +799,11 @@ impl RunLoop<'_> {
                                 };
                                 let deadline = tokio::time::Instant::now()
                                     + self.host.tool_timeout.min(gate.budget().remaining());
-                                let result = self
+                                let (done, result) = self
                                     .executor
-                                    .dispatch(&permit, &ticket, &self.info, &self.host, deadline)
+                                    .dispatch(ticket, &self.info, &self.host, deadline)
                                     .await;
-                                if let Err(err) = audit.result(&self.info, ticket, &result) {
+                                if let Err(err) = audit.result(&self.info, done, &result) {
                                     stop = Some((
                                         Verdict::Broken,
                                         format!("the result line could not be written: {err}"),
@@ -837,7 +840,7 @@ impl RunLoop<'_> {
                                         .unwrap_or_else(|| "change not verified".into());
                                     note(
                                         Verdict::Failed,
-                                        format!("step {n} ({}): {why}", action.tool().name()),
+                                        format!("step {n} ({tool_name}): {why}"),
                                         &mut worst,
                                     );
                                 }

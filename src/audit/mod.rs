@@ -128,18 +128,42 @@ impl RunInfo {
     }
 }
 
-/// Proof that a call's intent line is on disk. Only [`AuditLog::intent`] makes these.
+/// A permitted call whose intent line is on disk: the one value the
+/// executor dispatches. Only [`AuditLog::intent`] makes one, from the
+/// [`Permit`] it consumes, and dispatch consumes it in turn, so a call
+/// cannot run without its line, nor twice on one line.
 #[derive(Debug)]
 pub struct AuditTicket {
-    step: u32,
-    tool: String,
-    tier: u8,
+    permit: Permit,
 }
 
 impl AuditTicket {
     pub fn step(&self) -> u32 {
-        self.step
+        self.permit.step()
     }
+
+    /// The call it allows.
+    pub fn permit(&self) -> &Permit {
+        &self.permit
+    }
+
+    /// The ticket spent by a dispatch; what the result line takes.
+    pub(crate) fn dispatched(self) -> Dispatched {
+        let action = self.permit.action();
+        Dispatched {
+            step: self.permit.step(),
+            tool: action.tool().name().into(),
+            tier: action.tier().number(),
+        }
+    }
+}
+
+/// A dispatched call, waiting for its result line ([`AuditLog::result`]).
+#[derive(Debug)]
+pub struct Dispatched {
+    step: u32,
+    tool: String,
+    tier: u8,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -312,8 +336,9 @@ impl AuditLog {
         self.failing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Write and sync the intent of a permitted call; the ticket lets the executor run it.
-    pub fn intent(&self, run: &RunInfo, permit: &Permit) -> Result<AuditTicket, AuditError> {
+    /// Write and sync the intent of a permitted call; the ticket lets the
+    /// executor run it, once. The permit is spent either way.
+    pub fn intent(&self, run: &RunInfo, permit: Permit) -> Result<AuditTicket, AuditError> {
         let action = permit.action();
         let mut e = run.entry(Phase::Intent, Some(permit.step()));
         e.tool = Some(action.tool().name().into());
@@ -322,18 +347,14 @@ impl AuditLog {
         e.approved_by = Some(permit.approved_by().to_string());
         e.reason = action.reason().map(str::to_string);
         self.append(e, true)?;
-        Ok(AuditTicket {
-            step: permit.step(),
-            tool: action.tool().name().into(),
-            tier: action.tier().number(),
-        })
+        Ok(AuditTicket { permit })
     }
 
-    /// Close a ticket with the call's result.
+    /// Close a dispatched call with its result.
     pub fn result(
         &self,
         run: &RunInfo,
-        ticket: AuditTicket,
+        ticket: Dispatched,
         result: &ToolResult,
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Result, Some(ticket.step));
@@ -375,11 +396,11 @@ impl AuditLog {
     }
 
     pub fn proposal(&self, run: &RunInfo, p: &Proposal, argv: &[String]) -> Result<(), AuditError> {
-        let mut e = run.entry(Phase::Proposal, Some(p.step));
-        e.tool = Some(p.action.tool().name().into());
-        e.args = Some(p.action.args_json());
-        e.tier = Some(p.action.tier().number());
-        e.reason = p.action.reason().map(str::to_string);
+        let mut e = run.entry(Phase::Proposal, Some(p.step()));
+        e.tool = Some(p.action().tool().name().into());
+        e.args = Some(p.action().args_json());
+        e.tier = Some(p.action().tier().number());
+        e.reason = p.action().reason().map(str::to_string);
         e.outcome = Some("proposed".into());
         e.detail = Some(serde_json::json!({ "argv": argv }));
         self.append(e, true)

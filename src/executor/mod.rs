@@ -8,7 +8,7 @@ pub mod agent;
 pub mod process;
 pub mod ssh;
 
-use crate::audit::{AuditTicket, RunInfo};
+use crate::audit::{AuditTicket, Dispatched, RunInfo};
 use crate::config::{Connection, Host};
 use std::path::Path;
 
@@ -44,15 +44,26 @@ impl Executor {
         }
     }
 
+    /// Run the call a ticket allows; the ticket is spent, and what comes back
+    /// is what its result line takes.
     pub async fn dispatch(
         &self,
+        ticket: AuditTicket,
+        run: &RunInfo,
+        host: &Host,
+        deadline: tokio::time::Instant,
+    ) -> (Dispatched, ToolResult) {
+        let result = self.run(ticket.permit(), run, host, deadline).await;
+        (ticket.dispatched(), result)
+    }
+
+    async fn run(
+        &self,
         permit: &Permit,
-        ticket: &AuditTicket,
         run: &RunInfo,
         host: &Host,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
-        debug_assert_eq!(permit.step(), ticket.step(), "ticket of another call");
         match self {
             Executor::Ssh { session, permits } => {
                 let action = permit.action();

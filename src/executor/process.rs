@@ -157,9 +157,16 @@ pub enum SpawnError {
     NoTimeLeft(String),
 }
 
+/// [`run`] for the benches' baseline (feature `internals`, never in a
+/// release): spawning is otherwise reachable only through the gate.
+#[cfg(feature = "internals")]
+pub async fn run_for_bench(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
+    run(argv, limits).await
+}
+
 /// Run `argv` under `limits`. Failures to start are errors; everything after
 /// the start (exit status, timeout, truncation) is in the output.
-pub async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
+pub(crate) async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
     if !argv.program.is_absolute() {
         return Err(SpawnError::RelativeProgram(argv.program.clone()));
     }
@@ -198,7 +205,7 @@ fn lower_priority() {
 /// master, an agent session): the same stub environment, in `dir`, in a
 /// process group of its own. The caller owns it and ends it
 /// ([`kill_group`]); tool calls never use this.
-pub fn command(argv: &Argv, dir: &Path) -> std::process::Command {
+pub(crate) fn command(argv: &Argv, dir: &Path) -> std::process::Command {
     let mut c = std::process::Command::new(&argv.program);
     c.args(argv.args.iter().map(OsString::from))
         .env_clear()
@@ -209,7 +216,7 @@ pub fn command(argv: &Argv, dir: &Path) -> std::process::Command {
 }
 
 /// A helper with no pipes (the SSH connection master).
-pub fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
+pub(crate) fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::process::Child> {
     let mut c = command(argv, dir);
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -510,7 +517,7 @@ pub mod escapees {
     }
 
     /// Start a process with `f` and record it, so [`sweep`] leaves it alone.
-    pub fn spawn<C: Pid32>(f: impl FnOnce() -> std::io::Result<C>) -> std::io::Result<C> {
+    pub(crate) fn spawn<C: Pid32>(f: impl FnOnce() -> std::io::Result<C>) -> std::io::Result<C> {
         let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         let child = f()?;
         if let Some(pid) = child.pid32() {
@@ -538,7 +545,7 @@ pub mod escapees {
     /// Kill and reap every child of this process that it did not start, and
     /// again, until none is left: killing an escaped process hands its own
     /// children to this subreaper, so a whole detached tree goes pass by pass.
-    pub fn sweep() {
+    pub(crate) fn sweep() {
         if !ADOPTING.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }

@@ -86,15 +86,34 @@ impl Permit {
 /// An L1 tier-2 call: recorded for a person, never run (it has no [`Permit`]).
 #[derive(Debug)]
 pub struct Proposal {
-    pub step: u32,
-    pub action: Action,
+    step: u32,
+    action: Action,
 }
 
-/// An L2 tier-2 call waiting for a person; only the gate turns it into a [`Permit`].
+impl Proposal {
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+    pub fn action(&self) -> &Action {
+        &self.action
+    }
+}
+
+/// An L2 tier-2 call waiting for a person: only the gate's full check makes
+/// one, and only [`Gate::approved`] turns it into a [`Permit`].
 #[derive(Debug)]
 pub struct Hold {
-    pub step: u32,
-    pub action: Action,
+    step: u32,
+    action: Action,
+}
+
+impl Hold {
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+    pub fn action(&self) -> &Action {
+        &self.action
+    }
 }
 
 /// Why the gate refused a call. The names are metric labels and audit values.

@@ -173,9 +173,14 @@ pub enum PathMode {
 }
 
 /// A call whose every argument was checked against the host: the only input
-/// [`execute`] accepts.
+/// [`execute`] accepts. Opaque: only [`resolve`] makes one, so no code
+/// outside this module can hand-build a call the allowlists never saw.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub struct Action(Resolved);
+
+/// What an [`Action`] holds; private to the tools.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::tools) enum Resolved {
     DiskUsage {
         path: PathBuf,
     },
@@ -221,18 +226,18 @@ pub enum Action {
 
 impl Action {
     pub fn tool(&self) -> ToolId {
-        match self {
-            Action::DiskUsage { .. } => ToolId::DiskUsage,
-            Action::ServiceStatus { .. } => ToolId::ServiceStatus,
-            Action::ReadJournal { .. } => ToolId::ReadJournal,
-            Action::ListProcesses { .. } => ToolId::ListProcesses,
-            Action::CertExpiry { .. } => ToolId::CertExpiry,
-            Action::HttpCheck { .. } => ToolId::HttpCheck,
-            Action::RestartService { .. } => ToolId::RestartService,
-            Action::ReloadService { .. } => ToolId::ReloadService,
-            Action::RotateLogs { .. } => ToolId::RotateLogs,
-            Action::RecycleWorkerPool { .. } => ToolId::RecycleWorkerPool,
-            Action::RenewCertificate { .. } => ToolId::RenewCertificate,
+        match &self.0 {
+            Resolved::DiskUsage { .. } => ToolId::DiskUsage,
+            Resolved::ServiceStatus { .. } => ToolId::ServiceStatus,
+            Resolved::ReadJournal { .. } => ToolId::ReadJournal,
+            Resolved::ListProcesses { .. } => ToolId::ListProcesses,
+            Resolved::CertExpiry { .. } => ToolId::CertExpiry,
+            Resolved::HttpCheck { .. } => ToolId::HttpCheck,
+            Resolved::RestartService { .. } => ToolId::RestartService,
+            Resolved::ReloadService { .. } => ToolId::ReloadService,
+            Resolved::RotateLogs { .. } => ToolId::RotateLogs,
+            Resolved::RecycleWorkerPool { .. } => ToolId::RecycleWorkerPool,
+            Resolved::RenewCertificate { .. } => ToolId::RenewCertificate,
         }
     }
 
@@ -241,60 +246,62 @@ impl Action {
     }
 
     pub fn reason(&self) -> Option<&str> {
-        match self {
-            Action::RestartService { reason, .. }
-            | Action::ReloadService { reason, .. }
-            | Action::RotateLogs { reason, .. }
-            | Action::RecycleWorkerPool { reason, .. }
-            | Action::RenewCertificate { reason, .. } => Some(reason),
+        match &self.0 {
+            Resolved::RestartService { reason, .. }
+            | Resolved::ReloadService { reason, .. }
+            | Resolved::RotateLogs { reason, .. }
+            | Resolved::RecycleWorkerPool { reason, .. }
+            | Resolved::RenewCertificate { reason, .. } => Some(reason),
             _ => None,
         }
     }
 
     /// The resolved arguments, as recorded in the audit log (the reason has its own field).
     pub fn args_json(&self) -> Value {
-        match self {
-            Action::DiskUsage { path } => json!({ "path": path }),
-            Action::ServiceStatus { unit } => json!({ "unit": unit }),
-            Action::ReadJournal {
+        match &self.0 {
+            Resolved::DiskUsage { path } => json!({ "path": path }),
+            Resolved::ServiceStatus { unit } => json!({ "unit": unit }),
+            Resolved::ReadJournal {
                 unit,
                 since,
                 priority,
             } => {
                 json!({ "unit": unit, "since": since, "priority": priority })
             }
-            Action::ListProcesses { sort, limit } => json!({ "sort": sort, "limit": limit }),
-            Action::CertExpiry { name } | Action::HttpCheck { name } => json!({ "name": name }),
-            Action::RestartService { unit, .. } | Action::ReloadService { unit, .. } => {
+            Resolved::ListProcesses { sort, limit } => json!({ "sort": sort, "limit": limit }),
+            Resolved::CertExpiry { name } | Resolved::HttpCheck { name } => json!({ "name": name }),
+            Resolved::RestartService { unit, .. } | Resolved::ReloadService { unit, .. } => {
                 json!({ "unit": unit })
             }
-            Action::RotateLogs { config, .. } => json!({ "config": config }),
-            Action::RecycleWorkerPool { pool, .. } => json!({ "pool": pool }),
-            Action::RenewCertificate { name, .. } => json!({ "name": name }),
+            Resolved::RotateLogs { config, .. } => json!({ "config": config }),
+            Resolved::RecycleWorkerPool { pool, .. } => json!({ "pool": pool }),
+            Resolved::RenewCertificate { name, .. } => json!({ "name": name }),
         }
     }
 
     /// The commands a tier-2 action runs, exactly as it would spawn them (for `--dry-run`).
     pub fn planned_argv(&self, host: &Host) -> Vec<Argv> {
-        match self {
-            Action::RestartService { unit, .. } => {
+        match &self.0 {
+            Resolved::RestartService { unit, .. } => {
                 vec![service::change_argv(host, "restart", unit)]
             }
-            Action::ReloadService { unit, .. } => vec![service::change_argv(host, "reload", unit)],
-            Action::RotateLogs { config, .. } => vec![logs::argv(host, config)],
-            Action::RecycleWorkerPool { pool, .. } => pool::planned_argv(host, pool),
-            Action::RenewCertificate { name, .. } => {
+            Resolved::ReloadService { unit, .. } => {
+                vec![service::change_argv(host, "reload", unit)]
+            }
+            Resolved::RotateLogs { config, .. } => vec![logs::argv(host, config)],
+            Resolved::RecycleWorkerPool { pool, .. } => pool::planned_argv(host, pool),
+            Resolved::RenewCertificate { name, .. } => {
                 cert::renew_argv(host, name).into_iter().collect()
             }
-            Action::DiskUsage { path } => disk::argv(host, path).into(),
-            Action::ServiceStatus { unit } => vec![service::show_argv(host, unit)],
-            Action::ReadJournal {
+            Resolved::DiskUsage { path } => disk::argv(host, path).into(),
+            Resolved::ServiceStatus { unit } => vec![service::show_argv(host, unit)],
+            Resolved::ReadJournal {
                 unit,
                 since,
                 priority,
             } => vec![journal::argv(host, unit, *since, *priority)],
-            Action::ListProcesses { sort, .. } => vec![process::argv(host, *sort)],
-            Action::CertExpiry { .. } | Action::HttpCheck { .. } => Vec::new(),
+            Resolved::ListProcesses { sort, .. } => vec![process::argv(host, *sort)],
+            Resolved::CertExpiry { .. } | Resolved::HttpCheck { .. } => Vec::new(),
         }
     }
 }
@@ -304,22 +311,22 @@ impl Action {
 /// The error is a sentence a planner (or a model) can act on; it quotes
 /// untrusted values only escaped and cut short.
 pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Result<Action, String> {
-    Ok(match tool {
+    Ok(Action(match tool {
         ToolId::DiskUsage => {
             let a: DiskUsageArgs = parse(args)?;
-            Action::DiskUsage {
+            Resolved::DiskUsage {
                 path: allowed_path(a.path.as_str(), &host.paths, mode, "paths")?,
             }
         }
         ToolId::ServiceStatus => {
             let a: UnitArgs = parse(args)?;
-            Action::ServiceStatus {
+            Resolved::ServiceStatus {
                 unit: allowed_unit(&a.unit, host, false)?,
             }
         }
         ToolId::ReadJournal => {
             let a: JournalArgs = parse(args)?;
-            Action::ReadJournal {
+            Resolved::ReadJournal {
                 unit: allowed_unit(&a.unit, host, true)?,
                 since: a.since,
                 priority: a.priority,
@@ -327,20 +334,20 @@ pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Resul
         }
         ToolId::ListProcesses => {
             let a: ProcessArgs = parse(args)?;
-            Action::ListProcesses {
+            Resolved::ListProcesses {
                 sort: a.sort,
                 limit: a.limit.get(),
             }
         }
         ToolId::CertExpiry => {
             let a: NameArgs = parse(args)?;
-            Action::CertExpiry {
+            Resolved::CertExpiry {
                 name: allowed_key(&a.name, &host.certificates, "certificates")?,
             }
         }
         ToolId::HttpCheck => {
             let a: NameArgs = parse(args)?;
-            Action::HttpCheck {
+            Resolved::HttpCheck {
                 name: allowed_key(&a.name, &host.health_checks, "health_checks")?,
             }
         }
@@ -349,14 +356,14 @@ pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Resul
             let unit = allowed_unit(&a.unit, host, false)?;
             let reason = a.reason.as_str().trim().to_string();
             if tool == ToolId::RestartService {
-                Action::RestartService { unit, reason }
+                Resolved::RestartService { unit, reason }
             } else {
-                Action::ReloadService { unit, reason }
+                Resolved::ReloadService { unit, reason }
             }
         }
         ToolId::RotateLogs => {
             let a: RotateArgs = parse(args)?;
-            Action::RotateLogs {
+            Resolved::RotateLogs {
                 config: allowed_file(
                     a.config.as_str(),
                     &host.logrotate_configs,
@@ -368,7 +375,7 @@ pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Resul
         }
         ToolId::RecycleWorkerPool => {
             let a: PoolArgs = parse(args)?;
-            Action::RecycleWorkerPool {
+            Resolved::RecycleWorkerPool {
                 pool: allowed_key(&a.pool, &host.worker_pools, "worker_pools")?,
                 reason: a.reason.as_str().trim().to_string(),
             }
@@ -381,12 +388,12 @@ pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Resul
                     "certificate \"{name}\" has no `renew` command in the host file"
                 ));
             }
-            Action::RenewCertificate {
+            Resolved::RenewCertificate {
                 name,
                 reason: a.reason.as_str().trim().to_string(),
             }
         }
-    })
+    }))
 }
 
 fn allowed_unit(unit: &UnitName, host: &Host, journal: bool) -> Result<String, String> {
@@ -620,7 +627,7 @@ pub const OUTPUT_CAP: usize = 1 << 20;
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
 impl<'a> Ctx<'a> {
-    pub fn new(host: &'a Host, deadline: tokio::time::Instant) -> Ctx<'a> {
+    pub(crate) fn new(host: &'a Host, deadline: tokio::time::Instant) -> Ctx<'a> {
         Ctx {
             host,
             deadline,
@@ -640,11 +647,11 @@ impl<'a> Ctx<'a> {
     }
 
     /// Spawn one argv (no shell), recording it for the result.
-    pub async fn run(&self, argv: &Argv) -> Result<ProcessOutput, String> {
+    pub(crate) async fn run(&self, argv: &Argv) -> Result<ProcessOutput, String> {
         self.run_until(argv, self.deadline).await
     }
 
-    pub async fn run_until(
+    pub(crate) async fn run_until(
         &self,
         argv: &Argv,
         deadline: tokio::time::Instant,
@@ -670,24 +677,24 @@ pub fn privileged(host: &Host, argv: Argv) -> Argv {
 }
 
 /// Run a resolved action on this machine and report what happened.
-pub async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
+pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     let started = Instant::now();
-    let mut result = match action {
-        Action::DiskUsage { path } => disk::disk_usage(ctx, path).await,
-        Action::ServiceStatus { unit } => service::status(ctx, unit).await,
-        Action::ReadJournal {
+    let mut result = match &action.0 {
+        Resolved::DiskUsage { path } => disk::disk_usage(ctx, path).await,
+        Resolved::ServiceStatus { unit } => service::status(ctx, unit).await,
+        Resolved::ReadJournal {
             unit,
             since,
             priority,
         } => journal::read(ctx, unit, *since, *priority).await,
-        Action::ListProcesses { sort, limit } => process::list(ctx, *sort, *limit).await,
-        Action::CertExpiry { name } => cert::expiry(ctx, name).await,
-        Action::HttpCheck { name } => http::check(ctx, name).await,
-        Action::RestartService { unit, .. } => service::restart(ctx, unit).await,
-        Action::ReloadService { unit, .. } => service::reload(ctx, unit).await,
-        Action::RotateLogs { config, .. } => logs::rotate(ctx, config).await,
-        Action::RecycleWorkerPool { pool, .. } => pool::recycle(ctx, pool).await,
-        Action::RenewCertificate { name, .. } => cert::renew(ctx, name).await,
+        Resolved::ListProcesses { sort, limit } => process::list(ctx, *sort, *limit).await,
+        Resolved::CertExpiry { name } => cert::expiry(ctx, name).await,
+        Resolved::HttpCheck { name } => http::check(ctx, name).await,
+        Resolved::RestartService { unit, .. } => service::restart(ctx, unit).await,
+        Resolved::ReloadService { unit, .. } => service::reload(ctx, unit).await,
+        Resolved::RotateLogs { config, .. } => logs::rotate(ctx, config).await,
+        Resolved::RecycleWorkerPool { pool, .. } => pool::recycle(ctx, pool).await,
+        Resolved::RenewCertificate { name, .. } => cert::renew(ctx, name).await,
     };
     result.duration_ms = started.elapsed().as_millis() as u64;
     result.argv = ctx.take_argv();
@@ -750,6 +757,85 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `disk_usage` measures what the gate checked: a path swapped for a
+    /// symlink after the check (its last component, or a middle one) is
+    /// refused, not measured.
+    #[test]
+    fn a_path_swapped_after_the_gate_checked_it_is_not_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let allowed = dir.path().join("allowed");
+        let outside = dir.path().join("outside");
+        for d in [
+            allowed.join("last"),
+            allowed.join("mid/inner"),
+            outside.join("inner"),
+        ] {
+            std::fs::create_dir_all(&d).unwrap();
+        }
+        std::fs::write(outside.join("inner/secret-name"), "x").unwrap();
+        std::fs::create_dir_all(dir.path().join("hosts")).unwrap();
+        std::fs::write(
+            dir.path().join("hosts/h.yaml"),
+            format!(
+                "name: h\nconnection: local\npaths: [{}]\n",
+                allowed.display()
+            ),
+        )
+        .unwrap();
+        let config = crate::config::Config::load(dir.path()).unwrap();
+        let host = config.hosts["h"].clone();
+        std::fs::create_dir_all(&host.jail).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let run = |path: &std::path::Path, swap: &dyn Fn()| {
+            let action = resolve(
+                ToolId::DiskUsage,
+                &serde_json::json!({ "path": path }),
+                &host,
+                PathMode::Resolve,
+            )
+            .expect("the gate allows it");
+            swap();
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+            rt.block_on(async { execute(&action, &Ctx::new(&host, deadline)).await })
+        };
+        // Untouched: measured, entries named by the checked path.
+        let ok = run(&allowed.join("mid"), &|| {});
+        assert_eq!(ok.outcome, Outcome::Ok, "{ok:?}");
+        assert_eq!(
+            ok.data["largest"][0]["path"],
+            allowed.join("mid/inner").display().to_string()
+        );
+        // The last component replaced by a symlink out, after the check.
+        let last = run(&allowed.join("last"), &|| {
+            std::fs::remove_dir(allowed.join("last")).unwrap();
+            std::os::unix::fs::symlink(&outside, allowed.join("last")).unwrap();
+        });
+        assert_eq!(last.outcome, Outcome::Error, "{last:?}");
+        // A middle component replaced, after the check.
+        let mid = run(&allowed.join("mid/inner"), &|| {
+            std::fs::rename(allowed.join("mid"), allowed.join("mid-old")).unwrap();
+            std::os::unix::fs::symlink(&outside, allowed.join("mid")).unwrap();
+        });
+        assert_eq!(mid.outcome, Outcome::Error, "{mid:?}");
+        assert!(
+            mid.error
+                .as_deref()
+                .unwrap()
+                .contains("changed after it was checked"),
+            "{mid:?}"
+        );
+        for r in [&last, &mid] {
+            assert!(
+                !serde_json::to_string(r).unwrap().contains("secret-name"),
+                "nothing outside was read"
+            );
+            assert!(r.argv.is_empty(), "df and du never ran: {:?}", r.argv);
+        }
+    }
 
     #[test]
     fn every_tool_has_an_object_schema_and_tier_two_needs_a_reason() {
