@@ -308,6 +308,16 @@ impl Scheduler {
                             "the run's thread failed: {e}"
                         )))
                     });
+            // The slot first: once the metrics say the run ended, a new
+            // trigger for this runbook and host can start.
+            {
+                let mut slots = this.slots.lock().unwrap_or_else(|p| p.into_inner());
+                let slot = slots
+                    .entry((req.runbook.clone(), req.host.clone()))
+                    .or_default();
+                slot.in_flight = false;
+                slot.ended = Some(Instant::now());
+            }
             this.metrics.runs_in_flight.dec();
             let verdict = match &outcome {
                 Ok(report) => report.verdict.as_str(),
@@ -344,14 +354,6 @@ impl Scheduler {
                 report: outcome.ok(),
                 ..record
             });
-            {
-                let mut slots = this.slots.lock().unwrap_or_else(|p| p.into_inner());
-                let slot = slots
-                    .entry((req.runbook.clone(), req.host.clone()))
-                    .or_default();
-                slot.in_flight = false;
-                slot.ended = Some(Instant::now());
-            }
             drop(permit);
             this.active.send_modify(|n| *n -= 1);
         });

@@ -557,6 +557,9 @@ fn a_command_line_run_and_the_daemon_never_run_one_runbook_on_one_host_at_once()
     assert!(then.1 >= first.2, "the runs overlapped: {spans:?}");
 
     // The daemon first: the command line is refused while it runs.
+    wait_for("the daemon's run to end", Duration::from_secs(10), || {
+        (d.metric("runwarden_runs_in_flight") == 0.0).then_some(())
+    });
     let again = SLOW.replace("\"s1\"", "\"s2\"").replace("\"g\"", "\"g2\"");
     let before = e.audit_phase("intent").len();
     assert_eq!(results(&d.post_alerts(&again).1)[0], "started");
