@@ -908,7 +908,11 @@ fn render_step(step: &StepReport) -> String {
         Some(false) => " (NOT verified)",
         None => "",
     };
-    s += &format!("  => {}{verified}{duration}\n", step.status);
+    let status = match step.status.as_str() {
+        "dry_run" => "would run (dry run: not run)",
+        other => other,
+    };
+    s += &format!("  => {status}{verified}{duration}\n");
     if let Some(reason) = &step.reason {
         s += &format!("       reason: {reason}\n");
     }
@@ -916,10 +920,24 @@ fn render_step(step: &StepReport) -> String {
         s += &format!("       {d}\n");
     }
     for argv in step.argv.iter().flatten() {
+        let label = if step.status == "dry_run" {
+            "would run"
+        } else {
+            "argv"
+        };
         s += &format!(
-            "       argv: {}\n",
+            "       {label}: {}\n",
             serde_json::to_string(argv).unwrap_or_default()
         );
+    }
+    if step.status == "dry_run"
+        && let Some(check) = step
+            .tool
+            .as_deref()
+            .and_then(ToolId::from_name)
+            .and_then(ToolId::verification)
+    {
+        s += &format!("       would verify: {check}\n");
     }
     if let Some(res) = &step.result {
         if let Some(e) = &res.error {

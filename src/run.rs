@@ -159,6 +159,14 @@ pub enum StartError {
     UnknownRunbook(String),
     #[error("no host named \"{0}\" in hosts/")]
     UnknownHost(String),
+    #[error(
+        "runbook \"{runbook}\" does not name host \"{host}\" (its hosts: {hosts}); nothing ran"
+    )]
+    HostNotInRunbook {
+        runbook: String,
+        host: String,
+        hosts: String,
+    },
     #[error("{0}")]
     Unreachable(String),
     #[error("{0}")]
@@ -339,6 +347,20 @@ impl Runner {
             .get(&req.host)
             .cloned()
             .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
+        // Asking for a host the runbook does not name is a usage error; the
+        // gate would refuse every call of such a run anyway.
+        if !runbook.allows_host(&host.name) {
+            return Err(StartError::HostNotInRunbook {
+                runbook: runbook.name.clone(),
+                host: host.name.clone(),
+                hosts: runbook
+                    .hosts
+                    .iter()
+                    .map(|h| &**h)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
         // A dry run changes nothing and takes no lock.
         let lock = match req.dry_run {
             true => None,
@@ -607,6 +629,8 @@ impl RunLoop<'_> {
         let mut model_turns = 0;
         // Calls in a row that never reached the host (SSH transport errors).
         let mut unreachable = 0u32;
+        // Dry runs: the tier-2 calls shown instead of run.
+        let mut would_change = 0u32;
         let mut note = |v: Verdict, why: String, worst: &mut Verdict| {
             if v > *worst {
                 *worst = v;
@@ -681,12 +705,43 @@ impl RunLoop<'_> {
                     let mut r = StepReport::new(n, &id, "");
                     r.tool = Some(call.tool.chars().take(200).collect());
                     let decision = match gate.check(&call) {
-                        Decision::Hold(hold) => {
+                        // A dry run asks nobody: it shows what a person would be asked.
+                        Decision::Hold(hold) if !self.req.dry_run => {
                             self.ask(hold, &mut gate, &transcript, &mut r).await
                         }
                         other => other,
                     };
                     match decision {
+                        Decision::Hold(hold) if self.req.dry_run => {
+                            let action = hold.action();
+                            let argv: Vec<Vec<String>> = action
+                                .planned_argv(&self.host)
+                                .iter()
+                                .map(|a| a.to_vec())
+                                .collect();
+                            let mut e = self.info.entry(Phase::DryRun, Some(n));
+                            e.tool = Some(action.tool().name().into());
+                            e.args = Some(action.args_json());
+                            e.tier = Some(2);
+                            e.reason = action.reason().map(String::from);
+                            e.outcome = Some("dry_run".into());
+                            e.detail = Some(json!({ "argv": argv, "would_ask": true }));
+                            if let Err(err) = audit.append(e, true) {
+                                stop = Some((Verdict::Broken, err.to_string()));
+                            }
+                            r.status = "dry_run".into();
+                            r.tier = Some(2);
+                            r.args = action.args_json();
+                            r.reason = action.reason().map(String::from);
+                            r.detail = Some(
+                                "L2: a person would be asked to approve exactly this call".into(),
+                            );
+                            r.argv = Some(argv);
+                            would_change += 1;
+                            transcript
+                                .steps
+                                .insert(id, json!({ "outcome": "dry_run", "ok": false }));
+                        }
                         Decision::Hold(hold) => {
                             // `ask` resolves every hold; a hold here would be a bug, and it is refused.
                             let denial = Denial {
@@ -776,6 +831,7 @@ impl RunLoop<'_> {
                                 }
                                 r.status = "dry_run".into();
                                 r.argv = Some(argv);
+                                would_change += 1;
                                 transcript
                                     .steps
                                     .insert(id, json!({ "outcome": "dry_run", "ok": false }));
@@ -857,11 +913,23 @@ impl RunLoop<'_> {
 
         let (mut verdict, mut verdict_detail) = match stop {
             Some((v, why)) => (v.max(worst), why),
+            None if worst == Verdict::Ok && self.req.dry_run => (
+                Verdict::Ok,
+                format!(
+                    "dry run: {would_change} change(s) would run, each shown with its argv; nothing was changed"
+                ),
+            ),
             None if worst == Verdict::Ok => (
                 Verdict::Ok,
                 "every call succeeded and every change verified".into(),
             ),
             None => (worst, worst_detail),
+        };
+        // A dry run changed nothing, whatever the gate would have allowed.
+        let mutations = if self.req.dry_run {
+            0
+        } else {
+            gate.budget().mutations()
         };
         let mut e = self.info.entry(Phase::Verdict, None);
         e.outcome = Some(verdict.as_str().into());
@@ -870,7 +938,7 @@ impl RunLoop<'_> {
             "detail": verdict_detail,
             "final_answer": final_answer,
             "steps": gate.budget().steps(),
-            "mutations": gate.budget().mutations(),
+            "mutations": mutations,
             "suggestions": suggestions,
         }));
         if let Err(err) = audit.append(e, true) {
@@ -905,7 +973,7 @@ impl RunLoop<'_> {
             duration_ms: started.elapsed().as_millis() as u64,
             steps,
             suggestions,
-            mutations: gate.budget().mutations(),
+            mutations,
             verdict,
             verdict_detail,
         }

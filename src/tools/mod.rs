@@ -71,6 +71,13 @@ macro_rules! registry {
                 match self { $(ToolId::$variant => $desc),* }
             }
 
+            /// How a tier-2 tool checks its own effect (from its description).
+            pub fn verification(self) -> Option<&'static str> {
+                self.description()
+                    .split_once("then verify")
+                    .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))
+            }
+
             pub fn from_name(name: &str) -> Option<ToolId> {
                 match name { $($name => Some(ToolId::$variant),)* _ => None }
             }

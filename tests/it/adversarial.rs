@@ -269,7 +269,7 @@ fn nothing_out_of_scope_gets_through() {
         "unit-probe",
         "db-01",
         json!({ "labels": { "unit": "postgresql.service" } }),
-        denied("host_out_of_scope"),
+        Seen::NotRun,
     );
     for host in [
         "web-01;id",

@@ -135,7 +135,7 @@ fn dry_run_shows_argv_and_runs_no_change() {
 }
 
 #[test]
-fn host_outside_the_runbook_is_refused_at_every_call() {
+fn a_host_the_runbook_does_not_name_is_a_usage_error_and_nothing_starts() {
     let e = Estate::new();
     e.host("inside", &local_host("inside", "paths: [/tmp]"));
     e.host("outside", &local_host("outside", "paths: [/tmp]"));
@@ -143,16 +143,16 @@ fn host_outside_the_runbook_is_refused_at_every_call() {
         "look",
         "name: look\ndescription: t\nhosts: [inside]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n  - call: disk_usage\n    args: { path: /tmp }\n",
     );
-    let (code, report) = e.run_json("look", "outside", &[]);
-    assert_eq!(code, 3, "{report:#}");
-    assert_eq!(report["verdict"], "denied");
-    assert_eq!(steps_with(&report, "denied").len(), 2);
-    assert!(e.audit_phase("intent").is_empty());
+    // Asked for on the command line: a usage error, and nothing starts. (The
+    // gate's own refusal of every such call is a unit test of the gate.)
+    let out = e.run(&["run", "look", "--host", "outside"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        e.audit_phase("denied")
-            .iter()
-            .all(|d| d["detail"]["reason"] == "host_out_of_scope")
+        err.contains("runbook \"look\" does not name host \"outside\" (its hosts: inside)"),
+        "{err}"
     );
+    assert!(e.audit().is_empty(), "nothing ran, nothing was audited");
 }
 
 #[test]

@@ -116,3 +116,61 @@ fn a_host_that_cannot_be_reached_ends_the_run_after_two_calls_naming_it() {
         "the run stopped after two calls"
     );
 }
+
+/// A host with a rotatable log and runbook `rot` at `autonomy`: look, then rotate.
+fn rotation(e: &Estate, autonomy: &str) -> String {
+    let (conf, state) = rotatable_log(e);
+    e.host(
+        "h",
+        &local_host(
+            "h",
+            &format!("paths: [/tmp]\nlogrotate_configs: [{conf}]\nlogrotate_state: {state}"),
+        ),
+    );
+    e.runbook(
+        "rot",
+        &format!("name: rot\ndescription: t\nhosts: [h]\nautonomy: {autonomy}\ntools: {{ observe: [disk_usage], approve: [rotate_logs] }}\nsteps:\n  - id: look\n    call: disk_usage\n    args: {{ path: /tmp }}\n  - id: rotate\n    call: rotate_logs\n    args: {{ config: {conf} }}\n    reason: the log is large\n"),
+    );
+    state
+}
+
+#[test]
+fn a_dry_run_says_what_would_change_and_how_it_would_be_verified() {
+    for autonomy in ["L3", "L2"] {
+        let e = Estate::new();
+        let state = rotation(&e, autonomy);
+        let (code, report) = e.run_json("rot", "h", &["--dry-run"]);
+        assert_eq!(code, 0, "{autonomy}: {report:#}");
+        assert_eq!(report["mutations"], 0, "{autonomy}: nothing changed");
+        let detail = report["verdict_detail"].as_str().unwrap();
+        assert!(
+            detail.contains("dry run: 1 change(s) would run"),
+            "{autonomy}: {detail}"
+        );
+        let rotate = step(&report, "rotate");
+        assert_eq!(rotate["status"], "dry_run", "{autonomy}: {rotate:#}");
+        assert_eq!(rotate["argv"][0][0], "/usr/sbin/logrotate", "{autonomy}");
+        if autonomy == "L2" {
+            assert!(
+                rotate["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("a person would be asked")
+            );
+        }
+        let out = e.run(&["run", "rot", "--host", "h", "--dry-run"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for says in [
+            "would run (dry run: not run)",
+            "would run: [\"/usr/sbin/logrotate\"",
+            "would verify: exit status, no error lines, state file updated",
+        ] {
+            assert!(text.contains(says), "{autonomy}: no {says:?} in:\n{text}");
+        }
+        assert!(!text.contains("every change verified"), "{text}");
+        assert!(
+            !std::path::Path::new(&state).exists(),
+            "{autonomy}: logrotate never ran"
+        );
+    }
+}
