@@ -403,10 +403,6 @@ fn needs_restart(old: &crate::config::Settings, new: &crate::config::Settings) {
             old.kill_switch_dir != new.kill_switch_dir,
         ),
         ("state_dir", old.state_dir != new.state_dir),
-        (
-            "max_concurrent_runs",
-            old.max_concurrent_runs != new.max_concurrent_runs,
-        ),
     ];
     for (name, _) in changed.iter().filter(|(_, c)| *c) {
         tracing::warn!(

@@ -110,8 +110,10 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     pub runs: Arc<RunStore>,
     slots: Mutex<HashMap<(String, String), Slot>>,
-    /// The global limit on runs in flight.
+    /// The global limit on runs in flight, and the limit it holds now
+    /// (`max_concurrent_runs` of the config in force: a reload changes it).
     permits: Arc<Semaphore>,
+    limit: Mutex<usize>,
     /// How many run tasks exist (waiting for a permit or running).
     active: watch::Sender<usize>,
     shutdown: watch::Receiver<bool>,
@@ -138,6 +140,7 @@ impl Scheduler {
             runs: Default::default(),
             slots: Default::default(),
             permits: Arc::new(Semaphore::new(limit)),
+            limit: Mutex::new(limit),
             active: watch::channel(0).0,
             shutdown,
             approvals,
@@ -262,7 +265,29 @@ impl Scheduler {
         TriggerResult::Started
     }
 
+    /// Bring the number of run permits to `max_concurrent_runs` of `config`:
+    /// more at once, or fewer as runs in flight give theirs back.
+    fn apply_limit(&self, config: &Config) {
+        let want = config.settings.max_concurrent_runs;
+        let mut limit = self.limit.lock().unwrap_or_else(|p| p.into_inner());
+        if want > *limit {
+            self.permits.add_permits(want - *limit);
+        } else if want < *limit {
+            let (fewer, permits) = ((*limit - want) as u32, self.permits.clone());
+            tokio::spawn(async move {
+                if let Ok(p) = permits.acquire_many_owned(fewer).await {
+                    p.forget();
+                }
+            });
+        }
+        if want != *limit {
+            tracing::info!("max_concurrent_runs is now {want} (was {})", *limit);
+            *limit = want;
+        }
+    }
+
     fn start(self: &Arc<Self>, config: Arc<Config>, run_id: String, req: RunRequest) {
+        self.apply_limit(&config);
         let record = RunRecord {
             run_id: run_id.clone(),
             runbook: req.runbook.clone(),

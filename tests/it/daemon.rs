@@ -778,3 +778,50 @@ fn cooldown_and_deduplication_survive_a_restart() {
         1
     );
 }
+
+#[test]
+fn a_reload_applies_a_new_max_concurrent_runs() {
+    let e = Estate::new();
+    let ps = e.script("slow-ps", "/bin/sleep 1.5\nexec /bin/ps \"$@\"");
+    for h in ["h1", "h2"] {
+        e.host(
+            h,
+            &local_host(h, &format!("binaries:\n  ps: {}", ps.display())),
+        );
+    }
+    e.runbook(
+        "slow",
+        "name: slow\ndescription: t\nhosts: [h1, h2]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Slow\"']\n  host_label: instance\ntools: { observe: [list_processes] }\nsteps:\n  - call: list_processes\n",
+    );
+    std::fs::write(e.path().join("runwarden.yaml"), "max_concurrent_runs: 1\n").unwrap();
+    let d = Daemon::start(&e);
+    let both = |tag: &str| {
+        format!(
+            r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"{tag}","alerts":[{{"status":"firing","labels":{{"alertname":"Slow","instance":"h1"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"{tag}1"}},{{"status":"firing","labels":{{"alertname":"Slow","instance":"h2"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"{tag}2"}}]}}"#
+        )
+    };
+    let overlapping = |e: &Estate, skip: usize| {
+        let spans: Vec<_> = run_spans(e).into_iter().skip(skip).collect();
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        spans[0].1.max(spans[1].1) < spans[0].2.min(spans[1].2)
+    };
+    assert_eq!(
+        results(&d.post_alerts(&both("a")).1),
+        ["started", "started"]
+    );
+    d.settled_runs();
+    assert!(!overlapping(&e, 0), "one run at a time");
+    std::fs::write(e.path().join("runwarden.yaml"), "max_concurrent_runs: 2\n").unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        (d.metric(r#"runwarden_config_reloads_total{result="success"}"#) == 1.0).then_some(())
+    });
+    wait_for("the runs to end", Duration::from_secs(10), || {
+        (d.metric("runwarden_runs_in_flight") == 0.0).then_some(())
+    });
+    assert_eq!(
+        results(&d.post_alerts(&both("b")).1),
+        ["started", "started"]
+    );
+    d.settled_runs();
+    assert!(overlapping(&e, 2), "two at a time after the reload");
+}
