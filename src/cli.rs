@@ -519,7 +519,11 @@ async fn host_check(name: &str, dir: &Path) -> i32 {
         .call(host, &request, deadline)
         .await;
     if reply.outcome != crate::tools::Outcome::Ok {
-        println!("host {name}: {}", reply.error.unwrap_or_default());
+        println!(
+            "host {name}: {}: {}",
+            crate::executor::ssh::failure_kind(&reply),
+            reply.error.unwrap_or_default()
+        );
         return EXIT_USAGE;
     }
     println!(

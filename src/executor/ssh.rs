@@ -89,6 +89,37 @@ pub fn is_transport_error(r: &ToolResult) -> bool {
     r.data.get("transport").and_then(|v| v.as_bool()) == Some(true)
 }
 
+/// What kind of failure a transport error was, in a person's words:
+/// `refused`, `timed out`, `host key mismatch`, `authentication refused`,
+/// `answered garbage` or `unreachable`.
+pub fn failure_kind(r: &ToolResult) -> &'static str {
+    let e = r.error.as_deref().unwrap_or("");
+    if r.outcome == Outcome::Timeout
+        || e.contains("timed out")
+        || e.contains("did not answer in time")
+    {
+        "timed out"
+    } else if e.contains("Connection refused") {
+        "refused"
+    } else if e.contains("Host key verification failed") || e.contains("IDENTIFICATION HAS CHANGED")
+    {
+        "host key mismatch"
+    } else if e.contains("Permission denied") {
+        "authentication refused"
+    } else if e.contains("malformed reply")
+        || e.contains("answered nothing")
+        || e.contains("kex_exchange_identification")
+        || e.contains("protocol version")
+        || e.contains("invalid characters")
+        || e.contains("invalid format")
+        || e.contains("banner exchange")
+    {
+        "answered garbage"
+    } else {
+        "unreachable"
+    }
+}
+
 /// The connection of one run to one host.
 pub struct Session {
     pub target: Ssh,
@@ -184,10 +215,12 @@ impl Session {
             return ToolResult::failed("no ssh channel");
         };
         let exchanged = ch.exchange(request, deadline).await;
-        if !self.target.multiplex
+        if exchanged.is_ok()
+            && !self.target.multiplex
             && let Some(ch) = channel.take()
         {
             // One connection per call: close it (the agent sees EOF and exits).
+            // A failed one is ended below, where ssh's own words are read.
             ch.close().await;
         }
         match exchanged {

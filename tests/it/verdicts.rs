@@ -174,3 +174,46 @@ fn a_dry_run_says_what_would_change_and_how_it_would_be_verified() {
         );
     }
 }
+
+/// `host check` says whether the host refused, timed out or answered garbage.
+#[test]
+fn host_check_names_how_a_host_could_not_be_reached() {
+    use std::io::{Read, Write};
+    // Refused: nothing listens. Timed out: a listener that never speaks.
+    // Garbage: a listener that answers something that is not SSH.
+    let closed = free_port();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let junk = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let junk_port = junk.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in junk.incoming().flatten() {
+            let mut c = c;
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\x01garbage\r\n");
+            let mut buf = [0u8; 256];
+            let _ = c.read(&mut buf);
+        }
+    });
+    let e = Estate::new();
+    let key = e.work().join("id");
+    keygen(&key);
+    let kh = e.work().join("known_hosts");
+    std::fs::write(&kh, "").unwrap();
+    for (port, kind) in [
+        (closed, "refused"),
+        (silent.local_addr().unwrap().port(), "timed out"),
+        (junk_port, "answered garbage"),
+    ] {
+        e.host(
+            "far",
+            &format!("name: far\nconnection:\n  ssh:\n    address: 127.0.0.1\n    port: {port}\n    user: rw-agent\n    identity: {}\n    known_hosts: {}\n", key.display(), kh.display()),
+        );
+        let out = e.run(&["host", "check", "far"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{kind}: {text}");
+        assert!(
+            text.contains(&format!("host far: {kind}: ")),
+            "{kind}: {text}"
+        );
+    }
+    drop(silent);
+}
