@@ -567,6 +567,32 @@ impl RunLoop<'_> {
         }
     }
 
+    /// The `dry_run` line of a tier-2 call a dry run shows instead of running:
+    /// its argv, and who approved it (`None`: a person would be asked, L2).
+    /// Returns the argv, and whether the line was written.
+    fn dry_run_line(
+        &self,
+        step: u32,
+        action: &crate::tools::Action,
+        approved_by: Option<&crate::gate::ApprovedBy>,
+    ) -> (Argvs, Result<(), AuditError>) {
+        let argv: Vec<Vec<String>> = action
+            .planned_argv(&self.host)
+            .iter()
+            .map(|a| a.to_vec())
+            .collect();
+        let mut e = self.info.entry(Phase::DryRun, Some(step));
+        e.tool = Some(action.tool().name().into());
+        e.args = Some(action.args_json());
+        e.tier = Some(2);
+        e.approved_by = approved_by.map(|a| a.to_string());
+        e.reason = action.reason().map(String::from);
+        e.outcome = Some("dry_run".into());
+        e.detail = Some(json!({ "argv": argv, "would_ask": approved_by.is_none() }));
+        let written = self.runner.audit.append(e, true);
+        (argv, written)
+    }
+
     /// `runwarden_tool_calls_total`: label values from the registry and fixed
     /// outcomes only (an unknown tool name from a planner is `unknown`).
     fn count_call(&self, r: &StepReport) {
@@ -714,19 +740,8 @@ impl RunLoop<'_> {
                     match decision {
                         Decision::Hold(hold) if self.req.dry_run => {
                             let action = hold.action();
-                            let argv: Vec<Vec<String>> = action
-                                .planned_argv(&self.host)
-                                .iter()
-                                .map(|a| a.to_vec())
-                                .collect();
-                            let mut e = self.info.entry(Phase::DryRun, Some(n));
-                            e.tool = Some(action.tool().name().into());
-                            e.args = Some(action.args_json());
-                            e.tier = Some(2);
-                            e.reason = action.reason().map(String::from);
-                            e.outcome = Some("dry_run".into());
-                            e.detail = Some(json!({ "argv": argv, "would_ask": true }));
-                            if let Err(err) = audit.append(e, true) {
+                            let (argv, written) = self.dry_run_line(n, action, None);
+                            if let Err(err) = written {
                                 stop = Some((Verdict::Broken, err.to_string()));
                             }
                             r.status = "dry_run".into();
@@ -813,20 +828,9 @@ impl RunLoop<'_> {
                             r.approved_by = Some(permit.approved_by().to_string());
                             r.reason = action.reason().map(String::from);
                             if self.req.dry_run && action.tier() == Tier::Change {
-                                let argv: Vec<Vec<String>> = action
-                                    .planned_argv(&self.host)
-                                    .iter()
-                                    .map(|a| a.to_vec())
-                                    .collect();
-                                let mut e = self.info.entry(Phase::DryRun, Some(n));
-                                e.tool = Some(action.tool().name().into());
-                                e.args = Some(action.args_json());
-                                e.tier = Some(2);
-                                e.approved_by = Some(permit.approved_by().to_string());
-                                e.reason = action.reason().map(String::from);
-                                e.outcome = Some("dry_run".into());
-                                e.detail = Some(json!({ "argv": argv }));
-                                if let Err(err) = audit.append(e, true) {
+                                let (argv, written) =
+                                    self.dry_run_line(n, action, Some(permit.approved_by()));
+                                if let Err(err) = written {
                                     stop = Some((Verdict::Broken, err.to_string()));
                                 }
                                 r.status = "dry_run".into();
@@ -982,6 +986,9 @@ impl RunLoop<'_> {
 
 /// Transport failures in a row to one host after which a run gives up on it.
 const MAX_UNREACHABLE: u32 = 2;
+
+/// The argv of each process a call would run, as a report shows them.
+type Argvs = Vec<Vec<String>>;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

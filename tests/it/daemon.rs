@@ -596,26 +596,12 @@ fn a_killed_run_releases_its_lock_even_while_its_tool_lives_on() {
 
 /// `serve` with its stderr in a file: (daemon, address, the log file).
 fn serve_logging(e: &Estate, extra: &[&str]) -> (Daemon, std::path::PathBuf) {
-    use std::io::BufRead;
     let log = e.work().join("serve.log");
-    let mut child = e
-        .cmd(&["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
+    let mut cmd = e.cmd(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.args(extra)
         .env_remove("RUNWARDEN_LOG")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';')
-        .to_string();
+        .stderr(std::fs::File::create(&log).unwrap());
+    let (child, addr) = start_serve(cmd);
     (Daemon { child, addr }, log)
 }
 

@@ -180,24 +180,11 @@ fn a_stuck_model_in_the_daemon_frees_its_runbook_and_host() {
         "agent",
         &format!("{rb}on_alert:\n  matchers: ['alertname=\"Stuck\"']\n  host_label: instance\n"),
     );
-    let mut child = e
-        .cmd(&["serve", "--listen", "127.0.0.1:0"])
-        .env("RUNWARDEN_MODEL_KEY", KEY)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let mut cmd = e.cmd(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.env("RUNWARDEN_MODEL_KEY", KEY);
+    let (child, addr) = start_serve(cmd);
     let _daemon = Proc(child);
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';');
+    let addr = addr.as_str();
     let alert = |fp: &str| {
         format!(
             r#"{{"version":"4","status":"firing","receiver":"rw","groupKey":"{fp}","alerts":[{{"status":"firing","labels":{{"alertname":"Stuck","instance":"h"}},"annotations":{{}},"startsAt":"2026-11-30T10:00:00Z","fingerprint":"{fp}"}}]}}"#

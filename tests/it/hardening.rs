@@ -216,23 +216,8 @@ fn a_full_audit_filesystem_stops_every_call_and_the_daemon_recovers_when_space_r
     // refused with 503 (Alertmanager retries), never answered 200 and lost;
     // healthy and working again once space returns.
     let (e, logs) = rotation_estate();
-    let mut child = on_full_state_dir(&e, "serve --listen 127.0.0.1:0")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (child, addr) = start_serve(on_full_state_dir(&e, "serve --listen 127.0.0.1:0"));
     let _daemon = Proc(child);
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';')
-        .to_string();
     let pid = _daemon.0.id().to_string();
     let alert = |fp: &str| {
         format!(

@@ -393,6 +393,11 @@ fn http_status(port: u16) -> Option<String> {
 }
 
 pub fn pool_estate(g: &Gunicorn) -> Estate {
+    pool_estate_with(g, &g.pidfile)
+}
+
+/// [`pool_estate`] with the pool's master found through `pid_file`.
+fn pool_estate_with(g: &Gunicorn, pid_file: &Path) -> Estate {
     let e = Estate::new();
     e.shipped_runbook("worker-pool-recycle");
     e.host("staging-web-2", &local_host("staging-web-2", ""));
@@ -403,7 +408,7 @@ pub fn pool_estate(g: &Gunicorn) -> Estate {
             &format!(
                 "health_checks:\n  web: http://127.0.0.1:{}/health\nworker_pools:\n  web:\n    pid_file: {}\n    executable: /usr/bin/gunicorn\n    recycle: {{ signal: HUP }}\n    health_check: web\n",
                 g.port,
-                g.pidfile.display()
+                pid_file.display()
             ),
         ),
     );
@@ -497,20 +502,7 @@ fn a_pid_file_that_names_another_process_or_that_others_can_write_signals_nothin
             "can replace it",
         ),
     ] {
-        let e = Estate::new();
-        e.shipped_runbook("worker-pool-recycle");
-        e.host("staging-web-2", &local_host("staging-web-2", ""));
-        e.host(
-            "staging-web-1",
-            &local_host(
-                "staging-web-1",
-                &format!(
-                    "health_checks:\n  web: http://127.0.0.1:{}/health\nworker_pools:\n  web:\n    pid_file: {}\n    executable: /usr/bin/gunicorn\n    recycle: {{ signal: HUP }}\n    health_check: web\n",
-                    g.port,
-                    file.display()
-                ),
-            ),
-        );
+        let e = pool_estate_with(&g, &file);
         let (_, report) = e.run_json("worker-pool-recycle", "staging-web-1", &[]);
         let error = step_error(&report, "recycle");
         assert!(error.contains(says), "{what}: {error}");

@@ -238,12 +238,14 @@ pub fn serve(e: &Estate) -> (Proc, String) {
 
 /// Start `runwarden serve` and read the address it says it listens on.
 pub fn spawn_serve(e: &Estate) -> (std::process::Child, String) {
+    start_serve(e.cmd(&["serve", "--listen", "127.0.0.1:0"]))
+}
+
+/// Start a prepared `runwarden serve` command and read the address it says
+/// it listens on from its first line of stdout.
+pub fn start_serve(mut cmd: Command) -> (std::process::Child, String) {
     use std::io::BufRead;
-    let mut child = e
-        .cmd(&["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("runwarden serve");
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("runwarden serve");
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
