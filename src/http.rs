@@ -31,6 +31,7 @@ use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::scheduler::{Scheduler, TriggerResult};
+use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Candidate, Notification, candidates};
 
 /// Largest webhook body accepted.
@@ -128,7 +129,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route("/api/v1/runs", get(runs))
+        .route("/api/v1/runs", get(runs).post(start_runs))
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/alerts", post(alerts))
         .route("/api/v1/approvals", get(approvals_list))
@@ -313,6 +314,99 @@ async fn runs(
             format!("cannot read the audit log: {e}"),
         ),
         Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// `POST /api/v1/runs`: run a runbook now, through the daemon.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    runbook: String,
+    /// The hosts to run it on; empty with `all_hosts`: every host it names.
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    all_hosts: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Start runs as the scheduler decides every trigger: the kill switch,
+/// one run per (runbook, host), cooldown and `max_concurrent_runs` hold.
+/// Answers 202 with each host's outcome and the id of each run it started.
+async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
+    let body: StartBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "expected {{\"runbook\": \"...\", \"hosts\": [\"...\"]}} or {{\"runbook\": \"...\", \"all_hosts\": true}}: {e}"
+                ),
+            );
+        }
+    };
+    let config = s.config.borrow().clone();
+    let Some(runbook) = config.runbooks.get(&body.runbook) else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no runbook named {:?}",
+                body.runbook.chars().take(64).collect::<String>()
+            ),
+        );
+    };
+    let hosts: Vec<String> = match (body.all_hosts, body.hosts.is_empty()) {
+        (true, true) => runbook.hosts.iter().map(|h| h.to_string()).collect(),
+        (false, false) => body.hosts,
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "give `hosts` or `all_hosts: true`, one of the two",
+            );
+        }
+    };
+    if let Some(h) = hosts.iter().find(|h| !runbook.allows_host(h)) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "runbook {:?} does not name host {:?}",
+                runbook.name,
+                h.chars().take(64).collect::<String>()
+            ),
+        );
+    }
+    let reqs: Vec<RunRequest> = hosts
+        .iter()
+        .map(|h| RunRequest {
+            runbook: runbook.name.clone(),
+            host: h.clone(),
+            dry_run: body.dry_run,
+            trigger: crate::trigger::Trigger::Api,
+            alert: None,
+            keys: Vec::new(),
+            planner: Default::default(),
+        })
+        .collect();
+    match s.scheduler.submit_all(reqs) {
+        Ok(results) => {
+            let outcomes: Vec<Value> = hosts
+                .iter()
+                .zip(results)
+                .map(|(host, (result, run_id))| {
+                    json!({ "host": host, "result": result.as_str(), "run_id": run_id })
+                })
+                .collect();
+            (
+                StatusCode::ACCEPTED,
+                axum::Json(json!({ "runbook": runbook.name, "outcomes": outcomes })),
+            )
+                .into_response()
+        }
+        Err(e) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the runs could not be recorded, so none started; retry: {e}"),
+        ),
     }
 }
 

@@ -15,6 +15,8 @@ pub enum Trigger {
     Cli,
     Schedule,
     Alert,
+    /// `POST /api/v1/runs`: a person or a tool asked the daemon.
+    Api,
 }
 
 impl Trigger {
@@ -23,6 +25,7 @@ impl Trigger {
             Trigger::Cli => "cli",
             Trigger::Schedule => "schedule",
             Trigger::Alert => "alert",
+            Trigger::Api => "api",
         }
     }
 }

@@ -811,3 +811,64 @@ fn a_reload_applies_a_new_max_concurrent_runs() {
     d.settled_runs();
     assert!(overlapping(&e, 2), "two at a time after the reload");
 }
+
+#[test]
+fn post_runs_starts_runs_through_the_daemon_under_its_rules() {
+    let e = slow_alert_estate();
+    e.host("h2", &local_host("h2", "paths: [/tmp]"));
+    let rb = std::fs::read_to_string(e.path().join("runbooks/slow.yaml")).unwrap();
+    e.runbook("slow", &rb.replace("hosts: [h]", "hosts: [h, h2]"));
+    let d = Daemon::start(&e);
+    let post = |body: &str| {
+        let (status, text) = d.request(
+            "POST",
+            "/api/v1/runs",
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        );
+        (
+            status,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    let (status, answer) = post(r#"{"runbook":"slow","all_hosts":true}"#);
+    assert_eq!(status, 202, "{answer}");
+    let outcomes = answer["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o["result"] == "started" && o["run_id"].is_string()),
+        "{answer}"
+    );
+    // While they run, another request for one host is a duplicate.
+    let (_, again) = post(r#"{"runbook":"slow","hosts":["h"]}"#);
+    assert_eq!(again["outcomes"][0]["result"], "deduplicated", "{again}");
+    let runs = d.settled_runs();
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert!(
+        runs.iter()
+            .all(|r| r["trigger"] == "api" && r["status"] == "ok"),
+        "{runs:#?}"
+    );
+    // The kill switch holds for it as for any trigger.
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    let (_, stopped) = post(r#"{"runbook":"slow","hosts":["h2"]}"#);
+    assert_eq!(stopped["outcomes"][0]["result"], "kill_switch", "{stopped}");
+    std::fs::remove_file(e.path().join("kill-switch/ENGAGED")).unwrap();
+    // What it refuses, and why.
+    for (body, want) in [
+        (r#"{"runbook":"nope","hosts":["h"]}"#, 404),
+        (r#"{"runbook":"slow","hosts":["db-01"]}"#, 400),
+        (r#"{"runbook":"slow","hosts":["h"],"all_hosts":true}"#, 400),
+        (r#"{"runbook":"slow"}"#, 400),
+        (r#"{"runbook":"slow","hosts":["h"],"sudo":true}"#, 400),
+        ("not json", 400),
+    ] {
+        assert_eq!(post(body).0, want, "{body}");
+    }
+    assert_eq!(
+        d.get_json("/api/v1/runs")["runs"].as_array().unwrap().len(),
+        2
+    );
+}
