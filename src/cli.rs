@@ -97,8 +97,19 @@ pub enum Command {
     /// Run one runbook on one host through the gate and print the report.
     Run {
         runbook: String,
+        /// The host; through the daemon it may repeat.
+        #[arg(long, required_unless_present = "all_hosts")]
+        host: Vec<String>,
+        /// Every host the runbook names (through the daemon, `--via-daemon`).
+        #[arg(long, requires = "via_daemon", conflicts_with = "host")]
+        all_hosts: bool,
+        /// Ask the daemon at this URL to run it (`POST /api/v1/runs`), under its
+        /// locks, cooldown, concurrency limit and kill switch, and wait for the verdicts.
         #[arg(long)]
-        host: String,
+        via_daemon: Option<String>,
+        /// The webhook token for `--via-daemon`, when the daemon requires one.
+        #[arg(long, requires = "via_daemon")]
+        token_file: Option<PathBuf>,
         /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
         #[arg(long)]
         dry_run: bool,
@@ -306,12 +317,36 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Run {
             runbook,
             host,
+            all_hosts,
+            via_daemon: Some(daemon),
+            token_file,
+            dry_run,
+            ..
+        } => {
+            via_daemon(
+                &daemon,
+                &runbook,
+                &host,
+                all_hosts,
+                dry_run,
+                token_file.as_deref(),
+            )
+            .await
+        }
+        Command::Run {
+            runbook,
+            host,
             dry_run,
             config,
             json,
             planner,
             alert,
+            ..
         } => {
+            let [host] = <[String; 1]>::try_from(host).unwrap_or_else(|_| {
+                eprintln!("runwarden: give one --host (several, or --all-hosts, go through the daemon: --via-daemon URL)");
+                std::process::exit(EXIT_USAGE);
+            });
             let mut req = RunRequest::cli(runbook, host, dry_run);
             req.planner = planner;
             if let Some(file) = alert {
@@ -850,6 +885,113 @@ async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
             EXIT_USAGE
         }
     }
+}
+
+/// `run --via-daemon`: start the runs through the daemon, wait for each
+/// verdict, exit with the worst one's code (75 when a run was refused as busy).
+async fn via_daemon(
+    base: &str,
+    runbook: &str,
+    hosts: &[String],
+    all_hosts: bool,
+    dry_run: bool,
+    token_file: Option<&Path>,
+) -> i32 {
+    let token = match token_file.map(|f| crate::secret::read_file(f, "webhook token file")) {
+        Some(Ok(t)) => Some(t.trim().to_string()),
+        Some(Err(e)) => {
+            eprintln!("runwarden: {e}");
+            return EXIT_USAGE;
+        }
+        None => None,
+    };
+    let base = base.trim_end_matches('/');
+    let client = reqwest::Client::new();
+    let auth = |r: reqwest::RequestBuilder| match &token {
+        Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    let body = if all_hosts {
+        serde_json::json!({ "runbook": runbook, "all_hosts": true, "dry_run": dry_run })
+    } else {
+        serde_json::json!({ "runbook": runbook, "hosts": hosts, "dry_run": dry_run })
+    };
+    let answer = auth(client.post(format!("{base}/api/v1/runs")))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    let (status, answer) = match answer {
+        Ok(r) => (
+            r.status(),
+            r.bytes()
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .unwrap_or(Value::Null),
+        ),
+        Err(e) => {
+            eprintln!(
+                "runwarden: cannot reach the daemon at {base}: {}",
+                crate::error_chain(&e)
+            );
+            return EXIT_USAGE;
+        }
+    };
+    if status != reqwest::StatusCode::ACCEPTED {
+        eprintln!(
+            "runwarden: the daemon answered {status}: {}",
+            answer["error"].as_str().unwrap_or("")
+        );
+        return EXIT_USAGE;
+    }
+    let mut worst = 0;
+    for o in answer["outcomes"].as_array().into_iter().flatten() {
+        let host = o["host"].as_str().unwrap_or("?");
+        let Some(id) = o["run_id"].as_str() else {
+            let result = o["result"].as_str().unwrap_or("?");
+            println!("{host}: not started ({result})");
+            worst = worst.max(EXIT_BUSY);
+            continue;
+        };
+        println!("{host}: run {id} started");
+        let verdict = loop {
+            let run = auth(client.get(format!("{base}/api/v1/runs/{id}")))
+                .send()
+                .await
+                .ok();
+            let status = match run {
+                Some(r) => r
+                    .bytes()
+                    .await
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                    .and_then(|v| v["status"].as_str().map(String::from)),
+                None => None,
+            };
+            match status.as_deref() {
+                Some("queued" | "running") | None => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await
+                }
+                Some(v) => break v.to_string(),
+            }
+        };
+        println!("{host}: run {id}: {verdict}");
+        let code = [
+            Verdict::Ok,
+            Verdict::Failed,
+            Verdict::Denied,
+            Verdict::StepLimit,
+            Verdict::BudgetExhausted,
+            Verdict::Broken,
+            Verdict::Halted,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == verdict)
+        .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
+        worst = worst.max(code);
+    }
+    worst
 }
 
 /// The report as a person reads it.

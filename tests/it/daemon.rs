@@ -872,3 +872,44 @@ fn post_runs_starts_runs_through_the_daemon_under_its_rules() {
         2
     );
 }
+
+#[test]
+fn run_via_daemon_waits_for_each_verdict_and_says_what_did_not_start() {
+    let e = slow_alert_estate();
+    e.host("h2", &local_host("h2", "paths: [/tmp]"));
+    let rb = std::fs::read_to_string(e.path().join("runbooks/slow.yaml")).unwrap();
+    e.runbook("slow", &rb.replace("hosts: [h]", "hosts: [h, h2]"));
+    let d = Daemon::start(&e);
+    let url = format!("http://{}", d.addr);
+    let out = e.run(&["run", "slow", "--all-hosts", "--via-daemon", &url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for host in ["h", "h2"] {
+        assert!(
+            text.contains(&format!("{host}: run ")) && text.contains(": ok"),
+            "{text}"
+        );
+    }
+    // A host already busy: not started, said so, exit 75.
+    let busy = e
+        .cmd(&["run", "slow", "--host", "h", "--via-daemon", &url])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first run's call", Duration::from_secs(10), || {
+        (e.audit_phase("intent").len() >= 3).then_some(())
+    });
+    let out = e.run(&["run", "slow", "--host", "h", "--via-daemon", &url]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(75), "{text}");
+    assert!(text.contains("h: not started (deduplicated)"), "{text}");
+    assert_eq!(busy.wait_with_output().unwrap().status.code(), Some(0));
+    // Several hosts need the daemon.
+    let out = e.run(&["run", "slow", "--all-hosts"]);
+    assert_eq!(out.status.code(), Some(2));
+}
