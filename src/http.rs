@@ -410,11 +410,9 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-/// One run: its full report while the daemon remembers it, else its summary from the audit log.
+/// One run as the history shows it, with its full report while this daemon
+/// remembers it (`report`).
 async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Some(r) = s.scheduler.runs.get(&id) {
-        return axum::Json(r).into_response();
-    }
     let path = s.audit.path().to_path_buf();
     let found = tokio::task::spawn_blocking(move || {
         crate::audit::runs::list(&path, &Default::default())
@@ -422,7 +420,13 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
     })
     .await;
     match found {
-        Ok(Ok(Some(r))) => axum::Json(r).into_response(),
+        Ok(Ok(Some(summary))) => {
+            let mut v = serde_json::to_value(&summary).unwrap_or_default();
+            if let Some(report) = s.scheduler.reports.get(&summary.run_id) {
+                v["report"] = serde_json::to_value(report).unwrap_or_default();
+            }
+            axum::Json(v).into_response()
+        }
         Ok(Ok(None)) => problem(
             StatusCode::NOT_FOUND,
             "no run with that id in the audit log",

@@ -53,54 +53,28 @@ struct Slot {
     keys: BTreeSet<String>,
 }
 
-/// A run as the API lists it.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunRecord {
-    pub run_id: String,
-    pub runbook: String,
-    pub host: String,
-    pub trigger: String,
-    pub started_at: String,
-    /// `running`, or the verdict (`interrupted` for runs a killed process left behind).
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report: Option<RunReport>,
-}
-
-/// Recent runs, newest last, bounded.
+/// The full reports of recent runs this daemon ran, for `GET
+/// /api/v1/runs/{id}`; what every run is and how it ended is read from the
+/// audit log (see [`crate::audit::runs`]), so only the report lives here.
 #[derive(Default)]
-pub struct RunStore {
-    runs: Mutex<VecDeque<RunRecord>>,
+pub struct Reports {
+    reports: Mutex<VecDeque<RunReport>>,
 }
 
-const KEEP_RUNS: usize = 500;
+const KEEP_REPORTS: usize = 500;
 
-impl RunStore {
-    pub fn upsert(&self, record: RunRecord) {
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = runs.iter_mut().find(|r| r.run_id == record.run_id) {
-            *r = record;
-            return;
-        }
-        runs.push_back(record);
-        while runs.len() > KEEP_RUNS {
-            runs.pop_front();
+impl Reports {
+    fn keep(&self, report: RunReport) {
+        let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        reports.push_back(report);
+        while reports.len() > KEEP_REPORTS {
+            reports.pop_front();
         }
     }
 
-    pub fn list(&self) -> Vec<RunRecord> {
-        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.iter()
-            .map(|r| RunRecord {
-                report: None,
-                ..r.clone()
-            })
-            .collect()
-    }
-
-    pub fn get(&self, id: &str) -> Option<RunRecord> {
-        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.iter().find(|r| r.run_id == id).cloned()
+    pub fn get(&self, run_id: &str) -> Option<RunReport> {
+        let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        reports.iter().find(|r| r.run_id == run_id).cloned()
     }
 }
 
@@ -108,7 +82,7 @@ pub struct Scheduler {
     config: watch::Receiver<Arc<Config>>,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
-    pub runs: Arc<RunStore>,
+    pub reports: Arc<Reports>,
     slots: Mutex<HashMap<(String, String), Slot>>,
     /// The global limit on runs in flight, and the limit it holds now
     /// (`max_concurrent_runs` of the config in force: a reload changes it).
@@ -137,7 +111,7 @@ impl Scheduler {
             config,
             audit,
             metrics,
-            runs: Default::default(),
+            reports: Default::default(),
             slots: Default::default(),
             permits: Arc::new(Semaphore::new(limit)),
             limit: Mutex::new(limit),
@@ -288,24 +262,10 @@ impl Scheduler {
 
     fn start(self: &Arc<Self>, config: Arc<Config>, run_id: String, req: RunRequest) {
         self.apply_limit(&config);
-        let record = RunRecord {
-            run_id: run_id.clone(),
-            runbook: req.runbook.clone(),
-            host: req.host.clone(),
-            trigger: req.trigger.as_str().to_string(),
-            started_at: jiff::Timestamp::now().to_string(),
-            status: "queued".into(),
-            report: None,
-        };
-        self.runs.upsert(record.clone());
         self.active.send_modify(|n| *n += 1);
         let this = self.clone();
         tokio::spawn(async move {
             let permit = this.permits.clone().acquire_owned().await;
-            this.runs.upsert(RunRecord {
-                status: "running".into(),
-                ..record.clone()
-            });
             this.metrics
                 .runs_started
                 .with_label_values(&[&req.runbook, req.trigger.as_str()])
@@ -374,11 +334,9 @@ impl Scheduler {
                     tracing::error!(%run_id, "verdict line not written: {err}");
                 }
             }
-            this.runs.upsert(RunRecord {
-                status: verdict.to_string(),
-                report: outcome.ok(),
-                ..record
-            });
+            if let Ok(report) = outcome {
+                this.reports.keep(report);
+            }
             drop(permit);
             this.active.send_modify(|n| *n -= 1);
         });
@@ -440,20 +398,6 @@ impl Scheduler {
                 .runs_finished
                 .with_label_values(&[&start.runbook, "interrupted"])
                 .inc();
-            self.runs.upsert(RunRecord {
-                run_id: start.run_id.clone(),
-                runbook: start.runbook.clone(),
-                host: start.host.clone(),
-                trigger: start
-                    .detail
-                    .as_ref()
-                    .and_then(|d| d["trigger"].as_str())
-                    .unwrap_or("unknown")
-                    .to_string(),
-                started_at: start.ts.clone(),
-                status: "interrupted".into(),
-                report: None,
-            });
         }
         Ok(unfinished.len())
     }
