@@ -414,11 +414,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
 /// remembers it (`report`).
 async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
     let path = s.audit.path().to_path_buf();
-    let found = tokio::task::spawn_blocking(move || {
-        crate::audit::runs::list(&path, &Default::default())
-            .map(|all| all.into_iter().find(|r| r.run_id == id))
-    })
-    .await;
+    let found = tokio::task::spawn_blocking(move || crate::audit::runs::one(&path, &id)).await;
     match found {
         Ok(Ok(Some(summary))) => {
             let mut v = serde_json::to_value(&summary).unwrap_or_default();

@@ -65,12 +65,40 @@ pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
+    // Streamed: a long log is never held whole in memory.
+    let mut failed = None;
+    let entries = reader
+        .lines()
+        .map_while(|l| l.map_err(|e| failed = Some(e)).ok())
+        .filter_map(|l| serde_json::from_str::<Entry>(&l).ok());
+    let runs = summarize(entries);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let mut out: Vec<RunSummary> = runs.into_iter().filter(|r| filter.keeps(r)).collect();
+    if let Some(n) = filter.limit
+        && out.len() > n
+    {
+        out.drain(..out.len() - n);
+    }
+    Ok(out)
+}
+
+/// One run, read from its own lines only (what `GET /api/v1/runs/{id}` and
+/// a waiting `run --via-daemon` ask for, often).
+pub fn one(path: &Path, run_id: &str) -> std::io::Result<Option<RunSummary>> {
+    match super::run_lines(path, run_id) {
+        Ok(lines) => Ok(summarize(lines).pop()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The runs that audit lines describe, in the order they first appear.
+fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
     let mut order: Vec<String> = Vec::new();
     let mut runs: HashMap<String, (RunSummary, Option<Entry>)> = HashMap::new();
-    for line in reader.lines() {
-        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
-            continue;
-        };
+    for e in entries {
         if e.run_id == "-" || e.run_id.is_empty() {
             continue;
         }
@@ -113,7 +141,7 @@ pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
             _ => {}
         }
     }
-    let mut out: Vec<RunSummary> = order
+    order
         .into_iter()
         .filter_map(|id| runs.remove(&id))
         .map(|(mut run, open)| {
@@ -124,14 +152,7 @@ pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
             }
             run
         })
-        .filter(|r| filter.keeps(r))
-        .collect();
-    if let Some(n) = filter.limit
-        && out.len() > n
-    {
-        out.drain(..out.len() - n);
-    }
-    Ok(out)
+        .collect()
 }
 
 /// `since` as a person writes it: a duration back from now (`90m`, `7d`) or an RFC 3339 time.
