@@ -977,18 +977,9 @@ async fn via_daemon(
             }
         };
         println!("{host}: run {id}: {verdict}");
-        let code = [
-            Verdict::Ok,
-            Verdict::Failed,
-            Verdict::Denied,
-            Verdict::StepLimit,
-            Verdict::BudgetExhausted,
-            Verdict::Broken,
-            Verdict::Halted,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == verdict)
-        .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
+        let code = verdict
+            .parse::<Verdict>()
+            .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
         worst = worst.max(code);
     }
     worst

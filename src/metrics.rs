@@ -249,16 +249,6 @@ impl Metrics {
     /// config: runbooks x their hosts x their tier-2 tools x outcomes, and so on.
     pub fn init_series(&self, config: &crate::config::Config) {
         use crate::gate::DenyReason;
-        const VERDICTS: [&str; 8] = [
-            "ok",
-            "failed",
-            "denied",
-            "step_limit",
-            "budget_exhausted",
-            "broken",
-            "halted",
-            "interrupted",
-        ];
         // The refusals that point at a broken runbook or a steered planner
         // (the budget and the kill switch have alerts of their own).
         const DENIALS: [DenyReason; 5] = [
@@ -270,8 +260,10 @@ impl Metrics {
         ];
         for rb in config.runbooks.values() {
             let name = rb.name.as_str();
-            for v in VERDICTS {
-                self.runs_finished.with_label_values(&[name, v]).inc_by(0);
+            for v in crate::run::Verdict::ALL {
+                self.runs_finished
+                    .with_label_values(&[name, v.as_str()])
+                    .inc_by(0);
             }
             for d in DENIALS {
                 self.gate_denials

@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
+use crate::audit::{AuditError, AuditLog, RunEnd, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
 use crate::gate::approvals::{self, Approvals, Request, State};
@@ -40,6 +40,9 @@ pub enum Verdict {
     Broken,
     /// The kill switch stopped the run.
     Halted,
+    /// The process running it stopped before its verdict (closed by the
+    /// next daemon to start).
+    Interrupted,
 }
 
 impl Verdict {
@@ -52,6 +55,7 @@ impl Verdict {
             Verdict::BudgetExhausted => "budget_exhausted",
             Verdict::Broken => "broken",
             Verdict::Halted => "halted",
+            Verdict::Interrupted => "interrupted",
         }
     }
 
@@ -65,7 +69,31 @@ impl Verdict {
             Verdict::BudgetExhausted => 5,
             Verdict::Broken => 6,
             Verdict::Halted => 7,
+            // Like broken: the run ended without reaching its own verdict.
+            Verdict::Interrupted => 6,
         }
+    }
+
+    pub const ALL: [Verdict; 8] = [
+        Verdict::Ok,
+        Verdict::Failed,
+        Verdict::Denied,
+        Verdict::StepLimit,
+        Verdict::BudgetExhausted,
+        Verdict::Broken,
+        Verdict::Halted,
+        Verdict::Interrupted,
+    ];
+}
+
+impl std::str::FromStr for Verdict {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Verdict, String> {
+        Verdict::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a verdict"))
     }
 }
 
@@ -382,12 +410,10 @@ impl Runner {
             model: planner.model().map(String::from),
             prompt: planner.model().map(|_| crate::planner::model::prompt_tag()),
         };
-        let mut start = info.entry(Phase::Start, None);
-        start.detail = Some(
-            json!({ "trigger": req.trigger, "dry_run": req.dry_run, "autonomy": runbook.autonomy.as_str(), "process": crate::audit::this_process() }),
-        );
-        // Not synced on its own: nothing has run yet, and the first intent line carries it to disk.
-        if let Err(e) = self.audit.append(start, false) {
+        if let Err(e) = self
+            .audit
+            .start(&info, req.trigger, req.dry_run, runbook.autonomy)
+        {
             if let Some(m) = &self.metrics {
                 m.audit_write_failures.inc();
             }
@@ -446,14 +472,7 @@ impl RunLoop<'_> {
             &reason,
         );
         let id = uuid::Uuid::now_v7().to_string();
-        let mut e = self.info.entry(Phase::Pending, Some(hold.step()));
-        e.tool = Some(tool.name().into());
-        e.args = Some(args.clone());
-        e.tier = Some(2);
-        e.reason = Some(reason.clone());
-        e.outcome = Some("pending".into());
-        e.detail = Some(json!({ "approval_id": id, "digest": digest }));
-        if let Err(err) = self.runner.audit.append(e, true) {
+        if let Err(err) = self.runner.audit.pending(&self.info, &hold, &id, &digest) {
             return deny(
                 DenyReason::NoApprover,
                 format!("the pending line could not be written, nobody was asked: {err}"),
@@ -581,15 +600,10 @@ impl RunLoop<'_> {
             .iter()
             .map(|a| a.to_vec())
             .collect();
-        let mut e = self.info.entry(Phase::DryRun, Some(step));
-        e.tool = Some(action.tool().name().into());
-        e.args = Some(action.args_json());
-        e.tier = Some(2);
-        e.approved_by = approved_by.map(|a| a.to_string());
-        e.reason = action.reason().map(String::from);
-        e.outcome = Some("dry_run".into());
-        e.detail = Some(json!({ "argv": argv, "would_ask": approved_by.is_none() }));
-        let written = self.runner.audit.append(e, true);
+        let written = self
+            .runner
+            .audit
+            .dry_run(&self.info, step, action, approved_by, &argv);
         (argv, written)
     }
 
@@ -685,11 +699,7 @@ impl RunLoop<'_> {
                     if turn.final_answer {
                         final_answer = Some(turn.content.clone());
                     }
-                    let mut e = self.info.entry(Phase::Model, None);
-                    e.duration_ms = Some(turn.duration_ms);
-                    e.detail = serde_json::to_value(&turn).ok();
-                    // Not a side effect: the next synced line carries it to disk.
-                    if let Err(err) = audit.append(e, false) {
+                    if let Err(err) = audit.model_turn(&self.info, &turn) {
                         stop = Some((Verdict::Broken, err.to_string()));
                     }
                 }
@@ -716,9 +726,7 @@ impl RunLoop<'_> {
                     steps.push(r);
                 }
                 Next::Suggest { id, text } => {
-                    let mut e = self.info.entry(Phase::Suggestion, Some(n));
-                    e.detail = Some(json!({ "suggestion": text, "tier": 3 }));
-                    if let Err(err) = audit.append(e, true) {
+                    if let Err(err) = audit.suggestion(&self.info, n, &text) {
                         stop = Some((Verdict::Broken, err.to_string()));
                     }
                     let mut r = StepReport::new(n, &id, "suggested");
@@ -935,17 +943,14 @@ impl RunLoop<'_> {
         } else {
             gate.budget().mutations()
         };
-        let mut e = self.info.entry(Phase::Verdict, None);
-        e.outcome = Some(verdict.as_str().into());
-        e.duration_ms = Some(started.elapsed().as_millis() as u64);
-        e.detail = Some(json!({
-            "detail": verdict_detail,
-            "final_answer": final_answer,
-            "steps": gate.budget().steps(),
-            "mutations": mutations,
-            "suggestions": suggestions,
-        }));
-        if let Err(err) = audit.append(e, true) {
+        let end = RunEnd {
+            duration_ms: started.elapsed().as_millis() as u64,
+            final_answer: final_answer.clone(),
+            steps: gate.budget().steps(),
+            mutations,
+            suggestions: suggestions.clone(),
+        };
+        if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {
             // The record is the product: a run whose verdict is not on disk
             // did not end well, whatever its calls did.
             tracing::error!(run_id = %self.info.run_id, "verdict line not written: {err}");

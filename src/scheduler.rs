@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{Semaphore, watch};
 
-use crate::audit::{AuditError, AuditLog, Phase, RunInfo};
+use crate::audit::{AuditError, AuditLog, Phase, Queued, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
@@ -169,11 +169,15 @@ impl Scheduler {
         // write anything: a trigger answered 2xx is never silently lost, and
         // one that could not be recorded is refused so that it is sent again.
         let runs: Vec<(String, RunRequest)> = accepted;
-        let lines = runs
+        let lines: Vec<Queued> = runs
             .iter()
-            .map(|(id, req)| queued_line(&config, id, req))
+            .map(|(id, req)| Queued {
+                run: run_info(&config, id, req),
+                trigger: req.trigger,
+                keys: &req.keys,
+            })
             .collect();
-        if let Err(e) = self.audit.append_all(lines, true) {
+        if let Err(e) = self.audit.queued(&lines) {
             self.metrics.audit_write_failures.inc();
             tracing::error!(
                 "{} accepted trigger(s) could not be recorded, so none starts: {e}",
@@ -325,11 +329,9 @@ impl Scheduler {
             if let Err(e) = &outcome {
                 tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
                 // The accepted trigger ends with its one verdict all the same.
-                let mut v = run_info(&config, &run_id, &req).entry(Phase::Verdict, None);
-                v.outcome = Some(Verdict::Broken.as_str().into());
-                v.detail =
-                    Some(serde_json::json!({ "detail": format!("the run could not start: {e}") }));
-                if let Err(err) = this.audit.append(v, true) {
+                let info = run_info(&config, &run_id, &req);
+                let why = format!("the run could not start: {e}");
+                if let Err(err) = this.audit.verdict(&info, Verdict::Broken, &why, None) {
                     this.metrics.audit_write_failures.inc();
                     tracing::error!(%run_id, "verdict line not written: {err}");
                 }
@@ -375,28 +377,17 @@ impl Scheduler {
             .filter(|e| !crate::audit::process_alive(e))
             .collect();
         for start in &unfinished {
-            let info = RunInfo {
-                run_id: start.run_id.clone(),
-                runbook: start.runbook.clone(),
-                runbook_version: start.runbook_version.clone(),
-                host: start.host.clone(),
-                planner: start.planner.clone(),
-                model: start.model.clone(),
-                prompt: start.prompt.clone(),
+            let why = if start.phase == Some(Phase::Queued) {
+                "the process stopped after accepting this trigger and before the run started; nothing ran (the trigger is not replayed)"
+            } else {
+                "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
             };
-            let mut e = info.entry(Phase::Verdict, None);
-            e.outcome = Some("interrupted".into());
-            e.detail = Some(serde_json::json!({
-                "detail": if start.phase == Some(Phase::Queued) {
-                    "the process stopped after accepting this trigger and before the run started; nothing ran (the trigger is not replayed)"
-                } else {
-                    "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
-                }
-            }));
-            self.audit.append(e, true).map_err(std::io::Error::other)?;
+            self.audit
+                .verdict(&RunInfo::of(start), Verdict::Interrupted, why, None)
+                .map_err(std::io::Error::other)?;
             self.metrics
                 .runs_finished
-                .with_label_values(&[&start.runbook, "interrupted"])
+                .with_label_values(&[&start.runbook, Verdict::Interrupted.as_str()])
                 .inc();
         }
         Ok(unfinished.len())
@@ -418,13 +409,4 @@ fn run_info(config: &Config, run_id: &str, req: &RunRequest) -> RunInfo {
         model: None,
         prompt: None,
     }
-}
-
-/// The `queued` audit line of an accepted trigger.
-fn queued_line(config: &Config, run_id: &str, req: &RunRequest) -> crate::audit::Entry {
-    let mut queued = run_info(config, run_id, req).entry(Phase::Queued, None);
-    queued.detail = Some(
-        serde_json::json!({ "trigger": req.trigger, "keys": req.keys, "process": crate::audit::this_process() }),
-    );
-    queued
 }

@@ -14,9 +14,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::audit::{AuditLog, Phase, RunInfo};
+use crate::audit::{AuditLog, HostRefusal, Phase, RunInfo};
 use crate::config::Host;
-use crate::tools::{self, Ctx, PathMode, ToolId, ToolResult};
+use crate::executor::Executor;
+use crate::gate::host::HostCall;
+use crate::tools::ToolResult;
 
 /// Longest request line the agent reads.
 const MAX_REQUEST: usize = 256 * 1024;
@@ -111,14 +113,6 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
         model: None,
         prompt: None,
     };
-    let refuse = |why: String| {
-        let mut e = info.entry(Phase::Denied, Some(req.step));
-        e.tool = Some(req.tool.chars().take(64).collect());
-        e.outcome = Some("denied".into());
-        e.detail = Some(json!({ "reason": "host_policy", "message": why }));
-        let _ = audit.append(e, true);
-        AgentReply::Refused(why)
-    };
     if req.tool == STATUS {
         return status(audit, &info.run_id, req.step);
     }
@@ -129,85 +123,51 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
             "policy_digest": policy_digest(policy),
         })));
     }
-    let Some(tool) = ToolId::from_name(&req.tool) else {
-        return refuse(format!(
-            "there is no tool {}",
-            tools::args::shown(&req.tool)
-        ));
+    let call = HostCall {
+        run_id: &req.run_id,
+        step: req.step,
+        tool: &req.tool,
+        args: &req.args,
+        signed: req.permit.as_ref(),
     };
-    let action = match tools::resolve(tool, &req.args, policy, PathMode::Resolve) {
-        Ok(a) => a,
-        Err(e) => return refuse(format!("host policy refuses it: {e}")),
+    let permit = match crate::gate::host::check(policy, &call, || used_before(audit, &req)) {
+        Ok(p) => p,
+        Err(why) => {
+            let tool = Some(req.tool.as_str());
+            let _ = audit.refused(&info, Some(req.step), tool, HostRefusal::HostPolicy, &why);
+            return AgentReply::Refused(why);
+        }
     };
-    if tool.tier() == tools::Tier::Change
-        && let Err(why) = permitted(policy, audit, &req)
-    {
-        return refuse(why);
-    }
-    let mut intent = info.entry(Phase::Intent, Some(req.step));
-    intent.tool = Some(tool.name().into());
-    intent.args = Some(action.args_json());
-    intent.tier = Some(tool.tier().number());
-    intent.reason = action.reason().map(String::from);
-    if let Err(e) = audit.append(intent, true) {
-        return AgentReply::Refused(format!(
-            "the host's audit log cannot be written, nothing ran: {e}"
-        ));
-    }
-    if let Err(e) = std::fs::create_dir_all(&policy.jail) {
-        return AgentReply::Refused(format!(
-            "cannot create the jail {}: {e}",
-            policy.jail.display()
-        ));
-    }
+    let ticket = match audit.intent(&info, permit) {
+        Ok(t) => t,
+        Err(e) => {
+            return AgentReply::Refused(format!(
+                "the host's audit log cannot be written, nothing ran: {e}"
+            ));
+        }
+    };
     let deadline = tokio::time::Instant::now() + policy.tool_timeout;
-    let result = tools::execute(&action, &Ctx::new(policy, deadline)).await;
-    let mut done = info.entry(Phase::Result, Some(req.step));
-    done.tool = Some(tool.name().into());
-    done.outcome = serde_json::to_value(result.outcome)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from));
-    done.exit_code = result.exit_code;
-    done.duration_ms = Some(result.duration_ms);
-    if tool.tier() == tools::Tier::Change {
-        // The whole result, so a runner that lost the connection can ask for it.
-        done.detail = serde_json::to_value(&result).ok();
+    let (dispatched, mut result) = Executor::Local
+        .dispatch(ticket, &info, policy, deadline)
+        .await;
+    if let Err(e) = audit.result(&info, dispatched, &result) {
+        // The call ran: the runner's own result line records it; the reply
+        // says the host's record of it is missing.
+        let note = format!("the host's audit log did not record this result: {e}");
+        result.error = Some(match result.error.take() {
+            Some(err) => format!("{err}; {note}"),
+            None => note,
+        });
     }
-    let _ = audit.append(done, tool.tier() == tools::Tier::Change);
     AgentReply::Result(result)
 }
 
-/// A tier-2 call runs only with the runner's signed permit for exactly this
-/// call, once: holding the SSH key is not enough to change this host.
-fn permitted(policy: &Host, audit: &AuditLog, req: &AgentRequest) -> Result<(), String> {
-    let Some(public) = &policy.permit_public_key else {
-        return Err(
-            "this host's policy names no permit_public_key, so it takes no tier-2 call: add the line `runwarden install print` gives".into(),
-        );
-    };
-    let Some(permit) = &req.permit else {
-        return Err("a tier-2 call without the runner's signed permit".into());
-    };
-    let call = crate::gate::signed::CallId {
-        run_id: &req.run_id,
-        step: req.step,
-        host: &policy.name,
-        tool: &req.tool,
-        args: &req.args,
-    };
-    permit.check(public, &call)?;
-    // One permit, one call: a permit seen before is not honoured again.
-    let seen = crate::audit::run_lines(audit.path(), &req.run_id)
+/// Whether this host's audit log already has an intent for the call.
+fn used_before(audit: &AuditLog, req: &AgentRequest) -> Result<bool, String> {
+    Ok(crate::audit::run_lines(audit.path(), &req.run_id)
         .map_err(|e| format!("cannot read the host's audit log: {e}"))?
         .iter()
-        .any(|e| e.step == Some(req.step) && e.phase == Some(Phase::Intent));
-    if seen {
-        return Err(format!(
-            "the permit for run {} step {} was already used",
-            req.run_id, req.step
-        ));
-    }
-    Ok(())
+        .any(|e| e.step == Some(req.step) && e.phase == Some(Phase::Intent)))
 }
 
 /// What this host's audit log says about one call: `done` (with the result
@@ -248,10 +208,7 @@ fn unparsed(policy: &Host, audit: &AuditLog, why: String) -> AgentReply {
         model: None,
         prompt: None,
     };
-    let mut e = info.entry(Phase::Denied, None);
-    e.outcome = Some("denied".into());
-    e.detail = Some(json!({ "reason": "malformed_request", "message": why }));
-    let _ = audit.append(e, true);
+    let _ = audit.refused(&info, None, None, HostRefusal::MalformedRequest, &why);
     AgentReply::Refused(why)
 }
 

@@ -19,6 +19,7 @@
 
 pub mod approvals;
 pub mod budget;
+pub mod host;
 pub mod killswitch;
 pub mod signed;
 
@@ -59,6 +60,22 @@ impl fmt::Display for ApprovedBy {
             ApprovedBy::Auto => write!(f, "auto"),
             ApprovedBy::Standing(rb) => write!(f, "standing:{rb}"),
             ApprovedBy::Person(name) => write!(f, "person:{name}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ApprovedBy {
+    type Err = String;
+
+    /// The form [`fmt::Display`] writes (`auto`, `standing:RUNBOOK`, `person:NAME`).
+    fn from_str(s: &str) -> Result<ApprovedBy, String> {
+        match s.split_once(':') {
+            None if s == "auto" => Ok(ApprovedBy::Auto),
+            Some(("standing", rb)) if !rb.is_empty() => Ok(ApprovedBy::Standing(rb.into())),
+            Some(("person", name)) if !name.is_empty() => Ok(ApprovedBy::Person(name.into())),
+            _ => Err(format!(
+                "{s:?} is not `auto`, `standing:RUNBOOK` or `person:NAME`"
+            )),
         }
     }
 }
@@ -117,7 +134,7 @@ impl Hold {
 }
 
 /// Why the gate refused a call. The names are metric labels and audit values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DenyReason {
     KillSwitch,

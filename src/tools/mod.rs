@@ -553,6 +553,17 @@ pub enum Outcome {
     Timeout,
 }
 
+impl Outcome {
+    /// As written in audit lines and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+        }
+    }
+}
+
 /// What a tool reports: parsed fields, never raw text alone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolResult {

@@ -1020,14 +1020,26 @@ fn a_head_kept_elsewhere_catches_an_edited_last_line_a_cut_and_a_whole_rewrite()
     // 3. The whole chain rewritten consistently, a verdict changed on the way.
     let forged = e.work().join("forged.jsonl");
     {
-        let log = runwarden::audit::AuditLog::open(&forged).unwrap();
+        // What someone with write access to the file can do: rewrite every
+        // line and recompute the whole chain.
+        use sha2::Digest;
+        let mut prev = runwarden::audit::GENESIS.to_string();
+        let mut out = String::new();
         for l in &lines {
-            let mut entry: runwarden::audit::Entry = serde_json::from_str(l).unwrap();
-            if entry.outcome.as_deref() == Some("ok") {
-                entry.outcome = Some("failed".into());
+            let mut entry: serde_json::Value = serde_json::from_str(l).unwrap();
+            if entry["outcome"] == "ok" {
+                entry["outcome"] = "failed".into();
             }
-            log.append(entry, false).unwrap();
+            entry["prev"] = prev.clone().into();
+            let line = entry.to_string();
+            prev = sha2::Sha256::digest(line.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            out += &line;
+            out.push('\n');
         }
+        std::fs::write(&forged, out).unwrap();
     }
     std::fs::rename(&forged, e.audit_path()).unwrap();
     assert_eq!(

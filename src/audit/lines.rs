@@ -1,0 +1,320 @@
+//! One constructor per kind of line. Everything a line says comes from a
+//! typed value (a spent [`Permit`], a [`Denial`], a [`Verdict`]), so a line
+//! cannot claim what did not happen, and the call paths (run, scheduler,
+//! host agent) never set a field by hand.
+
+use serde_json::{Value, json};
+
+use super::{AuditError, AuditLog, Entry, Phase, bounded, this_process};
+use crate::config::Autonomy;
+use crate::gate::{ApprovedBy, Denial, Hold, Permit, Proposal};
+use crate::planner::model::ModelTurn;
+use crate::run::Verdict;
+use crate::tools::{Action, ToolResult};
+use crate::trigger::Trigger;
+
+/// What every line of one run carries.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub runbook: String,
+    pub runbook_version: String,
+    pub host: String,
+    pub planner: String,
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+}
+
+impl RunInfo {
+    /// The run a recorded line belongs to (to close it with a verdict).
+    pub fn of(e: &Entry) -> RunInfo {
+        RunInfo {
+            run_id: e.run_id.clone(),
+            runbook: e.runbook.clone(),
+            runbook_version: e.runbook_version.clone(),
+            host: e.host.clone(),
+            planner: e.planner.clone(),
+            model: e.model.clone(),
+            prompt: e.prompt.clone(),
+        }
+    }
+
+    pub(super) fn entry(&self, phase: Phase, step: Option<u32>) -> Entry {
+        Entry {
+            ts: jiff::Timestamp::now().to_string(),
+            run_id: self.run_id.clone(),
+            step,
+            phase: Some(phase),
+            runbook: self.runbook.clone(),
+            runbook_version: self.runbook_version.clone(),
+            host: self.host.clone(),
+            planner: self.planner.clone(),
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
+            ..Entry::default()
+        }
+    }
+
+    fn call(&self, phase: Phase, step: u32, action: &Action) -> Entry {
+        let mut e = self.entry(phase, Some(step));
+        e.tool = Some(action.tool().name().into());
+        e.args = Some(action.args_json());
+        e.tier = Some(action.tier().number());
+        e.reason = action.reason().map(str::to_string);
+        e
+    }
+}
+
+/// A permitted call whose intent line is on disk: the one value the
+/// executor dispatches. Only [`AuditLog::intent`] makes one, from the
+/// [`Permit`] it consumes, and dispatch consumes it in turn, so a call
+/// cannot run without its line, nor twice on one line.
+#[derive(Debug)]
+pub struct AuditTicket {
+    permit: Permit,
+}
+
+impl AuditTicket {
+    pub fn step(&self) -> u32 {
+        self.permit.step()
+    }
+
+    /// The call it allows.
+    pub fn permit(&self) -> &Permit {
+        &self.permit
+    }
+
+    /// The ticket spent by a dispatch; what the result line takes.
+    pub(crate) fn dispatched(self) -> Dispatched {
+        let action = self.permit.action();
+        Dispatched {
+            step: self.permit.step(),
+            tool: action.tool().name().into(),
+            tier: action.tier().number(),
+        }
+    }
+}
+
+/// A dispatched call, waiting for its result line ([`AuditLog::result`]).
+#[derive(Debug)]
+pub struct Dispatched {
+    step: u32,
+    tool: String,
+    tier: u8,
+}
+
+/// An accepted trigger, recorded before its run can start.
+pub struct Queued<'a> {
+    pub run: RunInfo,
+    pub trigger: Trigger,
+    /// Its deduplication keys (read back at start-up).
+    pub keys: &'a [String],
+}
+
+/// How a run ended, beyond its verdict: what its verdict line tallies.
+#[derive(Debug, Default)]
+pub struct RunEnd {
+    pub duration_ms: u64,
+    pub final_answer: Option<String>,
+    pub steps: u32,
+    pub mutations: u32,
+    pub suggestions: Vec<String>,
+}
+
+/// Why the host agent refused a request before any gate-like check could
+/// name a [`crate::gate::DenyReason`].
+#[derive(Debug, Clone, Copy)]
+pub enum HostRefusal {
+    /// The host's own policy (allowlists, permit) refused the call.
+    HostPolicy,
+    /// The line was not a request at all.
+    MalformedRequest,
+}
+
+impl HostRefusal {
+    fn as_str(self) -> &'static str {
+        match self {
+            HostRefusal::HostPolicy => "host_policy",
+            HostRefusal::MalformedRequest => "malformed_request",
+        }
+    }
+}
+
+impl AuditLog {
+    /// Accepted triggers, one write and one fsync for all of them.
+    pub fn queued(&self, runs: &[Queued<'_>]) -> Result<(), AuditError> {
+        let lines = runs
+            .iter()
+            .map(|q| {
+                let mut e = q.run.entry(Phase::Queued, None);
+                e.detail = Some(
+                    json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() }),
+                );
+                e
+            })
+            .collect();
+        self.append_all(lines, true)
+    }
+
+    /// A run begins. Not synced on its own: nothing has run yet, and the
+    /// first synced line carries it to disk.
+    pub fn start(
+        &self,
+        run: &RunInfo,
+        trigger: Trigger,
+        dry_run: bool,
+        autonomy: Autonomy,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Start, None);
+        e.detail = Some(json!({
+            "trigger": trigger,
+            "dry_run": dry_run,
+            "autonomy": autonomy.as_str(),
+            "process": this_process(),
+        }));
+        self.append(e, false)
+    }
+
+    /// Write and sync the intent of a permitted call; the ticket lets the
+    /// executor run it, once. The permit is spent either way.
+    pub fn intent(&self, run: &RunInfo, permit: Permit) -> Result<AuditTicket, AuditError> {
+        let mut e = run.call(Phase::Intent, permit.step(), permit.action());
+        e.approved_by = Some(permit.approved_by().to_string());
+        self.append(e, true)?;
+        Ok(AuditTicket { permit })
+    }
+
+    /// Close a dispatched call with its whole result (a runner that lost
+    /// the connection asks the host for it). Synced for tier 2.
+    pub fn result(
+        &self,
+        run: &RunInfo,
+        ticket: Dispatched,
+        result: &ToolResult,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Result, Some(ticket.step));
+        e.tool = Some(ticket.tool);
+        e.tier = Some(ticket.tier);
+        e.outcome = Some(result.outcome.as_str().into());
+        e.exit_code = result.exit_code;
+        e.duration_ms = Some(result.duration_ms);
+        e.detail = serde_json::to_value(result).ok();
+        self.append(e, ticket.tier > 1)
+    }
+
+    /// The gate refused a call: what was asked (bounded) and why.
+    pub fn denied(
+        &self,
+        run: &RunInfo,
+        tool: &str,
+        args: &Value,
+        denial: &Denial,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Denied, Some(denial.step));
+        e.tool = Some(tool.chars().take(200).collect());
+        e.args = Some(bounded(args));
+        e.tier = denial.tool.map(|t| t.tier().number());
+        e.outcome = Some("denied".into());
+        e.detail = Some(json!({ "reason": denial.reason, "message": denial.detail }));
+        self.append(e, true)
+    }
+
+    /// The host agent refused a request (its policy, or not a request).
+    pub fn refused(
+        &self,
+        run: &RunInfo,
+        step: Option<u32>,
+        tool: Option<&str>,
+        why: HostRefusal,
+        message: &str,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Denied, step);
+        e.tool = tool.map(|t| t.chars().take(64).collect());
+        e.outcome = Some("denied".into());
+        e.detail = Some(json!({ "reason": why.as_str(), "message": message }));
+        self.append(e, true)
+    }
+
+    /// L1: a tier-2 call recorded for a person, with the argv it would run.
+    pub fn proposal(&self, run: &RunInfo, p: &Proposal, argv: &[String]) -> Result<(), AuditError> {
+        let mut e = run.call(Phase::Proposal, p.step(), p.action());
+        e.outcome = Some("proposed".into());
+        e.detail = Some(json!({ "argv": argv }));
+        self.append(e, true)
+    }
+
+    /// L2: a held call is put to a person, under this request id and digest.
+    pub fn pending(
+        &self,
+        run: &RunInfo,
+        hold: &Hold,
+        approval_id: &str,
+        digest: &str,
+    ) -> Result<(), AuditError> {
+        let mut e = run.call(Phase::Pending, hold.step(), hold.action());
+        e.reason = Some(hold.action().reason().unwrap_or_default().to_string());
+        e.outcome = Some("pending".into());
+        e.detail = Some(json!({ "approval_id": approval_id, "digest": digest }));
+        self.append(e, true)
+    }
+
+    /// A dry run's tier-2 call: the argv it would run, and who would allow
+    /// it (`None`: a person would be asked).
+    pub fn dry_run(
+        &self,
+        run: &RunInfo,
+        step: u32,
+        action: &Action,
+        approved_by: Option<&ApprovedBy>,
+        argv: &[Vec<String>],
+    ) -> Result<(), AuditError> {
+        let mut e = run.call(Phase::DryRun, step, action);
+        e.approved_by = approved_by.map(|a| a.to_string());
+        e.outcome = Some("dry_run".into());
+        e.detail = Some(json!({ "argv": argv, "would_ask": approved_by.is_none() }));
+        self.append(e, true)
+    }
+
+    /// One model request and its answer. Not a side effect: the next synced
+    /// line carries it to disk.
+    pub fn model_turn(&self, run: &RunInfo, turn: &ModelTurn) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Model, None);
+        e.duration_ms = Some(turn.duration_ms);
+        e.detail = serde_json::to_value(turn).ok();
+        self.append(e, false)
+    }
+
+    /// A tier-3 command for a person to run: never a tool.
+    pub fn suggestion(&self, run: &RunInfo, step: u32, text: &str) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Suggestion, Some(step));
+        e.detail = Some(json!({ "suggestion": text, "tier": 3 }));
+        self.append(e, true)
+    }
+
+    /// The run's one verdict, with its tally when the run itself ended it
+    /// (`None`: closed from outside, e.g. interrupted or never started).
+    pub fn verdict(
+        &self,
+        run: &RunInfo,
+        verdict: Verdict,
+        detail: &str,
+        end: Option<&RunEnd>,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Verdict, None);
+        e.outcome = Some(verdict.as_str().into());
+        e.detail = Some(match end {
+            Some(end) => {
+                e.duration_ms = Some(end.duration_ms);
+                json!({
+                    "detail": detail,
+                    "final_answer": end.final_answer,
+                    "steps": end.steps,
+                    "mutations": end.mutations,
+                    "suggestions": end.suggestions,
+                })
+            }
+            None => json!({ "detail": detail }),
+        });
+        self.append(e, true)
+    }
+}

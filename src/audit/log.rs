@@ -1,0 +1,271 @@
+//! The writer: each append holds the file's `flock`, continues the chain
+//! from the file's real end (another process may have written since), and
+//! cuts a half-written line off again when a write fails, so the log is
+//! always a chain of whole lines.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{Entry, GENESIS, head};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(
+        "audit log {path}: {source} (no call runs without its audit line; fix the file or its filesystem)"
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "audit log {path} ends with an incomplete line (a write was cut short); run `runwarden audit verify {path}` and move the file aside"
+    )]
+    Torn { path: PathBuf },
+}
+
+struct Tail {
+    file: File,
+    /// Hash of the last line, the file length it was read at, and the
+    /// number of lines up to there.
+    hash: String,
+    len: u64,
+    lines: u64,
+}
+
+pub struct AuditLog {
+    path: PathBuf,
+    head: Mutex<Tail>,
+    /// Appends that failed, ever (exported as a metric).
+    failures: std::sync::atomic::AtomicU64,
+    /// Whether the last append failed (the daemon's health check).
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl AuditLog {
+    /// Open (creating it and its directory if needed) for appending.
+    pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        let io = |source| AuditError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .read(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(io)?;
+        let (hash, len) = last_hash(&file)
+            .map_err(io)?
+            .ok_or_else(|| AuditError::Torn {
+                path: path.to_path_buf(),
+            })?;
+        let lines = count_lines(&file, 0, len).map_err(io)?;
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            head: Mutex::new(Tail {
+                file,
+                hash,
+                len,
+                lines,
+            }),
+            failures: Default::default(),
+            failing: Default::default(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one line (chained to the previous one); fsync it when `sync`.
+    pub(super) fn append(&self, entry: Entry, sync: bool) -> Result<(), AuditError> {
+        self.append_all(vec![entry], sync)
+    }
+
+    /// Append lines in order with one write (and one fsync when `sync`).
+    pub(super) fn append_all(&self, entries: Vec<Entry>, sync: bool) -> Result<(), AuditError> {
+        let io = |source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        head.file.lock().map_err(io)?;
+        let written = (|| {
+            let len = head.file.metadata()?.len();
+            if len != head.len {
+                // Another process appended since our last write: continue its chain.
+                match last_hash(&head.file)? {
+                    Some((hash, len)) => {
+                        let more = count_lines(&head.file, head.len.min(len), len)?;
+                        head.lines = if len >= head.len {
+                            head.lines + more
+                        } else {
+                            count_lines(&head.file, 0, len)?
+                        };
+                        head.hash = hash;
+                        head.len = len;
+                    }
+                    None => {
+                        return Err(std::io::Error::other(
+                            "the log ends with an incomplete line",
+                        ));
+                    }
+                }
+            }
+            let mut hash = head.hash.clone();
+            let mut bytes = Vec::new();
+            let added = entries.len() as u64;
+            for mut entry in entries {
+                entry.prev = hash;
+                // Whatever a planner, an alert or a tool produced, the line
+                // stays one that `verify`, `show` and `transcript` can read.
+                if let Some(v) = entry.args.as_mut() {
+                    fit(v, MAX_VALUE_DEPTH);
+                }
+                if let Some(v) = entry.detail.as_mut() {
+                    fit(v, MAX_VALUE_DEPTH);
+                }
+                let line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
+                hash = hex(&Sha256::digest(&line));
+                bytes.extend_from_slice(&line);
+                bytes.push(b'\n');
+            }
+            let wrote = head
+                .file
+                .write_all(&bytes)
+                .and_then(|()| if sync { head.file.sync_data() } else { Ok(()) });
+            if let Err(e) = wrote {
+                // A full disk can take half a line: cut it off, so the log
+                // stays a chain of whole lines and works again when space returns.
+                let _ = head.file.set_len(head.len);
+                return Err(e);
+            }
+            head.hash = hash;
+            head.len += bytes.len() as u64;
+            head.lines += added;
+            Ok(())
+        })();
+        let _ = head.file.unlock();
+        self.failing
+            .store(written.is_err(), std::sync::atomic::Ordering::Relaxed);
+        if written.is_err() {
+            self.failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        written.map_err(io)
+    }
+
+    /// The last line this process knows of: its hash and its line number.
+    pub fn head(&self) -> head::Head {
+        let t = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        head::Head {
+            lines: t.lines,
+            hash: t.hash.clone(),
+        }
+    }
+
+    /// How many appends have failed since the log was opened.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the most recent append failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// How deep a value inside a line may nest. serde_json reads at most 128
+/// levels; a line keeps well inside that whatever it carries.
+pub const MAX_VALUE_DEPTH: usize = 32;
+
+/// Replace whatever nests deeper than `depth` levels by a note saying so.
+fn fit(v: &mut Value, depth: usize) {
+    if !(v.is_array() || v.is_object()) {
+        return;
+    }
+    if depth == 0 {
+        *v = Value::String(format!(
+            "(a value nested deeper than {MAX_VALUE_DEPTH} levels, not kept)"
+        ));
+        return;
+    }
+    match v {
+        Value::Array(a) => a.iter_mut().for_each(|c| fit(c, depth - 1)),
+        Value::Object(o) => o.values_mut().for_each(|c| fit(c, depth - 1)),
+        _ => {}
+    }
+}
+
+/// Untrusted arguments of a denied call, kept but bounded in size and depth
+/// (the audit line and the report both show this form).
+pub fn bounded(args: &Value) -> Value {
+    let text = args.to_string();
+    if text.len() <= 4096 {
+        let mut v = args.clone();
+        fit(&mut v, MAX_VALUE_DEPTH);
+        v
+    } else {
+        Value::String(format!(
+            "{}… ({} bytes)",
+            text.chars().take(512).collect::<String>(),
+            text.len()
+        ))
+    }
+}
+
+/// Newlines between byte offsets `from` and `to` of `file`.
+fn count_lines(file: &File, from: u64, to: u64) -> std::io::Result<u64> {
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut reader = BufReader::with_capacity(64 << 10, f.take(to - from));
+    let mut n = 0;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(n);
+        }
+        n += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        let len = buf.len();
+        reader.consume(len);
+    }
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hash of the file's last line and the file's length; `None` when the last line is incomplete.
+fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(Some((GENESIS.to_string(), 0)));
+    }
+    let mut f = file.try_clone()?;
+    let mut window: u64 = 64 * 1024;
+    loop {
+        let start = len.saturating_sub(window);
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = Vec::with_capacity((len - start) as usize);
+        (&mut f).take(len - start).read_to_end(&mut buf)?;
+        if buf.last() != Some(&b'\n') {
+            return Ok(None);
+        }
+        let body = &buf[..buf.len() - 1];
+        match body.iter().rposition(|&b| b == b'\n') {
+            Some(i) => return Ok(Some((hex(&Sha256::digest(&body[i + 1..])), len))),
+            None if start == 0 => return Ok(Some((hex(&Sha256::digest(body)), len))),
+            None => window *= 4,
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Reading lines back: which runs are unfinished and whether their process
+//! still lives, one run's lines, and the evidence for promoting a runbook.
+//! Readers go through [`Entry`]'s typed accessors, never the raw strings.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{Entry, Phase};
+use crate::gate::{ApprovedBy, DenyReason};
+
+/// Who is writing a run: this process's pid, its start time (in clock
+/// ticks since boot) and the boot's id, recorded on `queued` and `start`
+/// lines so that a reader can tell a run in progress from one whose process
+/// died, even once the pid is reused.
+pub fn this_process() -> Value {
+    let pid = std::process::id();
+    serde_json::json!({ "pid": pid, "start": process_start(pid), "boot": boot_id() })
+}
+
+/// Whether the process recorded on `e` (see [`this_process`]) still runs.
+/// A line without the record (older logs) counts as gone.
+pub fn process_alive(e: &Entry) -> bool {
+    let Some(p) = e.detail.as_ref().map(|d| &d["process"]) else {
+        return false;
+    };
+    let Some(pid) = p["pid"].as_u64().and_then(|p| u32::try_from(p).ok()) else {
+        return false;
+    };
+    p["boot"].as_str() == boot_id().as_deref()
+        && p["start"].as_u64().is_some()
+        && p["start"].as_u64() == process_start(pid)
+}
+
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 (starttime) is the 20th after the command name.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+pub(super) fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Runs with a `queued` or `start` line and no verdict: the last line of each
+/// (a `queued` line means it was accepted and never started).
+pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut open: std::collections::HashMap<String, Entry> = Default::default();
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        match e.phase {
+            Some(Phase::Queued) => {
+                open.insert(e.run_id.clone(), e);
+            }
+            Some(Phase::Start) => {
+                open.insert(e.run_id.clone(), e);
+            }
+            Some(Phase::Verdict) => {
+                open.remove(&e.run_id);
+            }
+            _ => {}
+        }
+    }
+    let mut runs: Vec<Entry> = open.into_values().collect();
+    runs.sort_by(|a, b| a.ts.cmp(&b.ts));
+    Ok(runs)
+}
+
+/// What the audit log says about one runbook since a time: the evidence a
+/// person reads before raising its autonomy (L1 -> L2 -> L3).
+#[derive(Debug, Default)]
+pub struct Promotion {
+    pub runs: usize,
+    pub verdicts: std::collections::BTreeMap<String, usize>,
+    /// tool -> (proposed, approved by a person, denied by a person, expired, run under standing approval)
+    pub tools: std::collections::BTreeMap<String, [usize; 5]>,
+    /// Calls a person denied: (ts, tool, args, message).
+    pub denied: Vec<(String, String, String, String)>,
+    /// Tier-2 results whose own verification failed: (ts, tool, evidence).
+    pub unverified: Vec<(String, String, String)>,
+}
+
+impl std::fmt::Display for Promotion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "runs: {}  verdicts: {:?}", self.runs, self.verdicts)?;
+        writeln!(
+            f,
+            "tier-2 calls by tool: proposed (L1) / approved / denied / expired (L2) / standing (L3)"
+        )?;
+        for (tool, [p, a, d, x, s]) in &self.tools {
+            writeln!(f, "  {tool:<22} {p:>4} {a:>4} {d:>4} {x:>4} {s:>4}")?;
+        }
+        writeln!(f, "calls a person denied: {}", self.denied.len())?;
+        for (ts, tool, args, why) in &self.denied {
+            writeln!(f, "  {ts} {tool} {args}: {why}")?;
+        }
+        writeln!(f, "changes that did not verify: {}", self.unverified.len())?;
+        for (ts, tool, evidence) in &self.unverified {
+            writeln!(f, "  {ts} {tool}: {evidence}")?;
+        }
+        Ok(())
+    }
+}
+
+pub fn promotion(path: &Path, runbook: &str, since: jiff::Timestamp) -> std::io::Result<Promotion> {
+    let mut p = Promotion::default();
+    let reader = match File::open(path) {
+        Ok(f) => BufReader::new(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
+        Err(e) => return Err(e),
+    };
+    for line in reader.lines() {
+        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+            continue;
+        };
+        if e.runbook != runbook || e.ts.parse::<jiff::Timestamp>().is_ok_and(|t| t < since) {
+            continue;
+        }
+        let tool = e.tool.clone().unwrap_or_default();
+        let reason = e.denial_reason();
+        match e.phase {
+            Some(Phase::Start) => p.runs += 1,
+            Some(Phase::Verdict) => {
+                *p.verdicts
+                    .entry(e.outcome.clone().unwrap_or_default())
+                    .or_default() += 1
+            }
+            Some(Phase::Proposal) => p.tools.entry(tool).or_default()[0] += 1,
+            Some(Phase::Intent) if e.tier == Some(2) => {
+                let slot = match e.approver() {
+                    Some(ApprovedBy::Person(_)) => 1,
+                    _ => 4,
+                };
+                p.tools.entry(tool).or_default()[slot] += 1;
+            }
+            Some(Phase::Denied) if reason == Some(DenyReason::ApprovalDenied) => {
+                p.tools.entry(tool.clone()).or_default()[2] += 1;
+                let msg = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["message"].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                p.denied.push((
+                    e.ts.clone(),
+                    tool,
+                    e.args.map(|a| a.to_string()).unwrap_or_default(),
+                    msg,
+                ));
+            }
+            Some(Phase::Denied) if reason == Some(DenyReason::ApprovalExpired) => {
+                p.tools.entry(tool).or_default()[3] += 1
+            }
+            Some(Phase::Result) if e.detail.as_ref().is_some_and(|d| d["verified"] == false) => {
+                let evidence = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["data"]["evidence"].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                p.unverified.push((e.ts.clone(), tool, evidence));
+            }
+            _ => {}
+        }
+    }
+    Ok(p)
+}
+
+/// Every line of one run, in order.
+pub fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
+    let reader = BufReader::new(File::open(path)?);
+    let mut out = Vec::new();
+    for line in reader.lines() {
+        let line = line?;
+        if !line.contains(run_id) {
+            continue;
+        }
+        if let Ok(e) = serde_json::from_str::<Entry>(&line)
+            && e.run_id == run_id
+        {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
