@@ -49,6 +49,7 @@ pub mod http;
 pub mod install;
 pub mod metrics;
 pub mod planner;
+pub mod report;
 pub mod run;
 pub mod runlock;
 pub mod scheduler;

@@ -39,6 +39,48 @@ pub enum State {
     },
 }
 
+/// Why a run stopped waiting for a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancel {
+    /// The kill switch was engaged (its own message).
+    KillSwitch(String),
+    /// The daemon is shutting down.
+    Shutdown,
+    /// The run's `max_duration` is spent.
+    MaxDuration,
+}
+
+impl std::fmt::Display for Cancel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cancel::KillSwitch(why) => f.write_str(why),
+            Cancel::Shutdown => f.write_str("runwarden is shutting down"),
+            Cancel::MaxDuration => f.write_str("the run's max_duration is spent"),
+        }
+    }
+}
+
+/// How a wait for a person ended (see [`Approvals::wait`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    Approved { by: String, comment: String },
+    Denied { by: String, comment: String },
+    Expired,
+    Cancelled(Cancel),
+}
+
+impl Resolution {
+    /// The `decision` label of `runwarden_approvals_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Resolution::Approved { .. } => "approved",
+            Resolution::Denied { .. } => "denied",
+            Resolution::Expired => "expired",
+            Resolution::Cancelled(_) => "cancelled",
+        }
+    }
+}
+
 /// One request, as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Request {
@@ -245,6 +287,52 @@ impl Approvals {
         Ok(e.request.clone())
     }
 
+    /// Wait for the decision on request `id` (as [`Approvals::open`] gave
+    /// `rx`). `cancelled` is asked at least every 100 ms and after every
+    /// change; the request expires at its deadline. Whichever comes first
+    /// ends it, and a decision that arrives at the same moment wins over a
+    /// cancellation or the expiry.
+    pub async fn wait(
+        &self,
+        id: &str,
+        mut rx: watch::Receiver<State>,
+        cancelled: impl Fn() -> Option<Cancel>,
+    ) -> Resolution {
+        let expires = self.expires(id).unwrap_or_else(Instant::now);
+        loop {
+            let now = rx.borrow_and_update().clone();
+            match now {
+                State::Pending => {}
+                State::Approved { by, comment } => return Resolution::Approved { by, comment },
+                State::Denied { by, comment } => return Resolution::Denied { by, comment },
+                State::Expired => return Resolution::Expired,
+                // Only a wait cancels its request, and it returns its own
+                // cause; a cancellation read back is the kill switch's.
+                State::Cancelled { why } => return Resolution::Cancelled(Cancel::KillSwitch(why)),
+            }
+            let end = match cancelled() {
+                Some(cancel) => Some((
+                    State::Cancelled {
+                        why: cancel.to_string(),
+                    },
+                    Resolution::Cancelled(cancel),
+                )),
+                None if Instant::now() >= expires => Some((State::Expired, Resolution::Expired)),
+                None => None,
+            };
+            if let Some((state, resolution)) = end {
+                if self.close(id, state) {
+                    return resolution;
+                }
+                continue; // a decision got there first
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
     /// End a pending request without a decision (expiry or the run stopped waiting).
     /// Returns false when a decision got there first.
     pub fn close(&self, id: &str, state: State) -> bool {
@@ -294,6 +382,34 @@ impl Approvals {
         });
         all
     }
+}
+
+/// POST a pending approval request to the configured webhook, in the background.
+/// Its answer changes nothing: only a decision through the API approves.
+pub fn notify(url: String, request: Request) {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(5))
+            .build();
+        if let Ok(client) = client {
+            let body = serde_json::to_vec(&request).unwrap_or_default();
+            let post = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body);
+            if let Err(e) = post.send().await {
+                // The URL may carry a token: name only its host.
+                let host = reqwest::Url::parse(&url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(String::from))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    "approval webhook at {host}: {}",
+                    crate::error_chain(&e.without_url())
+                );
+            }
+        }
+    });
 }
 
 #[cfg(test)]

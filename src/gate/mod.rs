@@ -152,6 +152,8 @@ pub enum DenyReason {
     ApprovalExpired,
     /// L2: no approver can be asked (the command line, or no approvers file).
     NoApprover,
+    /// L2: the daemon shut down while the call waited for a person.
+    Shutdown,
 }
 
 impl DenyReason {
@@ -169,6 +171,7 @@ impl DenyReason {
             DenyReason::ApprovalDenied => "approval_denied",
             DenyReason::ApprovalExpired => "approval_expired",
             DenyReason::NoApprover => "no_approver",
+            DenyReason::Shutdown => "shutdown",
         }
     }
 
@@ -176,7 +179,10 @@ impl DenyReason {
     pub fn stops_run(self) -> bool {
         matches!(
             self,
-            DenyReason::KillSwitch | DenyReason::StepLimit | DenyReason::TimeBudget
+            DenyReason::KillSwitch
+                | DenyReason::StepLimit
+                | DenyReason::TimeBudget
+                | DenyReason::Shutdown
         )
     }
 }
@@ -397,10 +403,10 @@ impl Gate {
 
     /// A person approved a held call: the kill switch and the budget are
     /// checked again (time has passed), then the call is permitted.
-    pub fn approved(&mut self, hold: Hold, by: String) -> Decision {
+    pub fn approved(&mut self, hold: Hold, by: String) -> Result<Permit, Denial> {
         let tool = Some(hold.action.tool());
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
-            return Decision::Deny(Denial {
+            return Err(Denial {
                 step: hold.step,
                 reason: DenyReason::KillSwitch,
                 detail: engaged.to_string(),
@@ -408,7 +414,7 @@ impl Gate {
             });
         }
         if let Err((reason, detail)) = self.budget.check(true) {
-            return Decision::Deny(Denial {
+            return Err(Denial {
                 step: hold.step,
                 reason,
                 detail,
@@ -416,7 +422,7 @@ impl Gate {
             });
         }
         self.budget.count_mutation();
-        Decision::Allow(Permit {
+        Ok(Permit {
             step: hold.step,
             action: hold.action,
             approved_by: ApprovedBy::Person(by),

@@ -609,6 +609,11 @@ impl ToolResult {
     }
 
     /// The view a `when` condition or a later step sees: the data fields plus the outcome.
+    /// The call did what it was asked, and a change verified.
+    pub fn succeeded(&self) -> bool {
+        self.outcome == Outcome::Ok && self.verified != Some(false)
+    }
+
     pub fn view(&self) -> Value {
         let mut v = match &self.data {
             Value::Object(m) => Value::Object(m.clone()),

@@ -1,0 +1,285 @@
+//! One runbook on one host: the runner starts a run (looks up the runbook
+//! and host, checks the host is the runbook's, takes the (runbook, host)
+//! lock, picks the planner, writes the `start` line) and hands it to the
+//! [`run_loop`], which takes each step through the gate until the planner
+//! finishes or a limit stops it; then a [`Verdict`].
+//!
+//! The verdict is judged from the tool events (every call's outcome and, for
+//! tier-2 calls, its own verification), never from an exit code alone.
+
+mod run_loop;
+mod verdict;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::audit::{AuditError, AuditLog, RunInfo};
+use crate::config::{Config, Host, Runbook};
+use crate::executor::Executor;
+use crate::gate::KillSwitch;
+use crate::gate::approvals::Approvals;
+use crate::metrics::Metrics;
+use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
+use run_loop::RunLoop;
+
+pub use crate::report::{RunReport, StepReport};
+pub use crate::trigger::{RunRequest, Trigger};
+pub use verdict::Verdict;
+
+/// Problems that keep a run from starting at all (nothing was called or audited).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no runbook named \"{0}\" (runwarden check lists them)")]
+    UnknownRunbook(String),
+    #[error("no host named \"{0}\" in hosts/")]
+    UnknownHost(String),
+    #[error(
+        "runbook \"{runbook}\" does not name host \"{host}\" (its hosts: {hosts}); nothing ran"
+    )]
+    HostNotInRunbook {
+        runbook: String,
+        host: String,
+        hosts: String,
+    },
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("{0}")]
+    Planner(String),
+    /// Another process runs this runbook on this host (`runwarden run` exits 75).
+    #[error("{0}; nothing ran")]
+    Busy(String),
+    /// The run lock could not be taken (the state directory is unusable): broken.
+    #[error("{0}")]
+    Lock(String),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+}
+
+/// Everything a run needs from outside: the config it started with, the audit log, the switch.
+pub struct Runner {
+    pub config: Arc<Config>,
+    pub audit: Arc<AuditLog>,
+    pub killswitch: KillSwitch,
+    /// The daemon's metrics; `None` on the command line.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Turns true when the daemon shuts down: the run stops before its next call.
+    pub shutdown: Option<watch::Receiver<bool>>,
+    /// Open approval requests (L2); `None` where nobody can be asked.
+    pub approvals: Option<Arc<Approvals>>,
+    /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
+    pub approval_webhook: Option<String>,
+}
+
+impl Runner {
+    pub fn new(config: Arc<Config>, audit: Arc<AuditLog>) -> Runner {
+        let killswitch = KillSwitch::new(config.settings.kill_switch_dir.clone());
+        Runner {
+            config,
+            audit,
+            killswitch,
+            metrics: None,
+            shutdown: None,
+            approvals: None,
+            approval_webhook: None,
+        }
+    }
+
+    /// The (runbook, host) lock (see [`crate::runlock`]). On the command line
+    /// a held lock refuses the run; in the daemon the run waits for it, up
+    /// to the runbook's `max_duration`, and gives up on shutdown.
+    async fn lock(
+        &self,
+        runbook: &Runbook,
+        host: &str,
+        run_id: &str,
+    ) -> Result<crate::runlock::RunLock, StartError> {
+        let state = &self.config.settings.state_dir;
+        let give_up = Instant::now() + runbook.budget.max_duration;
+        loop {
+            let busy = match crate::runlock::try_acquire(state, &runbook.name, host, run_id) {
+                Ok(Ok(lock)) => return Ok(lock),
+                Ok(Err(busy)) => busy,
+                Err(e) => {
+                    return Err(StartError::Lock(format!(
+                        "cannot take the run lock under {}: {e}; nothing ran (fix the state directory or its filesystem)",
+                        state.display()
+                    )));
+                }
+            };
+            let Some(shutdown) = &self.shutdown else {
+                return Err(StartError::Busy(busy.to_string()));
+            };
+            if *shutdown.borrow() || Instant::now() >= give_up {
+                return Err(StartError::Busy(format!(
+                    "{busy}, waited for it until it was time to stop"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Send the audit log's head to the journal, where the runwarden user
+    /// cannot rewrite it (see [`crate::audit::head`]). A failure is logged
+    /// and counted: the run's own record is already on disk.
+    pub fn ship_head(&self, run_id: &str) {
+        if !self.config.settings.audit_head_journal {
+            return;
+        }
+        let head = self.audit.head();
+        let journal = crate::audit::head::journal_available();
+        let shipped = if journal {
+            crate::audit::head::ship(self.audit.path(), &head, run_id).map_err(|e| {
+                format!(
+                    "cannot write to {}: {e}",
+                    crate::audit::head::JOURNAL_SOCKET
+                )
+            })
+        } else {
+            Err(format!(
+                "no system journal here ({} is missing); pin heads by hand with `audit verify --head`, or set `audit_head: none` in runwarden.yaml",
+                crate::audit::head::JOURNAL_SOCKET
+            ))
+        };
+        if let Some(m) = &self.metrics {
+            let result = if shipped.is_ok() { "shipped" } else { "failed" };
+            m.audit_heads.with_label_values(&[result]).inc();
+        }
+        match shipped {
+            Ok(()) => tracing::debug!(%run_id, head = %head, "audit head sent to the journal"),
+            // No journal at all is how this machine is, not a fault of the
+            // moment: said once per process.
+            Err(e) if !journal => {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!("audit heads are not shipped: {e}");
+                }
+            }
+            Err(e) => tracing::warn!(%run_id, "audit head {head} not shipped: {e}"),
+        }
+    }
+
+    pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
+        self.run_as(req, uuid::Uuid::now_v7().to_string()).await
+    }
+
+    /// The planner a run gets: see [`PlannerChoice`].
+    fn planner(
+        &self,
+        runbook: &Arc<Runbook>,
+        host: &Host,
+        choice: PlannerChoice,
+        context: Value,
+    ) -> Result<Planner, StartError> {
+        let endpoint = self.config.settings.model.as_ref();
+        let use_model = match (choice, &runbook.agent, endpoint) {
+            (PlannerChoice::Steps, _, _) => false,
+            (PlannerChoice::Model, None, _) => {
+                return Err(StartError::Planner(format!(
+                    "runbook \"{}\" has no agent goal for a model to work on",
+                    runbook.name
+                )));
+            }
+            (PlannerChoice::Model, Some(_), None) => {
+                return Err(StartError::Planner(
+                    "no model is configured: add a `model:` section to runwarden.yaml".into(),
+                ));
+            }
+            (_, Some(_), Some(_)) => true,
+            (PlannerChoice::Auto, _, _) => false,
+        };
+        if runbook.steps.is_empty() && !use_model {
+            return Err(StartError::Planner(format!(
+                "runbook \"{}\" has no steps, only an agent goal, and the model planner is not in use",
+                runbook.name
+            )));
+        }
+        let model = match (use_model, endpoint) {
+            (true, Some(endpoint)) => Some(
+                ModelPlanner::new(runbook, host, endpoint, &context, self.metrics.clone())
+                    .map_err(StartError::Planner)?,
+            ),
+            _ => None,
+        };
+        let after_steps = runbook.agent.as_ref().is_some_and(|a| a.after_steps);
+        let steps =
+            (model.is_none() || after_steps).then(|| StepsPlanner::new(runbook.clone(), context));
+        Ok(Planner::new(steps, model))
+    }
+
+    /// Run with an id chosen by the caller (the daemon lists runs before they end).
+    pub async fn run_as(&self, req: &RunRequest, run_id: String) -> Result<RunReport, StartError> {
+        let runbook = self
+            .config
+            .runbooks
+            .get(&req.runbook)
+            .cloned()
+            .ok_or_else(|| StartError::UnknownRunbook(req.runbook.clone()))?;
+        let host = self
+            .config
+            .hosts
+            .get(&req.host)
+            .cloned()
+            .ok_or_else(|| StartError::UnknownHost(req.host.clone()))?;
+        // Asking for a host the runbook does not name is a usage error; the
+        // gate would refuse every call of such a run anyway.
+        if !runbook.allows_host(&host.name) {
+            return Err(StartError::HostNotInRunbook {
+                runbook: runbook.name.clone(),
+                host: host.name.clone(),
+                hosts: runbook
+                    .hosts
+                    .iter()
+                    .map(|h| &**h)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        // A dry run changes nothing and takes no lock.
+        let lock = match req.dry_run {
+            true => None,
+            false => Some(self.lock(&runbook, &host.name, &run_id).await?),
+        };
+        let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file)
+            .map_err(StartError::Unreachable)?;
+        let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
+        if let Some(alert) = &req.alert {
+            context["alert"] = alert.clone();
+        }
+        let planner = self.planner(&runbook, &host, req.planner, context)?;
+        let info = RunInfo {
+            run_id: run_id.clone(),
+            runbook: runbook.name.clone(),
+            runbook_version: runbook.version.clone(),
+            host: host.name.clone(),
+            planner: planner.name().into(),
+            model: planner.model().map(String::from),
+            prompt: planner.model().map(|_| crate::planner::model::prompt_tag()),
+        };
+        if let Err(e) = self
+            .audit
+            .start(&info, req.trigger, req.dry_run, runbook.autonomy)
+        {
+            if let Some(m) = &self.metrics {
+                m.audit_write_failures.inc();
+            }
+            return Err(e.into());
+        }
+        tracing::info!(%run_id, runbook = %runbook.name, host = %host.name, trigger = req.trigger.as_str(), planner = info.planner, dry_run = req.dry_run, "run started");
+        Ok(RunLoop {
+            _lock: lock,
+            runner: self,
+            runbook,
+            host,
+            executor,
+            info,
+            planner,
+            req,
+        }
+        .go()
+        .await)
+    }
+}

@@ -1,0 +1,571 @@
+//! The run loop: ask the planner for the next step, take it through the
+//! gate, and let one method handle each decision (deny, propose, hold,
+//! allow and dispatch). Each method says what its step came to in a
+//! [`Tally`]; the verdict is folded from those, never from an exit code.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::{Runner, Verdict};
+use crate::audit::{AuditError, RunEnd, RunInfo};
+use crate::config::{Host, Runbook};
+use crate::executor::Executor;
+use crate::gate::approvals::{self, Cancel, Request, Resolution, State};
+use crate::gate::{
+    ApprovedBy, Decision, Denial, DenyReason, Gate, Hold, Permit, Proposal, ProposedCall,
+};
+use crate::planner::{ModelTurn, Next, Planner, Transcript};
+use crate::report::{RunReport, StepReport};
+use crate::tools::{Action, Tier, ToolId};
+use crate::trigger::RunRequest;
+
+/// Transport failures in a row to one host after which a run gives up on it.
+const MAX_UNREACHABLE: u32 = 2;
+
+/// The argv of each process a call would run, as a report shows them.
+type Argvs = Vec<Vec<String>>;
+
+/// What the steps so far make of the verdict.
+#[derive(Default)]
+struct Tally {
+    /// The worst thing that happened, and why.
+    worst: Verdict,
+    worst_detail: String,
+    /// Set when the run must end here (the first cause is kept).
+    stop: Option<(Verdict, String)>,
+}
+
+impl Tally {
+    /// Something went wrong, and the run goes on.
+    fn note(&mut self, v: Verdict, why: String) {
+        if v > self.worst {
+            self.worst = v;
+            self.worst_detail = why;
+        }
+    }
+
+    /// The run ends after this step.
+    fn stop(&mut self, v: Verdict, why: String) {
+        self.stop.get_or_insert((v, why));
+    }
+
+    /// A line that could not be written ends the run: no record, no run.
+    fn written(&mut self, r: Result<(), AuditError>) {
+        if let Err(err) = r {
+            self.stop(Verdict::Broken, err.to_string());
+        }
+    }
+
+    fn verdict(self, dry_run: bool, would_change: u32) -> (Verdict, String) {
+        match self.stop {
+            Some((v, why)) => (v.max(self.worst), why),
+            None if self.worst == Verdict::Ok && dry_run => (
+                Verdict::Ok,
+                format!(
+                    "dry run: {would_change} change(s) would run, each shown with its argv; nothing was changed"
+                ),
+            ),
+            None if self.worst == Verdict::Ok => (
+                Verdict::Ok,
+                "every call succeeded and every change verified".into(),
+            ),
+            None => (self.worst, self.worst_detail),
+        }
+    }
+}
+
+pub(super) struct RunLoop<'a> {
+    /// Held for the run's whole life: one run per (runbook, host) on this machine.
+    pub(super) _lock: Option<crate::runlock::RunLock>,
+    pub(super) runner: &'a Runner,
+    pub(super) runbook: Arc<Runbook>,
+    pub(super) host: Arc<Host>,
+    pub(super) executor: Executor,
+    pub(super) info: RunInfo,
+    pub(super) planner: Planner,
+    pub(super) req: &'a RunRequest,
+}
+
+/// The state one run accumulates.
+struct Steps {
+    gate: Gate,
+    transcript: Transcript,
+    reports: Vec<StepReport>,
+    suggestions: Vec<String>,
+    tally: Tally,
+    final_answer: Option<String>,
+    model_turns: u32,
+    /// Calls in a row that never reached the host (SSH transport errors).
+    unreachable: u32,
+    /// Dry runs: the tier-2 calls shown instead of run.
+    would_change: u32,
+}
+
+impl RunLoop<'_> {
+    pub(super) async fn go(mut self) -> RunReport {
+        let started = Instant::now();
+        let started_at = jiff::Timestamp::now().to_string();
+        let mut s = Steps {
+            gate: Gate::new(
+                self.runbook.clone(),
+                self.host.clone(),
+                self.runner.killswitch.clone(),
+            ),
+            transcript: Transcript::default(),
+            reports: Vec::new(),
+            suggestions: Vec::new(),
+            tally: Tally::default(),
+            final_answer: None,
+            model_turns: 0,
+            unreachable: 0,
+            would_change: 0,
+        };
+        while s.tally.stop.is_none() {
+            if self.shutting_down() {
+                s.tally.stop(
+                    Verdict::Halted,
+                    "runwarden is shutting down; the run stopped before its next call".into(),
+                );
+                break;
+            }
+            let n = s.reports.len() as u32 + 1;
+            let mut admit = || s.gate.admit_model_request();
+            let next = self.planner.next(&s.transcript, &mut admit).await;
+            if let Some(more) = self.planner.take_step_limit() {
+                s.gate.limit_steps(more);
+            }
+            match next {
+                Next::Finish => break,
+                Next::Turn(turn) => self.turn(&mut s, &turn),
+                Next::Fail(msg) => s.tally.stop(Verdict::Broken, msg),
+                Next::Stopped(denial) => self.stopped(&mut s, &denial),
+                Next::Skip { id, when } => {
+                    let mut r = StepReport::new(n, &id, "skipped");
+                    r.detail = Some(format!("when: {when}"));
+                    s.transcript.steps.insert(
+                        id,
+                        json!({ "outcome": "skipped", "ok": false, "skipped": true }),
+                    );
+                    s.reports.push(r);
+                }
+                Next::Suggest { id, text } => {
+                    s.tally
+                        .written(self.runner.audit.suggestion(&self.info, n, &text));
+                    let mut r = StepReport::new(n, &id, "suggested");
+                    r.detail = Some(text.clone());
+                    s.suggestions.push(text);
+                    s.reports.push(r);
+                }
+                Next::Call { id, mut call } => {
+                    call.step = n;
+                    let mut r = StepReport::new(n, &id, "");
+                    r.tool = Some(call.tool.chars().take(200).collect());
+                    self.call(&mut s, &id, &call, &mut r).await;
+                    self.count_call(&r);
+                    s.reports.push(r);
+                }
+            }
+        }
+        self.finish(s, started, started_at)
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.runner.shutdown.as_ref().is_some_and(|s| *s.borrow())
+    }
+
+    fn turn(&self, s: &mut Steps, turn: &ModelTurn) {
+        s.model_turns += 1;
+        if turn.final_answer {
+            s.final_answer = Some(turn.content.clone());
+        }
+        s.tally
+            .written(self.runner.audit.model_turn(&self.info, turn));
+    }
+
+    /// The gate refused the next model request itself (kill switch, limits).
+    fn stopped(&self, s: &mut Steps, denial: &Denial) {
+        self.count_denial(denial);
+        let why = format!(
+            "before model request {}: {denial}",
+            s.gate.budget().model_requests() + 1
+        );
+        s.tally.stop(Verdict::from(denial.reason), why);
+    }
+
+    /// One proposed call: the gate decides, and one method acts on it.
+    async fn call(&self, s: &mut Steps, id: &str, call: &ProposedCall, r: &mut StepReport) {
+        match s.gate.check(call) {
+            // A dry run asks nobody: it shows what a person would be asked.
+            Decision::Hold(hold) if self.req.dry_run => self.show(s, id, hold.action(), None, r),
+            Decision::Hold(hold) => match self.ask(s, hold, r).await {
+                Ok(permit) => self.allow(s, id, permit, r).await,
+                Err(denial) => self.deny(s, id, call, &denial, r),
+            },
+            Decision::Deny(denial) => self.deny(s, id, call, &denial, r),
+            Decision::Propose(p) => self.propose(s, id, &p, r),
+            Decision::Allow(permit) => self.allow(s, id, permit, r).await,
+        }
+    }
+
+    fn deny(
+        &self,
+        s: &mut Steps,
+        id: &str,
+        call: &ProposedCall,
+        denial: &Denial,
+        r: &mut StepReport,
+    ) {
+        r.status = "denied".into();
+        r.args = crate::audit::bounded(&call.args);
+        r.tier = denial.tool.map(|t| t.tier().number());
+        r.detail = Some(denial.to_string());
+        s.transcript.steps.insert(
+            id.into(),
+            json!({ "outcome": "denied", "ok": false, "error": denial.for_planner() }),
+        );
+        s.tally.written(
+            self.runner
+                .audit
+                .denied(&self.info, &call.tool, &call.args, denial),
+        );
+        self.count_denial(denial);
+        let v = Verdict::from(denial.reason);
+        if denial.reason.stops_run() {
+            s.tally.stop(v, denial.to_string());
+        }
+        s.tally.note(v, format!("step {}: {denial}", r.step));
+    }
+
+    /// L1: record the call for a person, with the argv it would run.
+    fn propose(&self, s: &mut Steps, id: &str, p: &Proposal, r: &mut StepReport) {
+        let argv = self.argv(p.action());
+        r.status = "proposed".into();
+        r.tier = Some(p.action().tier().number());
+        r.args = p.action().args_json();
+        r.reason = p.action().reason().map(String::from);
+        r.detail = Some("L1: recorded as a proposal for a person; not run".into());
+        let flat: Vec<String> = argv
+            .iter()
+            .map(|a| serde_json::to_string(a).unwrap_or_default())
+            .collect();
+        r.argv = Some(argv);
+        s.transcript
+            .steps
+            .insert(id.into(), json!({ "outcome": "proposed", "ok": false }));
+        s.tally
+            .written(self.runner.audit.proposal(&self.info, p, &flat));
+    }
+
+    /// A dry run's tier-2 call: the argv it would run and who would allow it
+    /// (`None`: a person would be asked, L2); nothing runs.
+    fn show(
+        &self,
+        s: &mut Steps,
+        id: &str,
+        action: &Action,
+        approved_by: Option<&ApprovedBy>,
+        r: &mut StepReport,
+    ) {
+        let argv = self.argv(action);
+        s.tally.written(
+            self.runner
+                .audit
+                .dry_run(&self.info, r.step, action, approved_by, &argv),
+        );
+        r.status = "dry_run".into();
+        r.tier = Some(action.tier().number());
+        r.args = action.args_json();
+        r.reason = action.reason().map(String::from);
+        match approved_by {
+            Some(by) => r.approved_by = Some(by.to_string()),
+            None => {
+                r.detail = Some("L2: a person would be asked to approve exactly this call".into())
+            }
+        }
+        r.argv = Some(argv);
+        s.would_change += 1;
+        s.transcript
+            .steps
+            .insert(id.into(), json!({ "outcome": "dry_run", "ok": false }));
+    }
+
+    /// An allowed call: its intent line takes the permit, and what comes
+    /// back is the one thing dispatch accepts, once.
+    async fn allow(&self, s: &mut Steps, id: &str, permit: Permit, r: &mut StepReport) {
+        let action = permit.action();
+        if self.req.dry_run && action.tier() == Tier::Change {
+            let by = permit.approved_by().clone();
+            return self.show(s, id, permit.action(), Some(&by), r);
+        }
+        let tool = action.tool().name();
+        r.tier = Some(action.tier().number());
+        r.args = action.args_json();
+        r.approved_by = Some(permit.approved_by().to_string());
+        r.reason = action.reason().map(String::from);
+        let ticket = match self.runner.audit.intent(&self.info, permit) {
+            Ok(t) => t,
+            Err(err) => {
+                r.status = "denied".into();
+                r.detail = Some(format!(
+                    "not run: the intent line could not be written: {err}"
+                ));
+                s.tally.stop(
+                    Verdict::Broken,
+                    format!("audit log unusable, no call was made: {err}"),
+                );
+                return;
+            }
+        };
+        let deadline =
+            tokio::time::Instant::now() + self.host.tool_timeout.min(s.gate.budget().remaining());
+        let (done, result) = self
+            .executor
+            .dispatch(ticket, &self.info, &self.host, deadline)
+            .await;
+        if let Err(err) = self.runner.audit.result(&self.info, done, &result) {
+            s.tally.stop(
+                Verdict::Broken,
+                format!("the result line could not be written: {err}"),
+            );
+        }
+        r.status = result.outcome.as_str().into();
+        if crate::executor::ssh::is_transport_error(&result) {
+            s.unreachable += 1;
+            if s.unreachable >= MAX_UNREACHABLE {
+                s.tally.stop(
+                    Verdict::Failed,
+                    format!(
+                        "host {} cannot be reached: {} calls in a row failed before reaching it (last: {}); the run stops rather than wait out every step's timeout",
+                        self.host.name,
+                        s.unreachable,
+                        result.error.as_deref().unwrap_or("transport error")
+                    ),
+                );
+            }
+        } else {
+            s.unreachable = 0;
+        }
+        if !result.succeeded() {
+            let why = result
+                .error
+                .clone()
+                .unwrap_or_else(|| "change not verified".into());
+            s.tally
+                .note(Verdict::Failed, format!("step {} ({tool}): {why}", r.step));
+        }
+        s.transcript.steps.insert(id.into(), result.view());
+        r.result = Some(result);
+    }
+
+    /// L2: put a held call to a person and wait, while the kill switch, the
+    /// time budget and shutdown still apply. An approval re-enters the gate
+    /// with the call it held.
+    async fn ask(&self, s: &mut Steps, hold: Hold, r: &mut StepReport) -> Result<Permit, Denial> {
+        let tool = hold.action().tool();
+        let deny = |reason, detail: String| Denial {
+            step: hold.step(),
+            reason,
+            detail,
+            tool: Some(tool),
+        };
+        let Some(approvals) = self.runner.approvals.clone() else {
+            return Err(deny(
+                DenyReason::NoApprover,
+                "autonomy L2: no person can approve here; run it under `runwarden serve` with `approvers_file` set".into(),
+            ));
+        };
+        let args = hold.action().args_json();
+        let reason = hold.action().reason().unwrap_or_default().to_string();
+        let digest = approvals::digest(
+            &self.info.run_id,
+            hold.step(),
+            &self.runbook.name,
+            &self.host.name,
+            tool.name(),
+            &args,
+            &reason,
+        );
+        let id = uuid::Uuid::now_v7().to_string();
+        if let Err(err) = self.runner.audit.pending(&self.info, &hold, &id, &digest) {
+            return Err(deny(
+                DenyReason::NoApprover,
+                format!("the pending line could not be written, nobody was asked: {err}"),
+            ));
+        }
+        let rx = approvals.open(Request {
+            id: id.clone(),
+            run_id: self.info.run_id.clone(),
+            step: hold.step(),
+            runbook: self.runbook.name.clone(),
+            host: self.host.name.clone(),
+            tool: tool.name().into(),
+            args,
+            reason,
+            findings: serde_json::Value::Object(s.transcript.steps.clone()),
+            digest,
+            created_at: String::new(),
+            expires_at: String::new(),
+            state: State::Pending,
+        });
+        tracing::info!(approval_id = %id, run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, tool = tool.name(), "approval requested");
+        if let Some(m) = &self.runner.metrics {
+            m.approvals_pending.inc();
+        }
+        if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
+            approvals::notify(url.clone(), req);
+        }
+        r.detail = Some(format!("waiting for approval {id}"));
+        let deadline = s.gate.budget().deadline();
+        let resolution = approvals
+            .wait(&id, rx, || {
+                if let Err(engaged) = self.runner.killswitch.check(&self.runbook.name) {
+                    Some(Cancel::KillSwitch(engaged.to_string()))
+                } else if self.shutting_down() {
+                    Some(Cancel::Shutdown)
+                } else if Instant::now() >= deadline {
+                    Some(Cancel::MaxDuration)
+                } else {
+                    None
+                }
+            })
+            .await;
+        tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
+        if let Some(m) = &self.runner.metrics {
+            m.approvals_pending.dec();
+            m.approval_wait.observe(approvals.waited(&id).as_secs_f64());
+            m.approvals
+                .with_label_values(&[&self.runbook.name, tool.name(), resolution.label()])
+                .inc();
+        }
+        match resolution {
+            Resolution::Approved { by, comment } => {
+                r.detail = Some(match comment.is_empty() {
+                    true => format!("approved by {by}"),
+                    false => format!("approved by {by}: {comment}"),
+                });
+                s.gate.approved(hold, by)
+            }
+            Resolution::Denied { by, comment } => Err(deny(
+                DenyReason::ApprovalDenied,
+                format!("{by} denied approval {id}: {comment}"),
+            )),
+            Resolution::Expired => Err(deny(
+                DenyReason::ApprovalExpired,
+                format!("nobody decided on approval {id} in time"),
+            )),
+            Resolution::Cancelled(Cancel::MaxDuration) => Err(deny(
+                DenyReason::TimeBudget,
+                Cancel::MaxDuration.to_string(),
+            )),
+            Resolution::Cancelled(cause @ Cancel::Shutdown) => Err(deny(
+                DenyReason::Shutdown,
+                format!("approval {id} cancelled: {cause}"),
+            )),
+            Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => Err(deny(
+                DenyReason::KillSwitch,
+                format!("approval {id} cancelled: {cause}"),
+            )),
+        }
+    }
+
+    fn argv(&self, action: &Action) -> Argvs {
+        action
+            .planned_argv(&self.host)
+            .iter()
+            .map(|a| a.to_vec())
+            .collect()
+    }
+
+    fn count_denial(&self, denial: &Denial) {
+        if let Some(m) = &self.runner.metrics {
+            m.gate_denials
+                .with_label_values(&[&self.runbook.name, denial.reason.as_str()])
+                .inc();
+        }
+    }
+
+    /// `runwarden_tool_calls_total`: label values from the registry and fixed
+    /// outcomes only (an unknown tool name from a planner is `unknown`).
+    fn count_call(&self, r: &StepReport) {
+        let Some(m) = &self.runner.metrics else {
+            return;
+        };
+        let tool = r
+            .tool
+            .as_deref()
+            .and_then(ToolId::from_name)
+            .map_or("unknown", ToolId::name);
+        let tier = match r.tier {
+            Some(1) => "1",
+            Some(2) => "2",
+            _ => "none",
+        };
+        m.tool_calls
+            .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, &r.status])
+            .inc();
+        if r.result
+            .as_ref()
+            .is_some_and(crate::executor::ssh::is_transport_error)
+        {
+            m.transport_errors
+                .with_label_values(&[&self.host.name])
+                .inc();
+        }
+    }
+
+    /// The verdict line, the journal head, and the report.
+    fn finish(self, s: Steps, started: Instant, started_at: String) -> RunReport {
+        let (mut verdict, mut verdict_detail) = s.tally.verdict(self.req.dry_run, s.would_change);
+        // A dry run changed nothing, whatever the gate would have allowed.
+        let mutations = match self.req.dry_run {
+            true => 0,
+            false => s.gate.budget().mutations(),
+        };
+        let end = RunEnd {
+            duration_ms: started.elapsed().as_millis() as u64,
+            final_answer: s.final_answer.clone(),
+            steps: s.gate.budget().steps(),
+            mutations,
+            suggestions: s.suggestions.clone(),
+        };
+        let audit = &self.runner.audit;
+        if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {
+            // The record is the product: a run whose verdict is not on disk
+            // did not end well, whatever its calls did.
+            tracing::error!(run_id = %self.info.run_id, "verdict line not written: {err}");
+            if let Some(m) = &self.runner.metrics {
+                m.audit_write_failures.inc();
+            }
+            verdict_detail = format!(
+                "the verdict line ({}: {verdict_detail}) could not be written: {err}",
+                verdict.as_str()
+            );
+            verdict = Verdict::Broken;
+        } else {
+            self.runner.ship_head(&self.info.run_id);
+        }
+        tracing::info!(run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, verdict = verdict.as_str(), detail = %verdict_detail, "run ended");
+        RunReport {
+            run_id: self.info.run_id.clone(),
+            runbook: self.runbook.name.clone(),
+            runbook_version: self.runbook.version.clone(),
+            host: self.host.name.clone(),
+            autonomy: self.runbook.autonomy.as_str(),
+            planner: self.planner.name(),
+            model: self.planner.model().map(String::from),
+            final_answer: s.final_answer,
+            model_turns: s.model_turns,
+            trigger: self.req.trigger,
+            dry_run: self.req.dry_run,
+            started_at,
+            duration_ms: started.elapsed().as_millis() as u64,
+            steps: s.reports,
+            suggestions: s.suggestions,
+            mutations,
+            verdict,
+            verdict_detail,
+        }
+    }
+}

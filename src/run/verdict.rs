@@ -1,0 +1,93 @@
+//! How a run ended: one verdict, folded from what its steps came to.
+
+use serde::Serialize;
+
+use crate::gate::DenyReason;
+
+/// How a run ended. Ordered from best to worst; the worst event decides.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every call succeeded and every change verified.
+    #[default]
+    Ok,
+    /// A call failed, timed out, or a change could not be verified.
+    Failed,
+    /// The gate refused at least one call.
+    Denied,
+    /// `max_steps` ran out.
+    StepLimit,
+    /// The mutation or wall-time budget ran out.
+    BudgetExhausted,
+    /// The run could not go on: the audit log failed, or a `when` or template did.
+    Broken,
+    /// The kill switch stopped the run.
+    Halted,
+    /// The process running it stopped before its verdict (closed by the
+    /// next daemon to start).
+    Interrupted,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed => "failed",
+            Verdict::Denied => "denied",
+            Verdict::StepLimit => "step_limit",
+            Verdict::BudgetExhausted => "budget_exhausted",
+            Verdict::Broken => "broken",
+            Verdict::Halted => "halted",
+            Verdict::Interrupted => "interrupted",
+        }
+    }
+
+    /// The process exit code of `runwarden run` (2 is kept for usage and config errors).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Ok => 0,
+            Verdict::Failed => 1,
+            Verdict::Denied => 3,
+            Verdict::StepLimit => 4,
+            Verdict::BudgetExhausted => 5,
+            Verdict::Broken => 6,
+            Verdict::Halted => 7,
+            // Like broken: the run ended without reaching its own verdict.
+            Verdict::Interrupted => 6,
+        }
+    }
+
+    pub const ALL: [Verdict; 8] = [
+        Verdict::Ok,
+        Verdict::Failed,
+        Verdict::Denied,
+        Verdict::StepLimit,
+        Verdict::BudgetExhausted,
+        Verdict::Broken,
+        Verdict::Halted,
+        Verdict::Interrupted,
+    ];
+}
+
+impl std::str::FromStr for Verdict {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Verdict, String> {
+        Verdict::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a verdict"))
+    }
+}
+
+impl From<DenyReason> for Verdict {
+    /// What a refusal makes of the run, when it is the worst thing that happened.
+    fn from(reason: DenyReason) -> Verdict {
+        match reason {
+            DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
+            DenyReason::StepLimit => Verdict::StepLimit,
+            DenyReason::TimeBudget | DenyReason::MutationBudget => Verdict::BudgetExhausted,
+            _ => Verdict::Denied,
+        }
+    }
+}
