@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::run::Verdict;
-use crate::tools::ToolResult;
+use crate::tools::{ToolId, ToolResult};
 use crate::trigger::Trigger;
 
 /// One line of the report: what was asked, what the gate said, what happened.
@@ -81,4 +81,115 @@ pub struct RunReport {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// The report as a person reads it.
+pub fn render(r: &RunReport) -> String {
+    let mut s = format!(
+        "run {}  runbook {} ({}, {}{})  host {}\n",
+        r.run_id,
+        r.runbook,
+        r.autonomy,
+        r.planner,
+        if r.dry_run { ", dry run" } else { "" },
+        r.host
+    );
+    for step in &r.steps {
+        s += &render_step(step);
+    }
+    if let Some(answer) = &r.final_answer {
+        s += &format!(
+            "  final answer of {}:\n",
+            r.model.as_deref().unwrap_or("the model")
+        );
+        for line in answer.lines() {
+            s += &format!("     | {line}\n");
+        }
+    }
+    for sug in &r.suggestions {
+        s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
+    }
+    s += &format!(
+        "verdict: {} ({}) in {} ms, {} mutation(s)\n",
+        r.verdict.as_str(),
+        r.verdict_detail,
+        r.duration_ms,
+        r.mutations
+    );
+    s
+}
+
+fn render_step(step: &StepReport) -> String {
+    let mut s = format!("{:>3}. {:<12} ", step.step, step.id);
+    match &step.tool {
+        Some(tool) => {
+            s += &format!("{tool} {}", compact(&step.args));
+            if let Some(t) = step.tier {
+                s += &format!("  tier {t}");
+            }
+            if let Some(a) = &step.approved_by {
+                s += &format!("  approved_by {a}");
+            }
+        }
+        None => s += "-",
+    }
+    let duration = step
+        .result
+        .as_ref()
+        .map(|r| format!("  {} ms", r.duration_ms))
+        .unwrap_or_default();
+    let verified = match step.result.as_ref().and_then(|r| r.verified) {
+        Some(true) => " (verified)",
+        Some(false) => " (NOT verified)",
+        None => "",
+    };
+    let status = match step.status.as_str() {
+        "dry_run" => "would run (dry run: not run)",
+        other => other,
+    };
+    s += &format!("  => {status}{verified}{duration}\n");
+    if let Some(reason) = &step.reason {
+        s += &format!("       reason: {reason}\n");
+    }
+    if let Some(d) = &step.detail {
+        s += &format!("       {d}\n");
+    }
+    for argv in step.argv.iter().flatten() {
+        let label = if step.status == "dry_run" {
+            "would run"
+        } else {
+            "argv"
+        };
+        s += &format!(
+            "       {label}: {}\n",
+            serde_json::to_string(argv).unwrap_or_default()
+        );
+    }
+    if step.status == "dry_run"
+        && let Some(check) = step
+            .tool
+            .as_deref()
+            .and_then(ToolId::from_name)
+            .and_then(ToolId::verification)
+    {
+        s += &format!("       would verify: {check}\n");
+    }
+    if let Some(res) = &step.result {
+        if let Some(e) = &res.error {
+            s += &format!("       error: {e}\n");
+        }
+        if !res.data.is_null() {
+            let text = compact(&res.data);
+            let cut: String = text.chars().take(600).collect();
+            s += &format!(
+                "       result: {cut}{}\n",
+                if cut.len() < text.len() { " …" } else { "" }
+            );
+        }
+    }
+    s
+}
+
+pub(crate) fn compact(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_default()
 }

@@ -1,0 +1,273 @@
+//! The command line's shape: clap types, one variant per subcommand.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::planner::PlannerChoice;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "runwarden",
+    version,
+    about = "Runbook-scoped remediation runner: narrow typed tools, one gate, a hash-chained audit log"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log level or filter (`info`, `debug`, `runwarden=debug`); overrides
+    /// RUNWARDEN_LOG. Default: `info` for serve, `warn` for other commands.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    /// `text` (the default) or `json`, one object per line, for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Cli {
+    /// The log filter: `--log-level`, else RUNWARDEN_LOG, else the command's default.
+    pub fn log_filter(&self) -> String {
+        let default = match self.command {
+            Command::Serve { .. } => "info",
+            _ => "warn",
+        };
+        self.log_level
+            .clone()
+            .or_else(|| std::env::var("RUNWARDEN_LOG").ok())
+            .unwrap_or_else(|| default.to_string())
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and validate runwarden.yaml, hosts/ and runbooks/; print every problem as FILE:LINE:COLUMN.
+    Check {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// List every tool with its tier, description and argument schema.
+    Tools {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one runbook on one host through the gate and print the report.
+    Run {
+        runbook: String,
+        /// The host; through the daemon it may repeat.
+        #[arg(long, required_unless_present = "all_hosts")]
+        host: Vec<String>,
+        /// Every host the runbook names (through the daemon, `--via-daemon`).
+        #[arg(long, requires = "via_daemon", conflicts_with = "host")]
+        all_hosts: bool,
+        /// Ask the daemon at this URL to run it (`POST /api/v1/runs`), under its
+        /// locks, cooldown, concurrency limit and kill switch, and wait for the verdicts.
+        #[arg(long)]
+        via_daemon: Option<String>,
+        /// The webhook token for `--via-daemon`, when the daemon requires one.
+        #[arg(long, requires = "via_daemon")]
+        token_file: Option<PathBuf>,
+        /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Who picks the calls: the model for runbooks with an agent goal when
+        /// runwarden.yaml configures one (auto), or force one.
+        #[arg(long, value_enum, default_value = "auto")]
+        planner: PlannerChoice,
+        /// Run as if for this alert: a JSON file with `labels` and `annotations`
+        /// (one alert of an Alertmanager notification), seen by templates as `alert.*`.
+        #[arg(long)]
+        alert: Option<PathBuf>,
+    },
+    /// List runs from the audit log: every run of any process, across restarts.
+    Runs {
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        /// A verdict (`ok`, `failed`, ...), `running`, `queued` or `interrupted`.
+        #[arg(long)]
+        status: Option<String>,
+        /// A duration back from now (`1h`, `7d`) or an RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// The newest this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Print a run from the audit log as a person reads it: each model turn
+    /// (what it was sent, what it answered), each call with the gate's decision, each result.
+    Transcript {
+        run_id: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Run the daemon: cron schedules, the Alertmanager webhook, the kill-switch watcher, metrics.
+    Serve {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        /// Address to listen on (default: `listen` in runwarden.yaml, else 127.0.0.1:9731).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// On a managed host: the forced-command agent that re-checks and runs each call sent over SSH.
+    Agent {
+        /// Read requests on stdin, answer on stdout (the only mode).
+        #[arg(long)]
+        stdio: bool,
+        /// This host's own policy: a host file; the host wins over the runner's.
+        #[arg(long, default_value = "/etc/runwarden/agent.yaml")]
+        policy: PathBuf,
+        /// The host's own append-only audit log.
+        #[arg(long, default_value = "/var/lib/runwarden/agent-audit.jsonl")]
+        audit: PathBuf,
+    },
+    /// Named hosts: `check` connects, verifies the host key, and compares the host's policy with the host file.
+    Host {
+        #[command(subcommand)]
+        command: HostCommand,
+    },
+    /// Print what an operator installs for a host: agent policy, authorized_keys line, sudoers file, systemd unit.
+    Install {
+        #[command(subcommand)]
+        command: InstallCommand,
+    },
+    /// List, show, approve or deny L2 approval requests (talks to `runwarden serve`).
+    Approvals {
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+        /// The daemon's address (default: `listen` from runwarden.yaml).
+        #[arg(long, global = true)]
+        daemon: Option<String>,
+        /// File holding your approver token (default: $RUNWARDEN_APPROVER_TOKEN_FILE).
+        #[arg(long, global = true)]
+        token_file: Option<PathBuf>,
+        #[arg(long, global = true, default_value = ".")]
+        config: PathBuf,
+    },
+    /// What a person needs before raising a runbook's autonomy: runs, proposals, approvals, denials, failed verifications.
+    PromoteReport {
+        runbook: String,
+        /// How far back to look, e.g. 14d.
+        #[arg(long, default_value = "14d")]
+        since: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Read the audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Stop every run (or one runbook's) at its next call.
+    KillSwitch {
+        #[command(subcommand)]
+        command: KillSwitchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain; report the first broken or missing line.
+    /// Also checked, where there is a system journal: every head the journal
+    /// recorded for this log as runs ended.
+    Verify {
+        /// The log file (default: the configured audit log).
+        file: Option<PathBuf>,
+        /// A head recorded elsewhere, as `HASH:LINES` (printed by this command); may repeat.
+        #[arg(long, value_parser = clap::value_parser!(crate::audit::head::Head))]
+        head: Vec<crate::audit::head::Head>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Print one run's lines in order; an intent without a result is marked.
+    Show {
+        run_id: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// Exit 0 when the host answers and its policy agrees with the host file, 1 when they differ, 2 when it cannot be reached.
+    Check {
+        host: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InstallCommand {
+    /// Print the files (nothing is installed).
+    Print {
+        #[arg(long)]
+        host: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// Every request the daemon holds, pending first.
+    List,
+    /// One request, with the exact call and its digest.
+    Show { id: String },
+    /// Approve the call shown by `show` (its digest is sent along).
+    Approve {
+        id: String,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+    /// Deny the call.
+    Deny {
+        id: String,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KillSwitchCommand {
+    /// Engage: every run stops before its next call.
+    Engage {
+        #[arg(long)]
+        reason: String,
+        /// Stop only this runbook.
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Release the switch.
+    Release {
+        #[arg(long)]
+        runbook: Option<String>,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Print the state and what each engaged switch file says. Exit 0 when
+    /// released, 1 when any switch is engaged, 2 when runwarden.yaml does not load.
+    Status {
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+}

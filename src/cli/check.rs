@@ -1,0 +1,124 @@
+//! `runwarden check` and `runwarden tools`: what the config and the registry say.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::EXIT_USAGE;
+use crate::config::Config;
+use crate::config::Connection;
+use crate::tools::ToolId;
+
+pub(super) fn load(dir: &Path) -> Result<Config, i32> {
+    Config::load(dir).map_err(|e| {
+        eprintln!("{e}");
+        eprintln!(
+            "runwarden: {} problem(s) in {}; nothing was loaded",
+            e.0.len(),
+            dir.display()
+        );
+        EXIT_USAGE
+    })
+}
+
+pub(super) fn check(dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
+    match cfg.serve_problems(None) {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!(
+                "runwarden: {} problem(s) that `runwarden serve` would refuse in {}",
+                e.0.len(),
+                dir.display()
+            );
+            return EXIT_USAGE;
+        }
+    }
+    for h in cfg.hosts.values() {
+        let conn = match &h.connection {
+            Connection::Local => "local".to_string(),
+            Connection::Ssh(s) => format!("ssh {}@{}:{}", s.user, s.address, s.port),
+        };
+        println!("host {:<24} {conn:<28} {}", h.name, h.source.display());
+    }
+    for r in cfg.runbooks.values() {
+        println!(
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{} {}",
+            r.name,
+            r.autonomy.as_str(),
+            r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
+            r.observe.len(),
+            r.approve.len(),
+            r.steps.len(),
+            match &r.agent {
+                Some(a) => format!(" agent(max_steps={})", a.max_steps),
+                None => String::new(),
+            },
+            r.source.display()
+        );
+    }
+    match &cfg.settings.model {
+        Some(m) => println!(
+            "model {} at {} (timeout {}, {} retries){}",
+            m.name,
+            m.endpoint,
+            humantime::format_duration(m.timeout),
+            m.retries,
+            match &m.api_key {
+                Some(crate::config::ApiKey::Env(v)) => format!(", key from ${v}"),
+                Some(crate::config::ApiKey::File(f)) => format!(", key from {}", f.display()),
+                None => String::new(),
+            }
+        ),
+        None => println!("model: none configured (runbooks run their steps)"),
+    }
+    println!(
+        "ok: {} host(s), {} runbook(s)",
+        cfg.hosts.len(),
+        cfg.runbooks.len()
+    );
+    0
+}
+
+pub(super) fn tools(json: bool) -> i32 {
+    if json {
+        let list: Vec<Value> = ToolId::ALL
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name(),
+                    "tier": t.tier().number(),
+                    "description": t.description(),
+                    "parameters": t.schema(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        );
+    } else {
+        for t in ToolId::ALL {
+            println!(
+                "{} (tier {})\n    {}\n    parameters: {}\n",
+                t.name(),
+                t.tier().number(),
+                t.description(),
+                t.schema()
+            );
+        }
+        println!(
+            "Tier 3 (destructive, irreversible) is never a tool: runbooks may only `suggest:` such a command for a person."
+        );
+    }
+    0
+}

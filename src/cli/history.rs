@@ -1,0 +1,282 @@
+//! Reading the record: `audit verify`, `audit show`, `transcript`, `runs` and `promote-report`.
+
+use std::path::Path;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::EXIT_USAGE;
+use super::check::load;
+use crate::audit;
+use crate::audit::Phase;
+use crate::report::compact;
+
+pub(super) fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
+    match file {
+        Some(f) => Ok(f),
+        // runwarden.yaml alone: the log can be read while a runbook is half edited.
+        None => crate::config::Settings::load(dir)
+            .map(|s| s.audit_log)
+            .map_err(|e| {
+                eprintln!("{e}");
+                EXIT_USAGE
+            }),
+    }
+}
+
+pub(super) fn audit_verify(
+    file: Option<PathBuf>,
+    dir: &Path,
+    mut heads: Vec<audit::head::Head>,
+) -> i32 {
+    let path = match audit_path(file, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let pinned = heads.len();
+    let mut from_journal = None;
+    if audit::head::journal_available() {
+        match audit::head::journal_heads(&path) {
+            Ok(found) => {
+                from_journal = Some(found.len());
+                heads.extend(found);
+            }
+            Err(e) => eprintln!("runwarden: {e}; only the chain is checked"),
+        }
+    }
+    let against = match (pinned, from_journal) {
+        (0, None) => {
+            "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
+                .to_string()
+        }
+        (p, j) => format!(
+            "matches {} head(s) recorded elsewhere ({p} pinned, {} from the journal)",
+            p + j.unwrap_or(0),
+            j.map_or("none".into(), |n| n.to_string())
+        ),
+    };
+    match audit::verify_against(&path, &heads) {
+        Ok(v) if v.problems.is_empty() => {
+            println!("{}: {} line(s), chain intact", path.display(), v.lines);
+            println!("head: {}:{}", v.head, v.lines);
+            println!("{against}");
+            0
+        }
+        Ok(v) => {
+            for (line, why) in &v.problems {
+                println!("{}:{line}: chain broken: {why}", path.display());
+            }
+            println!(
+                "{} problem(s) in {} line(s); the first {} line(s) verify",
+                v.problems.len(),
+                v.lines,
+                v.problems[0].0 - 1
+            );
+            EXIT_USAGE
+        }
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            EXIT_USAGE
+        }
+    }
+}
+
+pub(super) fn runs(
+    mut filter: audit::runs::Filter,
+    since: Option<&str>,
+    json: bool,
+    dir: &Path,
+) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if let Some(s) = since {
+        match audit::runs::parse_since(s) {
+            Ok(t) => filter.since = Some(t),
+            Err(e) => {
+                eprintln!("runwarden: {e}");
+                return EXIT_USAGE;
+            }
+        }
+    }
+    let list = match audit::runs::list(&path, &filter) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            return EXIT_USAGE;
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        );
+        return 0;
+    }
+    if list.is_empty() {
+        println!("no runs in {}", path.display());
+        return 0;
+    }
+    let width = |f: fn(&audit::runs::RunSummary) -> usize| list.iter().map(f).max().unwrap_or(0);
+    let (rb, host) = (width(|r| r.runbook.len()), width(|r| r.host.len()));
+    println!(
+        "{:<30} {:<36} {:<rb$} {:<host$} {:<8} STATUS",
+        "STARTED", "RUN", "RUNBOOK", "HOST", "TRIGGER"
+    );
+    for r in &list {
+        let line = format!(
+            "{:<30} {:<36} {:<rb$} {:<host$} {:<8} {}",
+            r.started_at, r.run_id, r.runbook, r.host, r.trigger, r.status
+        );
+        println!("{}", crate::text::printable(&line));
+    }
+    0
+}
+
+/// A run id or a unique prefix of one, as given on the command line.
+pub(super) fn run_id_of(path: &Path, given: &str) -> Result<String, i32> {
+    audit::runs::resolve(path, given).map_err(|e| {
+        eprintln!("runwarden: {e}");
+        1
+    })
+}
+
+pub(super) fn transcript(run_id: &str, dir: &Path) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let run_id = &match run_id_of(&path, run_id) {
+        Ok(id) => id,
+        Err(code) => return code,
+    };
+    match audit::run_lines(&path, run_id) {
+        Ok(lines) if lines.is_empty() => {
+            eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
+            1
+        }
+        Ok(lines) => {
+            print!(
+                "{}",
+                crate::text::printable(&crate::transcript::render(&lines))
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            EXIT_USAGE
+        }
+    }
+}
+
+pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
+    let path = match audit_path(None, dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let run_id = &match run_id_of(&path, run_id) {
+        Ok(id) => id,
+        Err(code) => return code,
+    };
+    let lines = match audit::run_lines(&path, run_id) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            return EXIT_USAGE;
+        }
+    };
+    if lines.is_empty() {
+        eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
+        return 1;
+    }
+    let finished: std::collections::BTreeSet<u32> = lines
+        .iter()
+        .filter(|e| e.phase == Some(Phase::Result))
+        .filter_map(|e| e.step)
+        .collect();
+    let has_verdict = lines.iter().any(|e| e.phase == Some(Phase::Verdict));
+    for e in &lines {
+        let interrupted =
+            e.phase == Some(Phase::Intent) && !e.step.is_some_and(|s| finished.contains(&s));
+        if json {
+            let mut v = serde_json::to_value(e).unwrap_or_default();
+            if interrupted {
+                v["interrupted"] = Value::Bool(true);
+            }
+            println!("{v}");
+            continue;
+        }
+        let phase = e
+            .phase
+            .map(|p| {
+                serde_json::to_value(p)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        let mut line = format!("{} {:<10}", e.ts, phase);
+        if let Some(s) = e.step {
+            line += &format!(" step {s}");
+        }
+        if let Some(t) = &e.tool {
+            line += &format!(" {t}");
+        }
+        if let Some(a) = &e.args {
+            line += &format!(" {}", compact(a));
+        }
+        if let Some(a) = &e.approved_by {
+            line += &format!(" approved_by={a}");
+        }
+        if let Some(o) = &e.outcome {
+            line += &format!(" outcome={o}");
+        }
+        if let Some(d) = e.duration_ms {
+            line += &format!(" {d}ms");
+        }
+        if let Some(r) = &e.reason {
+            line += &format!(" reason={r:?}");
+        }
+        if interrupted {
+            line += "  INTERRUPTED: no result line (the process stopped during this call)";
+        }
+        println!("{}", crate::text::printable(&line));
+    }
+    if !has_verdict {
+        println!("(no verdict line: the run was interrupted or is still running)");
+    }
+    0
+}
+
+pub(super) fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let window = match humantime::parse_duration(since) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("runwarden: --since {since:?} is not a duration ({e}); write e.g. 14d");
+            return EXIT_USAGE;
+        }
+    };
+    let from = jiff::Timestamp::now() - jiff::SignedDuration::try_from(window).unwrap_or_default();
+    let report = match audit::promotion(&cfg.settings.audit_log, runbook, from) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "runwarden: cannot read {}: {e}",
+                cfg.settings.audit_log.display()
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let autonomy = cfg
+        .runbooks
+        .get(runbook)
+        .map_or("(not in the config)", |r| r.autonomy.as_str());
+    println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
+    print!("{report}");
+    0
+}

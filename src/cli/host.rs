@@ -1,0 +1,138 @@
+//! `runwarden host check`, `install print` and `agent`: reaching a host, and the host's side.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::EXIT_USAGE;
+use super::check::load;
+use crate::audit::AuditLog;
+use crate::config::Connection;
+use crate::run::Verdict;
+
+pub(super) async fn host_check(name: &str, dir: &Path) -> i32 {
+    use crate::executor::agent::{AgentRequest, HELLO, allowlists, policy_digest};
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(host) = cfg.hosts.get(name) else {
+        eprintln!("runwarden: no host named \"{name}\" in hosts/");
+        return EXIT_USAGE;
+    };
+    let Connection::Ssh(ssh) = &host.connection else {
+        println!("host {name} is local: nothing to check");
+        return 0;
+    };
+    let request = AgentRequest {
+        run_id: "host-check".into(),
+        step: 0,
+        runbook: String::new(),
+        tool: HELLO.into(),
+        args: Value::Null,
+        permit: None,
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut once = ssh.clone();
+    once.multiplex = false;
+    let reply = crate::executor::ssh::Session::new(once, "host-check")
+        .call(host, &request, deadline)
+        .await;
+    if reply.outcome != crate::tools::Outcome::Ok {
+        println!(
+            "host {name}: {}: {}",
+            crate::executor::ssh::failure_kind(&reply),
+            reply.error.unwrap_or_default()
+        );
+        return EXIT_USAGE;
+    }
+    println!(
+        "host {name} ({}:{}): host key verified, agent {}",
+        ssh.address,
+        ssh.port,
+        reply.data["version"].as_str().unwrap_or("?")
+    );
+    let theirs = &reply.data["policy"];
+    let ours = allowlists(host);
+    let mut differ = false;
+    for (field, mine) in ours.as_object().into_iter().flatten() {
+        let set = |v: &Value| -> std::collections::BTreeSet<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        };
+        let (mine, host_side) = (set(mine), set(&theirs[field]));
+        for only in mine.difference(&host_side) {
+            differ = true;
+            println!(
+                "  {field}: {only:?} is in the host file but not in the host's policy: the host will refuse it"
+            );
+        }
+        for only in host_side.difference(&mine) {
+            differ = true;
+            println!(
+                "  {field}: {only:?} is allowed by the host's policy but not by the host file"
+            );
+        }
+    }
+    let digest = policy_digest(host);
+    if differ || reply.data["policy_digest"].as_str() != Some(digest.as_str()) {
+        println!(
+            "policies differ (host file {digest}, host {})",
+            reply.data["policy_digest"].as_str().unwrap_or("?")
+        );
+        1
+    } else {
+        println!("policies agree ({digest})");
+        0
+    }
+}
+
+pub(super) fn install_print(host: &str, dir: &Path) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match cfg.hosts.get(host) {
+        Some(h) => {
+            print!("{}", crate::install::print(&cfg, h));
+            0
+        }
+        None => {
+            eprintln!("runwarden: no host named \"{host}\" in hosts/");
+            EXIT_USAGE
+        }
+    }
+}
+
+pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> i32 {
+    if !stdio {
+        eprintln!(
+            "runwarden: the agent only speaks on stdio: `runwarden agent --stdio` (as an authorized_keys forced command)"
+        );
+        return EXIT_USAGE;
+    }
+    let policy = match crate::executor::agent::load_policy(policy) {
+        Ok(p) => p,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "refused": format!("the host's policy does not load: {e}") })
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let log = match AuditLog::open(audit_file) {
+        Ok(l) => l,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "refused": format!("the host's audit log cannot be opened, nothing runs: {e}") })
+            );
+            return Verdict::Broken.exit_code();
+        }
+    };
+    crate::executor::agent::serve_stdio(&policy, &log).await
+}

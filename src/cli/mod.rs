@@ -1,0 +1,172 @@
+//! The command line: clap types ([`args`]), one module per command family,
+//! and [`main`], which runs a parsed command and returns its exit code.
+//! Messages and exit codes are decided here and nowhere in the library.
+//!
+//! Exit codes: 0 success; 1 a run failed (see [`Verdict::exit_code`] for the
+//! others of `run`); 2 usage or configuration error, or a broken audit chain.
+
+mod approvals;
+mod args;
+mod check;
+mod history;
+mod host;
+mod killswitch;
+mod run;
+
+use std::path::PathBuf;
+
+use crate::audit;
+use crate::run::RunRequest;
+
+pub use args::{
+    ApprovalsCommand, AuditCommand, Cli, Command, HostCommand, InstallCommand, KillSwitchCommand,
+    LogFormat,
+};
+
+use approvals::approvals;
+use check::{check, tools};
+use history::{audit_show, audit_verify, promote_report, runs, transcript};
+use host::{agent, host_check, install_print};
+use killswitch::kill_switch;
+use run::{read_alert, run, via_daemon};
+
+/// Exit code for usage and configuration errors.
+pub const EXIT_USAGE: i32 = 2;
+/// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
+pub const EXIT_BUSY: i32 = 75;
+
+/// Run a parsed command; returns the process exit code.
+pub async fn main(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Tools { json } => tools(json),
+        Command::Run {
+            runbook,
+            host,
+            all_hosts,
+            via_daemon: Some(daemon),
+            token_file,
+            dry_run,
+            ..
+        } => {
+            via_daemon(
+                &daemon,
+                &runbook,
+                &host,
+                all_hosts,
+                dry_run,
+                token_file.as_deref(),
+            )
+            .await
+        }
+        Command::Run {
+            runbook,
+            host,
+            dry_run,
+            config,
+            json,
+            planner,
+            alert,
+            ..
+        } => {
+            let [host] = <[String; 1]>::try_from(host).unwrap_or_else(|_| {
+                eprintln!("runwarden: give one --host (several, or --all-hosts, go through the daemon: --via-daemon URL)");
+                std::process::exit(EXIT_USAGE);
+            });
+            let mut req = RunRequest::cli(runbook, host, dry_run);
+            req.planner = planner;
+            if let Some(file) = alert {
+                match read_alert(&file) {
+                    Ok(a) => req.alert = Some(a),
+                    Err(e) => {
+                        eprintln!("runwarden: {e}");
+                        return EXIT_USAGE;
+                    }
+                }
+            }
+            run(&config, req, json).await
+        }
+        Command::Transcript { run_id, config } => transcript(&run_id, &config),
+        Command::Runs {
+            runbook,
+            host,
+            status,
+            since,
+            limit,
+            json,
+            config,
+        } => runs(
+            audit::runs::Filter {
+                runbook,
+                host,
+                status,
+                since: None,
+                limit: Some(limit),
+            },
+            since.as_deref(),
+            json,
+            &config,
+        ),
+        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Agent {
+            stdio,
+            policy,
+            audit,
+        } => agent(stdio, &policy, &audit).await,
+        Command::Install {
+            command: InstallCommand::Print { host, config },
+        } => install_print(&host, &config),
+        Command::Host {
+            command: HostCommand::Check { host, config },
+        } => host_check(&host, &config).await,
+        Command::Approvals {
+            command,
+            daemon,
+            token_file,
+            config,
+        } => approvals(command, daemon, token_file, &config).await,
+        Command::PromoteReport {
+            runbook,
+            since,
+            config,
+        } => promote_report(&runbook, &since, &config),
+        Command::Audit {
+            command: AuditCommand::Verify { file, config, head },
+        } => audit_verify(file, &config, head),
+        Command::Audit {
+            command:
+                AuditCommand::Show {
+                    run_id,
+                    config,
+                    json,
+                },
+        } => audit_show(&run_id, &config, json),
+        Command::KillSwitch { command } => kill_switch(command),
+    }
+}
+
+async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> i32 {
+    let opts = crate::app::ServeOptions { config_dir, listen };
+    match crate::app::serve(opts, shutdown_signal(), None).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("runwarden: {e:#}");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

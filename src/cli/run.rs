@@ -1,0 +1,179 @@
+//! `runwarden run`: one runbook on one host here, or through the daemon (`--via-daemon`) on several.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::EXIT_BUSY;
+use super::EXIT_USAGE;
+use super::check::load;
+use crate::audit::AuditLog;
+use crate::report::render;
+use crate::run::RunRequest;
+use crate::run::Runner;
+use crate::run::StartError;
+use crate::run::Verdict;
+
+pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
+    let cfg = match load(dir) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let audit = match AuditLog::open(&cfg.settings.audit_log) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            eprintln!("runwarden: {e}");
+            return Verdict::Broken.exit_code();
+        }
+    };
+    let runner = Runner::new(Arc::new(cfg), audit);
+    match runner.run(&req).await {
+        Ok(report) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+            } else {
+                print!("{}", crate::text::printable(&render(&report)));
+            }
+            report.verdict.exit_code()
+        }
+        Err(e @ (StartError::Audit(_) | StartError::Lock(_))) => {
+            eprintln!("runwarden: {e}");
+            Verdict::Broken.exit_code()
+        }
+        Err(e @ StartError::Busy(_)) => {
+            eprintln!("runwarden: {e}; try again when it has ended");
+            EXIT_BUSY
+        }
+        Err(e) => {
+            eprintln!("runwarden: {e}");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// `run --via-daemon`: start the runs through the daemon, wait for each
+/// verdict, exit with the worst one's code (75 when a run was refused as busy).
+pub(super) async fn via_daemon(
+    base: &str,
+    runbook: &str,
+    hosts: &[String],
+    all_hosts: bool,
+    dry_run: bool,
+    token_file: Option<&Path>,
+) -> i32 {
+    let token = match token_file.map(|f| crate::secret::read_file(f, "webhook token file")) {
+        Some(Ok(t)) => Some(t.trim().to_string()),
+        Some(Err(e)) => {
+            eprintln!("runwarden: {e}");
+            return EXIT_USAGE;
+        }
+        None => None,
+    };
+    let base = base.trim_end_matches('/');
+    let client = reqwest::Client::new();
+    let auth = |r: reqwest::RequestBuilder| match &token {
+        Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    let body = if all_hosts {
+        serde_json::json!({ "runbook": runbook, "all_hosts": true, "dry_run": dry_run })
+    } else {
+        serde_json::json!({ "runbook": runbook, "hosts": hosts, "dry_run": dry_run })
+    };
+    let answer = auth(client.post(format!("{base}/api/v1/runs")))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    let (status, answer) = match answer {
+        Ok(r) => (
+            r.status(),
+            r.bytes()
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .unwrap_or(Value::Null),
+        ),
+        Err(e) => {
+            eprintln!(
+                "runwarden: cannot reach the daemon at {base}: {}",
+                crate::error_chain(&e)
+            );
+            return EXIT_USAGE;
+        }
+    };
+    if status != reqwest::StatusCode::ACCEPTED {
+        eprintln!(
+            "runwarden: the daemon answered {status}: {}",
+            answer["error"].as_str().unwrap_or("")
+        );
+        return EXIT_USAGE;
+    }
+    let mut worst = 0;
+    for o in answer["outcomes"].as_array().into_iter().flatten() {
+        let host = o["host"].as_str().unwrap_or("?");
+        let Some(id) = o["run_id"].as_str() else {
+            let result = o["result"].as_str().unwrap_or("?");
+            println!("{host}: not started ({result})");
+            worst = worst.max(EXIT_BUSY);
+            continue;
+        };
+        println!("{host}: run {id} started");
+        let verdict = loop {
+            let run = auth(client.get(format!("{base}/api/v1/runs/{id}")))
+                .send()
+                .await
+                .ok();
+            let status = match run {
+                Some(r) => r
+                    .bytes()
+                    .await
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                    .and_then(|v| v["status"].as_str().map(String::from)),
+                None => None,
+            };
+            match status.as_deref() {
+                Some("queued" | "running") | None => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await
+                }
+                Some(v) => break v.to_string(),
+            }
+        };
+        println!("{host}: run {id}: {verdict}");
+        let code = verdict
+            .parse::<Verdict>()
+            .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
+        worst = worst.max(code);
+    }
+    worst
+}
+
+/// `run --alert FILE`: one alert's labels and annotations, as the webhook would pass them.
+pub(super) fn read_alert(file: &Path) -> Result<Value, String> {
+    let text = std::fs::read(file).map_err(|e| format!("--alert {}: {e}", file.display()))?;
+    if text.len() > 1 << 20 {
+        return Err(format!("--alert {}: larger than 1 MiB", file.display()));
+    }
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| format!("--alert {}: not JSON: {e}", file.display()))?;
+    let strings = |key: &str| -> Result<Value, String> {
+        match &v[key] {
+            Value::Null => Ok(Value::Object(Default::default())),
+            Value::Object(m) if m.values().all(Value::is_string) => Ok(v[key].clone()),
+            _ => Err(format!(
+                "--alert {}: `{key}` must be an object of strings",
+                file.display()
+            )),
+        }
+    };
+    Ok(serde_json::json!({
+        "labels": strings("labels")?,
+        "annotations": strings("annotations")?,
+        "fingerprint": v["fingerprint"].as_str().unwrap_or(""),
+    }))
+}
