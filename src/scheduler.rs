@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::Serialize;
 use tokio::sync::{Semaphore, watch};
@@ -408,5 +410,95 @@ fn run_info(config: &Config, run_id: &str, req: &RunRequest) -> RunInfo {
         planner: String::new(),
         model: None,
         prompt: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheduler over a real config directory: runbook `rb` on host `web`,
+    /// with a one-hour cooldown.
+    fn scheduler() -> (tempfile::TempDir, Arc<Config>, Arc<Scheduler>) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        for d in ["hosts", "runbooks", "kill-switch"] {
+            std::fs::create_dir_all(p.join(d)).unwrap();
+        }
+        std::fs::write(
+            p.join("hosts/web.yaml"),
+            "name: web\nconnection: local\npaths: [/tmp]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            p.join("runbooks/rb.yaml"),
+            "name: rb\ndescription: t\nhosts: [web]\nautonomy: L3\ncooldown: 1h\ntools:\n  observe: [disk_usage]\nsteps: [{ call: disk_usage, args: { path: /tmp } }]\n",
+        )
+        .unwrap();
+        let config = Arc::new(Config::load(p).unwrap());
+        let audit = Arc::new(AuditLog::open(&p.join("state/audit.jsonl")).unwrap());
+        let metrics = Arc::new(Metrics::new(prometheus::Registry::new()));
+        let (_, shutdown) = watch::channel(false);
+        let s = Scheduler::new(
+            watch::channel(config.clone()).1,
+            audit,
+            metrics,
+            shutdown,
+            None,
+        );
+        (dir, config, s)
+    }
+
+    fn alert(keys: &[&str]) -> RunRequest {
+        let mut req = RunRequest::cli("rb".into(), "web".into(), false);
+        req.trigger = crate::trigger::Trigger::Alert;
+        req.keys = keys.iter().map(|k| k.to_string()).collect();
+        req
+    }
+
+    /// The end of a run, as the run's task records it.
+    fn ended(s: &Scheduler) {
+        let mut slots = s.slots.lock().unwrap();
+        let slot = slots.get_mut(&("rb".into(), "web".into())).unwrap();
+        slot.in_flight = false;
+        slot.ended = Some(Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cooldown_holds_for_its_hour_and_a_repeat_of_the_same_alert_is_a_duplicate() {
+        let (_d, config, s) = scheduler();
+        let decide = |keys: &[&str]| s.decide(&config, &alert(keys), false);
+        assert_eq!(decide(&["fp1"]), TriggerResult::Started);
+        assert_eq!(decide(&["fp2"]), TriggerResult::Deduplicated, "in flight");
+        ended(&s);
+        assert_eq!(decide(&["fp3"]), TriggerResult::Cooldown);
+        assert_eq!(
+            decide(&["fp1"]),
+            TriggerResult::Deduplicated,
+            "the alert the last run took"
+        );
+        tokio::time::advance(Duration::from_secs(3599)).await;
+        assert_eq!(decide(&["fp3"]), TriggerResult::Cooldown, "a second early");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(decide(&["fp3"]), TriggerResult::Started);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_a_trigger_names_outside_the_config_never_starts_a_run() {
+        let (_d, config, s) = scheduler();
+        let mut other = alert(&[]);
+        other.runbook = "nope".into();
+        assert_eq!(s.decide(&config, &other, false), TriggerResult::NoMatch);
+        let mut elsewhere = alert(&[]);
+        elsewhere.host = "db".into();
+        assert_eq!(
+            s.decide(&config, &elsewhere, false),
+            TriggerResult::OutOfScope
+        );
+        assert_eq!(
+            s.decide(&config, &alert(&[]), true),
+            TriggerResult::KillSwitch,
+            "the switch is engaged"
+        );
     }
 }

@@ -15,4 +15,4 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found (install Rust with rustup first)" >&2; exit 2; }
 tests/estate/install-deps.sh
-cargo test --locked
+cargo test --locked --features estate

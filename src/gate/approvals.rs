@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -489,5 +491,75 @@ mod tests {
             DecisionError::AlreadyDecided("x".into())
         );
         assert!(!a.close("x", State::Expired), "a decision is final");
+    }
+
+    // Paused time: the clock moves only when the test (or an idle runtime)
+    // moves it, so the five-minute expiry takes no time at all.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_nobody_decides_expires_at_its_deadline_and_not_before() {
+        let (_d, a) = approvals();
+        let rx = a.open(request("x"));
+        let opened = Instant::now();
+        let resolution = a.wait("x", rx, || None).await;
+        assert_eq!(resolution, Resolution::Expired);
+        let waited = opened.elapsed();
+        assert!(
+            waited >= Duration::from_secs(300) && waited < Duration::from_secs(301),
+            "{waited:?}"
+        );
+        assert_eq!(a.get("x").unwrap().state, State::Expired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decision_before_the_deadline_is_what_the_wait_returns() {
+        let (_d, a) = approvals();
+        let a = std::sync::Arc::new(a);
+        let rx = a.open(request("x"));
+        let digest = a.get("x").unwrap().digest;
+        let decider = a.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            decider
+                .decide("x", b"bbbbbbbbbbbbbbbbbbbb", &digest, false, "not now")
+                .unwrap();
+        });
+        let resolution = a.wait("x", rx, || None).await;
+        assert_eq!(
+            resolution,
+            Resolution::Denied {
+                by: "bob".into(),
+                comment: "not now".into()
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_wait_says_why_and_closes_the_request() {
+        for cause in [
+            Cancel::Shutdown,
+            Cancel::MaxDuration,
+            Cancel::KillSwitch("ENGAGED: maintenance".into()),
+        ] {
+            let (_d, a) = approvals();
+            let rx = a.open(request("x"));
+            let at = Instant::now() + Duration::from_secs(30);
+            let c = cause.clone();
+            let resolution = a
+                .wait("x", rx, move || (Instant::now() >= at).then(|| c.clone()))
+                .await;
+            assert_eq!(resolution, Resolution::Cancelled(cause.clone()));
+            assert_eq!(
+                a.get("x").unwrap().state,
+                State::Cancelled {
+                    why: cause.to_string()
+                }
+            );
+            // Decided after the end: refused.
+            let digest = a.get("x").unwrap().digest;
+            assert!(
+                a.decide("x", b"aaaaaaaaaaaaaaaaaaaa", &digest, true, "")
+                    .is_err()
+            );
+        }
     }
 }

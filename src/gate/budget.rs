@@ -3,7 +3,9 @@
 //! A planner cannot under-report: every proposed call passes the gate, which
 //! counts it, whether it is then allowed, proposed or denied.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::DenyReason;
 use crate::config::runbook::Budget as Limits;
@@ -121,5 +123,46 @@ impl Budget {
         self.limits
             .max_duration
             .saturating_sub(self.started.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            max_steps: 3,
+            max_mutations: 1,
+            max_duration: Duration::from_secs(600),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_time_budget_runs_out_on_the_clock() {
+        let b = Budget::new(limits());
+        assert!(b.check(false).is_ok());
+        tokio::time::advance(Duration::from_secs(599)).await;
+        assert!(b.check(true).is_ok());
+        assert_eq!(b.remaining(), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (reason, why) = b.check(false).unwrap_err();
+        assert_eq!(reason, DenyReason::TimeBudget, "{why}");
+        assert_eq!(b.remaining(), Duration::ZERO);
+        assert!(Instant::now() >= b.deadline());
+    }
+
+    #[test]
+    fn steps_and_mutations_run_out_by_count() {
+        let mut b = Budget::new(limits());
+        b.count_mutation();
+        assert_eq!(b.check(true).unwrap_err().0, DenyReason::MutationBudget);
+        assert!(b.check(false).is_ok(), "observing still fits");
+        for _ in 0..3 {
+            b.count_step();
+        }
+        assert!(b.check(false).is_ok(), "the third of max_steps 3");
+        b.count_step();
+        assert_eq!(b.check(false).unwrap_err().0, DenyReason::StepLimit);
     }
 }

@@ -424,7 +424,7 @@ impl RunLoop<'_> {
                     Some(Cancel::KillSwitch(engaged.to_string()))
                 } else if self.shutting_down() {
                     Some(Cancel::Shutdown)
-                } else if Instant::now() >= deadline {
+                } else if tokio::time::Instant::now() >= deadline {
                     Some(Cancel::MaxDuration)
                 } else {
                     None

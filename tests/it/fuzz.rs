@@ -6,7 +6,7 @@
 //! are "an answer, never a panic" plus what each answer must mean.
 //!
 //! The test command runs 256 cases per target (`PROPTEST_CASES` to run more
-//! by hand, e.g. `PROPTEST_CASES=20000 cargo test --test it fuzz::`). A case
+//! by hand, e.g. `PROPTEST_CASES=20000 cargo test --features estate --test it fuzz::`). A case
 //! that fails is saved under `tests/proptest-regressions/` (kept in the repository)
 //! and replayed first.
 

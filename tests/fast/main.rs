@@ -1,0 +1,306 @@
+//! The fast tier: what runs with plain `cargo test`, as any user, in
+//! seconds. The daemon is started in-process through `app::serve` on
+//! `127.0.0.1:0` (its ready hook says where), with real HTTP on loopback and
+//! real tool processes for tier-1 calls on a temporary directory; nothing
+//! needs root. The root tier (systemd, sshd, Prometheus, Alertmanager,
+//! full filesystems) is `sudo tests/run.sh`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const TOKEN: &str = "fast-tier-token-0123456789";
+
+/// A config directory: runbook `disk` (alert `DiskAlmostFull`, tier 1 only)
+/// on host `web-01`, a bearer token, and the paths under the temp dir.
+fn config(dir: &Path) {
+    for d in ["hosts", "runbooks", "kill-switch", "data"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let secret = dir.join("token");
+    std::fs::write(&secret, TOKEN).unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(
+        dir.join("runwarden.yaml"),
+        "listen: 127.0.0.1:0\nwebhook_token_file: token\naudit_head: none\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("hosts/web-01.yaml"),
+        format!(
+            "name: web-01\nconnection: local\npaths: [{}]\n",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("runbooks/disk.yaml"),
+        format!(
+            "name: disk\ndescription: measure the data directory\nhosts: [web-01]\nautonomy: L3\n\
+             on_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\n\
+             cooldown: 1h\ntools:\n  observe: [disk_usage]\n\
+             steps:\n  - id: data\n    call: disk_usage\n    args: {{ path: {} }}\n",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+}
+
+/// The daemon, in this process; stopped when dropped.
+struct Daemon {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Daemon {
+    async fn start(dir: &Path) -> Daemon {
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let opts = runwarden::app::ServeOptions {
+            config_dir: dir.to_path_buf(),
+            listen: None,
+        };
+        let task = tokio::spawn(runwarden::app::serve(
+            opts,
+            async move {
+                let _ = stopped.await;
+            },
+            Some(ready_tx),
+        ));
+        let addr = tokio::time::timeout(Duration::from_secs(20), ready)
+            .await
+            .expect("the daemon is ready")
+            .expect("the daemon started");
+        Daemon {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stop it and return how `serve` ended.
+    async fn shutdown(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap()
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn json_of(r: reqwest::Response) -> Value {
+    serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null)
+}
+
+fn notification() -> Value {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/alertmanager/firing-two-alerts.json"
+    ))
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn post_alerts(d: &Daemon, body: &Value) -> (u16, Value) {
+    let r = client()
+        .post(d.url("/api/v1/alerts"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, json_of(r).await)
+}
+
+/// Poll the run history until `run_id` has a verdict.
+async fn verdict_of(d: &Daemon, run_id: &str) -> Value {
+    for _ in 0..200 {
+        let r = client()
+            .get(d.url(&format!("/api/v1/runs/{run_id}")))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            let v = json_of(r).await;
+            if v["status"] != "running" && v["status"] != "queued" {
+                return v;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {run_id} never got a verdict");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_alertmanager_notification_starts_one_run_that_ends_ok_and_is_in_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::write(dir.path().join("data/file"), vec![0u8; 64 << 10]).unwrap();
+    let d = Daemon::start(dir.path()).await;
+
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    // Two alerts for one host: one run, and the second alert is deduplicated.
+    let outcomes = body["outcomes"].as_array().expect("outcomes");
+    let started: Vec<&Value> = outcomes
+        .iter()
+        .filter(|o| o["result"] == "started")
+        .collect();
+    assert_eq!(started.len(), 1, "{body}");
+    let run_id = started[0]["run_id"].as_str().expect("a run id").to_string();
+
+    let run = verdict_of(&d, &run_id).await;
+    assert_eq!(run["status"], "ok", "{run}");
+    assert_eq!(run["runbook"], "disk");
+    assert_eq!(run["host"], "web-01");
+    let used = &run["report"]["steps"][0]["result"]["data"]["used_bytes"];
+    assert!(
+        used.as_u64().is_some_and(|b| b >= 64 << 10),
+        "disk_usage measured the file: {run}"
+    );
+
+    // Within the cooldown the same notification starts nothing.
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200);
+    assert!(
+        body["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["result"] != "started"),
+        "{body}"
+    );
+
+    // The audit log the run wrote verifies.
+    let v = runwarden::audit::verify(&dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    assert!(
+        v.lines >= 4,
+        "queued, start, intent, result, verdict: {}",
+        v.lines
+    );
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_refuses_without_the_token_and_the_switch_stops_the_webhook() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let c = client();
+
+    for path in ["/api/v1/runs", "/api/v1/runs/0123"] {
+        let r = c.get(d.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path} without a token");
+        let r = c
+            .get(d.url(path))
+            .bearer_auth("not-the-token-at-all-000")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{path} with a wrong token");
+    }
+    let r = c
+        .post(d.url("/api/v1/alerts"))
+        .header("content-type", "application/json")
+        .body(notification().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the webhook without its token");
+    let r = c.get(d.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "health needs no token");
+
+    std::fs::write(dir.path().join("kill-switch/ENGAGED"), "fast tier").unwrap();
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["result"] == "kill_switch" || o["result"] == "deduplicated"),
+        "{body}"
+    );
+    assert!(
+        body["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["result"] == "kill_switch"),
+        "{body}"
+    );
+    let metrics = c
+        .get(d.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("runwarden_kill_switch_engaged{scope=\"global\"} 1")
+            || metrics.contains(
+                "runwarden_alert_triggers_total{result=\"kill_switch\",runbook=\"disk\"} 1"
+            ),
+        "{metrics}"
+    );
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_config_it_cannot_use_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::write(
+        dir.path().join("runbooks/disk.yaml"),
+        "name: disk\nhosts: [nowhere]\n",
+    )
+    .unwrap();
+    let (ready, _r) = tokio::sync::oneshot::channel();
+    let opts = runwarden::app::ServeOptions {
+        config_dir: dir.path().to_path_buf(),
+        listen: None,
+    };
+    let err = runwarden::app::serve(opts, async {}, Some(ready))
+        .await
+        .expect_err("a broken runbook");
+    let text = format!("{err:#}");
+    assert!(text.contains("disk.yaml"), "{text}");
+}
+
+#[test]
+fn a_closed_stdout_ends_a_command_quietly_with_141() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["tools", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
