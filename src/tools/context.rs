@@ -1,0 +1,93 @@
+//! What a tool runs with on this machine: the host, the deadline, the
+//! output caps, and how a privileged argv is prefixed.
+
+use std::time::Duration;
+
+use crate::config::Host;
+use crate::executor::process::{Argv, Limits, ProcessOutput};
+
+/// Everything a tool needs to run on this machine.
+pub struct Ctx<'a> {
+    pub host: &'a Host,
+    /// The call must be over by then (tool timeout and run budget, whichever is first).
+    pub deadline: tokio::time::Instant,
+    pub output_cap: usize,
+    pub kill_grace: Duration,
+    ran: std::sync::Mutex<Vec<Vec<String>>>,
+}
+
+/// Cap on each of stdout and stderr of a spawned tool.
+pub const OUTPUT_CAP: usize = 1 << 20;
+/// Time between SIGTERM and SIGKILL of a tool's process group.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(host: &'a Host, deadline: tokio::time::Instant) -> Ctx<'a> {
+        Ctx {
+            host,
+            deadline,
+            output_cap: OUTPUT_CAP,
+            kill_grace: KILL_GRACE,
+            ran: Default::default(),
+        }
+    }
+
+    pub(super) fn limits(&self, deadline: tokio::time::Instant) -> Limits {
+        Limits {
+            deadline: deadline.min(self.deadline),
+            output_cap: self.output_cap,
+            kill_grace: self.kill_grace,
+            jail: self.host.jail.clone(),
+        }
+    }
+
+    /// Spawn one argv (no shell), recording it for the result.
+    pub(crate) async fn run(&self, argv: &Argv) -> Result<ProcessOutput, String> {
+        self.run_until(argv, self.deadline).await
+    }
+
+    pub(crate) async fn run_until(
+        &self,
+        argv: &Argv,
+        deadline: tokio::time::Instant,
+    ) -> Result<ProcessOutput, String> {
+        self.ran.lock().expect("ctx lock").push(argv.to_vec());
+        crate::executor::process::run(argv, &self.limits(deadline))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub(super) fn take_argv(&self) -> Vec<Vec<String>> {
+        std::mem::take(&mut *self.ran.lock().expect("ctx lock"))
+    }
+}
+
+/// Wrap a mutating command in `sudo -n` when the host says so (never a shell).
+pub fn privileged(host: &Host, argv: Argv) -> Argv {
+    if host.sudo {
+        argv.with_prefix(&host.binaries.sudo, &["-n", "--"])
+    } else {
+        argv
+    }
+}
+
+/// Poll `check` until it returns Some or `until` passes.
+pub(crate) async fn poll<T, F, Fut>(
+    until: tokio::time::Instant,
+    every: Duration,
+    mut check: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() + every > until {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+    }
+}

@@ -1,0 +1,125 @@
+//! What a tool reports: an [`Outcome`] and parsed fields, never raw text alone.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::executor::process::ProcessOutput;
+
+/// How a call ended, as far as the tool is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    Error,
+    Timeout,
+}
+
+impl Outcome {
+    /// As written in audit lines and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// What a tool reports: parsed fields, never raw text alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    pub data: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Some output was cut to fit the caps.
+    pub truncated: bool,
+    /// Tier-2 only: the tool's own check of its effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    pub duration_ms: u64,
+    /// The commands the call ran, program first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<Vec<String>>,
+}
+
+impl ToolResult {
+    pub fn failed(error: impl Into<String>) -> ToolResult {
+        ToolResult {
+            outcome: Outcome::Error,
+            exit_code: None,
+            data: Value::Null,
+            error: Some(error.into()),
+            truncated: false,
+            verified: None,
+            duration_ms: 0,
+            argv: Vec::new(),
+        }
+    }
+
+    /// A successful observation.
+    pub fn observed(data: Value) -> ToolResult {
+        ToolResult {
+            outcome: Outcome::Ok,
+            data,
+            error: None,
+            ..ToolResult::failed("")
+        }
+    }
+
+    /// The view a `when` condition or a later step sees: the data fields plus the outcome.
+    /// The call did what it was asked, and a change verified.
+    pub fn succeeded(&self) -> bool {
+        self.outcome == Outcome::Ok && self.verified != Some(false)
+    }
+
+    pub fn view(&self) -> Value {
+        let mut v = match &self.data {
+            Value::Object(m) => Value::Object(m.clone()),
+            Value::Null => json!({}),
+            other => json!({ "value": other }),
+        };
+        let m = v.as_object_mut().expect("object");
+        m.insert("outcome".into(), json!(self.outcome));
+        m.insert("ok".into(), json!(self.outcome == Outcome::Ok));
+        m.insert("truncated".into(), json!(self.truncated));
+        if let Some(e) = &self.error {
+            m.insert("error".into(), json!(e));
+        }
+        if let Some(v) = self.verified {
+            m.insert("verified".into(), json!(v));
+        }
+        v
+    }
+}
+
+/// A result from one finished process: outcome from its exit, data from `parse`.
+pub(crate) fn from_process(out: &ProcessOutput, data: Value) -> ToolResult {
+    let outcome = if out.timed_out {
+        Outcome::Timeout
+    } else if out.exit_code == Some(0) {
+        Outcome::Ok
+    } else {
+        Outcome::Error
+    };
+    let error = match outcome {
+        Outcome::Ok => None,
+        Outcome::Timeout => Some(format!(
+            "timed out after {} ms; process group killed",
+            out.duration.as_millis()
+        )),
+        Outcome::Error => Some(out.failure_text()),
+    };
+    ToolResult {
+        outcome,
+        exit_code: out.exit_code,
+        data,
+        error,
+        truncated: out.stdout_truncated || out.stderr_truncated,
+        verified: None,
+        duration_ms: 0,
+        argv: Vec::new(),
+    }
+}
