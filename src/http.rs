@@ -15,6 +15,10 @@
 //! the notification has its outcome, 4xx (with a JSON reason) for a body it
 //! will never accept, and 5xx only when it could not record the triggers, so
 //! that Alertmanager retries.
+//!
+//! Why one file of about 630 lines: the accept loop's limits, the request
+//! guard and the handlers are the whole HTTP surface, and reading them
+//! together is how the surface is reviewed.
 
 use std::sync::Arc;
 

@@ -27,7 +27,11 @@
 //! - [`executor`]: runs a permitted, audited call; [`executor::process`] spawns argv safely.
 //! - [`planner`]: picks the next call (the runbook's steps, or a model toward
 //!   its `agent.goal`); it can only propose.
-//! - [`run`]: one runbook on one host, from the first call to the verdict.
+//! - [`run`]: one runbook on one host, from the first call to the verdict;
+//!   [`report`] is what it reports.
+//! - [`scheduler`]: what becomes of each trigger (kill switch, scope, one run per
+//!   runbook and host, cooldown, dedupe, the concurrency limit).
+//! - [`cli`]: the command line; messages and exit codes live there only.
 //! - [`transcript`]: a run read back from the audit log, model turns included.
 //!
 //! The order of operations is a compile-time fact (`tests/compile-fail/`):
@@ -37,7 +41,10 @@
 //! consumes the permit and returns the [`audit::AuditTicket`] that
 //! [`executor::Executor::dispatch`] consumes in turn, so no call runs without
 //! its intent line, nor twice on one; the result line takes what dispatch
-//! returns. Spawning a process is crate-private.
+//! returns. Audit lines come only from the audit module's typed
+//! constructors, and the host agent mints its own permit
+//! ([`gate::host::check`]) and takes the same path. Spawning a process is
+//! crate-private.
 
 pub mod app;
 pub mod audit;

@@ -5,6 +5,8 @@
 //! [`Scheduler::submit`] decides synchronously and returns the trigger's one
 //! recorded outcome, so the webhook can answer only once every alert has
 //! one; the run itself continues in its own task.
+//!
+//! About a sixth of its 500 lines are its unit tests (paused time).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

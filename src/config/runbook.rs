@@ -1,5 +1,9 @@
 //! A runbook: which hosts it may touch, which tools it may call (and with
 //! what standing approval), what it may spend, and the steps it runs.
+//!
+//! Why one file of about 600 lines: the raw form, its validation (each
+//! diagnostic naming file, line and field) and the validated form are one
+//! schema, kept together so a field is added in one place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

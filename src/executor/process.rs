@@ -18,6 +18,10 @@
 //! One blocking thread per call watches both pipes and a pidfd of the child
 //! with `poll(2)`: no task hand-offs or epoll registrations per spawn, which
 //! keeps the runner's own cost per call near that of a bare spawn.
+//!
+//! Why one file of about 610 lines: the spawn, the wait, the kill of the
+//! process group and the sweep of escapees are one lifecycle; a third of the
+//! file is its unit tests.
 
 use std::ffi::OsString;
 use std::fmt;

@@ -25,6 +25,10 @@
 //! the result the host recorded (with the tool's own verification), "never
 //! received" (it did not run), or "started, no result" (unknown: a person
 //! must look).
+//!
+//! Why one file of about 600 lines: the session's state (connection, agent
+//! process, what was sent) is shared by dispatch, recovery after a lost
+//! connection and the failure kinds `host check` reports.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

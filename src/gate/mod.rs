@@ -16,6 +16,10 @@
 //! only this module can make; the executor will not run anything without one.
 //! The audit intent line and the dispatch come after the gate, in
 //! [`crate::run`].
+//!
+//! Why one file of about 700 lines: the gate's check reads top to bottom in
+//! one function, and splitting it would hide the order that is the point;
+//! about a third of the file is its unit tests.
 
 pub mod approvals;
 pub mod budget;

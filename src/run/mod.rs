@@ -7,6 +7,7 @@
 //! The verdict is judged from the tool events (every call's outcome and, for
 //! tier-2 calls, its own verification), never from an exit code alone.
 
+mod ask;
 mod run_loop;
 mod verdict;
 

@@ -12,10 +12,7 @@ use super::{Runner, Verdict};
 use crate::audit::{AuditError, RunEnd, RunInfo};
 use crate::config::{Host, Runbook};
 use crate::executor::Executor;
-use crate::gate::approvals::{self, Cancel, Request, Resolution, State};
-use crate::gate::{
-    ApprovedBy, Decision, Denial, DenyReason, Gate, Hold, Permit, Proposal, ProposedCall,
-};
+use crate::gate::{ApprovedBy, Decision, Denial, Gate, Permit, Proposal, ProposedCall};
 use crate::planner::{ModelTurn, Next, Planner, Transcript};
 use crate::report::{RunReport, StepReport};
 use crate::tools::{Action, Tier, ToolId};
@@ -89,9 +86,9 @@ pub(super) struct RunLoop<'a> {
 }
 
 /// The state one run accumulates.
-struct Steps {
-    gate: Gate,
-    transcript: Transcript,
+pub(super) struct Steps {
+    pub(super) gate: Gate,
+    pub(super) transcript: Transcript,
     reports: Vec<StepReport>,
     suggestions: Vec<String>,
     tally: Tally,
@@ -171,7 +168,7 @@ impl RunLoop<'_> {
         self.finish(s, started, started_at)
     }
 
-    fn shutting_down(&self) -> bool {
+    pub(super) fn shutting_down(&self) -> bool {
         self.runner.shutdown.as_ref().is_some_and(|s| *s.borrow())
     }
 
@@ -357,117 +354,6 @@ impl RunLoop<'_> {
         }
         s.transcript.steps.insert(id.into(), result.view());
         r.result = Some(result);
-    }
-
-    /// L2: put a held call to a person and wait, while the kill switch, the
-    /// time budget and shutdown still apply. An approval re-enters the gate
-    /// with the call it held.
-    async fn ask(&self, s: &mut Steps, hold: Hold, r: &mut StepReport) -> Result<Permit, Denial> {
-        let tool = hold.action().tool();
-        let deny = |reason, detail: String| Denial {
-            step: hold.step(),
-            reason,
-            detail,
-            tool: Some(tool),
-        };
-        let Some(approvals) = self.runner.approvals.clone() else {
-            return Err(deny(
-                DenyReason::NoApprover,
-                "autonomy L2: no person can approve here; run it under `runwarden serve` with `approvers_file` set".into(),
-            ));
-        };
-        let args = hold.action().args_json();
-        let reason = hold.action().reason().unwrap_or_default().to_string();
-        let digest = approvals::digest(
-            &self.info.run_id,
-            hold.step(),
-            &self.runbook.name,
-            &self.host.name,
-            tool.name(),
-            &args,
-            &reason,
-        );
-        let id = uuid::Uuid::now_v7().to_string();
-        if let Err(err) = self.runner.audit.pending(&self.info, &hold, &id, &digest) {
-            return Err(deny(
-                DenyReason::NoApprover,
-                format!("the pending line could not be written, nobody was asked: {err}"),
-            ));
-        }
-        let rx = approvals.open(Request {
-            id: id.clone(),
-            run_id: self.info.run_id.clone(),
-            step: hold.step(),
-            runbook: self.runbook.name.clone(),
-            host: self.host.name.clone(),
-            tool: tool.name().into(),
-            args,
-            reason,
-            findings: serde_json::Value::Object(s.transcript.steps.clone()),
-            digest,
-            created_at: String::new(),
-            expires_at: String::new(),
-            state: State::Pending,
-        });
-        tracing::info!(approval_id = %id, run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, tool = tool.name(), "approval requested");
-        if let Some(m) = &self.runner.metrics {
-            m.approvals_pending.inc();
-        }
-        if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
-            approvals::notify(url.clone(), req);
-        }
-        r.detail = Some(format!("waiting for approval {id}"));
-        let deadline = s.gate.budget().deadline();
-        let resolution = approvals
-            .wait(&id, rx, || {
-                if let Err(engaged) = self.runner.killswitch.check(&self.runbook.name) {
-                    Some(Cancel::KillSwitch(engaged.to_string()))
-                } else if self.shutting_down() {
-                    Some(Cancel::Shutdown)
-                } else if tokio::time::Instant::now() >= deadline {
-                    Some(Cancel::MaxDuration)
-                } else {
-                    None
-                }
-            })
-            .await;
-        tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
-        if let Some(m) = &self.runner.metrics {
-            m.approvals_pending.dec();
-            m.approval_wait.observe(approvals.waited(&id).as_secs_f64());
-            m.approvals
-                .with_label_values(&[&self.runbook.name, tool.name(), resolution.label()])
-                .inc();
-        }
-        match resolution {
-            Resolution::Approved { by, comment } => {
-                r.detail = Some(match comment.is_empty() {
-                    true => format!("approved by {by}"),
-                    false => format!("approved by {by}: {comment}"),
-                });
-                s.gate.approved(hold, by)
-            }
-            Resolution::Denied { by, comment } => Err(deny(
-                DenyReason::ApprovalDenied,
-                format!("{by} denied approval {id}: {comment}"),
-            )),
-            Resolution::Expired => Err(deny(
-                DenyReason::ApprovalExpired,
-                format!("nobody decided on approval {id} in time"),
-            )),
-            Resolution::Cancelled(Cancel::MaxDuration) => Err(deny(
-                DenyReason::TimeBudget,
-                Cancel::MaxDuration.to_string(),
-            )),
-            Resolution::Cancelled(cause @ Cancel::Shutdown) => Err(deny(
-                DenyReason::Shutdown,
-                format!("approval {id} cancelled: {cause}"),
-            )),
-            Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => Err(deny(
-                DenyReason::KillSwitch,
-                format!("approval {id} cancelled: {cause}"),
-            )),
-        }
     }
 
     fn argv(&self, action: &Action) -> Argvs {
