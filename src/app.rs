@@ -1,7 +1,8 @@
 //! `runwarden serve`: wiring and lifecycle of the daemon.
 //!
 //! Start: load the config (the same loader as `check`), open the audit log,
-//! close runs a killed process left open (verdict `interrupted`), then start
+//! close runs a killed process left open (verdict `interrupted`) and restore
+//! cooldowns, from one read of the audit log, then start
 //! the workers: the HTTP server, the cron worker, the kill-switch watcher and
 //! the config reloader. Stop (the `shutdown` future: SIGTERM/SIGINT in the
 //! binary, anything in tests): stop accepting triggers, let in-flight runs
@@ -82,11 +83,8 @@ pub async fn serve(
         approvals.clone(),
     );
     let interrupted = scheduler
-        .close_interrupted()
-        .context("reading the audit log for interrupted runs")?;
-    scheduler
-        .restore_cooldowns()
-        .context("reading the audit log for cooldowns")?;
+        .recover()
+        .context("reading the audit log for interrupted runs and cooldowns")?;
     if interrupted > 0 {
         tracing::warn!(
             "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"

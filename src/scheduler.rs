@@ -356,45 +356,48 @@ impl Scheduler {
             .is_ok()
     }
 
-    /// Cooldowns and deduplication keys as the audit log left them: a
-    /// restart within a runbook's cooldown does not allow an immediate rerun.
-    pub fn restore_cooldowns(&self) -> std::io::Result<usize> {
-        let ends = crate::audit::runs::last_ends(self.audit.path())?;
-        let now = jiff::Timestamp::now();
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        for ((runbook, host), (ended, keys)) in &ends {
-            let ago = Duration::try_from(now.duration_since(*ended)).unwrap_or(Duration::ZERO);
-            let slot = slots.entry((runbook.clone(), host.clone())).or_default();
-            slot.ended = Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
-            slot.keys = keys.iter().cloned().collect();
-        }
-        Ok(ends.len())
-    }
-
-    /// Runs the audit log shows as started and never finished (the process was
-    /// killed): close each with an `interrupted` verdict line.
-    pub fn close_interrupted(&self) -> std::io::Result<usize> {
+    /// Pick up where the last process left off, from one read of the audit
+    /// log: close each run it started and never finished (its process is
+    /// gone) with an `interrupted` verdict line, and restore cooldowns and
+    /// deduplication keys, so a restart within a runbook's cooldown does not
+    /// allow an immediate rerun. Returns how many runs were closed.
+    pub fn recover(&self) -> std::io::Result<usize> {
+        let crate::audit::runs::Recovery {
+            unfinished,
+            mut ends,
+        } = crate::audit::runs::recovery(self.audit.path())?;
+        let mut closed = 0;
         // Only runs whose process is gone: a `runwarden run` still going on
         // the command line closes its own run.
-        let unfinished: Vec<_> = crate::audit::unfinished_runs(self.audit.path())?
+        for (start, keys) in unfinished
             .into_iter()
-            .filter(|e| !crate::audit::process_alive(e))
-            .collect();
-        for start in &unfinished {
+            .filter(|(e, _)| !crate::audit::process_alive(e))
+        {
             let why = if start.phase == Some(Phase::Queued) {
                 "the process stopped after accepting this trigger and before the run started; nothing ran (the trigger is not replayed)"
             } else {
                 "the process stopped during this run; calls with an intent line and no result line may or may not have completed"
             };
             self.audit
-                .verdict(&RunInfo::of(start), Verdict::Interrupted, why, None)
+                .verdict(&RunInfo::of(&start), Verdict::Interrupted, why, None)
                 .map_err(std::io::Error::other)?;
             self.metrics
                 .runs_finished
                 .with_label_values(&[&start.runbook, Verdict::Interrupted.as_str()])
                 .inc();
+            // Its verdict line ends it now, as the log will say after a restart.
+            ends.insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
+            closed += 1;
         }
-        Ok(unfinished.len())
+        let now = jiff::Timestamp::now();
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for ((runbook, host), (ended, keys)) in ends {
+            let ago = Duration::try_from(now.duration_since(ended)).unwrap_or(Duration::ZERO);
+            let slot = slots.entry((runbook, host)).or_default();
+            slot.ended = Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
+            slot.keys = keys.into_iter().collect();
+        }
+        Ok(closed)
     }
 }
 

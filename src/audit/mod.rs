@@ -39,7 +39,7 @@ pub mod runs;
 
 pub use lines::{AuditTicket, Dispatched, HostRefusal, Queued, RunEnd, RunInfo};
 pub use log::{AuditError, AuditLog, MAX_VALUE_DEPTH, bounded};
-pub use query::{Promotion, process_alive, promotion, run_lines, this_process, unfinished_runs};
+pub use query::{Promotion, process_alive, promotion, run_lines, this_process};
 pub use verify::{Verification, verify, verify_against};
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
-//! Reading lines back: which runs are unfinished and whether their process
-//! still lives, one run's lines, and the evidence for promoting a runbook.
+//! Reading lines back: whether a run's process still lives, one run's lines,
+//! and the evidence for promoting a runbook.
 //! Readers go through [`Entry`]'s typed accessors, never the raw strings.
 
 use std::fs::File;
@@ -46,37 +46,6 @@ pub(super) fn boot_id() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .ok()
         .map(|s| s.trim().to_string())
-}
-
-/// Runs with a `queued` or `start` line and no verdict: the last line of each
-/// (a `queued` line means it was accepted and never started).
-pub fn unfinished_runs(path: &Path) -> std::io::Result<Vec<Entry>> {
-    let reader = match File::open(path) {
-        Ok(f) => BufReader::new(f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut open: std::collections::HashMap<String, Entry> = Default::default();
-    for line in reader.lines() {
-        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
-            continue;
-        };
-        match e.phase {
-            Some(Phase::Queued) => {
-                open.insert(e.run_id.clone(), e);
-            }
-            Some(Phase::Start) => {
-                open.insert(e.run_id.clone(), e);
-            }
-            Some(Phase::Verdict) => {
-                open.remove(&e.run_id);
-            }
-            _ => {}
-        }
-    }
-    let mut runs: Vec<Entry> = open.into_values().collect();
-    runs.sort_by(|a, b| a.ts.cmp(&b.ts));
-    Ok(runs)
 }
 
 /// What the audit log says about one runbook since a time: the evidence a

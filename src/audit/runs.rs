@@ -197,17 +197,29 @@ pub fn resolve(path: &Path, prefix: &str) -> Result<String, String> {
 /// (runbook, host) -> when its last run ended, and the trigger keys that started it.
 pub type LastEnds = HashMap<(String, String), (jiff::Timestamp, Vec<String>)>;
 
-/// For each (runbook, host): when its last run ended and the trigger keys
-/// (alert fingerprints, group keys) that started it, as a restarted daemon
-/// needs them for cooldown and deduplication.
-pub fn last_ends(path: &Path) -> std::io::Result<LastEnds> {
+/// What a daemon reads back from the log when it starts, in one pass.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Runs with a `queued` or `start` line and no verdict, oldest first: the
+    /// last of those lines of each (a `queued` line means it was accepted and
+    /// never started), with the trigger keys that started it.
+    pub unfinished: Vec<(Entry, Vec<String>)>,
+    /// For each (runbook, host): when its last run ended and the trigger
+    /// keys (alert fingerprints, group keys) that started it, for cooldown
+    /// and deduplication.
+    pub ends: LastEnds,
+}
+
+/// Read the whole log once for what a restarted daemon needs.
+pub fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Recovery::default()),
         Err(e) => return Err(e),
     };
     let mut keys: HashMap<String, Vec<String>> = HashMap::new();
-    let mut last = HashMap::new();
+    let mut open: HashMap<String, Entry> = HashMap::new();
+    let mut ends = HashMap::new();
     for line in reader.lines() {
         let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
             continue;
@@ -225,15 +237,28 @@ pub fn last_ends(path: &Path) -> std::io::Result<LastEnds> {
                     })
                     .unwrap_or_default();
                 keys.insert(e.run_id.clone(), k);
+                open.insert(e.run_id.clone(), e);
+            }
+            Some(Phase::Start) => {
+                open.insert(e.run_id.clone(), e);
             }
             Some(Phase::Verdict) => {
+                open.remove(&e.run_id);
+                let k = keys.remove(&e.run_id).unwrap_or_default();
                 if let Ok(ts) = e.ts.parse::<jiff::Timestamp>() {
-                    let k = keys.remove(&e.run_id).unwrap_or_default();
-                    last.insert((e.runbook.clone(), e.host.clone()), (ts, k));
+                    ends.insert((e.runbook.clone(), e.host.clone()), (ts, k));
                 }
             }
             _ => {}
         }
     }
-    Ok(last)
+    let mut unfinished: Vec<(Entry, Vec<String>)> = open
+        .into_values()
+        .map(|e| {
+            let k = keys.remove(&e.run_id).unwrap_or_default();
+            (e, k)
+        })
+        .collect();
+    unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
+    Ok(Recovery { unfinished, ends })
 }
