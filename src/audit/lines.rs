@@ -252,7 +252,6 @@ impl AuditLog {
         digest: &str,
     ) -> Result<(), AuditError> {
         let mut e = run.call(Phase::Pending, hold.step(), hold.action());
-        e.reason = Some(hold.action().reason().unwrap_or_default().to_string());
         e.outcome = Some("pending".into());
         e.detail = Some(json!({ "approval_id": approval_id, "digest": digest }));
         self.append(e, true)

@@ -142,20 +142,26 @@ pub(super) fn run_id_of(path: &Path, given: &str) -> Result<String, i32> {
     })
 }
 
-pub(super) fn transcript(run_id: &str, dir: &Path) -> i32 {
-    let path = match audit_path(None, dir) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let run_id = &match run_id_of(&path, run_id) {
-        Ok(id) => id,
-        Err(code) => return code,
-    };
-    match audit::run_lines(&path, run_id) {
+/// One run's lines, for a run id or a unique prefix of one; an exit code
+/// (with the message printed) when there are none or the log cannot be read.
+fn lines_of_run(given: &str, dir: &Path) -> Result<Vec<audit::Entry>, i32> {
+    let path = audit_path(None, dir)?;
+    let run_id = run_id_of(&path, given)?;
+    match audit::run_lines(&path, &run_id) {
         Ok(lines) if lines.is_empty() => {
             eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
-            1
+            Err(1)
         }
+        Ok(lines) => Ok(lines),
+        Err(e) => {
+            eprintln!("runwarden: cannot read {}: {e}", path.display());
+            Err(EXIT_USAGE)
+        }
+    }
+}
+
+pub(super) fn transcript(run_id: &str, dir: &Path) -> i32 {
+    match lines_of_run(run_id, dir) {
         Ok(lines) => {
             print!(
                 "{}",
@@ -163,33 +169,15 @@ pub(super) fn transcript(run_id: &str, dir: &Path) -> i32 {
             );
             0
         }
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", path.display());
-            EXIT_USAGE
-        }
+        Err(code) => code,
     }
 }
 
 pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
-    let path = match audit_path(None, dir) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let run_id = &match run_id_of(&path, run_id) {
-        Ok(id) => id,
-        Err(code) => return code,
-    };
-    let lines = match audit::run_lines(&path, run_id) {
+    let lines = match lines_of_run(run_id, dir) {
         Ok(l) => l,
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", path.display());
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
-    if lines.is_empty() {
-        eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
-        return 1;
-    }
     let finished: std::collections::BTreeSet<u32> = lines
         .iter()
         .filter(|e| e.phase == Some(Phase::Result))

@@ -293,8 +293,7 @@ impl RunLoop<'_> {
     async fn allow(&self, s: &mut Steps, id: &str, permit: Permit, r: &mut StepReport) {
         let action = permit.action();
         if self.req.dry_run && action.tier() == Tier::Change {
-            let by = permit.approved_by().clone();
-            return self.show(s, id, permit.action(), Some(&by), r);
+            return self.show(s, id, action, Some(permit.approved_by()), r);
         }
         let tool = action.tool().name();
         r.tier = Some(action.tier().number());
@@ -411,10 +410,10 @@ impl RunLoop<'_> {
         };
         let end = RunEnd {
             duration_ms: started.elapsed().as_millis() as u64,
-            final_answer: s.final_answer.clone(),
+            final_answer: s.final_answer,
             steps: s.gate.budget().steps(),
             mutations,
-            suggestions: s.suggestions.clone(),
+            suggestions: s.suggestions,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {
@@ -441,14 +440,14 @@ impl RunLoop<'_> {
             autonomy: self.runbook.autonomy.as_str(),
             planner: self.planner.name(),
             model: self.planner.model().map(String::from),
-            final_answer: s.final_answer,
+            final_answer: end.final_answer,
             model_turns: s.model_turns,
             trigger: self.req.trigger,
             dry_run: self.req.dry_run,
             started_at,
             duration_ms: started.elapsed().as_millis() as u64,
             steps: s.reports,
-            suggestions: s.suggestions,
+            suggestions: end.suggestions,
             mutations,
             verdict,
             verdict_detail,
