@@ -2,6 +2,16 @@
 //! from the file's real end (another process may have written since), and
 //! cuts a half-written line off again when a write fails, so the log is
 //! always a chain of whole lines.
+//!
+//! A writer killed inside a write larger than a page (SIGKILL, the OOM
+//! killer) leaves part of a line behind: the kernel stops a multi-page
+//! write at the fatal signal. That fragment was never acknowledged (its
+//! writer died before the write returned, so before its fsync and before
+//! anything was dispatched or answered on it), and refusing to write after
+//! it would stop every later run and trigger on the machine. The next
+//! writer, holding the `flock` (so no live writer is mid-write), moves the
+//! fragment to `FILE.torn` beside the log and goes on from the last whole
+//! line; `audit verify` names that file. Whole lines are never cut.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -23,10 +33,13 @@ pub enum AuditError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error(
-        "audit log {path} ends with an incomplete line (a write was cut short); run `runwarden audit verify {path}` and move the file aside"
-    )]
-    Torn { path: PathBuf },
+}
+
+/// Where a torn fragment of the log at `path` is set aside.
+pub fn torn_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".torn");
+    PathBuf::from(p)
 }
 
 struct Tail {
@@ -64,12 +77,14 @@ impl AuditLog {
             .mode(0o640)
             .open(path)
             .map_err(io)?;
-        let (hash, len) = last_hash(&file)
-            .map_err(io)?
-            .ok_or_else(|| AuditError::Torn {
-                path: path.to_path_buf(),
-            })?;
-        let lines = count_lines(&file, 0, len).map_err(io)?;
+        let (hash, len, lines) = (|| {
+            file.lock()?;
+            let tail = mend(&file, path);
+            let _ = file.unlock();
+            let (hash, len) = tail?;
+            Ok((hash, len, count_lines(&file, 0, len)?))
+        })()
+        .map_err(io)?;
         Ok(AuditLog {
             path: path.to_path_buf(),
             head: Mutex::new(Tail {
@@ -104,23 +119,14 @@ impl AuditLog {
             let len = head.file.metadata()?.len();
             if len != head.len {
                 // Another process appended since our last write: continue its chain.
-                match last_hash(&head.file)? {
-                    Some((hash, len)) => {
-                        let more = count_lines(&head.file, head.len.min(len), len)?;
-                        head.lines = if len >= head.len {
-                            head.lines + more
-                        } else {
-                            count_lines(&head.file, 0, len)?
-                        };
-                        head.hash = hash;
-                        head.len = len;
-                    }
-                    None => {
-                        return Err(std::io::Error::other(
-                            "the log ends with an incomplete line",
-                        ));
-                    }
-                }
+                let (hash, len) = mend(&head.file, &self.path)?;
+                head.lines = if len >= head.len {
+                    head.lines + count_lines(&head.file, head.len, len)?
+                } else {
+                    count_lines(&head.file, 0, len)?
+                };
+                head.hash = hash;
+                head.len = len;
             }
             let mut hash = head.hash.clone();
             let mut bytes = Vec::new();
@@ -243,6 +249,58 @@ fn count_lines(file: &File, from: u64, to: u64) -> std::io::Result<u64> {
 
 pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hash of the file's last whole line and the file's length, after setting
+/// aside a fragment a killed writer left after it (see the module doc).
+/// The caller holds the file's `flock`.
+fn mend(file: &File, path: &Path) -> std::io::Result<(String, u64)> {
+    if let Some(tail) = last_hash(file)? {
+        return Ok(tail);
+    }
+    let len = file.metadata()?.len();
+    let cut = last_newline(file, len)?.map_or(0, |i| i + 1);
+    let mut fragment = Vec::new();
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(cut))?;
+    f.take(len - cut).read_to_end(&mut fragment)?;
+    fragment.push(b'\n');
+    let aside = torn_path(path);
+    let mut out = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .open(&aside)?;
+    out.write_all(&fragment)?;
+    out.sync_data()?;
+    file.set_len(cut)?;
+    file.sync_data()?;
+    tracing::warn!(
+        "audit log {}: a writer was killed mid-write; its unacknowledged fragment ({} bytes) is set aside in {} and the chain goes on from line {}",
+        path.display(),
+        len - cut,
+        aside.display(),
+        count_lines(file, 0, cut)?
+    );
+    last_hash(file)?.ok_or_else(|| std::io::Error::other("the log changed while it was mended"))
+}
+
+/// The offset of the last `\n` before `len`, if any.
+fn last_newline(file: &File, len: u64) -> std::io::Result<Option<u64>> {
+    let mut f = file.try_clone()?;
+    let mut end = len;
+    let mut buf = vec![0u8; 64 << 10];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            return Ok(Some(start + i as u64));
+        }
+        end = start;
+    }
+    Ok(None)
 }
 
 /// Hash of the file's last line and the file's length; `None` when the last line is incomplete.

@@ -38,7 +38,7 @@ pub mod head;
 pub mod runs;
 
 pub use lines::{AuditTicket, Dispatched, HostRefusal, Queued, RunEnd, RunInfo};
-pub use log::{AuditError, AuditLog, MAX_VALUE_DEPTH, bounded};
+pub use log::{AuditError, AuditLog, MAX_VALUE_DEPTH, bounded, torn_path};
 pub use query::{Promotion, process_alive, promotion, run_lines, this_process};
 pub use verify::{Verification, verify, verify_against};
 
@@ -213,21 +213,31 @@ mod tests {
         assert!(!process_alive(&e), "no record");
     }
 
+    /// A fragment a killed writer left is set aside, whole lines are never
+    /// cut, and the chain goes on, whether the fragment follows whole lines
+    /// or is all the file holds.
     #[test]
-    fn torn_tail_refuses_to_append() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("audit.jsonl");
-        write_lines(&path, 1);
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"{\"half")
-            .unwrap();
-        assert!(matches!(
-            AuditLog::open(&path),
-            Err(AuditError::Torn { .. })
-        ));
+    fn a_torn_tail_is_set_aside_and_the_chain_goes_on() {
+        for whole in [3, 0] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("audit.jsonl");
+            write_lines(&path, whole);
+            let before = std::fs::read(&path).unwrap_or_default();
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&path)
+                .unwrap()
+                .write_all(b"{\"half")
+                .unwrap();
+            write_lines(&path, 2);
+            let after = std::fs::read(&path).unwrap();
+            assert!(after.starts_with(&before), "whole lines are kept");
+            assert_eq!(std::fs::read(torn_path(&path)).unwrap(), b"{\"half\n");
+            let v = verify(&path).unwrap();
+            assert_eq!(v.lines, whole as usize + 2);
+            assert!(v.problems.is_empty(), "{:?}", v.problems);
+        }
     }
 
     #[test]

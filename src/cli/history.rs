@@ -55,6 +55,14 @@ pub(super) fn audit_verify(
             j.map_or("none".into(), |n| n.to_string())
         ),
     };
+    let torn = audit::torn_path(&path);
+    if let Ok(m) = std::fs::metadata(&torn) {
+        println!(
+            "{}: {} byte(s) of line(s) that writers killed mid-write left unfinished, set aside (never acknowledged, not part of the chain)",
+            torn.display(),
+            m.len()
+        );
+    }
     match audit::verify_against(&path, &heads) {
         Ok(v) if v.problems.is_empty() => {
             println!("{}: {} line(s), chain intact", path.display(), v.lines);

@@ -13,7 +13,7 @@ use serde_json::Value;
 const TOKEN: &str = "fast-tier-token-0123456789";
 
 /// A config directory: runbook `disk` (alert `DiskAlmostFull`, tier 1 only)
-/// on host `web-01`, a bearer token, and the paths under the temp dir.
+/// on hosts `web-01` and `web-02`, a bearer token, and the paths under the temp dir.
 fn config(dir: &Path) {
     for d in ["hosts", "runbooks", "kill-switch", "data"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -26,18 +26,20 @@ fn config(dir: &Path) {
         "listen: 127.0.0.1:0\nwebhook_token_file: token\naudit_head: none\n",
     )
     .unwrap();
-    std::fs::write(
-        dir.join("hosts/web-01.yaml"),
-        format!(
-            "name: web-01\nconnection: local\npaths: [{}]\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
+    for host in ["web-01", "web-02"] {
+        std::fs::write(
+            dir.join(format!("hosts/{host}.yaml")),
+            format!(
+                "name: {host}\nconnection: local\npaths: [{}]\n",
+                dir.join("data").display()
+            ),
+        )
+        .unwrap();
+    }
     std::fs::write(
         dir.join("runbooks/disk.yaml"),
         format!(
-            "name: disk\ndescription: measure the data directory\nhosts: [web-01]\nautonomy: L3\n\
+            "name: disk\ndescription: measure the data directory\nhosts: [web-01, web-02]\nautonomy: L3\n\
              on_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\n\
              cooldown: 1h\ntools:\n  observe: [disk_usage]\n\
              steps:\n  - id: data\n    call: disk_usage\n    args: {{ path: {} }}\n",
@@ -303,4 +305,106 @@ fn a_closed_stdout_ends_a_command_quietly_with_141() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(141), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// What the kernel leaves when a writer is killed in the middle of a write
+/// larger than a page (SIGKILL cuts a multi-page `write` short on ext4): the
+/// log's whole lines, then part of the next one.
+fn tear(audit: &Path) -> Vec<u8> {
+    use std::io::Write;
+    let fragment = br#"{"ts":"2026-12-01T20:31:53.9Z","run_id":"01a2334e","phase":"que"#.to_vec();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(audit)
+        .unwrap()
+        .write_all(&fragment)
+        .unwrap();
+    fragment
+}
+
+/// The captured notification, for `web-02` (a second host of the runbook):
+/// no cooldown or dedupe of `web-01`'s run stands in its way.
+fn for_web_02() -> Value {
+    let mut n = notification();
+    n["groupKey"] = "web-02".into();
+    for a in n["alerts"].as_array_mut().unwrap() {
+        a["labels"]["instance"] = "web-02:9100".into();
+        a["fingerprint"] = format!("web-02-{}", a["fingerprint"].as_str().unwrap()).into();
+    }
+    n
+}
+
+/// A daemon killed mid-write must not keep the next one from starting: the
+/// torn fragment (never acknowledged: its writer died inside the write) is
+/// set aside beside the log, the chain goes on from the last whole line, and
+/// `audit verify` passes and says where the fragment went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_torn_by_a_killed_writer_is_set_aside_and_the_next_daemon_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let audit = dir.path().join("state/audit.jsonl");
+    let d = Daemon::start(dir.path()).await;
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
+    verdict_of(&d, &first).await;
+    d.shutdown().await.unwrap();
+    let whole = std::fs::read(&audit).unwrap();
+    let fragment = tear(&audit);
+
+    let d = Daemon::start(dir.path()).await;
+    assert_eq!(
+        std::fs::read(&audit).unwrap(),
+        whole,
+        "the fragment is cut off"
+    );
+    let aside = std::fs::read(dir.path().join("state/audit.jsonl.torn")).unwrap();
+    assert!(
+        aside.windows(fragment.len()).any(|w| w == fragment),
+        "the fragment is kept: {}",
+        String::from_utf8_lossy(&aside)
+    );
+    // The chain goes on: a run for another host appends to it.
+    let (status, body) = post_alerts(&d, &for_web_02()).await;
+    assert_eq!(status, 200, "{body}");
+    let second = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
+    assert_eq!(verdict_of(&d, &second).await["status"], "ok");
+    d.shutdown().await.unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["audit", "verify", "--config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("audit.jsonl.torn"),
+        "verify names the set-aside fragment: {text}"
+    );
+}
+
+/// The same tear while a daemon has the log open (a command-line run killed
+/// mid-write beside it): the daemon's next trigger is still recorded and
+/// answered 200, not refused with 503 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let audit = dir.path().join("state/audit.jsonl");
+    let d = Daemon::start(dir.path()).await;
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
+    verdict_of(&d, &first).await;
+    let fragment = tear(&audit);
+
+    // Another host's alert: no cooldown or dedupe stands in its way.
+    let (status, body) = post_alerts(&d, &for_web_02()).await;
+    assert_ne!(status, 503, "{body}");
+    let aside = std::fs::read(dir.path().join("state/audit.jsonl.torn")).unwrap();
+    assert!(aside.windows(fragment.len()).any(|w| w == fragment));
+    d.shutdown().await.unwrap();
+    let v = runwarden::audit::verify(&audit).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
 }
