@@ -1,15 +1,18 @@
 //! What an operator installs, printed, never installed: for a managed host,
 //! the agent's own policy, the `authorized_keys` line that forces the agent,
-//! and a sudoers file with exactly the mutating commands the policy allows
-//! (absolute paths, explicit arguments, no wildcards); for the management
-//! host, a hardened systemd unit for `runwarden serve`.
+//! and a sudoers file with exactly the commands the runbooks can have run as
+//! root there, each built by the tool that runs it (absolute paths, explicit
+//! arguments, no wildcards); for the management host, a hardened systemd
+//! unit for `runwarden serve`.
 
 use std::fmt::Write;
 
 use crate::config::Host;
 use crate::config::host::{PoolMaster, Recycle};
+use crate::config::runbook::{Autonomy, Runbook, StepAction, is_template};
 use crate::config::{Config, Connection};
 use crate::executor::process::Argv;
+use crate::tools::ToolId;
 
 /// Where the agent binary is expected on a managed host.
 pub const AGENT_PATH: &str = "/usr/local/bin/runwarden";
@@ -129,29 +132,55 @@ pub fn policy(host: &Host, permit_public_key: Option<&str>) -> String {
     s
 }
 
-/// Every mutating command the policy allows, exactly as the tools build it.
-pub fn mutating_commands(host: &Host) -> Vec<Argv> {
-    let b = &host.binaries;
-    let mut cmds = Vec::new();
-    for unit in &host.units {
-        for verb in ["restart", "reload"] {
-            cmds.push(Argv::new(&b.systemctl).arg(verb).arg(unit.clone()));
+/// Every command a runbook can have run as root on `host`, exactly as the
+/// tools build it: for each runbook that names the host and may run tier-2
+/// calls (L2 after a person's approval, L3 on its own; L1 only proposes),
+/// each tier-2 tool it approves, on the targets it can ask for (see
+/// [`asked_targets`]).
+pub fn mutating_commands<'a>(
+    host: &Host,
+    runbooks: impl IntoIterator<Item = &'a Runbook>,
+) -> Vec<Argv> {
+    let mut cmds: Vec<Argv> = Vec::new();
+    for rb in runbooks
+        .into_iter()
+        .filter(|r| r.allows_host(&host.name) && r.autonomy != Autonomy::L1)
+    {
+        for &tool in &rb.approve {
+            let Some((field, allowed)) = tool.targets(host) else {
+                continue;
+            };
+            for target in asked_targets(rb, tool, field, &allowed) {
+                for c in crate::tools::privileged_commands(tool, host, &target) {
+                    if !cmds.contains(&c) {
+                        cmds.push(c);
+                    }
+                }
+            }
         }
     }
-    for config in &host.logrotate_configs {
-        let mut a = Argv::new(&b.logrotate).args(["--verbose", "--force"]);
-        if let Some(st) = &host.logrotate_state {
-            a = a.arg("--state").arg(st.to_string_lossy());
-        }
-        cmds.push(a.arg(config.to_string_lossy()));
-    }
-    for c in host.certificates.values() {
-        if let Some((program, args)) = c.renew.as_ref().and_then(|r| r.split_first()) {
-            cmds.push(Argv::new(std::path::Path::new(program)).args(args.iter().cloned()));
-        }
-    }
-    cmds.dedup();
     cmds
+}
+
+/// The targets a runbook can ask `tool` for: everything the host allows
+/// when a model plans its calls or a step's target is a template, otherwise
+/// the ones its steps name.
+fn asked_targets(rb: &Runbook, tool: ToolId, field: &str, allowed: &[String]) -> Vec<String> {
+    if rb.agent.is_some() {
+        return allowed.to_vec();
+    }
+    let mut named = Vec::new();
+    for step in &rb.steps {
+        if let StepAction::Call { tool: t, args, .. } = &step.action
+            && *t == tool
+        {
+            match args.get(field).and_then(|v| v.as_str()) {
+                Some(s) if !is_template(s) => named.push(s.to_string()),
+                _ => return allowed.to_vec(),
+            }
+        }
+    }
+    named
 }
 
 /// A sudoers line argument list: sudoers needs spaces, commas, colons, `=` and `\` escaped.
@@ -170,15 +199,21 @@ fn sudoers_command(a: &Argv) -> String {
         .join(" ")
 }
 
-pub fn sudoers(host: &Host, user: &str) -> String {
+/// The sudoers file for `host`: exactly the commands `runbooks` can have
+/// run as root there ([`mutating_commands`]).
+pub fn sudoers<'a>(
+    host: &Host,
+    user: &str,
+    runbooks: impl IntoIterator<Item = &'a Runbook>,
+) -> String {
     let mut s = format!(
-        "# /etc/sudoers.d/runwarden for {}: exactly the mutating commands its policy allows.\n",
+        "# /etc/sudoers.d/runwarden for {}: exactly the commands its runbooks can have run as root.\n",
         host.name
     );
     let _ = writeln!(s, "Defaults:{user} !requiretty");
-    let cmds = mutating_commands(host);
+    let cmds = mutating_commands(host, runbooks);
     if cmds.is_empty() {
-        let _ = writeln!(s, "# (the policy allows no mutating command)");
+        let _ = writeln!(s, "# (no runbook can change this host)");
         return s;
     }
     let alias = "RUNWARDEN_CHANGES";
@@ -289,7 +324,97 @@ pub fn print(config: &Config, host: &Host) -> String {
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
         policy(host, public.as_deref()),
         authorized_keys(&user, &public_key),
-        sudoers(host, &user),
+        sudoers(host, &user, config.runbooks.values().map(|r| &**r)),
         systemd_unit(config)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with host `h` (units a and b, two logrotate configs, sudo)
+    /// and the given runbooks.
+    fn config(runbooks: &[(&str, &str)]) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["hosts", "runbooks"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        std::fs::write(
+            dir.path().join("hosts/h.yaml"),
+            "name: h\nconnection: local\nsudo: true\nunits: [a.service, b.service]\nlogrotate_configs: [/etc/logrotate.d/one, /etc/logrotate.d/two]\nlogrotate_state: /var/lib/runwarden/lr.state\n",
+        )
+        .unwrap();
+        for (name, body) in runbooks {
+            std::fs::write(
+                dir.path().join(format!("runbooks/{name}.yaml")),
+                format!("name: {name}\ndescription: t\nhosts: [h]\n{body}"),
+            )
+            .unwrap();
+        }
+        let config = Config::load(dir.path()).unwrap();
+        (dir, config)
+    }
+
+    fn lines(config: &Config) -> Vec<Vec<String>> {
+        mutating_commands(&config.hosts["h"], config.runbooks.values().map(|r| &**r))
+            .iter()
+            .map(Argv::to_vec)
+            .collect()
+    }
+
+    /// Only what a runbook can ask for: the tool it approves, on the target
+    /// its step names; nothing for a proposing (L1) runbook; every allowed
+    /// target for a templated step; and each line is what the tool spawns
+    /// after `sudo -n --`.
+    #[test]
+    fn sudoers_allows_only_what_a_runbook_can_ask_for_as_the_tool_builds_it() {
+        let restart_a = "autonomy: L3\ntools: { approve: [restart_service] }\nsteps:\n  - call: restart_service\n    args: { unit: a.service }\n    reason: r\n";
+        let (_d, c) = config(&[("ra", restart_a)]);
+        assert_eq!(
+            lines(&c),
+            [["/usr/bin/systemctl", "restart", "a.service"]],
+            "no reload, no b.service"
+        );
+        let host = &c.hosts["h"];
+        let action = crate::tools::resolve(
+            ToolId::RestartService,
+            &serde_json::json!({ "unit": "a.service", "reason": "r" }),
+            host,
+            crate::tools::PathMode::Lexical,
+        )
+        .unwrap();
+        let spawned = action.planned_argv(host)[0].to_vec();
+        assert_eq!(spawned[..3], ["/usr/bin/sudo", "-n", "--"]);
+        assert_eq!(spawned[3..], lines(&c)[0][..], "the tool's own argv");
+
+        let proposes = "autonomy: L1\ntools: { approve: [reload_service] }\nsteps:\n  - call: reload_service\n    args: { unit: b.service }\n    reason: r\n";
+        let (_d, c) = config(&[("p", proposes)]);
+        assert!(lines(&c).is_empty(), "{:?}", lines(&c));
+
+        let templated = "autonomy: L3\ntools: { approve: [rotate_logs] }\nsteps:\n  - call: rotate_logs\n    args: { config: \"{{ alert.labels.config }}\" }\n    reason: r\n";
+        let (_d, c) = config(&[("t", templated), ("ra", restart_a)]);
+        let got = lines(&c);
+        for conf in ["/etc/logrotate.d/one", "/etc/logrotate.d/two"] {
+            assert!(
+                got.contains(&vec![
+                    "/usr/sbin/logrotate".to_string(),
+                    "--verbose".into(),
+                    "--force".into(),
+                    "--state".into(),
+                    "/var/lib/runwarden/lr.state".into(),
+                    conf.into(),
+                ]),
+                "{got:?}"
+            );
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+
+        let text = sudoers(&c.hosts["h"], "rw", c.runbooks.values().map(|r| &**r));
+        assert!(
+            text.contains("/usr/bin/systemctl restart a.service"),
+            "{text}"
+        );
+        assert!(!text.contains("b.service"), "{text}");
+    }
 }

@@ -77,6 +77,22 @@ impl Argv {
         }
     }
 
+    /// The command after `program pre...`, when this argv starts with them
+    /// (the inverse of [`Argv::with_prefix`]).
+    pub fn strip_prefix(&self, program: &Path, pre: &[&str]) -> Option<Argv> {
+        let n = pre.len();
+        if self.program != program
+            || self.args.len() <= n
+            || self.args[..n].iter().zip(pre).any(|(a, p)| a != p)
+        {
+            return None;
+        }
+        Some(Argv {
+            program: PathBuf::from(&self.args[n]),
+            args: self.args[n + 1..].to_vec(),
+        })
+    }
+
     pub fn program(&self) -> &Path {
         &self.program
     }

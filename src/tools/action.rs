@@ -153,6 +153,61 @@ impl Action {
     }
 }
 
+impl ToolId {
+    /// The argument a tier-2 tool acts on, and every value `host` allows for
+    /// it; `None` for a tier-1 tool.
+    pub fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
+        Some(match self {
+            ToolId::RestartService | ToolId::ReloadService => {
+                ("unit", host.units.iter().cloned().collect())
+            }
+            ToolId::RotateLogs => (
+                "config",
+                host.logrotate_configs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
+            ),
+            ToolId::RecycleWorkerPool => ("pool", host.worker_pools.keys().cloned().collect()),
+            ToolId::RenewCertificate => (
+                "name",
+                host.certificates
+                    .iter()
+                    .filter(|(_, c)| c.renew.is_some())
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+            ),
+            ToolId::DiskUsage
+            | ToolId::ServiceStatus
+            | ToolId::ReadJournal
+            | ToolId::ListProcesses
+            | ToolId::CertExpiry
+            | ToolId::HttpCheck => return None,
+        })
+    }
+}
+
+/// The commands a tier-2 call of `tool` on `target` runs as root on
+/// `host` (after `sudo -n --`), built by the tool's own resolve and argv
+/// builders: what a sudoers file must allow, and nothing else. A command
+/// whose arguments are only known at run time (a signal to a master's pid)
+/// cannot be listed and is left out.
+pub fn privileged_commands(tool: ToolId, host: &Host, target: &str) -> Vec<Argv> {
+    let Some((field, _)) = tool.targets(host) else {
+        return Vec::new();
+    };
+    let args = json!({ field: target, "reason": "install print" });
+    let Ok(action) = resolve(tool, &args, host, PathMode::Lexical) else {
+        return Vec::new();
+    };
+    action
+        .planned_argv(host)
+        .into_iter()
+        .filter(|a| !a.to_vec().iter().any(|s| s == pool::MASTER_PID))
+        .map(|a| super::context::unprivileged(host, a))
+        .collect()
+}
+
 /// Check untrusted arguments for `tool` against `host`'s allowlists.
 ///
 /// The error is a sentence a planner (or a model) can act on; it quotes

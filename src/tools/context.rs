@@ -62,12 +62,22 @@ impl<'a> Ctx<'a> {
     }
 }
 
+const SUDO_ARGS: &[&str] = &["-n", "--"];
+
 /// Wrap a mutating command in `sudo -n` when the host says so (never a shell).
 pub fn privileged(host: &Host, argv: Argv) -> Argv {
     if host.sudo {
-        argv.with_prefix(&host.binaries.sudo, &["-n", "--"])
+        argv.with_prefix(&host.binaries.sudo, SUDO_ARGS)
     } else {
         argv
+    }
+}
+
+/// What sudo runs of an argv [`privileged`] made: the line a sudoers file allows.
+pub fn unprivileged(host: &Host, argv: Argv) -> Argv {
+    match argv.strip_prefix(&host.binaries.sudo, SUDO_ARGS) {
+        Some(inner) if host.sudo => inner,
+        _ => argv,
     }
 }
 

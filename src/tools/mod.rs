@@ -30,9 +30,9 @@ mod service;
 
 use std::time::Instant;
 
-pub use action::{Action, PathMode, resolve};
+pub use action::{Action, PathMode, privileged_commands, resolve};
 pub use allowlists::allowed_path;
-pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged};
+pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged, unprivileged};
 pub use registry::{Tier, ToolId, check_shape};
 pub use result::{Outcome, ToolResult};
 

@@ -15,6 +15,9 @@ use crate::executor::process::Argv;
 /// Longest wait for old workers to leave after the recycle.
 const VERIFY_WAIT: Duration = Duration::from_secs(15);
 
+/// Stands for the master's pid in a planned argv: it is only known at run time.
+pub(super) const MASTER_PID: &str = "<master pid>";
+
 /// The argv of the recycle; with a signal the master pid is only known at run time.
 pub fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
     let p = &host.worker_pools[pool];
@@ -22,7 +25,7 @@ pub fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
         (PoolMaster::Unit(unit), Recycle::Reload) => {
             vec![service::change_argv(host, "reload", unit)]
         }
-        (_, Recycle::Signal(sig)) => vec![signal_argv(host, sig.name(), "<master pid>")],
+        (_, Recycle::Signal(sig)) => vec![signal_argv(host, sig.name(), MASTER_PID)],
         (PoolMaster::PidFile { .. }, Recycle::Reload) => Vec::new(),
     }
 }

@@ -213,6 +213,10 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
             key.display()
         ),
     );
+    e.runbook(
+        "web-fix",
+        "name: web-fix\ndescription: t\nhosts: [web]\nautonomy: L3\ntools: { approve: [restart_service, renew_certificate] }\nsteps:\n  - call: restart_service\n    args: { unit: nginx.service }\n    reason: t\n  - call: renew_certificate\n    args: { name: web }\n    reason: t\n",
+    );
     let out = e.run(&["install", "print", "--host", "web"]);
     assert!(
         out.status.success(),
@@ -247,7 +251,14 @@ fn install_print_gives_a_policy_the_agent_loads_and_a_sudoers_file_visudo_accept
     );
     let rules = section("/etc/sudoers.d/runwarden");
     assert!(
-        rules.contains("/usr/bin/systemctl restart nginx.service") && !rules.contains('*'),
+        rules.contains("/usr/bin/systemctl restart nginx.service")
+            && rules.contains("/usr/bin/certbot renew --cert-name web")
+            && !rules.contains('*'),
+        "{rules}"
+    );
+    // What no runbook asks for is not allowed, though the policy would allow it.
+    assert!(
+        !rules.contains("reload") && !rules.contains("logrotate"),
         "{rules}"
     );
     // The printed policy is one the agent loads and enforces.

@@ -688,27 +688,40 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
             (SystemdHost::boot_on(tag, days, Some(n)), n)
         })
         .collect();
-    for (i, (h, n)) in hosts.iter().enumerate() {
+    let known_hosts = |name: &str| e.work().join(format!("known_hosts-{name}"));
+    for (i, (_, n)) in hosts.iter().enumerate() {
         let name = format!("staging-web-{}", i + 1);
-        let kh = e.work().join(format!("known_hosts-{name}"));
         e.host(
             &name,
             &format!(
                 "name: {name}\nconnection:\n  ssh:\n    address: 10.238.{n}.2\n    port: 22\n    user: rw-agent\n    identity: {}\n    known_hosts: {}\nsudo: true\n{allowlists}",
                 key.display(),
-                kh.display()
+                known_hosts(&name).display()
             ),
         );
+    }
+    // The runbooks come first: the sudoers file install print gives allows
+    // what they can ask for, and nothing else.
+    for rb in ["staging-disk-full", "worker-pool-recycle", "cert-expiry"] {
+        e.shipped_runbook(rb);
+    }
+    e.runbook(
+        "restart-nginx",
+        "name: restart-nginx\ndescription: t\nhosts: [staging-web-2]\nautonomy: L3\ntools: { approve: [restart_service] }\nsteps:\n  - call: restart_service\n    args: { unit: nginx.service }\n    reason: test\n",
+    );
+    for (i, (h, n)) in hosts.iter().enumerate() {
+        let name = format!("staging-web-{}", i + 1);
         let print = e.run(&["install", "print", "--host", &name]);
         assert!(print.status.success());
         let host_key = h.install_agent(&String::from_utf8_lossy(&print.stdout), "rw-agent");
         let fields: Vec<&str> = host_key.split_whitespace().take(2).collect();
-        std::fs::write(&kh, format!("10.238.{n}.2 {}\n", fields.join(" "))).unwrap();
+        std::fs::write(
+            known_hosts(&name),
+            format!("10.238.{n}.2 {}\n", fields.join(" ")),
+        )
+        .unwrap();
         // The management host's unit is one systemd itself accepts.
         h.setup_ok("install -m 0644 /srv/runwarden/install/runwarden.service /etc/systemd/system/ && useradd --system runwarden && systemd-analyze verify /etc/systemd/system/runwarden.service");
-    }
-    for rb in ["staging-disk-full", "worker-pool-recycle", "cert-expiry"] {
-        e.shipped_runbook(rb);
     }
     let out = e.run(&["host", "check", "staging-web-1"]);
     assert!(
@@ -756,10 +769,6 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
     assert_eq!(served, on_disk);
 
     // A restart over SSH changes the MainPID.
-    e.runbook(
-        "restart-nginx",
-        "name: restart-nginx\ndescription: t\nhosts: [staging-web-2]\nautonomy: L3\ntools: { approve: [restart_service] }\nsteps:\n  - call: restart_service\n    args: { unit: nginx.service }\n    reason: test\n",
-    );
     let (code, report) = e.run_json("restart-nginx", "staging-web-2", &[]);
     assert_eq!(code, 0, "{report:#}");
     assert_ne!(h2.setup("systemctl show -P MainPID nginx"), pid_before);
