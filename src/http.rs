@@ -440,6 +440,10 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
 }
 
 /// The token, if one is configured, was checked by [`guard`].
+#[allow(
+    clippy::expect_used,
+    reason = "submit_all returns one result per request, in order"
+)]
 async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
     let notification = match Notification::parse(&body) {
         Ok(n) => n,
@@ -612,11 +616,12 @@ async fn approval_decide(
             );
         }
     };
-    let approvals = s
-        .scheduler
-        .approvals
-        .as_ref()
-        .expect("checked by approver_token");
+    let Some(approvals) = s.scheduler.approvals.as_ref() else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "no approvals here: runwarden.yaml sets no approvers_file".to_string(),
+        );
+    };
     use crate::gate::approvals::DecisionError;
     match approvals.decide(&id, &token, &body.digest, approve, &body.comment) {
         Ok(r) => axum::Json(r).into_response(),

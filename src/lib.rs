@@ -46,6 +46,9 @@
 //! ([`gate::host::check`]) and takes the same path. Spawning a process is
 //! crate-private.
 
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod app;
 pub mod audit;
 pub mod cli;

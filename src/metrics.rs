@@ -6,6 +6,10 @@
 //! (runbooks, hosts, tools) and fixed enums (verdicts, outcomes, reasons),
 //! never from alert payloads or tool output, so the series count is bounded
 //! by the config.
+#![allow(
+    clippy::expect_used,
+    reason = "metric names, help texts and labels are constants: a bad one is a bug every test that starts the daemon catches, not a runtime condition"
+)]
 
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,

@@ -127,6 +127,10 @@ impl Scheduler {
     }
 
     /// Decide what becomes of one trigger, record it, and start the run if it is one.
+    #[allow(
+        clippy::expect_used,
+        reason = "submit_all returns one result per request, in order"
+    )]
     pub fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, AuditError> {
         Ok(self
             .submit_all(vec![req])?

@@ -74,7 +74,8 @@ pub struct Settings {
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9731";
+pub const DEFAULT_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9731);
 
 /// A complete, validated configuration.
 #[derive(Debug, Clone)]
@@ -196,9 +197,9 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
                     l.value
                 ),
             );
-            DEFAULT_LISTEN.parse().expect("default address")
+            DEFAULT_LISTEN
         }),
-        None => DEFAULT_LISTEN.parse().expect("default address"),
+        None => DEFAULT_LISTEN,
     };
     let timezone_name = settings
         .timezone
@@ -442,7 +443,7 @@ fn parse_files<T: serde::de::DeserializeOwned + Send>(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("config parser thread"))
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
     let mut all = Vec::with_capacity(files.len());

@@ -40,7 +40,7 @@ use super::agent::{AgentReply, AgentRequest, STATUS};
 use super::process::{self, Argv};
 use crate::config::Host;
 use crate::config::host::Ssh;
-use crate::tools::{Outcome, Tier, ToolResult};
+use crate::tools::{Failure, Outcome, Tier, ToolResult};
 
 /// OpenSSH's exit status for its own failures (connection, authentication, host key).
 const SSH_FAILED: i32 = 255;
@@ -90,7 +90,7 @@ pub fn argv(host: &Host, ssh: &Ssh, control: Option<&Path>) -> Argv {
 
 /// Whether a failed result was the connection's fault.
 pub fn is_transport_error(r: &ToolResult) -> bool {
-    r.data.get("transport").and_then(|v| v.as_bool()) == Some(true)
+    r.failure.is_some_and(Failure::is_transport)
 }
 
 /// What kind of failure a transport error was, in a person's words:
@@ -234,6 +234,7 @@ impl Session {
                     Ok(AgentReply::Result(r)) => r,
                     Ok(AgentReply::Refused(why)) => ToolResult {
                         data: json!({ "refused_by_host": true, "host": host.name }),
+                        failure: Some(Failure::RefusedByHost),
                         ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
                     },
                     Err(e) => {
@@ -379,6 +380,7 @@ impl Session {
             },
             verified: Some(false),
             data: json!({ "transport": true, "host": host.name, "outcome_unknown": true }),
+            failure: Some(Failure::OutcomeUnknown),
             ..ToolResult::failed(format!(
                 "outcome unknown: the connection to host {} failed during this change ({first}) and it could not be verified afterwards ({last}); check the host and its agent audit log",
                 host.name
@@ -427,6 +429,7 @@ fn control_dir() -> std::io::Result<PathBuf> {
 fn transport(host: &Host, what: String) -> ToolResult {
     ToolResult {
         data: json!({ "transport": true, "host": host.name }),
+        failure: Some(Failure::Transport),
         ..ToolResult::failed(what)
     }
 }

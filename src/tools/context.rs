@@ -51,14 +51,22 @@ impl<'a> Ctx<'a> {
         argv: &Argv,
         deadline: tokio::time::Instant,
     ) -> Result<ProcessOutput, String> {
-        self.ran.lock().expect("ctx lock").push(argv.to_vec());
+        self.ran
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(argv.to_vec());
         crate::executor::process::run(argv, &self.limits(deadline))
             .await
             .map_err(|e| e.to_string())
     }
 
     pub(super) fn take_argv(&self) -> Vec<Vec<String>> {
-        std::mem::take(&mut *self.ran.lock().expect("ctx lock"))
+        std::mem::take(
+            &mut *self
+                .ran
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 }
 

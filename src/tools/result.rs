@@ -25,6 +25,28 @@ impl Outcome {
     }
 }
 
+/// Why a call failed outside the tool itself: what the run branches on (two
+/// transport failures in a row end it). Set only by this process's
+/// transport; never read from the wire or the log, so no answer from a
+/// host can claim it. The same facts stay in `data` for people to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The call never reached the host, or its answer never came back.
+    Transport,
+    /// The connection failed during a change that could not be verified
+    /// afterwards: it may or may not have happened.
+    OutcomeUnknown,
+    /// The host's agent refused the call (the host's policy wins).
+    RefusedByHost,
+}
+
+impl Failure {
+    /// Whether the connection, not the host or the tool, failed.
+    pub fn is_transport(self) -> bool {
+        matches!(self, Failure::Transport | Failure::OutcomeUnknown)
+    }
+}
+
 /// What a tool reports: parsed fields, never raw text alone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolResult {
@@ -43,6 +65,9 @@ pub struct ToolResult {
     /// The commands the call ran, program first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub argv: Vec<Vec<String>>,
+    /// Set by the transport only (see [`Failure`]).
+    #[serde(skip)]
+    pub failure: Option<Failure>,
 }
 
 impl ToolResult {
@@ -56,6 +81,7 @@ impl ToolResult {
             verified: None,
             duration_ms: 0,
             argv: Vec::new(),
+            failure: None,
         }
     }
 
@@ -76,12 +102,11 @@ impl ToolResult {
     }
 
     pub fn view(&self) -> Value {
-        let mut v = match &self.data {
-            Value::Object(m) => Value::Object(m.clone()),
-            Value::Null => json!({}),
-            other => json!({ "value": other }),
+        let mut m = match &self.data {
+            Value::Object(m) => m.clone(),
+            Value::Null => serde_json::Map::new(),
+            other => serde_json::Map::from_iter([("value".to_string(), other.clone())]),
         };
-        let m = v.as_object_mut().expect("object");
         m.insert("outcome".into(), json!(self.outcome));
         m.insert("ok".into(), json!(self.outcome == Outcome::Ok));
         m.insert("truncated".into(), json!(self.truncated));
@@ -91,7 +116,7 @@ impl ToolResult {
         if let Some(v) = self.verified {
             m.insert("verified".into(), json!(v));
         }
-        v
+        Value::Object(m)
     }
 }
 
@@ -121,5 +146,29 @@ pub(crate) fn from_process(out: &ProcessOutput, data: Value) -> ToolResult {
         verified: None,
         duration_ms: 0,
         argv: Vec::new(),
+        failure: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host's answer (or a line read back from the log) cannot claim a
+    /// transport failure: only this process's transport sets it.
+    #[test]
+    fn no_answer_from_the_wire_carries_a_failure_kind() {
+        let wire = json!({
+            "outcome": "error", "data": { "transport": true, "outcome_unknown": true },
+            "truncated": false, "duration_ms": 1, "failure": "Transport"
+        });
+        let r: ToolResult = serde_json::from_value(wire).unwrap();
+        assert_eq!(r.failure, None);
+        let written = serde_json::to_value(ToolResult {
+            failure: Some(Failure::Transport),
+            ..ToolResult::failed("x")
+        })
+        .unwrap();
+        assert!(written.get("failure").is_none(), "{written}");
     }
 }
