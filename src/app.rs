@@ -141,8 +141,13 @@ pub async fn serve(
     if let Some(tx) = ready {
         let _ = tx.send(bound);
     }
+    service_manager::ready(bound);
+    if let Some(every) = service_manager::watchdog_interval() {
+        workers.spawn(service_manager::watchdog(every, stop_rx.clone()));
+    }
 
     shutdown.await;
+    service_manager::stopping();
     tracing::info!("shutting down: no new triggers; waiting for in-flight runs to stop");
     let _ = stop_tx.send(true);
     let grace = config.settings.shutdown_grace;
@@ -406,5 +411,41 @@ fn needs_restart(old: &crate::config::Settings, new: &crate::config::Settings) {
         tracing::warn!(
             "`{name}` changed in runwarden.yaml: that takes a restart of runwarden serve; the old value stays in force until then"
         );
+    }
+}
+
+/// systemd's side of `Type=notify` (sd_notify(3)): ready once everything
+/// listens, stopping at shutdown, and the watchdog's heartbeat from the
+/// runtime that serves triggers, so a wedged daemon is restarted. Outside
+/// systemd (no `NOTIFY_SOCKET`) every call does nothing.
+mod service_manager {
+    use sd_notify::NotifyState;
+    use std::time::Duration;
+
+    pub fn ready(bound: std::net::SocketAddr) {
+        let status = format!("listening on {bound}");
+        let _ = sd_notify::notify(false, &[NotifyState::Ready, NotifyState::Status(&status)]);
+    }
+
+    pub fn stopping() {
+        let _ = sd_notify::notify(false, &[NotifyState::Stopping]);
+    }
+
+    /// Half of `WatchdogSec=` when the unit sets one for this process.
+    pub fn watchdog_interval() -> Option<Duration> {
+        let mut usec = 0;
+        sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec / 2))
+    }
+
+    pub async fn watchdog(every: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let _ = sd_notify::notify(false, &[NotifyState::Watchdog]);
+                }
+                _ = stop.changed() => return,
+            }
+        }
     }
 }

@@ -243,56 +243,27 @@ pub fn authorized_keys(user: &str, public_key: &str) -> String {
     )
 }
 
+/// The daemon's unit, as the package installs it (`packaging/systemd/`).
+pub const SERVE_UNIT: &str = include_str!("../packaging/systemd/runwarden.service");
+/// Root's side of the privileged path on the daemon's own machine.
+pub const AGENT_SOCKET_UNIT: &str = include_str!("../packaging/systemd/runwarden-agent.socket");
+/// One agent per connection on [`AGENT_SOCKET_UNIT`].
+pub const AGENT_SERVICE_UNIT: &str = include_str!("../packaging/systemd/runwarden-agent@.service");
+
+/// The daemon's unit. It names no directory of the machine `install print`
+/// ran on: the package's layout (`/etc/runwarden`, `/var/lib/runwarden`);
+/// a config elsewhere is a drop-in that overrides `ExecStart=`.
 pub fn systemd_unit(config: &Config) -> String {
-    // systemd takes absolute paths only.
-    let abs = |p: &std::path::Path| {
-        std::path::absolute(p)
-            .unwrap_or_else(|_| p.to_path_buf())
-            .display()
-            .to_string()
-    };
-    let dir = abs(&config.dir);
-    let state = abs(&config.settings.state_dir);
-    let mut writable = vec![state.clone(), abs(&config.settings.kill_switch_dir)];
-    if let Some(audit_dir) = config.settings.audit_log.parent().map(abs)
-        && !audit_dir.starts_with(&state)
-    {
-        writable.push(audit_dir);
+    let mut unit =
+        format!("# /etc/systemd/system/runwarden.service (the management host)\n{SERVE_UNIT}");
+    let packaged = std::path::Path::new("/etc/runwarden");
+    if std::path::absolute(&config.dir).ok().as_deref() != Some(packaged) {
+        let _ = write!(
+            unit,
+            "# This config is not in /etc/runwarden: add a drop-in\n#   systemctl edit runwarden.service\n# with\n#   [Service]\n#   ExecStart=\n#   ExecStart=/usr/bin/runwarden serve --config DIR\n#   ReadWritePaths=DIR/state\n"
+        );
     }
-    let writable = writable.join(" ");
-    format!(
-        "# /etc/systemd/system/runwarden.service (the management host)
-[Unit]
-Description=runwarden remediation runner
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-User=runwarden
-Group=runwarden
-ExecStart={AGENT_PATH} serve --config {dir}
-ExecReload=/bin/kill -HUP $MAINPID
-WorkingDirectory={dir}
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectControlGroups=yes
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-RestrictSUIDSGID=yes
-LockPersonality=yes
-ReadWritePaths={writable}
-KillMode=mixed
-TimeoutStopSec=60
-Restart=on-failure
-
-[Install]
-WantedBy=multi-user.target
-"
-    )
+    unit
 }
 
 /// Everything for one host, in sections named after where each file goes.
@@ -319,6 +290,20 @@ pub fn print(config: &Config, host: &Host) -> String {
             "runwarden".to_string(),
             "ssh-ed25519 AAAA...  # not used: this host is local".to_string(),
         ),
+        Connection::Agent(socket) => {
+            // Root runs this agent: no account, no sudo.
+            let mut agent_policy = host.clone();
+            agent_policy.sudo = false;
+            return format!(
+                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket ({})\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
+                policy(&agent_policy, public.as_deref()).replace(
+                    "jail: /var/lib/runwarden/jail",
+                    "jail: /var/lib/runwarden-agent/jail"
+                ),
+                socket.display(),
+                systemd_unit(config)
+            );
+        }
     };
     format!(
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",

@@ -47,6 +47,7 @@ pub(super) fn check(dir: &Path) -> i32 {
         let conn = match &h.connection {
             Connection::Local => "local".to_string(),
             Connection::Ssh(s) => format!("ssh {}@{}:{}", s.user, s.address, s.port),
+            Connection::Agent(p) => format!("agent {}", p.display()),
         };
         println!("host {:<24} {conn:<28} {}", h.name, h.source.display());
     }

@@ -41,8 +41,12 @@ pub struct Host {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Connection {
+    /// Tools run in this process's own account, on this machine.
     Local,
     Ssh(Ssh),
+    /// This machine, through its own agent on a unix socket: the privileged
+    /// path of a daemon that runs unprivileged (see [`crate::executor::socket`]).
+    Agent(PathBuf),
 }
 
 /// How to reach a remote host; the runner never accepts a host key on first use.
@@ -177,6 +181,9 @@ pub(super) fn validate(
     }
     let connection = match raw.connection.value {
         raw::Connection::Local => Connection::Local,
+        raw::Connection::Agent(socket) => {
+            Connection::Agent(abs_path(&socket, "connection.agent", file, diags))
+        }
         raw::Connection::Ssh(ssh) => {
             if ssh.address.value.is_empty()
                 || ssh.address.value.starts_with('-')

@@ -158,6 +158,8 @@ pub struct Host {
 pub enum Connection {
     Local,
     Ssh(Box<Ssh>),
+    /// The unix socket of this machine's own agent (`runwarden-agent.socket`).
+    Agent(S<String>),
 }
 
 #[derive(Debug, Deserialize)]

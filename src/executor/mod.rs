@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod process;
+pub mod socket;
 pub mod ssh;
 
 use crate::audit::{AuditTicket, Dispatched, RunInfo};
@@ -27,6 +28,13 @@ pub enum Executor {
         session: Box<ssh::Session>,
         permits: Box<Result<PermitKey, String>>,
     },
+    /// Tools run on this machine through its own agent on a unix socket
+    /// (root's side of an unprivileged daemon), with the same requests and
+    /// signed permits as over SSH.
+    Agent {
+        socket: std::path::PathBuf,
+        permits: Box<Result<PermitKey, String>>,
+    },
 }
 
 impl Executor {
@@ -37,9 +45,11 @@ impl Executor {
             Connection::Local => Ok(Executor::Local),
             Connection::Ssh(ssh) => Ok(Executor::Ssh {
                 session: Box::new(ssh::Session::new(ssh.clone(), run_id)),
-                permits: Box::new(PermitKey::load(permit_key).map_err(|e| {
-                    format!("{e}; `runwarden install print --host {}` makes the key and prints the line the host's policy needs", host.name)
-                })),
+                permits: Box::new(permits(host, permit_key)),
+            }),
+            Connection::Agent(socket) => Ok(Executor::Agent {
+                socket: socket.clone(),
+                permits: Box::new(permits(host, permit_key)),
             }),
         }
     }
@@ -66,42 +76,28 @@ impl Executor {
     ) -> ToolResult {
         match self {
             Executor::Ssh { session, permits } => {
-                let action = permit.action();
-                let mut args = action.args_json();
-                if let Some(reason) = action.reason() {
-                    args["reason"] = reason.into();
-                }
-                let tool = action.tool().name();
-                let signed = match (action.tier(), permits.as_ref()) {
-                    (Tier::Observe, _) => None,
-                    (Tier::Change, Ok(key)) => Some(key.sign(
-                        &CallId {
-                            run_id: &run.run_id,
-                            step: permit.step(),
-                            host: &host.name,
-                            tool,
-                            args: &args,
-                        },
-                        &permit.approved_by().to_string(),
-                    )),
-                    (Tier::Change, Err(e)) => {
-                        return ToolResult::failed(format!(
-                            "not sent: a managed host takes a tier-2 call only with a signed permit, and {e}"
-                        ));
-                    }
-                };
-                let request = agent::AgentRequest {
-                    run_id: run.run_id.clone(),
-                    step: permit.step(),
-                    runbook: run.runbook.clone(),
-                    tool: tool.into(),
-                    args,
-                    permit: signed,
+                let request = match request(permit, run, host, permits) {
+                    Ok(r) => r,
+                    Err(not_sent) => return not_sent,
                 };
                 let started = std::time::Instant::now();
                 let mut result = session
-                    .dispatch(host, &request, action.tier(), deadline)
+                    .dispatch(host, &request, permit.action().tier(), deadline)
                     .await;
+                if result.duration_ms == 0 {
+                    result.duration_ms = started.elapsed().as_millis() as u64;
+                }
+                result
+            }
+            Executor::Agent { socket, permits } => {
+                let request = match request(permit, run, host, permits) {
+                    Ok(r) => r,
+                    Err(not_sent) => return not_sent,
+                };
+                let started = std::time::Instant::now();
+                let mut result =
+                    socket::dispatch(socket, host, &request, permit.action().tier(), deadline)
+                        .await;
                 if result.duration_ms == 0 {
                     result.duration_ms = started.elapsed().as_millis() as u64;
                 }
@@ -118,4 +114,56 @@ impl Executor {
             }
         }
     }
+}
+
+fn permits(host: &Host, permit_key: &Path) -> Result<PermitKey, String> {
+    PermitKey::load(permit_key).map_err(|e| {
+        format!(
+            "{e}; `runwarden install print --host {}` makes the key and prints the line the host's policy needs",
+            host.name
+        )
+    })
+}
+
+/// The request a host's agent gets for a permitted call: the resolved
+/// arguments and, for tier 2, the runner's signed permit for exactly this
+/// call (or, without a key, the result that says why nothing was sent).
+fn request(
+    permit: &Permit,
+    run: &RunInfo,
+    host: &Host,
+    permits: &Result<PermitKey, String>,
+) -> Result<agent::AgentRequest, ToolResult> {
+    let action = permit.action();
+    let mut args = action.args_json();
+    if let Some(reason) = action.reason() {
+        args["reason"] = reason.into();
+    }
+    let tool = action.tool().name();
+    let signed = match (action.tier(), permits) {
+        (Tier::Observe, _) => None,
+        (Tier::Change, Ok(key)) => Some(key.sign(
+            &CallId {
+                run_id: &run.run_id,
+                step: permit.step(),
+                host: &host.name,
+                tool,
+                args: &args,
+            },
+            &permit.approved_by().to_string(),
+        )),
+        (Tier::Change, Err(e)) => {
+            return Err(ToolResult::failed(format!(
+                "not sent: a managed host takes a tier-2 call only with a signed permit, and {e}"
+            )));
+        }
+    };
+    Ok(agent::AgentRequest {
+        run_id: run.run_id.clone(),
+        step: permit.step(),
+        runbook: run.runbook.clone(),
+        tool: tool.into(),
+        args,
+        permit: signed,
+    })
 }

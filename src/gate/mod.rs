@@ -243,7 +243,9 @@ impl Gate {
     pub fn new(runbook: Arc<Runbook>, host: Arc<Host>, killswitch: KillSwitch) -> Gate {
         let path_mode = match host.connection {
             crate::config::Connection::Local => PathMode::Resolve,
-            crate::config::Connection::Ssh(_) => PathMode::Lexical,
+            crate::config::Connection::Ssh(_) | crate::config::Connection::Agent(_) => {
+                PathMode::Lexical
+            }
         };
         Gate {
             budget: Budget::new(runbook.budget),

@@ -913,3 +913,173 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
     }
     assert!(e.run(&["audit", "verify"]).status.success());
 }
+
+/// The Debian package on a systemd host, as an operator installs and runs
+/// it: `dpkg -i`, a config `check` accepts, the units started, and an L3
+/// runbook that really changes this machine (restarts a unit, rotates a
+/// real log) through root's agent on the socket while the daemon itself
+/// runs unprivileged and hardened. The verdict is read from the journal and
+/// the metrics; systemd checks the units (`verify`) and scores the daemon's
+/// hardening (`security`).
+#[test]
+fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_its_agent() {
+    let h = SystemdHost::boot("pkg", 90);
+    let out = Command::new(repo().join("packaging/build-deb.sh"))
+        .arg(bin())
+        .arg(h.config())
+        .env("DEB_COMPRESSION", "none")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let name = deb.file_name().unwrap().to_str().unwrap().to_string();
+    h.setup_ok(&format!("dpkg -i /srv/runwarden/{name}"));
+    assert!(
+        h.setup("id -u runwarden")
+            .trim()
+            .parse::<u32>()
+            .is_ok_and(|u| u != 0),
+        "the package made the system account"
+    );
+    let policy = h.setup_ok("cat /etc/runwarden/agent.yaml");
+    assert!(policy.contains("permit_public_key: "), "{policy}");
+    assert!(
+        policy.contains("sudo: false"),
+        "root's agent needs no sudo: {policy}"
+    );
+
+    // This machine's allowlists on both sides, and an L3 runbook that
+    // restarts demo.service and rotates the app log.
+    std::fs::write(h.config().join("demo-fix.yaml"), DEMO_FIX).unwrap();
+    h.setup_ok(
+        "for f in /etc/runwarden/hosts/local.yaml /etc/runwarden/agent.yaml; do \
+           sed -i '/^units: \\[\\]$/d; /^logrotate_configs: \\[\\]$/d' $f && \
+           printf 'units: [demo.service]\\nlogrotate_configs: [/etc/logrotate.d/app]\\n' >> $f; \
+         done && \
+         install -m 0640 -g runwarden /srv/runwarden/demo-fix.yaml /etc/runwarden/runbooks/ && \
+         echo 'GET /health 200' > /var/log/app/api.log",
+    );
+    let check = h.exec(&[
+        "/usr/sbin/runuser",
+        "-u",
+        "runwarden",
+        "--",
+        "/usr/bin/runwarden",
+        "check",
+        "--config",
+        "/etc/runwarden",
+    ]);
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // systemd accepts the units and scores the daemon's hardening.
+    h.setup_ok("systemd-analyze verify /lib/systemd/system/runwarden.service /lib/systemd/system/runwarden-agent.socket /lib/systemd/system/runwarden-agent@.service");
+    let security = h.setup("systemd-analyze security runwarden.service 2>&1 | tail -1");
+    let score: f64 = security
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no score in {security:?}"));
+    eprintln!(
+        "systemd-analyze security runwarden.service: {}",
+        security.trim()
+    );
+    assert!(score <= 2.5, "exposure {score}: {security}");
+
+    let pid_before = h.setup("systemctl show -P MainPID demo.service");
+    h.setup_ok("systemctl enable --now runwarden-agent.socket runwarden.service");
+    // Type=notify: active only once the daemon said it is ready.
+    assert_eq!(
+        h.setup("systemctl is-active runwarden.service").trim(),
+        "active",
+        "{}",
+        h.setup("journalctl -u runwarden.service --no-pager | tail -20")
+    );
+    let run = h.exec(&[
+        "/usr/bin/runwarden",
+        "run",
+        "demo-fix",
+        "--host",
+        "local",
+        "--via-daemon",
+        "http://127.0.0.1:9731",
+        "--config",
+        "/etc/runwarden",
+    ]);
+    let said = format!(
+        "{}{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+        h.setup("journalctl -u runwarden.service -u 'runwarden-agent@*' --no-pager | tail -40")
+    );
+    assert_eq!(run.status.code(), Some(0), "{said}");
+    assert_ne!(
+        h.setup("systemctl show -P MainPID demo.service"),
+        pid_before,
+        "{said}"
+    );
+    assert!(h.setup("ls /var/log/app").contains("api.log.1"), "{said}");
+    let journal = h.setup("journalctl -u runwarden.service --no-pager -o cat");
+    assert!(
+        journal.lines().any(|l| l.contains("run ended")
+            && l.contains("runbook=demo-fix")
+            && l.contains("verdict=\"ok\"")),
+        "{journal}"
+    );
+    // bash's /dev/tcp: the host has no HTTP client.
+    let metrics = String::from_utf8_lossy(
+        &h.exec(&[
+            "/bin/bash",
+            "-c",
+            "exec 3<>/dev/tcp/127.0.0.1/9731; printf 'GET /metrics HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; cat <&3",
+        ])
+        .stdout,
+    )
+    .into_owned();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("runwarden_runs_finished_total{")
+                && l.contains("runbook=\"demo-fix\"")
+                && l.contains("verdict=\"ok\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    // The daemon is not root and cannot become root; the change ran in root's agent.
+    let status = h.setup(
+        "grep -E '^(Uid|NoNewPrivs|CapEff)' /proc/$(systemctl show -P MainPID runwarden.service)/status",
+    );
+    assert!(
+        status.contains("NoNewPrivs:\t1") && status.contains("CapEff:\t0000000000000000"),
+        "{status}"
+    );
+    assert!(!status.starts_with("Uid:\t0\t"), "{status}");
+    let agent_audit = h.setup_ok("cat /var/lib/runwarden-agent/audit.jsonl");
+    assert!(
+        agent_audit.contains("restart_service") && agent_audit.contains("rotate_logs"),
+        "{agent_audit}"
+    );
+}
+
+const DEMO_FIX: &str = r#"name: demo-fix
+description: restart the demo worker and rotate its log
+hosts: [local]
+autonomy: L3
+tools:
+  observe: [service_status]
+  approve: [restart_service, rotate_logs]
+steps:
+  - call: restart_service
+    args: { unit: demo.service }
+    reason: the demo worker is stuck
+  - call: rotate_logs
+    args: { config: /etc/logrotate.d/app }
+    reason: the app log is large
+"#;
