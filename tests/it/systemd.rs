@@ -721,7 +721,7 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
         )
         .unwrap();
         // The management host's unit is one systemd itself accepts.
-        h.setup_ok("install -m 0644 /srv/runwarden/install/runwarden.service /etc/systemd/system/ && useradd --system runwarden && systemd-analyze verify /etc/systemd/system/runwarden.service");
+        h.setup_ok("ln -sf /usr/local/bin/runwarden /usr/bin/runwarden && install -m 0644 /srv/runwarden/install/runwarden.service /etc/systemd/system/ && useradd --system runwarden && systemd-analyze verify /etc/systemd/system/runwarden.service");
     }
     let out = e.run(&["host", "check", "staging-web-1"]);
     assert!(
