@@ -408,3 +408,164 @@ async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
     let v = runwarden::audit::verify(&audit).unwrap();
     assert!(v.problems.is_empty(), "{:?}", v.problems);
 }
+
+/// This machine's own agent on a unix socket, as `runwarden-agent.socket`
+/// serves it (one real `runwarden agent --stdio` per connection, on the
+/// accepted stream, as systemd's `Accept=yes` starts it). Returns the
+/// policy file's path; the listener lives until the process ends.
+fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::PathBuf {
+    use std::os::fd::OwnedFd;
+    let print = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["install", "print", "--host", "me", "--config"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        print.status.success(),
+        "{}",
+        String::from_utf8_lossy(&print.stderr)
+    );
+    let text = String::from_utf8_lossy(&print.stdout).into_owned();
+    let policy_text: String = text
+        .split("### ")
+        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
+        .and_then(|s| s.split_once('\n'))
+        .map(|(_, body)| body.to_string())
+        .expect("the agent's policy");
+    assert!(policy_text.contains("sudo: false"), "{policy_text}");
+    let policy = dir.join("agent.yaml");
+    std::fs::write(
+        &policy,
+        policy_text
+            .replace(
+                "jail: /var/lib/runwarden-agent/jail",
+                &format!("jail: {}", dir.join("agent-jail").display()),
+            )
+            .replace(
+                &format!("paths: [\"{}\"]", dir.join("data").display()),
+                &format!("paths: [\"{}\"]", policy_allows.display()),
+            ),
+    )
+    .unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    let (policy_path, audit) = (policy.clone(), dir.join("agent-audit.jsonl"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let fd = OwnedFd::from(stream);
+            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+                .args(["agent", "--stdio", "--policy"])
+                .arg(&policy_path)
+                .arg("--audit")
+                .arg(&audit)
+                .stdin(fd.try_clone().unwrap())
+                .stdout(fd)
+                .spawn()
+                .map(|mut c| c.wait());
+        }
+    });
+    policy
+}
+
+/// A config whose host `me` is this machine through its agent's socket,
+/// with runbook `look` (one tier-1 call) and `fix` (one tier-2 call).
+fn agent_config(dir: &Path) -> std::path::PathBuf {
+    for d in ["hosts", "runbooks", "kill-switch", "data"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let socket = dir.join("agent.sock");
+    std::fs::write(dir.join("runwarden.yaml"), "audit_head: none\n").unwrap();
+    std::fs::write(
+        dir.join("hosts/me.yaml"),
+        format!(
+            "name: me\nconnection:\n  agent: {}\npaths: [{}]\nunits: [demo.service]\n",
+            socket.display(),
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("runbooks/look.yaml"),
+        format!(
+            "name: look\ndescription: t\nhosts: [me]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: {} }}\n",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("runbooks/fix.yaml"),
+        "name: fix\ndescription: t\nhosts: [me]\nautonomy: L3\ntools: { approve: [restart_service] }\nsteps:\n  - call: restart_service\n    args: { unit: demo.service }\n    reason: t\n",
+    )
+    .unwrap();
+    socket
+}
+
+fn run_json(dir: &Path, runbook: &str) -> (Option<i32>, Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["run", runbook, "--host", "me", "--json", "--config"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), report)
+}
+
+/// Calls to this machine through its agent's socket: a call goes through
+/// the real agent, which writes its own audit line and whose policy wins;
+/// with no agent listening nothing is sent, a change included, and the
+/// run says which socket to look at.
+#[test]
+fn this_machine_through_its_agent_socket_and_without_it() {
+    // No agent listening: nothing is sent, the run fails naming the socket.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = agent_config(dir.path());
+    // The runner's permit key exists (install print makes it), so a change
+    // is refused for the socket alone.
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["install", "print", "--host", "me", "--config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    for runbook in ["look", "fix"] {
+        let (code, report) = run_json(dir.path(), runbook);
+        assert_eq!(code, Some(1), "{runbook}: {report:#}");
+        let error = report["steps"][0]["result"]["error"].as_str().unwrap_or("");
+        assert!(
+            error.starts_with("not sent") && error.contains(&socket.display().to_string()),
+            "{runbook}: {report:#}"
+        );
+    }
+
+    // The agent listening: a tier-1 call goes through it and its audit log.
+    let _policy = agent_socket(dir.path(), &socket, &dir.path().join("data"));
+    let (code, report) = run_json(dir.path(), "look");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(
+        report["steps"][0]["result"]["data"]["size_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{report:#}"
+    );
+    let agent_audit = std::fs::read_to_string(dir.path().join("agent-audit.jsonl")).unwrap();
+    assert!(agent_audit.contains("disk_usage"), "{agent_audit}");
+
+    // The agent's own policy wins over the runner's host file.
+    let other = tempfile::tempdir().unwrap();
+    let socket = agent_config(other.path());
+    agent_socket(other.path(), &socket, Path::new("/nonexistent-elsewhere"));
+    let (code, report) = run_json(other.path(), "look");
+    assert_eq!(code, Some(1), "{report:#}");
+    assert!(
+        report["steps"][0]["result"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refused")),
+        "{report:#}"
+    );
+}
