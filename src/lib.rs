@@ -24,7 +24,11 @@
 //! - [`tools`]: the static registry; tiers live here, in code, keyed by tool.
 //! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
-//! - [`executor`]: runs a permitted, audited call; [`executor::process`] spawns argv safely.
+//! - [`executor`]: runs a permitted, audited call: on this machine
+//!   ([`executor::process`] spawns argv safely), on a host over SSH
+//!   ([`executor::ssh`]), or through this machine's own root agent on a unix
+//!   socket ([`executor::socket`], the privileged path of an unprivileged
+//!   daemon); [`executor::agent`] is the host's side of the last two.
 //! - [`planner`]: picks the next call (the runbook's steps, or a model toward
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
