@@ -478,6 +478,8 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
         }
     };
     let mut outcomes = Vec::with_capacity(candidates.len());
+    // The reason an alert started nothing, for the answer (by outcome index).
+    let mut whys: Vec<(usize, String)> = Vec::new();
     for c in candidates {
         let (runbook, fingerprint, (result, run_id)) = match c {
             Candidate::Run(req) => {
@@ -495,16 +497,19 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             Candidate::OutOfScope {
                 runbook,
                 fingerprint,
+                why,
             } => {
-                tracing::info!(%runbook, %fingerprint, result = "out_of_scope", "trigger: the alert names a host the runbook may not touch");
+                tracing::info!(%runbook, %fingerprint, result = "out_of_scope", "trigger: {why}");
+                whys.push((outcomes.len(), why));
                 s.metrics
                     .alert_triggers
                     .with_label_values(&[&runbook, TriggerResult::OutOfScope.as_str()])
                     .inc();
                 (runbook, fingerprint, (TriggerResult::OutOfScope, None))
             }
-            Candidate::NoMatch { fingerprint } => {
-                tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook's on_alert matchers match this alert");
+            Candidate::NoMatch { fingerprint, why } => {
+                tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook takes this alert; {why}");
+                whys.push((outcomes.len(), why));
                 s.metrics
                     .alert_triggers
                     .with_label_values(&["none", TriggerResult::NoMatch.as_str()])
@@ -520,6 +525,9 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             json!({ "runbook": runbook, "fingerprint": fingerprint, "result": result.as_str() });
         if let Some(id) = run_id {
             outcome["run_id"] = id.into();
+        }
+        if let Some((_, why)) = whys.last().filter(|(i, _)| *i == outcomes.len()) {
+            outcome["why"] = why.clone().into();
         }
         outcomes.push(outcome);
     }

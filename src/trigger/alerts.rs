@@ -62,9 +62,58 @@ pub enum Candidate {
     OutOfScope {
         runbook: String,
         fingerprint: String,
+        /// Which host, and why it is not one the runbook may touch.
+        why: String,
     },
     /// No runbook matched this firing alert.
-    NoMatch { fingerprint: String },
+    NoMatch {
+        fingerprint: String,
+        /// The closest runbook and the first of its matchers that failed.
+        why: String,
+    },
+}
+
+/// Why no runbook took `labels`: the runbook whose matchers match the most
+/// (the first by name among equals) and its first matcher that does not.
+fn closest_miss(labels: &std::collections::BTreeMap<String, String>, config: &Config) -> String {
+    let mut best: Option<(usize, &str, String)> = None;
+    for rb in config.runbooks.values() {
+        let Some(on) = &rb.on_alert else { continue };
+        let hits = on.matchers.iter().filter(|m| m.matches(labels)).count();
+        let Some(miss) = on.matchers.iter().find(|m| !m.matches(labels)) else {
+            continue;
+        };
+        let seen = match labels.get(&miss.name) {
+            Some(v) => format!("{}={v:?}", miss.name),
+            None => format!("no {} label", miss.name),
+        };
+        let why = format!(
+            "closest runbook {:?} ({hits} of {} matchers): {miss} does not match ({seen})",
+            rb.name,
+            on.matchers.len()
+        );
+        if best.as_ref().is_none_or(|(h, _, _)| hits > *h) {
+            best = Some((hits, &rb.name, why));
+        }
+    }
+    match best {
+        None => "no runbook has on_alert".to_string(),
+        Some((0, _, _)) => {
+            // Nothing in common: say which alerts the runbooks do take.
+            let taken: std::collections::BTreeSet<&str> = config
+                .runbooks
+                .values()
+                .filter_map(|r| r.on_alert.as_ref())
+                .filter_map(|on| on.matchers.iter().find_map(|m| m.requires("alertname")))
+                .collect();
+            format!(
+                "no runbook's matchers match any of its labels; this alert is alertname={:?}, the runbooks take alertname {}",
+                labels.get("alertname").map(String::as_str).unwrap_or(""),
+                taken.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        }
+        Some((_, _, why)) => why,
+    }
 }
 
 /// The candidates of one notification, in alert order.
@@ -118,12 +167,20 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                 None => out.push(Candidate::OutOfScope {
                     runbook: rb.name.clone(),
                     fingerprint: alert.fingerprint.clone(),
+                    why: match on.host_of(&alert.labels) {
+                        None => format!("the alert has no {} label", on.host_label),
+                        Some(h) if !rb.allows_host(&h) => {
+                            format!("host {h:?} is not one of the runbook's hosts")
+                        }
+                        Some(h) => format!("host {h:?} has no host file"),
+                    },
                 }),
             }
         }
         if !matched {
             out.push(Candidate::NoMatch {
                 fingerprint: alert.fingerprint.clone(),
+                why: closest_miss(&alert.labels, config),
             });
         }
     }
@@ -156,5 +213,51 @@ mod tests {
                 .contains("version \"3\"")
         );
         assert!(Notification::parse(b"{\"alerts\": 5}").is_err());
+    }
+
+    /// An alert no runbook takes says why: the closest runbook and its
+    /// failing matcher, or which alerts the runbooks take; one that matches
+    /// but names a host the runbook may not touch says which host.
+    #[test]
+    fn an_alert_that_starts_nothing_says_why() {
+        let config = Config::load(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let why = |text: &str| -> Vec<String> {
+            let n = Notification::parse(text.as_bytes()).unwrap();
+            candidates(&n, &config)
+                .into_iter()
+                .map(|c| match c {
+                    Candidate::NoMatch { why, .. } => format!("no_match: {why}"),
+                    Candidate::OutOfScope { why, .. } => format!("out_of_scope: {why}"),
+                    Candidate::Run(r) => format!("run {}", r.runbook),
+                })
+                .collect()
+        };
+        // The captured payload: nothing in common with any runbook.
+        let got = why(FIRING);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got[0].starts_with("no_match: ")
+                && got[0].contains("alertname=\"DiskAlmostFull\"")
+                && got[0].contains("NodeFilesystemAlmostFull"),
+            "{got:?}"
+        );
+        // The right alert name without `env`: the closest runbook and its miss.
+        let renamed = FIRING.replace(
+            "\"alertname\":\"DiskAlmostFull\"",
+            "\"alertname\":\"NodeFilesystemAlmostFull\"",
+        );
+        let got = why(&renamed);
+        assert!(
+            got[0].contains("closest runbook \"staging-disk-full\" (1 of 2 matchers)")
+                && got[0].contains("env=\"staging\" does not match (no env label)"),
+            "{got:?}"
+        );
+        // Matched, but the host is not one of the runbook's.
+        let staged = renamed.replace("\"job\":\"node\"", "\"job\":\"node\",\"env\":\"staging\"");
+        let got = why(&staged);
+        assert!(
+            got[0].starts_with("out_of_scope: host \"web-01\" is not one of the runbook's hosts"),
+            "{got:?}"
+        );
     }
 }
