@@ -60,6 +60,11 @@ pub fn policy(host: &Host, permit_public_key: Option<&str>) -> String {
     );
     let _ = writeln!(
         s,
+        "du_budget: {}",
+        humantime::format_duration(host.du_budget)
+    );
+    let _ = writeln!(
+        s,
         "paths: {}",
         list(host.paths.iter().map(|p| p.display().to_string()))
     );

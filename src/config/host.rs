@@ -23,6 +23,9 @@ pub struct Host {
     pub jail: PathBuf,
     /// Upper bound for one tool call; the run's own time budget may cut it shorter.
     pub tool_timeout: Duration,
+    /// How long `disk_usage`'s `du` may look for the largest entries (a cold
+    /// cache on a big filesystem needs more); past it the answer is partial.
+    pub du_budget: Duration,
     pub units: BTreeSet<String>,
     pub journals: BTreeSet<String>,
     pub paths: Vec<PathBuf>,
@@ -148,6 +151,7 @@ impl Default for Binaries {
 }
 
 const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_DU_BUDGET: Duration = Duration::from_secs(3);
 const UNIT_SUFFIXES: &[&str] = &[
     ".service", ".socket", ".timer", ".target", ".path", ".mount", ".slice", ".scope",
 ];
@@ -235,6 +239,11 @@ pub(super) fn validate(
         .as_ref()
         .and_then(|t| duration(t, "tool_timeout", file, diags))
         .unwrap_or(DEFAULT_TOOL_TIMEOUT);
+    let du_budget = raw
+        .du_budget
+        .as_ref()
+        .and_then(|t| duration(t, "du_budget", file, diags))
+        .unwrap_or(DEFAULT_DU_BUDGET);
 
     let units = unit_set(&raw.units, "units", file, diags);
     let journals = unit_set(&raw.journals, "journals", file, diags);
@@ -413,6 +422,7 @@ pub(super) fn validate(
         sudo: raw.sudo,
         jail,
         tool_timeout,
+        du_budget,
         units,
         journals,
         paths,

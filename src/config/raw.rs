@@ -134,6 +134,8 @@ pub struct Host {
     /// Agent policies: the runner's public key that signs tier-2 permits.
     pub permit_public_key: Option<S<String>>,
     pub tool_timeout: Option<S<String>>,
+    /// disk_usage: how long `du` may look for the largest entries.
+    pub du_budget: Option<S<String>>,
     #[serde(default)]
     pub units: Vec<S<String>>,
     #[serde(default)]

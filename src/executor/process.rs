@@ -125,6 +125,8 @@ pub struct Limits {
 
 #[derive(Debug, Clone, Default)]
 pub struct ProcessOutput {
+    /// The process's id while it ran (a tool that lists processes leaves itself out).
+    pub pid: u32,
     pub exit_code: Option<i32>,
     /// The signal that ended the leader, if one did.
     pub signal: Option<i32>,
@@ -355,6 +357,7 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
     };
     escapees::sweep();
     let mut out = ProcessOutput {
+        pid: child.id(),
         timed_out,
         ..Default::default()
     };

@@ -1,7 +1,6 @@
 //! `disk_usage`: `df` for the filesystem, `du` for the largest entries one level down.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -11,8 +10,6 @@ use crate::executor::process::Argv;
 
 /// How many of the largest entries to report.
 const LARGEST: usize = 10;
-/// `du` gets at most this long; a partial list is reported with `largest_truncated`.
-const DU_BUDGET: Duration = Duration::from_secs(3);
 
 pub fn argv(host: &Host, path: &Path) -> [Argv; 2] {
     let p = path.to_string_lossy().into_owned();
@@ -84,25 +81,47 @@ pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
         ));
     };
     data["path"] = json!(path);
-    let du_deadline = tokio::time::Instant::now() + DU_BUDGET;
-    match ctx.run_until(&du, du_deadline).await {
+    let du_deadline = tokio::time::Instant::now() + ctx.host.du_budget;
+    // du reports a directory when it has finished it, so an answer cut
+    // short (by the budget or the output cap) lists whatever happened to
+    // finish first, small directories often: it is never ranked as the
+    // largest.
+    let partial = match ctx.run_until(&du, du_deadline).await {
+        Ok(out) if out.timed_out => Some(format!(
+            "du did not finish within the host's du_budget ({}); the largest entries are unknown (raise du_budget in the host file)",
+            humantime::format_duration(ctx.host.du_budget)
+        )),
+        Ok(out) if out.stdout_truncated => Some(
+            "du's output was cut at the output cap; the largest entries are unknown (measure a directory further down)".to_string(),
+        ),
         Ok(out) => {
-            // du names entries through the opened directory: name them by the checked path.
-            let text = out
-                .stdout_text()
-                .replace(&format!("{}/", opened.via), &format!("{}/", path.display()));
+            let text = named_by(&out.stdout_text(), &opened.via, path);
             let (largest, cut) = parse_du(&text, Path::new(&opened.via));
             data["largest"] = json!(largest);
-            data["largest_truncated"] = json!(cut || out.timed_out || out.stdout_truncated);
+            data["largest_truncated"] = json!(cut);
+            None
         }
-        Err(e) => {
-            data["largest"] = json!([]);
-            data["largest_error"] = json!(e);
-        }
+        Err(e) => Some(e),
+    };
+    data["partial"] = json!(partial.is_some());
+    if let Some(why) = partial {
+        data["largest"] = json!([]);
+        data["largest_truncated"] = json!(false);
+        data["partial_reason"] = json!(why);
     }
     drop(opened.fd);
     result.data = data;
     result
+}
+
+/// du names entries through the opened directory (`via`): name them by the
+/// checked path instead, with one `/` between (`/etc`, never `//etc`).
+fn named_by(du: &str, via: &str, path: &Path) -> String {
+    let base = path.display().to_string();
+    du.replace(
+        &format!("{via}/"),
+        &format!("{}/", base.trim_end_matches('/')),
+    )
 }
 
 /// `df -B1 --output=source,fstype,size,used,avail,pcent,target`, header then one line.
@@ -161,6 +180,20 @@ mod tests {
         assert_eq!(v["avail_bytes"], 516096);
         assert_eq!(v["mount_point"], "/srv/data");
         assert!(parse_df("garbage").is_none());
+    }
+
+    #[test]
+    fn entries_are_named_by_the_checked_path_with_one_slash() {
+        let via = "/proc/7/fd/9/.";
+        let du = format!("4096\t{via}/etc\n8192\t{via}/usr\n12288\t{via}\n");
+        let root = named_by(&du, via, Path::new("/"));
+        assert!(
+            root.contains("\t/etc\n") && root.contains("\t/usr\n"),
+            "{root}"
+        );
+        assert!(!root.contains("//"), "{root}");
+        let var = named_by(&du, via, Path::new("/var"));
+        assert!(var.contains("\t/var/etc\n"), "{var}");
     }
 
     #[test]

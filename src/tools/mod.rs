@@ -156,6 +156,115 @@ mod tests {
         }
     }
 
+    /// A `du` that has not finished by the host's `du_budget` has printed
+    /// only what finished first: that is never ranked as the largest, and
+    /// the answer says it is partial and why.
+    #[test]
+    fn a_du_cut_by_its_budget_is_partial_and_ranks_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        for d in ["small", "big"] {
+            std::fs::create_dir_all(data.join(d)).unwrap();
+        }
+        std::fs::write(data.join("big/file"), vec![1u8; 1 << 20]).unwrap();
+        // The real du, whose first line gets out before the budget ends.
+        let slow = dir.path().join("slow-du");
+        std::fs::write(
+            &slow,
+            "#!/bin/sh\n/usr/bin/du \"$@\" | /usr/bin/head -n 1\n/usr/bin/sleep 5\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir_all(dir.path().join("hosts")).unwrap();
+        let host_file = |budget: &str, du: &std::path::Path| {
+            std::fs::write(
+                dir.path().join("hosts/h.yaml"),
+                format!(
+                    "name: h\nconnection: local\npaths: [{}]\ndu_budget: {budget}\nbinaries: {{ du: {} }}\n",
+                    data.display(),
+                    du.display()
+                ),
+            )
+            .unwrap();
+            let config = crate::config::Config::load(dir.path()).unwrap();
+            config.hosts["h"].clone()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let measure = |host: &crate::config::Host| {
+            std::fs::create_dir_all(&host.jail).unwrap();
+            let action = resolve(
+                ToolId::DiskUsage,
+                &serde_json::json!({ "path": data }),
+                host,
+                PathMode::Resolve,
+            )
+            .unwrap();
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+            rt.block_on(async { execute(&action, &Ctx::new(host, deadline)).await })
+        };
+        let cut = measure(&host_file("300ms", &slow));
+        assert_eq!(cut.outcome, Outcome::Ok, "{cut:?}");
+        assert_eq!(cut.data["partial"], true, "{cut:?}");
+        assert_eq!(cut.data["largest"], serde_json::json!([]), "{cut:?}");
+        assert!(
+            cut.data["partial_reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("du_budget (300ms)")),
+            "{cut:?}"
+        );
+        let whole = measure(&host_file("10s", std::path::Path::new("/usr/bin/du")));
+        assert_eq!(whole.data["partial"], false, "{whole:?}");
+        assert_eq!(
+            whole.data["largest"][0]["path"],
+            data.join("big").display().to_string(),
+            "{whole:?}"
+        );
+    }
+
+    /// `list_processes` lists the machine's processes, not the `ps` that
+    /// made the list (which is always busy at the moment it looks).
+    #[test]
+    fn list_processes_leaves_out_its_own_ps() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("hosts")).unwrap();
+        std::fs::write(
+            dir.path().join("hosts/h.yaml"),
+            "name: h\nconnection: local\n",
+        )
+        .unwrap();
+        let config = crate::config::Config::load(dir.path()).unwrap();
+        let host = config.hosts["h"].clone();
+        std::fs::create_dir_all(&host.jail).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for sort in ["cpu", "newest"] {
+            let action = resolve(
+                ToolId::ListProcesses,
+                &serde_json::json!({ "sort": sort, "limit": 50 }),
+                &host,
+                PathMode::Resolve,
+            )
+            .unwrap();
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+            let r = rt.block_on(async { execute(&action, &Ctx::new(&host, deadline)).await });
+            let listed = r.data["processes"].as_array().expect("a list").clone();
+            assert!(!listed.is_empty(), "{r:?}");
+            let me = u64::from(std::process::id());
+            assert!(
+                !listed
+                    .iter()
+                    .any(|p| p["ppid"] == me && p["command"] == "ps"),
+                "{sort}: {listed:#?}"
+            );
+        }
+    }
+
     #[test]
     fn every_tool_has_an_object_schema_and_tier_two_needs_a_reason() {
         for t in ToolId::ALL {

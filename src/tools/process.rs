@@ -33,7 +33,11 @@ pub async fn list(ctx: &Ctx<'_>, sort: ProcessSort, limit: usize) -> ToolResult 
     if result.outcome != Outcome::Ok {
         return result;
     }
-    let all = parse(&out.stdout_text());
+    // Not the `ps` that made the list (it is busiest at the moment it looks).
+    let all: Vec<Value> = parse(&out.stdout_text())
+        .into_iter()
+        .filter(|p| p["pid"].as_u64() != Some(u64::from(out.pid)))
+        .collect();
     let total = all.len();
     result.truncated |= total > limit;
     result.data = json!({ "sort": sort, "total": total, "processes": all.into_iter().take(limit).collect::<Vec<_>>() });

@@ -72,7 +72,7 @@ macro_rules! registry {
 
 registry! {
     DiskUsage => "disk_usage", Observe, DiskUsageArgs,
-        "Filesystem usage of an allowed path: use_pct, size/used/avail bytes, filesystem, mount point, and the largest entries one level down (bounded in time; largest_truncated says when cut).";
+        "Filesystem usage of an allowed path: use_pct, size/used/avail bytes, filesystem, mount point, and the largest entries one level down (bounded by the host's du_budget: when du did not finish, partial is true, largest is empty and partial_reason says why; largest_truncated says when more than 10 entries were cut).";
     ServiceStatus => "service_status", Observe, UnitArgs,
         "State of an allowed systemd unit: load/active/sub state, main pid, since when, last result, restarts.";
     ReadJournal => "read_journal", Observe, JournalArgs,
