@@ -77,6 +77,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Host `h` of a config in `dir` from the YAML after its name, with its jail made.
+    fn local_host(dir: &std::path::Path, rest: &str) -> std::sync::Arc<crate::config::Host> {
+        std::fs::create_dir_all(dir.join("hosts")).unwrap();
+        std::fs::write(
+            dir.join("hosts/h.yaml"),
+            format!("name: h\nconnection: local\n{rest}"),
+        )
+        .unwrap();
+        let config = crate::config::Config::load(dir).unwrap();
+        let host = config.hosts["h"].clone();
+        std::fs::create_dir_all(&host.jail).unwrap();
+        host
+    }
+
+    /// Resolve and run one call of `tool` on `host`, here and now.
+    fn call(host: &crate::config::Host, tool: ToolId, args: serde_json::Value) -> ToolResult {
+        let action = resolve(tool, &args, host, PathMode::Resolve).expect("the gate allows it");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { execute(&action, &Ctx::new(host, deadline)).await })
+    }
+
     /// `disk_usage` measures what the gate checked: a path swapped for a
     /// symlink after the check (its last component, or a middle one) is
     /// refused, not measured.
@@ -176,36 +201,18 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::create_dir_all(dir.path().join("hosts")).unwrap();
         let host_file = |budget: &str, du: &std::path::Path| {
-            std::fs::write(
-                dir.path().join("hosts/h.yaml"),
-                format!(
-                    "name: h\nconnection: local\npaths: [{}]\ndu_budget: {budget}\nbinaries: {{ du: {} }}\n",
+            local_host(
+                dir.path(),
+                &format!(
+                    "paths: [{}]\ndu_budget: {budget}\nbinaries: {{ du: {} }}\n",
                     data.display(),
                     du.display()
                 ),
             )
-            .unwrap();
-            let config = crate::config::Config::load(dir.path()).unwrap();
-            config.hosts["h"].clone()
         };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let measure = |host: &crate::config::Host| {
-            std::fs::create_dir_all(&host.jail).unwrap();
-            let action = resolve(
-                ToolId::DiskUsage,
-                &serde_json::json!({ "path": data }),
-                host,
-                PathMode::Resolve,
-            )
-            .unwrap();
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-            rt.block_on(async { execute(&action, &Ctx::new(host, deadline)).await })
-        };
+        let measure =
+            |host: &crate::config::Host| call(host, ToolId::DiskUsage, json!({ "path": data }));
         let cut = measure(&host_file("300ms", &slow));
         assert_eq!(cut.outcome, Outcome::Ok, "{cut:?}");
         assert_eq!(cut.data["partial"], true, "{cut:?}");
@@ -230,29 +237,13 @@ mod tests {
     #[test]
     fn list_processes_leaves_out_its_own_ps() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("hosts")).unwrap();
-        std::fs::write(
-            dir.path().join("hosts/h.yaml"),
-            "name: h\nconnection: local\n",
-        )
-        .unwrap();
-        let config = crate::config::Config::load(dir.path()).unwrap();
-        let host = config.hosts["h"].clone();
-        std::fs::create_dir_all(&host.jail).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let host = local_host(dir.path(), "");
         for sort in ["cpu", "newest"] {
-            let action = resolve(
-                ToolId::ListProcesses,
-                &serde_json::json!({ "sort": sort, "limit": 50 }),
+            let r = call(
                 &host,
-                PathMode::Resolve,
-            )
-            .unwrap();
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-            let r = rt.block_on(async { execute(&action, &Ctx::new(&host, deadline)).await });
+                ToolId::ListProcesses,
+                json!({ "sort": sort, "limit": 50 }),
+            );
             let listed = r.data["processes"].as_array().expect("a list").clone();
             assert!(!listed.is_empty(), "{r:?}");
             let me = u64::from(std::process::id());
