@@ -173,6 +173,11 @@ pub enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Alertmanager notifications: `test FILE` says what each alert would start, or why nothing.
+    Alerts {
+        #[command(subcommand)]
+        command: AlertsCommand,
+    },
     /// Stop every run (or one runbook's) at its next call.
     KillSwitch {
         #[command(subcommand)]
@@ -209,6 +214,22 @@ pub enum HostCommand {
     /// Exit 0 when the host answers and its policy agrees with the host file, 1 when they differ, 2 when it cannot be reached.
     Check {
         host: String,
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AlertsCommand {
+    /// For each alert of a notification (a webhook body, as Alertmanager
+    /// sends it), the runbook and host it would start, or why not: which
+    /// matcher failed, a host label missing or not the runbook's, the kill
+    /// switch, the cooldown. Nothing runs.
+    Test {
+        /// The notification, e.g. tests/fixtures/alertmanager/firing-two-alerts.json.
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },

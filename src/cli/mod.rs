@@ -5,6 +5,7 @@
 //! Exit codes: 0 success; 1 a run failed (see [`Verdict::exit_code`] for the
 //! others of `run`); 2 usage or configuration error, or a broken audit chain.
 
+mod alerts;
 mod approvals;
 mod args;
 mod check;
@@ -19,8 +20,8 @@ use crate::audit;
 use crate::run::RunRequest;
 
 pub use args::{
-    ApprovalsCommand, AuditCommand, Cli, Command, HostCommand, InstallCommand, KillSwitchCommand,
-    LogFormat,
+    AlertsCommand, ApprovalsCommand, AuditCommand, Cli, Command, HostCommand, InstallCommand,
+    KillSwitchCommand, LogFormat,
 };
 
 use approvals::approvals;
@@ -142,6 +143,9 @@ pub async fn main(cli: Cli) -> i32 {
                 },
         } => audit_show(&run_id, &config, json),
         Command::KillSwitch { command } => kill_switch(command),
+        Command::Alerts {
+            command: AlertsCommand::Test { file, json, config },
+        } => alerts::alerts_test(&file, &config, json),
     }
 }
 

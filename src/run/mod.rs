@@ -248,7 +248,15 @@ impl Runner {
             .map_err(StartError::Unreachable)?;
         let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
         if let Some(alert) = &req.alert {
-            context["alert"] = alert.clone();
+            // `alert`: the alert that started the run; `alerts`: every alert
+            // of its notification for this runbook and host (itself first).
+            let mut first = alert.clone();
+            let all = first
+                .as_object_mut()
+                .and_then(|o| o.remove("alerts"))
+                .unwrap_or_else(|| json!([alert]));
+            context["alert"] = first;
+            context["alerts"] = all;
         }
         let planner = self.planner(&runbook, &host, req.planner, context)?;
         let info = RunInfo {

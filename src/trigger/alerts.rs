@@ -7,14 +7,14 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{RunRequest, Trigger};
 use crate::config::Config;
 
 /// The webhook body, as Alertmanager sends it. Unknown fields are ignored:
 /// Alertmanager may add some, and none of them can widen what runs.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Notification {
     pub version: String,
     #[serde(rename = "groupKey")]
@@ -27,7 +27,7 @@ pub struct Notification {
     pub truncated_alerts: u64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Alert {
     pub status: String,
     #[serde(default)]
@@ -184,6 +184,29 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
             });
         }
     }
+    // A run started by a notification sees every alert of it for its
+    // runbook and host (`/` and `/var` filling at once), not only the first.
+    let mut together: std::collections::HashMap<(String, String), Vec<Value>> = Default::default();
+    for c in &out {
+        if let Candidate::Run(r) = c {
+            together
+                .entry((r.runbook.clone(), r.host.clone()))
+                .or_default()
+                .push(r.alert.clone().unwrap_or(Value::Null));
+        }
+    }
+    for c in &mut out {
+        if let Candidate::Run(r) = c
+            && let Some(alert) = r.alert.as_mut()
+        {
+            alert["alerts"] = Value::Array(
+                together
+                    .get(&(r.runbook.clone(), r.host.clone()))
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+        }
+    }
     out
 }
 
@@ -232,13 +255,17 @@ mod tests {
                 })
                 .collect()
         };
-        // The captured payload: nothing in common with any runbook.
+        // The captured payload starts the shipped example, once per alert
+        // (the scheduler makes them one run).
         let got = why(FIRING);
+        assert_eq!(got, ["run disk-almost-full", "run disk-almost-full"]);
+        // Nothing in common with any runbook: which alerts the runbooks take.
+        let got = why(&FIRING.replace("DiskAlmostFull", "MemoryPressure"));
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(
             got[0].starts_with("no_match: ")
-                && got[0].contains("alertname=\"DiskAlmostFull\"")
-                && got[0].contains("NodeFilesystemAlmostFull"),
+                && got[0].contains("alertname=\"MemoryPressure\"")
+                && got[0].contains("DiskAlmostFull, NodeFilesystemAlmostFull"),
             "{got:?}"
         );
         // The right alert name without `env`: the closest runbook and its miss.

@@ -569,3 +569,89 @@ fn this_machine_through_its_agent_socket_and_without_it() {
         "{report:#}"
     );
 }
+
+/// `runwarden alerts test FILE --json` against a config directory.
+fn alerts_test(dir: &Path, file: &Path) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["alerts", "test", "--json", "--config"])
+        .arg(dir)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The captured notification (`/` and `/var` filling on web-01) against the
+/// shipped example runbook and host: `alerts test` says the first alert
+/// starts a run and the second joins it; posted to the webhook it starts
+/// one run that sees both alerts (`alerts` in its templates) and measures
+/// both filesystems; afterwards `alerts test` names the cooldown, and an
+/// alert no runbook takes says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_captured_notification_starts_the_shipped_example_and_one_run_sees_both_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::remove_file(dir.path().join("runbooks/disk.yaml")).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["runbooks/disk-almost-full.yaml", "hosts/web-01.yaml"] {
+        std::fs::copy(repo.join(f), dir.path().join(f)).unwrap();
+    }
+    let fixture = repo.join("tests/fixtures/alertmanager/firing-two-alerts.json");
+
+    let before = alerts_test(dir.path(), &fixture);
+    let results: Vec<&str> = before["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcomes"][0]["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["would_start", "joins"], "{before:#}");
+
+    let d = Daemon::start(dir.path()).await;
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    let run_id = body["outcomes"][0]["run_id"]
+        .as_str()
+        .expect("a run")
+        .to_string();
+    assert_eq!(body["outcomes"][1]["result"], "deduplicated", "{body}");
+    let run = verdict_of(&d, &run_id).await;
+    assert_eq!(run["status"], "ok", "{run:#}");
+    let measured: Vec<&str> = run["report"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["args"]["path"].as_str())
+        .collect();
+    assert_eq!(measured, ["/", "/var"], "{run:#}");
+    d.shutdown().await.unwrap();
+
+    let after = alerts_test(dir.path(), &fixture);
+    let first = &after["alerts"][0]["outcomes"][0];
+    assert_eq!(first["result"], "cooldown", "{after:#}");
+    assert!(
+        first["why"].as_str().unwrap().contains("cooldown of 10m"),
+        "{after:#}"
+    );
+
+    let other = dir.path().join("other.json");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&fixture)
+            .unwrap()
+            .replace("DiskAlmostFull", "MemoryPressure"),
+    )
+    .unwrap();
+    let unmatched = alerts_test(dir.path(), &other);
+    let o = &unmatched["alerts"][0]["outcomes"][0];
+    assert_eq!(o["result"], "no_match", "{unmatched:#}");
+    assert!(
+        o["why"].as_str().unwrap().contains("DiskAlmostFull"),
+        "{unmatched:#}"
+    );
+}

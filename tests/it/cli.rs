@@ -22,6 +22,7 @@ fn check_accepts_the_repository_config() {
         "worker-pool-recycle",
         "cert-expiry",
         "local-health",
+        "disk-almost-full",
     ] {
         assert!(text.contains(&format!("runbook {rb}")), "{text}");
     }
