@@ -409,23 +409,39 @@ async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
     assert!(v.problems.is_empty(), "{:?}", v.problems);
 }
 
+/// `runwarden ARGS...` that must succeed: its standard output.
+fn runwarden_ok(args: &[&std::ffi::OsStr]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "runwarden {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `runwarden install print --host me` for the config in `dir` (it makes the permit key).
+fn install_print(dir: &Path) -> String {
+    runwarden_ok(&[
+        "install".as_ref(),
+        "print".as_ref(),
+        "--host".as_ref(),
+        "me".as_ref(),
+        "--config".as_ref(),
+        dir.as_os_str(),
+    ])
+}
+
 /// This machine's own agent on a unix socket, as `runwarden-agent.socket`
 /// serves it (one real `runwarden agent --stdio` per connection, on the
 /// accepted stream, as systemd's `Accept=yes` starts it). Returns the
 /// policy file's path; the listener lives until the process ends.
 fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::PathBuf {
     use std::os::fd::OwnedFd;
-    let print = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["install", "print", "--host", "me", "--config"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        print.status.success(),
-        "{}",
-        String::from_utf8_lossy(&print.stderr)
-    );
-    let text = String::from_utf8_lossy(&print.stdout).into_owned();
+    let text = install_print(dir);
     let policy_text: String = text
         .split("### ")
         .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
@@ -527,12 +543,7 @@ fn this_machine_through_its_agent_socket_and_without_it() {
     let socket = agent_config(dir.path());
     // The runner's permit key exists (install print makes it), so a change
     // is refused for the socket alone.
-    let made = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["install", "print", "--host", "me", "--config"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    install_print(dir.path());
     for runbook in ["look", "fix"] {
         let (code, report) = run_json(dir.path(), runbook);
         assert_eq!(code, Some(1), "{runbook}: {report:#}");
@@ -572,18 +583,15 @@ fn this_machine_through_its_agent_socket_and_without_it() {
 
 /// `runwarden alerts test FILE --json` against a config directory.
 fn alerts_test(dir: &Path, file: &Path) -> Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["alerts", "test", "--json", "--config"])
-        .arg(dir)
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let out = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--json".as_ref(),
+        "--config".as_ref(),
+        dir.as_os_str(),
+        file.as_os_str(),
+    ]);
+    serde_json::from_str(&out).unwrap()
 }
 
 /// The captured notification (`/` and `/var` filling on web-01) against the
