@@ -173,6 +173,19 @@ fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(token.as_bytes().to_vec())
 }
 
+/// Since when a switch is engaged (its file's time, a dangling link's own),
+/// for on-call's "since when"; 0 while released.
+fn engaged_at(ks: &KillSwitch, runbook: Option<&str>, on: bool) -> f64 {
+    if !on {
+        return 0.0;
+    }
+    std::fs::symlink_metadata(ks.file_of(runbook))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Keep `runwarden_kill_switch_engaged` current. inotify events can be
 /// dropped, so every event (and a slow timer) means "look again"; the gate's
 /// own check before every call stays the backstop.
@@ -221,6 +234,10 @@ async fn killswitch_worker(
             .kill_switch_engaged
             .with_label_values(&["global"])
             .set(engaged_global as i64);
+        metrics
+            .kill_switch_since
+            .with_label_values(&["global"])
+            .set(engaged_at(&ks, None, engaged_global));
         // The runbooks of the config in force now, not of the one at start-up.
         let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
         for rb in &runbooks {
@@ -230,6 +247,10 @@ async fn killswitch_worker(
                 .kill_switch_engaged
                 .with_label_values(&[rb])
                 .set(on as i64);
+            metrics
+                .kill_switch_since
+                .with_label_values(&[rb])
+                .set(engaged_at(&ks, Some(rb), on));
         }
         tokio::select! {
             _ = rx.recv() => {}

@@ -35,6 +35,11 @@ pub struct Metrics {
     pub config_last_reload_successful: IntGauge,
     pub schedule_next: GaugeVec,
     pub schedule_last: GaugeVec,
+    /// When a run of each runbook last ended with each verdict: the
+    /// dashboard's "recent runs" (one series per runbook and verdict).
+    pub run_last_finished: GaugeVec,
+    /// Since when each kill switch is engaged (its file's time), 0 while released.
+    pub kill_switch_since: GaugeVec,
     pub build_info: IntGaugeVec,
     pub approvals: IntCounterVec,
     pub approvals_pending: IntGauge,
@@ -235,6 +240,18 @@ impl Metrics {
                 "When a schedule fires next (Unix time).",
                 &["runbook"],
             ),
+            run_last_finished: gauge_vec(
+                r,
+                "runwarden_run_last_finished_timestamp_seconds",
+                "When a run of the runbook last ended with this verdict (Unix time).",
+                &["runbook", "verdict"],
+            ),
+            kill_switch_since: gauge_vec(
+                r,
+                "runwarden_kill_switch_engaged_since_timestamp_seconds",
+                "Since when a kill switch is engaged (its file's modification time, Unix time); 0 while released.",
+                &["scope"],
+            ),
             schedule_last: gauge_vec(
                 r,
                 "runwarden_schedule_last_run_timestamp_seconds",
@@ -292,6 +309,15 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
+        for result in ["success", "failure"] {
+            self.config_reloads.with_label_values(&[result]).inc_by(0);
+        }
+        // No transport errors yet, to any host (a local one never has any).
+        for host in config.hosts.values() {
+            self.transport_errors
+                .with_label_values(&[&host.name])
+                .inc_by(0);
+        }
         if config.settings.audit_head_journal {
             for result in ["shipped", "failed"] {
                 self.audit_heads.with_label_values(&[result]).inc_by(0);
@@ -319,6 +345,16 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// A run ended: count it, and remember when for its verdict.
+    pub fn run_finished(&self, runbook: &str, verdict: &str) {
+        self.runs_finished
+            .with_label_values(&[runbook, verdict])
+            .inc();
+        self.run_last_finished
+            .with_label_values(&[runbook, verdict])
+            .set(jiff::Timestamp::now().as_millisecond() as f64 / 1000.0);
     }
 
     /// The Prometheus text exposition.

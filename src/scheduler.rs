@@ -320,10 +320,7 @@ impl Scheduler {
                 Ok(report) => report.verdict.as_str(),
                 Err(_) => Verdict::Broken.as_str(),
             };
-            this.metrics
-                .runs_finished
-                .with_label_values(&[&req.runbook, verdict])
-                .inc();
+            this.metrics.run_finished(&req.runbook, verdict);
             this.metrics
                 .run_duration
                 .with_label_values(&[&req.runbook])
@@ -386,9 +383,7 @@ impl Scheduler {
                 .verdict(&RunInfo::of(&start), Verdict::Interrupted, why, None)
                 .map_err(std::io::Error::other)?;
             self.metrics
-                .runs_finished
-                .with_label_values(&[&start.runbook, Verdict::Interrupted.as_str()])
-                .inc();
+                .run_finished(&start.runbook, Verdict::Interrupted.as_str());
             // Its verdict line ends it now, as the log will say after a restart.
             ends.insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
             closed += 1;

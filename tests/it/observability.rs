@@ -287,9 +287,16 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         .into_iter()
         .filter(|e| !e.contains("runwarden_model_"))
     {
-        let concrete = expr.replace("$__rate_interval", "1m");
+        let concrete = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$job", "runwarden")
+            .replace("$instance", ".*");
+        // A query that keeps only what is set (`> 0`: an engaged switch)
+        // must parse; the series under it must have data.
+        query(&prom_addr, &concrete);
+        let series = concrete.trim_end_matches(" > 0");
         wait_for(&format!("data for {expr}"), Duration::from_secs(90), || {
-            query(&prom_addr, &concrete).filter(|r| !r.is_empty())
+            query(&prom_addr, series).filter(|r| !r.is_empty())
         });
     }
     // So does every recording rule.
