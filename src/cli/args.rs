@@ -85,7 +85,8 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "auto")]
         planner: PlannerChoice,
         /// Run as if for this alert: a JSON file with `labels` and `annotations`
-        /// (one alert of an Alertmanager notification), seen by templates as `alert.*`.
+        /// (one alert), seen by templates as `alert.*`; or a whole Alertmanager
+        /// notification (its first firing alert is `alert`, all are `alerts`).
         #[arg(long)]
         alert: Option<PathBuf>,
     },

@@ -257,6 +257,14 @@ pub(super) fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
             return EXIT_USAGE;
         }
     };
+    if !cfg.runbooks.contains_key(runbook) {
+        eprintln!(
+            "runwarden: no runbook {runbook:?} in {}{}",
+            dir.display(),
+            crate::config::did_you_mean(runbook, cfg.runbooks.keys().map(String::as_str))
+        );
+        return EXIT_USAGE;
+    }
     let from = jiff::Timestamp::now() - jiff::SignedDuration::try_from(window).unwrap_or_default();
     let report = match audit::promotion(&cfg.settings.audit_log, runbook, from) {
         Ok(r) => r,
@@ -271,7 +279,7 @@ pub(super) fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
     let autonomy = cfg
         .runbooks
         .get(runbook)
-        .map_or("(not in the config)", |r| r.autonomy.as_str());
+        .map_or("", |r| r.autonomy.as_str());
     println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
     print!("{report}");
     0

@@ -161,6 +161,29 @@ pub(super) fn read_alert(file: &Path) -> Result<Value, String> {
     }
     let v: Value = serde_json::from_slice(&text)
         .map_err(|e| format!("--alert {}: not JSON: {e}", file.display()))?;
+    // A whole notification, as the webhook gets it: its first firing alert
+    // starts the run, and the run sees all of them as `alerts`.
+    if let Some(all) = v.get("alerts").and_then(Value::as_array) {
+        let firing: Vec<&Value> = all.iter().filter(|a| a["status"] != "resolved").collect();
+        if firing.is_empty() {
+            return Err(format!(
+                "--alert {}: a notification with no firing alert starts nothing",
+                file.display()
+            ));
+        }
+        let mut alerts = Vec::new();
+        for a in firing {
+            alerts.push(one_alert(a, file)?);
+        }
+        let mut first = alerts[0].clone();
+        first["alerts"] = Value::Array(alerts);
+        return Ok(first);
+    }
+    one_alert(&v, file)
+}
+
+/// One alert (`labels`, `annotations`, `fingerprint`), checked.
+fn one_alert(v: &Value, file: &Path) -> Result<Value, String> {
     let strings = |key: &str| -> Result<Value, String> {
         match &v[key] {
             Value::Null => Ok(Value::Object(Default::default())),

@@ -786,3 +786,47 @@ fn the_dashboard_describes_every_panel_and_follows_its_variables() {
             .any(|e| e.contains("runwarden_config_reloads_total"))
     );
 }
+
+/// `run --alert` takes a whole notification as Alertmanager sends it (its
+/// first firing alert starts the run, which sees all of them as `alerts`),
+/// and `promote-report` of a runbook that is not there is a usage error
+/// with a did-you-mean.
+#[test]
+fn run_takes_a_whole_notification_and_promote_report_names_a_misspelt_runbook() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::remove_file(dir.path().join("runbooks/disk.yaml")).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["runbooks/disk-almost-full.yaml", "hosts/web-01.yaml"] {
+        std::fs::copy(repo.join(f), dir.path().join(f)).unwrap();
+    }
+    let fixture = repo.join("tests/fixtures/alertmanager/firing-two-alerts.json");
+    let out = runwarden_ok(&[
+        "run".as_ref(),
+        "disk-almost-full".as_ref(),
+        "--host".as_ref(),
+        "web-01".as_ref(),
+        "--json".as_ref(),
+        "--alert".as_ref(),
+        fixture.as_os_str(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let measured: Vec<&str> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["args"]["path"].as_str())
+        .collect();
+    assert_eq!(measured, ["/", "/var"], "{report:#}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["promote-report", "disk-almost-ful", "--config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean \"disk-almost-full\"?"), "{err}");
+}
