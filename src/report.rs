@@ -123,7 +123,7 @@ fn render_step(step: &StepReport) -> String {
     let mut s = format!("{:>3}. {:<12} ", step.step, step.id);
     match &step.tool {
         Some(tool) => {
-            s += &format!("{tool} {}", compact(&step.args));
+            s += &format!("{tool} {}", args_text(&step.args));
             if let Some(t) = step.tier {
                 s += &format!("  tier {t}");
             }
@@ -178,16 +178,165 @@ fn render_step(step: &StepReport) -> String {
         if let Some(e) = &res.error {
             s += &format!("       error: {e}\n");
         }
-        if !res.data.is_null() {
-            let text = compact(&res.data);
-            let cut: String = text.chars().take(600).collect();
-            s += &format!(
-                "       result: {cut}{}\n",
-                if cut.len() < text.len() { " …" } else { "" }
-            );
+        if let Some(said) = said(step.tool.as_deref().unwrap_or(""), &res.data) {
+            s += &format!("       said: {said}\n");
         }
     }
     s
+}
+
+/// What a result said, in the words a person reads it in: the fields that
+/// matter for each tool on one line (the whole result is in `--json` and
+/// the audit log). `None` for a result without data.
+pub fn said(tool: &str, data: &Value) -> Option<String> {
+    if data.is_null() || data.as_object().is_some_and(|o| o.is_empty()) {
+        return None;
+    }
+    let str_of = |k: &str| data[k].as_str().unwrap_or("?").to_string();
+    let bytes = |k: &str| {
+        data[k]
+            .as_u64()
+            .map(human_bytes)
+            .unwrap_or_else(|| "?".into())
+    };
+    let text = match tool {
+        "disk_usage" => {
+            let mut t = format!(
+                "{}% used of {} ({} free) on {} {} mounted at {}",
+                data["use_pct"],
+                bytes("size_bytes"),
+                bytes("avail_bytes"),
+                str_of("fstype"),
+                str_of("filesystem"),
+                str_of("mount_point")
+            );
+            if data["partial"] == true {
+                t += &format!("; PARTIAL: {}", str_of("partial_reason"));
+            } else if let Some(top) = data["largest"].as_array().filter(|l| !l.is_empty()) {
+                let shown: Vec<String> = top
+                    .iter()
+                    .take(3)
+                    .map(|e| {
+                        format!(
+                            "{} {}",
+                            e["path"].as_str().unwrap_or("?"),
+                            e["bytes"].as_u64().map(human_bytes).unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                t += &format!("; largest: {}", shown.join(", "));
+            }
+            t
+        }
+        "service_status" => format!(
+            "{} {}/{} (load {}), main pid {}, {} restart(s), result {}",
+            str_of("unit"),
+            str_of("active_state"),
+            str_of("sub_state"),
+            str_of("load_state"),
+            data["main_pid"],
+            data["n_restarts"],
+            str_of("result")
+        ),
+        "list_processes" => {
+            let top: Vec<String> = data["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(3)
+                .map(|p| {
+                    format!(
+                        "{} (pid {}, {}% cpu, {})",
+                        p["command"].as_str().unwrap_or("?"),
+                        p["pid"],
+                        p["cpu_pct"],
+                        p["rss_kb"]
+                            .as_u64()
+                            .map(|k| human_bytes(k * 1024))
+                            .unwrap_or_default()
+                    )
+                })
+                .collect();
+            format!("{} processes; top: {}", data["total"], top.join(", "))
+        }
+        "cert_expiry" => format!(
+            "{} expires {} ({} day(s) left), subject {}",
+            str_of("name"),
+            str_of("not_after"),
+            data["days_left"],
+            str_of("subject")
+        ),
+        "http_check" => format!(
+            "{} {} in {} ms{}",
+            if data["healthy"] == true {
+                "healthy"
+            } else {
+                "UNHEALTHY"
+            },
+            data["status"],
+            data["latency_ms"],
+            data["error"]
+                .as_str()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ),
+        "read_journal" => {
+            let lines = data["lines"].as_array().map_or(0, Vec::len);
+            let last = data["lines"]
+                .as_array()
+                .and_then(|l| l.last())
+                .and_then(|l| l["message"].as_str())
+                .unwrap_or("");
+            format!("{lines} line(s); newest: {last}")
+        }
+        _ => match data["evidence"].as_str() {
+            Some(evidence) => evidence.to_string(),
+            None => {
+                let text = compact(data);
+                let cut: String = text.chars().take(300).collect();
+                if cut.len() < text.len() {
+                    format!("{cut} …")
+                } else {
+                    cut
+                }
+            }
+        },
+    };
+    Some(crate::text::printable(&text))
+}
+
+/// Bytes as a person reads them (binary units, one decimal).
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// A call's arguments as `key=value` pairs (a string as it is unless it
+/// needs quotes; anything else as JSON), escaped for a terminal.
+pub fn args_text(args: &Value) -> String {
+    let Some(map) = args.as_object() else {
+        return crate::text::printable(&compact(args));
+    };
+    let pairs: Vec<String> = map
+        .iter()
+        .map(|(k, v)| match v.as_str() {
+            Some(s) if !s.is_empty() && !s.contains(char::is_whitespace) && !s.contains('"') => {
+                format!("{k}={s}")
+            }
+            _ => format!("{k}={}", compact(v)),
+        })
+        .collect();
+    crate::text::printable(&pairs.join(" "))
 }
 
 pub(crate) fn compact(v: &Value) -> String {

@@ -42,7 +42,10 @@ pub fn render(lines: &[Entry]) -> String {
             format!(
                 "{} {}",
                 e.tool.as_deref().unwrap_or("?"),
-                e.args.as_ref().map(Value::to_string).unwrap_or_default()
+                e.args
+                    .as_ref()
+                    .map(crate::report::args_text)
+                    .unwrap_or_default()
             )
         };
         let detail = e.detail.as_ref().unwrap_or(&Value::Null);
@@ -78,6 +81,11 @@ pub fn render(lines: &[Entry]) -> String {
                 out.push('\n');
                 if let Some(err) = detail.get("error").and_then(Value::as_str) {
                     let _ = writeln!(out, "   error: {err}");
+                }
+                if let Some(said) =
+                    crate::report::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
+                {
+                    let _ = writeln!(out, "   said: {said}");
                 }
             }
             Some(Phase::Denied) => {

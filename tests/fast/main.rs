@@ -830,3 +830,49 @@ fn run_takes_a_whole_notification_and_promote_report_names_a_misspelt_runbook() 
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("did you mean \"disk-almost-full\"?"), "{err}");
 }
+
+/// The text report and the transcript say what each result said in a
+/// person's words (the `use_pct` the run looked at, the largest entries),
+/// one line per step, not a JSON blob cut short.
+#[test]
+fn the_report_and_the_transcript_say_what_each_result_said() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::create_dir_all(dir.path().join("data/big")).unwrap();
+    std::fs::write(dir.path().join("data/big/file"), vec![1u8; 3 << 20]).unwrap();
+    let report = runwarden_ok(&[
+        "run".as_ref(),
+        "disk".as_ref(),
+        "--host".as_ref(),
+        "web-01".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let said = report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("said: "))
+        .unwrap_or_else(|| panic!("no said line: {report}"));
+    assert!(said.contains("% used of "), "{report}");
+    assert!(
+        said.contains(&format!(
+            "largest: {}/big 3.0 MiB",
+            dir.path().join("data").display()
+        )),
+        "{report}"
+    );
+    assert!(
+        !report.contains("{\""),
+        "no JSON in the text report: {report}"
+    );
+    let run_id = report.split_whitespace().nth(1).unwrap().to_string();
+    let transcript = runwarden_ok(&[
+        "transcript".as_ref(),
+        run_id.as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(
+        transcript.contains(&format!("   said: {said}")),
+        "{transcript}"
+    );
+}
