@@ -588,10 +588,100 @@ fn parse<T: serde::de::DeserializeOwned>(
             } else {
                 strip_location(&msg)
             };
+            let line = loc.line() as usize;
+            if let Some((reported, expected)) = unknown_field_expected(&msg) {
+                // Every unknown key of that mapping at once, each with a did-you-mean.
+                let mut keys = unknown_keys(text, line, loc.column() as usize, &expected);
+                if keys.is_empty() {
+                    // Not where we looked (a flow mapping, say): the one serde named.
+                    keys.push((line, loc.column() as usize, reported));
+                }
+                for (n, col, key) in keys {
+                    diags.push(Diagnostic {
+                        file: file.to_path_buf(),
+                        line: n as u32,
+                        column: col as u32,
+                        message: format!(
+                            "unknown field `{key}`{}; expected one of {}",
+                            did_you_mean(&key, expected.iter().map(String::as_str)),
+                            expected.join(", ")
+                        ),
+                    });
+                }
+                return None;
+            }
+            let msg = if msg.contains("tabs disallowed") {
+                format!(
+                    "{msg}: YAML indents with spaces only; replace the tab at the start of line {line} with spaces"
+                )
+            } else if msg.contains("did not find expected key")
+                || msg.contains("mapping values are not allowed")
+            {
+                format!(
+                    "{msg}: check this line's indentation against the lines above it (YAML nests by the number of spaces)"
+                )
+            } else {
+                msg
+            };
             diags.at(file, loc, msg);
             None
         }
     }
+}
+
+/// The unknown field and the fields a struct takes, from serde's
+/// "unknown field `x`, expected one of a, b".
+fn unknown_field_expected(msg: &str) -> Option<(String, Vec<String>)> {
+    let (key, list) = msg
+        .strip_prefix("unknown field `")?
+        .split_once("`, expected one of ")?;
+    Some((
+        key.to_string(),
+        list.split(", ")
+            .map(|f| f.trim_matches('`').to_string())
+            .collect(),
+    ))
+}
+
+/// The keys of the mapping around line `line` (1-based; its keys start at
+/// `column`) that are not `expected`: (line, column, key) of each. The
+/// mapping is the run of lines indented at least as far, with its keys at
+/// exactly that indentation.
+fn unknown_keys(
+    text: &str,
+    line: usize,
+    column: usize,
+    expected: &[String],
+) -> Vec<(usize, usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = column.saturating_sub(1);
+    let inside = |l: &str| {
+        let t = l.trim_start();
+        t.is_empty() || t.starts_with('#') || l.len() - t.len() >= indent
+    };
+    let at = line.saturating_sub(1).min(lines.len().saturating_sub(1));
+    let mut first = at;
+    while first > 0 && inside(lines[first - 1]) {
+        first -= 1;
+    }
+    let mut last = at;
+    while last + 1 < lines.len() && inside(lines[last + 1]) {
+        last += 1;
+    }
+    let mut found = Vec::new();
+    for (i, l) in lines.iter().enumerate().take(last + 1).skip(first) {
+        let t = l.trim_start();
+        if l.len() - t.len() != indent || t.starts_with('#') || t.starts_with('-') {
+            continue;
+        }
+        if let Some((key, _)) = t.split_once(':') {
+            let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+            if !key.is_empty() && !expected.iter().any(|e| e == key) {
+                found.push((i + 1, indent + 1, key.to_string()));
+            }
+        }
+    }
+    found
 }
 
 /// serde-saphyr may prefix its message with its own "line N column M"; we print our own.
@@ -672,5 +762,70 @@ pub(crate) fn duration(
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `check` says of the YAML slips a person makes: a tab, a key
+    /// indented one space too far, and misspelt keys (all of a mapping's at
+    /// once, each with a did-you-mean).
+    #[test]
+    fn yaml_slips_get_a_hint_and_every_unknown_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["hosts", "runbooks"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        std::fs::write(
+            dir.path().join("hosts/h.yaml"),
+            "name: h\nconnection: local\npaths: [/tmp]\n",
+        )
+        .unwrap();
+        let head = "description: t\nhosts: [h]\nautonomy: L1\n";
+        for (name, body) in [
+            ("tab", "tools:\n\tobserve: [disk_usage]\n"),
+            (
+                "indent",
+                "tools:\n  observe: [disk_usage]\n   approve: []\n",
+            ),
+            (
+                "typos",
+                "schedul: \"@daily\"\ncooldwn: 1h\ntools:\n  observe: [disk_usage]\n  aprove: []\n",
+            ),
+        ] {
+            std::fs::write(
+                dir.path().join(format!("runbooks/{name}.yaml")),
+                format!("name: {name}\n{head}{body}"),
+            )
+            .unwrap();
+        }
+        let err = Config::load(dir.path()).expect_err("three broken runbooks");
+        let text = err.to_string();
+        let said = |file: &str, line: u32| -> String {
+            err.0
+                .iter()
+                .filter(|d| d.file.ends_with(file) && d.line == line)
+                .map(|d| d.message.clone())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        assert!(
+            said("tab.yaml", 6).contains("replace the tab at the start of line 6 with spaces"),
+            "{text}"
+        );
+        assert!(
+            said("indent.yaml", 7).contains("check this line's indentation"),
+            "{text}"
+        );
+        assert!(
+            said("typos.yaml", 5).contains("unknown field `schedul` (did you mean \"schedule\"?)"),
+            "{text}"
+        );
+        assert!(
+            said("typos.yaml", 6).contains("unknown field `cooldwn` (did you mean \"cooldown\"?)"),
+            "{text}"
+        );
     }
 }

@@ -145,6 +145,46 @@ impl Runbook {
     }
 }
 
+/// A schedule is 5-field crontab syntax (or a `@daily`-style shortcut),
+/// every number in range for its field, and it fires at some time: a
+/// schedule that cannot (`0 3 31 2 *`) is as wrong as one that does not
+/// parse, since nothing would ever run.
+fn check_schedule(text: &str) -> Result<(), String> {
+    const FIELDS: [(&str, u32, u32); 5] = [
+        ("minute", 0, 59),
+        ("hour", 0, 23),
+        ("day of month", 1, 31),
+        ("month", 1, 12),
+        ("day of week", 0, 7),
+    ];
+    if !text.trim_start().starts_with('@') {
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        if fields.len() != FIELDS.len() {
+            return Err(format!(
+                "has {} fields, not 5 (minute hour day-of-month month day-of-week; no seconds or years)",
+                fields.len()
+            ));
+        }
+        for (field, (name, lo, hi)) in fields.iter().zip(FIELDS) {
+            for part in field.split(',') {
+                // `a-b/step`: the range's numbers must be in range; the step is a count.
+                let range = part.split('/').next().unwrap_or("");
+                for n in range.split('-').filter_map(|n| n.parse::<u32>().ok()) {
+                    if n < lo || n > hi {
+                        return Err(format!("has {name} {n}, out of range {lo}-{hi}"));
+                    }
+                }
+            }
+        }
+    }
+    let cron = croner::parser::CronParser::new()
+        .parse(text)
+        .map_err(|e| format!("does not parse: {e}"))?;
+    cron.find_next_occurrence(&jiff::Zoned::now(), false)
+        .map(|_| ())
+        .map_err(|_| "can never fire (no such date)".to_string())
+}
+
 /// The template engine shared by `when` conditions and templated values.
 /// Strict undefined: a misspelt `steps.root.use_pct` is an error, not a silent false.
 pub fn template_env() -> minijinja::Environment<'static> {
@@ -234,9 +274,16 @@ pub(super) fn validate(
     let approve = tool_list(&raw.tools.approve, Tier::Change, file, diags);
 
     if let Some(s) = &raw.schedule
-        && let Err(e) = croner::parser::CronParser::new().parse(&s.value)
+        && let Err(e) = check_schedule(&s.value)
     {
-        diags.at(file, s.referenced, format!("schedule \"{}\" does not parse: {e}; use 5-field crontab syntax such as \"0 3 * * 1\" or @daily", s.value));
+        diags.at(
+            file,
+            s.referenced,
+            format!(
+                "schedule \"{}\" {e}; use 5-field crontab syntax such as \"0 3 * * 1\" or @daily",
+                s.value
+            ),
+        );
     }
     let cooldown = raw
         .cooldown
@@ -603,4 +650,40 @@ fn validate_step(
         line: loc.line() as u32,
         action,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A schedule that cannot run says why, naming the field: too many or
+    /// too few fields, a number out of its field's range, a date that never
+    /// comes; what crontab accepts passes.
+    #[test]
+    fn schedules_that_would_never_run_are_refused_naming_why() {
+        for (text, why) in [
+            ("0 3 31 2 *", "can never fire"),
+            ("0 0 3 * * * 2030", "has 7 fields, not 5"),
+            ("0 3 * * 1 *", "has 6 fields, not 5"),
+            ("61 * * *", "has 4 fields, not 5"),
+            ("61 * * * *", "has minute 61, out of range 0-59"),
+            ("0 24 * * *", "has hour 24, out of range 0-23"),
+            ("0 0 0 * *", "has day of month 0, out of range 1-31"),
+            ("0 0 * 13 *", "has month 13, out of range 1-12"),
+            ("0 0 * * 1-9", "has day of week 9, out of range 0-7"),
+        ] {
+            let e = check_schedule(text).expect_err(text);
+            assert!(e.contains(why), "{text}: {e}");
+        }
+        for ok in [
+            "*/5 * * * *",
+            "0 3 * * 1",
+            "0 0 29 2 *",
+            "30 2 1-7 * 0",
+            "@daily",
+            "0 9-17/2 * * mon-fri",
+        ] {
+            assert_eq!(check_schedule(ok), Ok(()), "{ok}");
+        }
+    }
 }

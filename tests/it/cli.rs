@@ -42,7 +42,7 @@ fn check_reports_every_problem_with_file_line_and_column() {
     );
     e.runbook(
         "typo",
-        "name: typo\ndescription: d\nhosts: [web]\nautonomy: L3\nstepz: []\n",
+        "name: typo\ndescription: d\nhosts: [web]\nautonomy: L3\nstepz: []\ncooldwn: 1h\n",
     );
     let out = e.run(&["check"]);
     assert_eq!(out.status.code(), Some(2));
@@ -54,7 +54,7 @@ fn check_reports_every_problem_with_file_line_and_column() {
             "{root}/hosts/web.yaml:4:24: units: \"nginx.service; rm -rf /\" is not a unit name"
         ),
         format!("{root}/runbooks/bad.yaml:3:14: host \"nowhere\" is not defined in hosts/"),
-        format!("{root}/runbooks/bad.yaml:5:11: schedule \"61 * * *\" does not parse"),
+        format!("{root}/runbooks/bad.yaml:5:11: schedule \"61 * * *\" has 4 fields, not 5"),
         format!(
             "{root}/runbooks/bad.yaml:7:25: \"restart_service\" is a tier-2 tool (it changes the host); list it under tools.approve"
         ),
@@ -68,7 +68,11 @@ fn check_reports_every_problem_with_file_line_and_column() {
         format!(
             "{root}/runbooks/dup.yaml:1:7: runbook \"bad\" is defined twice (also in {root}/runbooks/bad.yaml)"
         ),
-        format!("{root}/runbooks/typo.yaml:5:1: unknown field `stepz`"),
+        format!("{root}/runbooks/typo.yaml:5:1: unknown field `stepz` (did you mean \"steps\"?)"),
+        // Every unknown field of the file at once, not one per `check`.
+        format!(
+            "{root}/runbooks/typo.yaml:6:1: unknown field `cooldwn` (did you mean \"cooldown\"?)"
+        ),
     ] {
         assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
     }
