@@ -424,6 +424,10 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
             let mut v = serde_json::to_value(&summary).unwrap_or_default();
             if let Some(report) = s.scheduler.reports.get(&summary.run_id) {
                 v["report"] = serde_json::to_value(report).unwrap_or_default();
+            } else if s.scheduler.reports.finishing(&summary.run_id) {
+                // Its verdict line is written and its report is a moment
+                // away: it ends, for whoever polls, with its report.
+                v["status"] = "running".into();
             }
             axum::Json(v).into_response()
         }

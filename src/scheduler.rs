@@ -63,17 +63,42 @@ struct Slot {
 #[derive(Default)]
 pub struct Reports {
     reports: Mutex<VecDeque<RunReport>>,
+    /// Runs of this daemon whose report is not kept yet: their verdict line
+    /// may already be in the log, but for the API they end with the report.
+    finishing: Mutex<std::collections::HashSet<String>>,
 }
 
 const KEEP_REPORTS: usize = 500;
 
 impl Reports {
-    fn keep(&self, report: RunReport) {
-        let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-        reports.push_back(report);
-        while reports.len() > KEEP_REPORTS {
-            reports.pop_front();
+    fn starting(&self, run_id: &str) {
+        self.finishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(run_id.to_string());
+    }
+
+    /// The run is over here: its report, if it got one, is kept first.
+    fn done(&self, run_id: &str, report: Option<RunReport>) {
+        if let Some(report) = report {
+            let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            reports.push_back(report);
+            while reports.len() > KEEP_REPORTS {
+                reports.pop_front();
+            }
         }
+        self.finishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+    }
+
+    /// Whether this daemon is still finishing the run (its report is not kept yet).
+    pub fn finishing(&self, run_id: &str) -> bool {
+        self.finishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(run_id)
     }
 
     pub fn get(&self, run_id: &str) -> Option<RunReport> {
@@ -292,6 +317,7 @@ impl Scheduler {
                 approvals: this.approvals.clone(),
                 approval_webhook: config.settings.approval_webhook.clone(),
             };
+            this.reports.starting(&run_id);
             let started = Instant::now();
             // A run blocks on fsync and waits on its tools: it gets a thread of
             // its own, so the webhook and /metrics never wait behind it.
@@ -341,9 +367,7 @@ impl Scheduler {
                     tracing::error!(%run_id, "verdict line not written: {err}");
                 }
             }
-            if let Ok(report) = outcome {
-                this.reports.keep(report);
-            }
+            this.reports.done(&run_id, outcome.ok());
             drop(permit);
             this.active.send_modify(|n| *n -= 1);
         });
