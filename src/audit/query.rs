@@ -62,6 +62,35 @@ pub struct Promotion {
     pub unverified: Vec<(String, String, String)>,
 }
 
+impl Promotion {
+    /// The same evidence as the text, for scripts (`promote-report --json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let tools: serde_json::Map<String, serde_json::Value> = self
+            .tools
+            .iter()
+            .map(|(tool, [p, a, d, x, s])| {
+                (
+                    tool.clone(),
+                    serde_json::json!({
+                        "proposed": p, "approved": a, "denied": d, "expired": x, "standing": s,
+                    }),
+                )
+            })
+            .collect();
+        serde_json::json!({
+            "runs": self.runs,
+            "verdicts": self.verdicts,
+            "tier2_calls": tools,
+            "denied": self.denied.iter().map(|(ts, tool, args, why)| serde_json::json!({
+                "ts": ts, "tool": tool, "args": args, "why": why,
+            })).collect::<Vec<_>>(),
+            "unverified": self.unverified.iter().map(|(ts, tool, evidence)| serde_json::json!({
+                "ts": ts, "tool": tool, "evidence": evidence,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
 impl std::fmt::Display for Promotion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "runs: {}  verdicts: {:?}", self.runs, self.verdicts)?;

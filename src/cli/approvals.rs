@@ -69,22 +69,29 @@ pub(super) async fn approvals(
         }
     };
     let outcome = match command {
-        ApprovalsCommand::List => call(reqwest::Method::GET, "/api/v1/approvals".into(), None)
-            .await
-            .map(|v| {
-                for r in v["approvals"].as_array().into_iter().flatten() {
-                    println!(
-                        "{}  {:<9} {} on {}: {} {}  reason: {}",
-                        r["id"].as_str().unwrap_or(""),
-                        r["state"].as_str().unwrap_or(""),
-                        r["runbook"].as_str().unwrap_or(""),
-                        r["host"].as_str().unwrap_or(""),
-                        r["tool"].as_str().unwrap_or(""),
-                        r["args"],
-                        r["reason"].as_str().unwrap_or("")
-                    );
-                }
-            }),
+        ApprovalsCommand::List { json: true } => {
+            call(reqwest::Method::GET, "/api/v1/approvals".into(), None)
+                .await
+                .map(|v| println!("{v}"))
+        }
+        ApprovalsCommand::List { json: false } => {
+            call(reqwest::Method::GET, "/api/v1/approvals".into(), None)
+                .await
+                .map(|v| {
+                    for r in v["approvals"].as_array().into_iter().flatten() {
+                        println!(
+                            "{}  {:<9} {} on {}: {} {}  reason: {}",
+                            r["id"].as_str().unwrap_or(""),
+                            r["state"].as_str().unwrap_or(""),
+                            r["runbook"].as_str().unwrap_or(""),
+                            r["host"].as_str().unwrap_or(""),
+                            r["tool"].as_str().unwrap_or(""),
+                            r["args"],
+                            r["reason"].as_str().unwrap_or("")
+                        );
+                    }
+                })
+        }
         ApprovalsCommand::Show { id } => call(
             reqwest::Method::GET,
             format!("/api/v1/approvals/{id}"),
@@ -122,6 +129,22 @@ where
     )
     .await?;
     let field = |k: &str| shown[k].as_str().unwrap_or("").to_string();
+    // A request already decided (or expired) says so first, and nothing is sent.
+    let state = field("state");
+    if state != "pending" {
+        let by = match (shown["by"].as_str(), shown["why"].as_str()) {
+            (Some(person), _) => format!(" by {person}"),
+            (None, Some(why)) => format!(" ({why})"),
+            _ => String::new(),
+        };
+        return Err(format!(
+            "request {id} is already {state}{by}: nothing was sent ({} on {}: {} {})",
+            field("runbook"),
+            field("host"),
+            field("tool"),
+            crate::report::args_text(&shown["args"])
+        ));
+    }
     let verb = if approve { "approving" } else { "denying" };
     println!(
         "{verb} {} on {}: {} {}",

@@ -49,6 +49,9 @@ impl Cli {
 pub enum Command {
     /// Load and validate runwarden.yaml, hosts/ and runbooks/; print every problem as FILE:LINE:COLUMN.
     Check {
+        /// One JSON object: ok, the problems (file, line, column, message), the warnings, the hosts and runbooks.
+        #[arg(long)]
+        json: bool,
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
@@ -166,6 +169,8 @@ pub enum Command {
         /// How far back to look, e.g. 14d.
         #[arg(long, default_value = "14d")]
         since: String,
+        #[arg(long)]
+        json: bool,
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
@@ -250,7 +255,10 @@ pub enum InstallCommand {
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
     /// Every request the daemon holds, pending first.
-    List,
+    List {
+        #[arg(long)]
+        json: bool,
+    },
     /// One request, with the exact call and its digest.
     Show { id: String },
     /// Approve the call shown by `show` (its digest is sent along).
@@ -289,6 +297,8 @@ pub enum KillSwitchCommand {
     /// Print the state and what each engaged switch file says. Exit 0 when
     /// released, 1 when any switch is engaged, 2 when runwarden.yaml does not load.
     Status {
+        #[arg(long)]
+        json: bool,
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },

@@ -90,6 +90,81 @@ pub(super) fn check(dir: &Path) -> i32 {
     0
 }
 
+/// `check --json`: the same verdict as `check`, as one object for scripts
+/// and CI (exit 0 when ok, 2 with the problems).
+pub(super) fn check_json(dir: &Path) -> i32 {
+    let diagnostics = |list: &[crate::config::Diagnostic]| -> Vec<Value> {
+        list.iter()
+            .map(|d| {
+                serde_json::json!({
+                    "file": d.file, "line": d.line, "column": d.column, "message": d.message,
+                })
+            })
+            .collect()
+    };
+    let cfg = match Config::load(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "ok": false, "problems": diagnostics(&e.0) })
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let warnings = match cfg.serve_problems(None) {
+        Ok(w) => w,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::json!({ "ok": false, "problems": diagnostics(&e.0) })
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let hosts: Vec<Value> = cfg
+        .hosts
+        .values()
+        .map(|h| {
+            let connection = match &h.connection {
+                Connection::Local => serde_json::json!("local"),
+                Connection::Ssh(s) => serde_json::json!({ "ssh": { "user": s.user, "address": s.address, "port": s.port } }),
+                Connection::Agent(p) => serde_json::json!({ "agent": p }),
+            };
+            serde_json::json!({ "name": h.name, "connection": connection, "file": h.source })
+        })
+        .collect();
+    let runbooks: Vec<Value> = cfg
+        .runbooks
+        .values()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "autonomy": r.autonomy.as_str(),
+                "hosts": r.hosts.iter().map(|h| &**h).collect::<Vec<_>>(),
+                "observe": r.observe.iter().map(|t| t.name()).collect::<Vec<_>>(),
+                "approve": r.approve.iter().map(|t| t.name()).collect::<Vec<_>>(),
+                "steps": r.steps.len(),
+                "schedule": r.schedule,
+                "model_planned": r.agent.is_some(),
+                "file": r.source,
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({
+            "ok": true,
+            "problems": [],
+            "warnings": diagnostics(&warnings),
+            "hosts": hosts,
+            "runbooks": runbooks,
+            "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
+        })
+    );
+    0
+}
+
 pub(super) fn tools(json: bool) -> i32 {
     if json {
         let list: Vec<Value> = ToolId::ALL

@@ -9,7 +9,6 @@ use super::EXIT_USAGE;
 use super::check::load;
 use crate::audit;
 use crate::audit::Phase;
-use crate::report::compact;
 
 pub(super) fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
     match file {
@@ -212,15 +211,25 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
                     .unwrap_or_default()
             })
             .unwrap_or_default();
-        let mut line = format!("{} {:<10}", e.ts, phase);
-        if let Some(s) = e.step {
-            line += &format!(" step {s}");
-        }
-        if let Some(t) = &e.tool {
-            line += &format!(" {t}");
-        }
+        // Aligned columns: time, phase, step, tool, then what varies.
+        let mut line = format!(
+            "{:<30} {:<10} {:>8} {:<20}",
+            e.ts,
+            phase,
+            e.step.map(|s| format!("step {s}")).unwrap_or_default(),
+            e.tool.as_deref().unwrap_or("")
+        );
         if let Some(a) = &e.args {
-            line += &format!(" {}", compact(a));
+            line += &format!(" {}", crate::report::args_text(a));
+        }
+        if e.phase == Some(Phase::Denied)
+            && let Some(d) = &e.detail
+        {
+            line += &format!(
+                " DENIED {}: {}",
+                d["reason"].as_str().unwrap_or("?"),
+                d["message"].as_str().unwrap_or("")
+            );
         }
         if let Some(a) = &e.approved_by {
             line += &format!(" approved_by={a}");
@@ -245,7 +254,7 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
     0
 }
 
-pub(super) fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
+pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> i32 {
     let cfg = match load(dir) {
         Ok(c) => c,
         Err(code) => return code,
@@ -280,6 +289,18 @@ pub(super) fn promote_report(runbook: &str, since: &str, dir: &Path) -> i32 {
         .runbooks
         .get(runbook)
         .map_or("", |r| r.autonomy.as_str());
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "runbook": runbook,
+                "autonomy": autonomy,
+                "since": from.to_string(),
+                "report": report.to_json(),
+            })
+        );
+        return 0;
+    }
     println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
     print!("{report}");
     0

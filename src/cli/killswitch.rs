@@ -8,7 +8,7 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
     let dir = match &command {
         KillSwitchCommand::Engage { config, .. }
         | KillSwitchCommand::Release { config, .. }
-        | KillSwitchCommand::Status { config } => config.clone(),
+        | KillSwitchCommand::Status { config, .. } => config.clone(),
     };
     // The directory `serve` uses, read from runwarden.yaml alone: the switch
     // must work while a runbook or host file is half edited, and must never
@@ -86,6 +86,24 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
             }
         },
         // Exit 0: released (calls may run); 1: engaged (something is stopped).
+        KillSwitchCommand::Status { json: true, .. } => {
+            let engaged: Vec<serde_json::Value> = match ks.status() {
+                Ok(list) => list
+                    .into_iter()
+                    .map(|(scope, detail)| serde_json::json!({ "scope": scope, "detail": detail }))
+                    .collect(),
+                Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e.to_string() })],
+            };
+            println!(
+                "{}",
+                serde_json::json!({
+                    "state": if engaged.is_empty() { "released" } else { "engaged" },
+                    "directory": ks.dir(),
+                    "engaged": engaged,
+                })
+            );
+            i32::from(!engaged.is_empty())
+        }
         KillSwitchCommand::Status { .. } => match ks.status() {
             Ok(list) if list.is_empty() => {
                 println!("released: no switch file in {shown}");

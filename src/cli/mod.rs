@@ -39,7 +39,11 @@ pub const EXIT_BUSY: i32 = 75;
 /// Run a parsed command; returns the process exit code.
 pub async fn main(cli: Cli) -> i32 {
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check {
+            config,
+            json: false,
+        } => check(&config),
+        Command::Check { config, json: true } => check::check_json(&config),
         Command::Tools { json } => tools(json),
         Command::Run {
             runbook,
@@ -129,8 +133,9 @@ pub async fn main(cli: Cli) -> i32 {
         Command::PromoteReport {
             runbook,
             since,
+            json,
             config,
-        } => promote_report(&runbook, &since, &config),
+        } => promote_report(&runbook, &since, json, &config),
         Command::Audit {
             command: AuditCommand::Verify { file, config, head },
         } => audit_verify(file, &config, head),

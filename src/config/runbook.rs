@@ -145,12 +145,14 @@ impl Runbook {
     }
 }
 
-/// A schedule is 5-field crontab syntax (or a `@daily`-style shortcut),
-/// every number in range for its field, and it fires at some time: a
+/// A schedule is 5-field crontab syntax (6 with seconds first, or a
+/// `@daily`-style shortcut), every number in range for its field, and it
+/// fires at some time: a
 /// schedule that cannot (`0 3 31 2 *`) is as wrong as one that does not
 /// parse, since nothing would ever run.
 fn check_schedule(text: &str) -> Result<(), String> {
-    const FIELDS: [(&str, u32, u32); 5] = [
+    const FIELDS: [(&str, u32, u32); 6] = [
+        ("second", 0, 59),
         ("minute", 0, 59),
         ("hour", 0, 23),
         ("day of month", 1, 31),
@@ -159,13 +161,16 @@ fn check_schedule(text: &str) -> Result<(), String> {
     ];
     if !text.trim_start().starts_with('@') {
         let fields: Vec<&str> = text.split_whitespace().collect();
-        if fields.len() != FIELDS.len() {
-            return Err(format!(
-                "has {} fields, not 5 (minute hour day-of-month month day-of-week; no seconds or years)",
-                fields.len()
-            ));
-        }
-        for (field, (name, lo, hi)) in fields.iter().zip(FIELDS) {
+        let names = match fields.len() {
+            5 => &FIELDS[1..],
+            6 => &FIELDS[..],
+            n => {
+                return Err(format!(
+                    "has {n} fields, not 5 (minute hour day-of-month month day-of-week) or 6 (seconds first); no years"
+                ));
+            }
+        };
+        for (field, &(name, lo, hi)) in fields.iter().zip(names) {
             for part in field.split(',') {
                 // `a-b/step`: the range's numbers must be in range; the step is a count.
                 let range = part.split('/').next().unwrap_or("");
@@ -664,7 +669,7 @@ mod tests {
         for (text, why) in [
             ("0 3 31 2 *", "can never fire"),
             ("0 0 3 * * * 2030", "has 7 fields, not 5"),
-            ("0 3 * * 1 *", "has 6 fields, not 5"),
+            ("61 0 3 * * 1", "has second 61, out of range 0-59"),
             ("61 * * *", "has 4 fields, not 5"),
             ("61 * * * *", "has minute 61, out of range 0-59"),
             ("0 24 * * *", "has hour 24, out of range 0-23"),
@@ -681,6 +686,8 @@ mod tests {
             "0 0 29 2 *",
             "30 2 1-7 * 0",
             "@daily",
+            "* * * * * *",
+            "*/2 * * * * *",
             "0 9-17/2 * * mon-fri",
         ] {
             assert_eq!(check_schedule(ok), Ok(()), "{ok}");

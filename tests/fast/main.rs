@@ -876,3 +876,89 @@ fn the_report_and_the_transcript_say_what_each_result_said() {
         "{transcript}"
     );
 }
+
+/// `--json` where a script reads the answer: `kill-switch status` (with the
+/// same exit codes as the text), `check` (problems with file, line, column);
+/// and `audit show` lines up its columns and says why the gate denied a call.
+#[test]
+fn kill_switch_status_and_check_speak_json_and_audit_show_names_a_denial() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+            .args(args)
+            .arg("--config")
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let status = cli(&["kill-switch", "status", "--json"]);
+    assert_eq!(status.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "released", "{v}");
+    std::fs::write(dir.path().join("kill-switch/disk.ENGAGED"), "disk work").unwrap();
+    let status = cli(&["kill-switch", "status", "--json"]);
+    assert_eq!(status.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "engaged", "{v}");
+    assert_eq!(v["engaged"][0]["scope"], "disk", "{v}");
+    std::fs::remove_file(dir.path().join("kill-switch/disk.ENGAGED")).unwrap();
+
+    let check = cli(&["check", "--json"]);
+    assert_eq!(check.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["runbooks"][0]["name"], "disk", "{v}");
+    std::fs::write(
+        dir.path().join("runbooks/broken.yaml"),
+        "name: broken\ndescription: t\nhosts: [web-01]\nautonomy: L1\nschedule: \"0 3 31 2 *\"\n",
+    )
+    .unwrap();
+    let check = cli(&["check", "--json"]);
+    assert_eq!(check.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    let p = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["message"].as_str().unwrap().contains("can never fire"))
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(
+        (p["line"].as_u64(), p["column"].as_u64()),
+        (Some(5), Some(11)),
+        "{v}"
+    );
+    assert!(
+        p["message"].as_str().unwrap().contains("can never fire"),
+        "{v}"
+    );
+    std::fs::remove_file(dir.path().join("runbooks/broken.yaml")).unwrap();
+
+    // A call the gate refuses: its reason is on its line of `audit show`.
+    std::fs::write(
+        dir.path().join("runbooks/outside.yaml"),
+        "name: outside\ndescription: t\nhosts: [web-01]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /etc }\n",
+    )
+    .unwrap();
+    let run = cli(&["run", "outside", "--host", "web-01", "--json"]);
+    let report: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+    let show = cli(&["audit", "show", &run_id]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    let denied = text
+        .lines()
+        .find(|l| l.contains(" denied "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        denied.contains("DENIED invalid_arguments: ") && denied.contains("path=/etc"),
+        "{text}"
+    );
+    // The tool column starts at the same place on every line with a step.
+    let starts: std::collections::BTreeSet<usize> = text
+        .lines()
+        .filter(|l| l.contains(" step "))
+        .filter_map(|l| l.find("disk_usage"))
+        .collect();
+    assert_eq!(starts.len(), 1, "{text}");
+}

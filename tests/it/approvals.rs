@@ -274,6 +274,31 @@ fn the_cli_approves_the_call_it_showed_and_promote_report_counts_it() {
         "{text}"
     );
     assert_eq!(d.settled_runs()[0]["status"], "ok");
+    // A decided request says so before anything else, and nothing is sent.
+    for verb in ["approve", "deny"] {
+        let out = cli(&[verb, &id]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{verb}: {err}");
+        assert!(
+            err.contains(&format!(
+                "request {id} is already approved by alice: nothing was sent"
+            )),
+            "{verb}: {err}"
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("approving"));
+    }
+    let out = cli(&["list", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["approvals"][0]["id"], id.as_str(), "{listed}");
+    assert_eq!(listed["approvals"][0]["state"], "approved", "{listed}");
+
+    let out = e.run(&["promote-report", "disk-l2", "--since", "1h", "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["report"]["runs"], 1, "{json}");
+    assert_eq!(
+        json["report"]["tier2_calls"]["rotate_logs"]["approved"], 1,
+        "{json}"
+    );
 
     let out = e.run(&["promote-report", "disk-l2", "--since", "1h"]);
     let report = String::from_utf8_lossy(&out.stdout);
