@@ -55,6 +55,11 @@ pub enum Command {
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell), generated
+    /// from these very definitions; the package installs them.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), generated from these very definitions.
+    Man,
     /// List every tool with its tier, description and argument schema.
     Tools {
         #[arg(long)]

@@ -45,6 +45,29 @@ pub async fn main(cli: Cli) -> i32 {
         } => check(&config),
         Command::Check { config, json: true } => check::check_json(&config),
         Command::Tools { json } => tools(json),
+        // Both are written to memory first, then printed the way every other
+        // output is (a closed stdout ends the command quietly, as 141).
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut text = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "runwarden", &mut text);
+            print!("{}", String::from_utf8_lossy(&text));
+            0
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            let mut text = Vec::new();
+            match clap_mangen::Man::new(cmd).render(&mut text) {
+                Ok(()) => {
+                    print!("{}", String::from_utf8_lossy(&text));
+                    0
+                }
+                Err(e) => {
+                    eprintln!("runwarden: cannot render the manual page: {e}");
+                    1
+                }
+            }
+        }
         Command::Run {
             runbook,
             host,

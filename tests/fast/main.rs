@@ -962,3 +962,33 @@ fn kill_switch_status_and_check_speak_json_and_audit_show_names_a_denial() {
         .collect();
     assert_eq!(starts.len(), 1, "{text}");
 }
+
+/// Shell completions and the manual page come from the command line's own
+/// definitions, so they name every command there is.
+#[test]
+fn completions_and_the_manual_page_name_every_command() {
+    let bash = runwarden_ok(&["completions".as_ref(), "bash".as_ref()]);
+    let man = runwarden_ok(&["man".as_ref()]);
+    assert!(bash.contains("_runwarden()"), "{bash}");
+    assert!(
+        man.starts_with(".ie") && man.contains(".TH runwarden 1"),
+        "{man}"
+    );
+    for command in [
+        "run",
+        "serve",
+        "kill-switch",
+        "alerts",
+        "audit",
+        "approvals",
+        "check",
+    ] {
+        assert!(bash.contains(command), "completions lack {command}");
+        assert!(
+            man.contains(&command.replace('-', "\\-")),
+            "the manual page lacks {command}"
+        );
+    }
+    let fish = runwarden_ok(&["completions".as_ref(), "fish".as_ref()]);
+    assert!(fish.contains("complete -c runwarden"), "{fish}");
+}

@@ -938,6 +938,7 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
     let deb = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     let name = deb.file_name().unwrap().to_str().unwrap().to_string();
     h.setup_ok(&format!("dpkg -i /srv/runwarden/{name}"));
+    h.setup_ok("test -s /usr/share/man/man1/runwarden.1.gz && grep -q _runwarden /usr/share/bash-completion/completions/runwarden && test -s /usr/share/zsh/vendor-completions/_runwarden");
     assert!(
         h.setup("id -u runwarden")
             .trim()
