@@ -97,6 +97,9 @@ pub async fn serve(
     let bound = listener.local_addr()?;
 
     let mut workers = tokio::task::JoinSet::new();
+    if let Some(store) = scheduler.approvals.clone() {
+        workers.spawn(approval_age_worker(store, metrics.clone(), stop_rx.clone()));
+    }
     workers.spawn(cron::worker(
         config_rx.clone(),
         scheduler.clone(),
@@ -171,6 +174,30 @@ fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
         );
     }
     Ok(token.as_bytes().to_vec())
+}
+
+/// Keep `runwarden_approval_oldest_pending_seconds` current: how long the
+/// oldest request still pending has waited for a person.
+async fn approval_age_worker(
+    store: Arc<crate::gate::approvals::Approvals>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let now = jiff::Timestamp::now();
+        let oldest = store
+            .list()
+            .iter()
+            .filter(|r| r.state == crate::gate::approvals::State::Pending)
+            .filter_map(|r| r.created_at.parse::<jiff::Timestamp>().ok())
+            .min();
+        let waited = oldest.map_or(0.0, |t| now.duration_since(t).as_secs_f64().max(0.0));
+        metrics.approval_oldest_pending.set(waited);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.changed() => return,
+        }
+    }
 }
 
 /// Since when a switch is engaged (its file's time, a dangling link's own),

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub run_last_finished: GaugeVec,
     /// Since when each kill switch is engaged (its file's time), 0 while released.
     pub kill_switch_since: GaugeVec,
+    /// How long the oldest pending approval request has waited, 0 when none.
+    pub approval_oldest_pending: prometheus::Gauge,
     pub build_info: IntGaugeVec,
     pub approvals: IntCounterVec,
     pub approvals_pending: IntGauge,
@@ -128,6 +130,13 @@ impl Metrics {
         config_last_reload_successful.set(1);
         kill_switch_engaged.with_label_values(&["global"]).set(0);
 
+        let approval_oldest_pending = prometheus::Gauge::new(
+            "runwarden_approval_oldest_pending_seconds",
+            "How long the oldest L2 approval request still pending has waited (0 when none); updated every 5 s.",
+        )
+        .expect("metric");
+        r.register(Box::new(approval_oldest_pending.clone()))
+            .expect("metric registered once");
         let approvals_pending = IntGauge::new(
             "runwarden_approvals_pending",
             "Approval requests waiting for a person.",
@@ -174,6 +183,7 @@ impl Metrics {
                 &["runbook", "tool", "decision"],
             ),
             approvals_pending,
+            approval_oldest_pending,
             approval_wait,
             runs_started: counter(
                 r,

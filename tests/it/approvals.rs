@@ -262,6 +262,15 @@ fn the_cli_approves_the_call_it_showed_and_promote_report_counts_it() {
     let out = cli(&["list"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains(&id));
+    // How long the oldest request has waited is a gauge on-call can see.
+    let started = std::time::Instant::now();
+    while d.metric("runwarden_approval_oldest_pending_seconds") <= 0.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the oldest pending request's age never showed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let out = cli(&["approve", &id, "--comment", "looked at it"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
