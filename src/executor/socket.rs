@@ -23,12 +23,12 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::agent::{AgentReply, AgentRequest};
 use crate::config::Host;
-use crate::tools::{Failure, Outcome, Tier, ToolResult};
+use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
 
 /// How a call on the socket went wrong.
 enum Broken {
     /// Before the request was sent: the call did not happen.
-    NotSent(String),
+    NotSent(Unreachable, String),
     /// After: it may have.
     AfterSend(String),
     Timeout,
@@ -43,7 +43,7 @@ pub async fn dispatch(
     deadline: tokio::time::Instant,
 ) -> ToolResult {
     let mut attempt = exchange(socket, request, deadline).await;
-    if tier == Tier::Observe && matches!(attempt, Err(Broken::NotSent(_) | Broken::AfterSend(_))) {
+    if tier == Tier::Observe && matches!(attempt, Err(Broken::NotSent(..) | Broken::AfterSend(_))) {
         attempt = exchange(socket, request, deadline).await;
     }
     let line = match attempt {
@@ -71,18 +71,25 @@ async fn exchange(
     request: &AgentRequest,
     deadline: tokio::time::Instant,
 ) -> Result<Vec<u8>, Broken> {
-    let mut line = serde_json::to_vec(request).map_err(|e| Broken::NotSent(e.to_string()))?;
+    let mut line = serde_json::to_vec(request)
+        .map_err(|e| Broken::NotSent(Unreachable::Other, e.to_string()))?;
     line.push(b'\n');
     let cap = crate::tools::OUTPUT_CAP * 2;
     let io = async {
-        let stream = tokio::net::UnixStream::connect(socket)
-            .await
-            .map_err(|e| Broken::NotSent(e.to_string()))?;
+        let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => Unreachable::Refused,
+                std::io::ErrorKind::PermissionDenied => Unreachable::AuthenticationRefused,
+                std::io::ErrorKind::TimedOut => Unreachable::TimedOut,
+                _ => Unreachable::Other,
+            };
+            Broken::NotSent(kind, e.to_string())
+        })?;
         let (read, mut write) = stream.into_split();
         write
             .write_all(&line)
             .await
-            .map_err(|e| Broken::NotSent(e.to_string()))?;
+            .map_err(|e| Broken::NotSent(Unreachable::Other, e.to_string()))?;
         write
             .shutdown()
             .await
@@ -126,8 +133,8 @@ async fn exchange(
 fn failure(socket: &Path, host: &Host, tier: Tier, broken: Broken) -> ToolResult {
     let at = format!("the agent of host {} at {}", host.name, socket.display());
     let (failure, outcome, error) = match broken {
-        Broken::NotSent(e) => (
-            Failure::Transport,
+        Broken::NotSent(kind, e) => (
+            Failure::Transport(kind),
             Outcome::Error,
             format!(
                 "not sent: {at} is not reachable: {e} (is runwarden-agent.socket running, and is this account in its group?)"
@@ -140,7 +147,11 @@ fn failure(socket: &Path, host: &Host, tier: Tier, broken: Broken) -> ToolResult
                 "outcome unknown: {at} failed during this change ({e}); its own audit log says whether it ran"
             ),
         ),
-        Broken::AfterSend(e) => (Failure::Transport, Outcome::Error, format!("{at}: {e}")),
+        Broken::AfterSend(e) => (
+            Failure::Transport(Unreachable::AnsweredGarbage),
+            Outcome::Error,
+            format!("{at}: {e}"),
+        ),
         Broken::Timeout if tier == Tier::Change => (
             Failure::OutcomeUnknown,
             Outcome::Timeout,
@@ -149,7 +160,7 @@ fn failure(socket: &Path, host: &Host, tier: Tier, broken: Broken) -> ToolResult
             ),
         ),
         Broken::Timeout => (
-            Failure::Transport,
+            Failure::Transport(Unreachable::TimedOut),
             Outcome::Timeout,
             format!("{at} did not answer in time"),
         ),

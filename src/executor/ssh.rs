@@ -40,7 +40,7 @@ use super::agent::{AgentReply, AgentRequest, STATUS};
 use super::process::{self, Argv};
 use crate::config::Host;
 use crate::config::host::Ssh;
-use crate::tools::{Failure, Outcome, Tier, ToolResult};
+use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
 
 /// OpenSSH's exit status for its own failures (connection, authentication, host key).
 const SSH_FAILED: i32 = 255;
@@ -95,32 +95,37 @@ pub fn is_transport_error(r: &ToolResult) -> bool {
 
 /// What kind of failure a transport error was, in a person's words:
 /// `refused`, `timed out`, `host key mismatch`, `authentication refused`,
-/// `answered garbage` or `unreachable`.
+/// `answered garbage` or `unreachable`; decided where it happened.
 pub fn failure_kind(r: &ToolResult) -> &'static str {
-    let e = r.error.as_deref().unwrap_or("");
-    if r.outcome == Outcome::Timeout
-        || e.contains("timed out")
-        || e.contains("did not answer in time")
-    {
-        "timed out"
-    } else if e.contains("Connection refused") {
-        "refused"
-    } else if e.contains("Host key verification failed") || e.contains("IDENTIFICATION HAS CHANGED")
-    {
-        "host key mismatch"
-    } else if e.contains("Permission denied") {
-        "authentication refused"
-    } else if e.contains("malformed reply")
-        || e.contains("answered nothing")
-        || e.contains("kex_exchange_identification")
-        || e.contains("protocol version")
-        || e.contains("invalid characters")
-        || e.contains("invalid format")
-        || e.contains("banner exchange")
-    {
-        "answered garbage"
+    match r.failure {
+        Some(Failure::Transport(kind)) => kind.as_str(),
+        _ if r.outcome == Outcome::Timeout => Unreachable::TimedOut.as_str(),
+        _ => Unreachable::Other.as_str(),
+    }
+}
+
+/// How ssh itself failed (exit 255), from its own words on stderr: the one
+/// place its failures are told apart, since ssh says them only as text.
+fn ssh_failure(stderr: &str) -> Unreachable {
+    let said = |words: &[&str]| words.iter().any(|w| stderr.contains(w));
+    if said(&["Connection timed out", "timed out"]) {
+        Unreachable::TimedOut
+    } else if said(&["Connection refused"]) {
+        Unreachable::Refused
+    } else if said(&["Host key verification failed", "IDENTIFICATION HAS CHANGED"]) {
+        Unreachable::HostKeyMismatch
+    } else if said(&["Permission denied"]) {
+        Unreachable::AuthenticationRefused
+    } else if said(&[
+        "kex_exchange_identification",
+        "protocol version",
+        "invalid characters",
+        "invalid format",
+        "banner exchange",
+    ]) {
+        Unreachable::AnsweredGarbage
     } else {
-        "unreachable"
+        Unreachable::Other
     }
 }
 
@@ -243,6 +248,7 @@ impl Session {
                         }
                         transport(
                             host,
+                            Unreachable::AnsweredGarbage,
                             format!(
                                 "malformed reply from the agent on host {}: {e} ({} bytes)",
                                 host.name,
@@ -257,8 +263,15 @@ impl Session {
                     Some(ch) => ch.end().await,
                     None => (None, "the connection closed".into()),
                 };
+                let kind = match broken {
+                    Broken::Timeout => Unreachable::TimedOut,
+                    Broken::TooLong(_) => Unreachable::AnsweredGarbage,
+                    Broken::Closed if code == Some(SSH_FAILED) => ssh_failure(&why),
+                    Broken::Closed => Unreachable::AnsweredGarbage,
+                };
                 let mut r = transport(
                     host,
+                    kind,
                     match broken {
                         Broken::Timeout => format!(
                             "host {} ({}) did not answer in time; the ssh process group was killed",
@@ -426,10 +439,10 @@ fn control_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-fn transport(host: &Host, what: String) -> ToolResult {
+fn transport(host: &Host, kind: Unreachable, what: String) -> ToolResult {
     ToolResult {
         data: json!({ "transport": true, "host": host.name }),
-        failure: Some(Failure::Transport),
+        failure: Some(Failure::Transport(kind)),
         ..ToolResult::failed(what)
     }
 }

@@ -34,7 +34,7 @@ pub use action::{Action, PathMode, privileged_commands, resolve};
 pub use allowlists::allowed_path;
 pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged, unprivileged};
 pub use registry::{Tier, ToolId, check_shape};
-pub use result::{Failure, Outcome, ToolResult};
+pub use result::{Failure, Outcome, ToolResult, Unreachable};
 
 use action::Resolved;
 use allowlists::*;

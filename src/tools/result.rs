@@ -32,7 +32,7 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     /// The call never reached the host, or its answer never came back.
-    Transport,
+    Transport(Unreachable),
     /// The connection failed during a change that could not be verified
     /// afterwards: it may or may not have happened.
     OutcomeUnknown,
@@ -43,7 +43,32 @@ pub enum Failure {
 impl Failure {
     /// Whether the connection, not the host or the tool, failed.
     pub fn is_transport(self) -> bool {
-        matches!(self, Failure::Transport | Failure::OutcomeUnknown)
+        matches!(self, Failure::Transport(_) | Failure::OutcomeUnknown)
+    }
+}
+
+/// How a host could not be reached, decided where the failure happened
+/// (`host check` says it in these words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreachable {
+    Refused,
+    TimedOut,
+    HostKeyMismatch,
+    AuthenticationRefused,
+    AnsweredGarbage,
+    Other,
+}
+
+impl Unreachable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unreachable::Refused => "refused",
+            Unreachable::TimedOut => "timed out",
+            Unreachable::HostKeyMismatch => "host key mismatch",
+            Unreachable::AuthenticationRefused => "authentication refused",
+            Unreachable::AnsweredGarbage => "answered garbage",
+            Unreachable::Other => "unreachable",
+        }
     }
 }
 
@@ -165,7 +190,7 @@ mod tests {
         let r: ToolResult = serde_json::from_value(wire).unwrap();
         assert_eq!(r.failure, None);
         let written = serde_json::to_value(ToolResult {
-            failure: Some(Failure::Transport),
+            failure: Some(Failure::Transport(Unreachable::Other)),
             ..ToolResult::failed("x")
         })
         .unwrap();
