@@ -589,25 +589,8 @@ fn parse<T: serde::de::DeserializeOwned>(
                 strip_location(&msg)
             };
             let line = loc.line() as usize;
-            if let Some((reported, expected)) = unknown_field_expected(&msg) {
-                // Every unknown key of that mapping at once, each with a did-you-mean.
-                let mut keys = unknown_keys(text, line, loc.column() as usize, &expected);
-                if keys.is_empty() {
-                    // Not where we looked (a flow mapping, say): the one serde named.
-                    keys.push((line, loc.column() as usize, reported));
-                }
-                for (n, col, key) in keys {
-                    diags.push(Diagnostic {
-                        file: file.to_path_buf(),
-                        line: n as u32,
-                        column: col as u32,
-                        message: format!(
-                            "unknown field `{key}`{}; expected one of {}",
-                            did_you_mean(&key, expected.iter().map(String::as_str)),
-                            expected.join(", ")
-                        ),
-                    });
-                }
+            if unknown_field_expected(&msg).is_some() {
+                unknown_fields::<T>(file, text, msg, loc, diags);
                 return None;
             }
             let msg = if msg.contains("tabs disallowed") {
@@ -626,6 +609,63 @@ fn parse<T: serde::de::DeserializeOwned>(
             diags.at(file, loc, msg);
             None
         }
+    }
+}
+
+/// Every unknown key of the file at once, each with a did-you-mean: the
+/// keys of the mapping serde stopped in, then, with those lines (and what
+/// they hold) blanked out, the next mapping's, and so on. A key inside a
+/// flow mapping (`{ a: 1, b: 2 }`) cannot be blanked alone: it is reported
+/// as serde named it, and the search stops there.
+fn unknown_fields<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    text: &str,
+    mut msg: String,
+    mut loc: serde_saphyr::Location,
+    diags: &mut Diagnostics,
+) {
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    for _ in 0..32 {
+        let Some((reported, expected)) = unknown_field_expected(&msg) else {
+            return;
+        };
+        let (line, column) = (loc.line() as usize, loc.column() as usize);
+        let keys = unknown_keys(&lines.join("\n"), line, column, &expected);
+        let report = |n: usize, col: usize, key: &str, diags: &mut Diagnostics| {
+            diags.push(Diagnostic {
+                file: file.to_path_buf(),
+                line: n as u32,
+                column: col as u32,
+                message: format!(
+                    "unknown field `{key}`{}; expected one of {}",
+                    did_you_mean(key, expected.iter().map(String::as_str)),
+                    expected.join(", ")
+                ),
+            });
+        };
+        if keys.is_empty() {
+            report(line, column, &reported, diags);
+            return;
+        }
+        for (n, col, key) in &keys {
+            report(*n, *col, key, diags);
+            // The key's line and the lines indented under it.
+            let indent = col - 1;
+            lines[n - 1].clear();
+            for l in lines.iter_mut().skip(*n) {
+                let t = l.trim_start();
+                if !t.is_empty() && l.len() - t.len() <= indent {
+                    break;
+                }
+                l.clear();
+            }
+        }
+        let next = match serde_saphyr::from_str::<T>(&lines.join("\n")) {
+            Ok(_) => return,
+            Err(e) => e,
+        };
+        loc = next.location().unwrap_or(serde_saphyr::Location::UNKNOWN);
+        msg = strip_location(&next.without_snippet().to_string());
     }
 }
 
@@ -770,8 +810,8 @@ mod tests {
     use super::*;
 
     /// What `check` says of the YAML slips a person makes: a tab, a key
-    /// indented one space too far, and misspelt keys (all of a mapping's at
-    /// once, each with a did-you-mean).
+    /// indented one space too far, and misspelt keys (all of the file's at
+    /// once, in every mapping, each with a did-you-mean).
     #[test]
     fn yaml_slips_get_a_hint_and_every_unknown_key_is_named() {
         let dir = tempfile::tempdir().unwrap();
@@ -825,6 +865,11 @@ mod tests {
         );
         assert!(
             said("typos.yaml", 6).contains("unknown field `cooldwn` (did you mean \"cooldown\"?)"),
+            "{text}"
+        );
+        // And the one in the nested `tools` mapping, in the same pass.
+        assert!(
+            said("typos.yaml", 9).contains("unknown field `aprove` (did you mean \"approve\"?)"),
             "{text}"
         );
     }
