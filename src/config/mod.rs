@@ -14,9 +14,11 @@
 //! so nothing is ever half-loaded. `runwarden check` and every other command
 //! call this same loader.
 //!
-//! Why one file of about 670 lines: loading is one transaction (every file
-//! read, every cross-reference checked, then the whole config or none), and
-//! the settings it validates sit next to the loader that resolves them.
+//! Why one file of about 700 lines (a tenth of them its tests): loading is
+//! one transaction (every file read, every cross-reference checked, then the
+//! whole config or none), and the settings it validates sit next to the
+//! loader that resolves them. What a YAML slip is told (unknown keys, with a
+//! did-you-mean) lives with the diagnostics, in `diag`.
 
 mod diag;
 pub mod host;
@@ -589,8 +591,8 @@ fn parse<T: serde::de::DeserializeOwned>(
                 strip_location(&msg)
             };
             let line = loc.line() as usize;
-            if unknown_field_expected(&msg).is_some() {
-                unknown_fields::<T>(file, text, msg, loc, diags);
+            if diag::unknown_field_expected(&msg).is_some() {
+                diag::unknown_fields::<T>(file, text, msg, loc, diags);
                 return None;
             }
             let msg = if msg.contains("tabs disallowed") {
@@ -610,118 +612,6 @@ fn parse<T: serde::de::DeserializeOwned>(
             None
         }
     }
-}
-
-/// Every unknown key of the file at once, each with a did-you-mean: the
-/// keys of the mapping serde stopped in, then, with those lines (and what
-/// they hold) blanked out, the next mapping's, and so on. A key inside a
-/// flow mapping (`{ a: 1, b: 2 }`) cannot be blanked alone: it is reported
-/// as serde named it, and the search stops there.
-fn unknown_fields<T: serde::de::DeserializeOwned>(
-    file: &Path,
-    text: &str,
-    mut msg: String,
-    mut loc: serde_saphyr::Location,
-    diags: &mut Diagnostics,
-) {
-    let mut lines: Vec<String> = text.lines().map(String::from).collect();
-    for _ in 0..32 {
-        let Some((reported, expected)) = unknown_field_expected(&msg) else {
-            return;
-        };
-        let (line, column) = (loc.line() as usize, loc.column() as usize);
-        let keys = unknown_keys(&lines.join("\n"), line, column, &expected);
-        let report = |n: usize, col: usize, key: &str, diags: &mut Diagnostics| {
-            diags.push(Diagnostic {
-                file: file.to_path_buf(),
-                line: n as u32,
-                column: col as u32,
-                message: format!(
-                    "unknown field `{key}`{}; expected one of {}",
-                    did_you_mean(key, expected.iter().map(String::as_str)),
-                    expected.join(", ")
-                ),
-            });
-        };
-        if keys.is_empty() {
-            report(line, column, &reported, diags);
-            return;
-        }
-        for (n, col, key) in &keys {
-            report(*n, *col, key, diags);
-            // The key's line and the lines indented under it.
-            let indent = col - 1;
-            lines[n - 1].clear();
-            for l in lines.iter_mut().skip(*n) {
-                let t = l.trim_start();
-                if !t.is_empty() && l.len() - t.len() <= indent {
-                    break;
-                }
-                l.clear();
-            }
-        }
-        let next = match serde_saphyr::from_str::<T>(&lines.join("\n")) {
-            Ok(_) => return,
-            Err(e) => e,
-        };
-        loc = next.location().unwrap_or(serde_saphyr::Location::UNKNOWN);
-        msg = strip_location(&next.without_snippet().to_string());
-    }
-}
-
-/// The unknown field and the fields a struct takes, from serde's
-/// "unknown field `x`, expected one of a, b".
-fn unknown_field_expected(msg: &str) -> Option<(String, Vec<String>)> {
-    let (key, list) = msg
-        .strip_prefix("unknown field `")?
-        .split_once("`, expected one of ")?;
-    Some((
-        key.to_string(),
-        list.split(", ")
-            .map(|f| f.trim_matches('`').to_string())
-            .collect(),
-    ))
-}
-
-/// The keys of the mapping around line `line` (1-based; its keys start at
-/// `column`) that are not `expected`: (line, column, key) of each. The
-/// mapping is the run of lines indented at least as far, with its keys at
-/// exactly that indentation.
-fn unknown_keys(
-    text: &str,
-    line: usize,
-    column: usize,
-    expected: &[String],
-) -> Vec<(usize, usize, String)> {
-    let lines: Vec<&str> = text.lines().collect();
-    let indent = column.saturating_sub(1);
-    let inside = |l: &str| {
-        let t = l.trim_start();
-        t.is_empty() || t.starts_with('#') || l.len() - t.len() >= indent
-    };
-    let at = line.saturating_sub(1).min(lines.len().saturating_sub(1));
-    let mut first = at;
-    while first > 0 && inside(lines[first - 1]) {
-        first -= 1;
-    }
-    let mut last = at;
-    while last + 1 < lines.len() && inside(lines[last + 1]) {
-        last += 1;
-    }
-    let mut found = Vec::new();
-    for (i, l) in lines.iter().enumerate().take(last + 1).skip(first) {
-        let t = l.trim_start();
-        if l.len() - t.len() != indent || t.starts_with('#') || t.starts_with('-') {
-            continue;
-        }
-        if let Some((key, _)) = t.split_once(':') {
-            let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
-            if !key.is_empty() && !expected.iter().any(|e| e == key) {
-                found.push((i + 1, indent + 1, key.to_string()));
-            }
-        }
-    }
-    found
 }
 
 /// serde-saphyr may prefix its message with its own "line N column M"; we print our own.
