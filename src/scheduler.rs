@@ -50,11 +50,49 @@ impl TriggerResult {
 
 /// The state of one (runbook, host) pair.
 #[derive(Default)]
-struct Slot {
+pub(crate) struct Slot {
     in_flight: bool,
     ended: Option<Instant>,
     /// Fingerprints and group keys of the current or last run's triggers.
     keys: BTreeSet<String>,
+}
+
+impl Slot {
+    /// The slot as the audit log leaves it: the last run ended at `ended`,
+    /// started by `keys` (start-up, and `runwarden alerts test`).
+    pub(crate) fn from_log(ended: jiff::Timestamp, keys: Vec<String>) -> Slot {
+        let ago = Duration::try_from(jiff::Timestamp::now().duration_since(ended))
+            .unwrap_or(Duration::ZERO);
+        Slot {
+            in_flight: false,
+            ended: Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)),
+            keys: keys.into_iter().collect(),
+        }
+    }
+
+    /// What a trigger with `keys` comes to against this slot, under the
+    /// runbook's `cooldown`: a run in flight or a repeat of its triggers is
+    /// deduplicated, another within the cooldown waits it out; `None`: it
+    /// starts. How long ago the last run ended comes with a cooldown.
+    pub(crate) fn refuses(
+        &self,
+        keys: &[String],
+        cooldown: Option<Duration>,
+    ) -> Option<(TriggerResult, Option<Duration>)> {
+        if self.in_flight {
+            return Some((TriggerResult::Deduplicated, None));
+        }
+        let (ended, cooldown) = (self.ended?, cooldown?);
+        let ago = ended.elapsed();
+        if ago >= cooldown {
+            return None;
+        }
+        let repeat = keys.iter().any(|k| self.keys.contains(k));
+        Some(match repeat {
+            true => (TriggerResult::Deduplicated, Some(ago)),
+            false => (TriggerResult::Cooldown, Some(ago)),
+        })
+    }
 }
 
 /// The full reports of recent runs this daemon ran, for `GET
@@ -257,19 +295,11 @@ impl Scheduler {
         let slot = slots
             .entry((req.runbook.clone(), req.host.clone()))
             .or_default();
-        let repeat = req.keys.iter().any(|k| slot.keys.contains(k));
-        if slot.in_flight {
-            slot.keys.extend(req.keys.iter().cloned());
-            return TriggerResult::Deduplicated;
-        }
-        if let (Some(ended), Some(cooldown)) = (slot.ended, runbook.cooldown)
-            && ended.elapsed() < cooldown
-        {
-            return if repeat {
-                TriggerResult::Deduplicated
-            } else {
-                TriggerResult::Cooldown
-            };
+        if let Some((result, _)) = slot.refuses(&req.keys, runbook.cooldown) {
+            if slot.in_flight {
+                slot.keys.extend(req.keys.iter().cloned());
+            }
+            return result;
         }
         slot.in_flight = true;
         slot.keys = req.keys.iter().cloned().collect();
@@ -412,13 +442,9 @@ impl Scheduler {
             ends.insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
             closed += 1;
         }
-        let now = jiff::Timestamp::now();
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for ((runbook, host), (ended, keys)) in ends {
-            let ago = Duration::try_from(now.duration_since(ended)).unwrap_or(Duration::ZERO);
-            let slot = slots.entry((runbook, host)).or_default();
-            slot.ended = Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
-            slot.keys = keys.into_iter().collect();
+            slots.insert((runbook, host), Slot::from_log(ended, keys));
         }
         Ok(closed)
     }

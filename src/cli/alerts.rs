@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::EXIT_USAGE;
 use crate::config::Config;
 use crate::gate::killswitch::KillSwitch;
+use crate::scheduler::{Slot, TriggerResult};
 use crate::trigger::alerts::{Candidate, Notification, candidates};
 
 pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
@@ -41,6 +42,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
             Default::default()
         }
     };
+    let killswitch = KillSwitch::new(&config.settings.kill_switch_dir);
     // One run per runbook and host: a later alert of the same notification
     // joins the run an earlier one starts (it sees it in `alerts`).
     let mut starting: std::collections::HashMap<(String, String), usize> = Default::default();
@@ -59,7 +61,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
                 candidates(&one, &config)
                     .into_iter()
                     .map(|c| {
-                        let mut o = outcome(c, &config, &ends);
+                        let mut o = outcome(c, &config, &killswitch, &ends);
                         if o["result"] == "would_start" {
                             let key = (
                                 o["runbook"].as_str().unwrap_or("").to_string(),
@@ -124,40 +126,51 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
     0
 }
 
-/// One candidate as `alerts test` reports it.
-fn outcome(c: Candidate, config: &Config, ends: &crate::audit::runs::LastEnds) -> Value {
+/// One candidate as `alerts test` reports it: the kill switch, then the
+/// scheduler's own rule for the (runbook, host) as the audit log leaves it.
+fn outcome(
+    c: Candidate,
+    config: &Config,
+    killswitch: &KillSwitch,
+    ends: &crate::audit::runs::LastEnds,
+) -> Value {
     match c {
         Candidate::NoMatch { why, .. } => json!({ "result": "no_match", "why": why }),
         Candidate::OutOfScope { runbook, why, .. } => {
             json!({ "result": "out_of_scope", "runbook": runbook, "why": why })
         }
         Candidate::Run(req) => {
-            let killswitch = KillSwitch::new(&config.settings.kill_switch_dir);
             if let Err(engaged) = killswitch.check(&req.runbook) {
                 return json!({ "result": "kill_switch", "runbook": req.runbook, "host": req.host, "why": engaged.to_string() });
             }
             let cooldown = config.runbooks.get(&req.runbook).and_then(|r| r.cooldown);
-            if let (Some(cooldown), Some((ended, _))) =
-                (cooldown, ends.get(&(req.runbook.clone(), req.host.clone())))
-            {
-                let ago =
-                    std::time::Duration::try_from(jiff::Timestamp::now().duration_since(*ended))
-                        .unwrap_or_default();
-                if ago < cooldown {
-                    return json!({
-                        "result": "cooldown",
-                        "runbook": req.runbook,
-                        "host": req.host,
-                        "why": format!(
-                            "its last run on {} ended {} ago, within the cooldown of {}",
-                            req.host,
-                            humantime::format_duration(std::time::Duration::from_secs(ago.as_secs())),
-                            humantime::format_duration(cooldown)
-                        ),
+            let refused =
+                ends.get(&(req.runbook.clone(), req.host.clone()))
+                    .and_then(|(ended, keys)| {
+                        Slot::from_log(*ended, keys.clone()).refuses(&req.keys, cooldown)
                     });
+            match refused {
+                None => {
+                    json!({ "result": "would_start", "runbook": req.runbook, "host": req.host })
+                }
+                Some((result, ago)) => {
+                    let ago = humantime::format_duration(std::time::Duration::from_secs(
+                        ago.unwrap_or_default().as_secs(),
+                    ));
+                    let why = match result {
+                        TriggerResult::Deduplicated => format!(
+                            "this alert started the last run on {}, {ago} ago, within the cooldown",
+                            req.host
+                        ),
+                        _ => format!(
+                            "its last run on {} ended {ago} ago, within the cooldown of {}",
+                            req.host,
+                            humantime::format_duration(cooldown.unwrap_or_default())
+                        ),
+                    };
+                    json!({ "result": result.as_str(), "runbook": req.runbook, "host": req.host, "why": why })
                 }
             }
-            json!({ "result": "would_start", "runbook": req.runbook, "host": req.host })
         }
     }
 }

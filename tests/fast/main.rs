@@ -675,7 +675,24 @@ async fn the_captured_notification_starts_the_shipped_example_and_one_run_sees_b
     assert_eq!(measured, ["/", "/var"], "{run:#}");
     d.shutdown().await.unwrap();
 
-    let after = alerts_test(dir.path(), &fixture);
+    // The same notification again is what the webhook deduplicates; a new
+    // alert for the host waits out the cooldown: the scheduler's own rule.
+    let again = alerts_test(dir.path(), &fixture);
+    assert_eq!(
+        again["alerts"][0]["outcomes"][0]["result"], "deduplicated",
+        "{again:#}"
+    );
+    let fresh = dir.path().join("fresh.json");
+    std::fs::write(
+        &fresh,
+        std::fs::read_to_string(&fixture)
+            .unwrap()
+            .replace("d262fe820fddf66b", "0000000000000001")
+            .replace("7723640f18b12a3c", "0000000000000002")
+            .replace("\"groupKey\":\"{}", "\"groupKey\":\"new{}"),
+    )
+    .unwrap();
+    let after = alerts_test(dir.path(), &fresh);
     let first = &after["alerts"][0]["outcomes"][0];
     assert_eq!(first["result"], "cooldown", "{after:#}");
     assert!(
