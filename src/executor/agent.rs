@@ -45,6 +45,63 @@ pub enum AgentReply {
     Refused(String),
 }
 
+/// Why an agent's reply line could not be read.
+pub(super) enum ReplyError {
+    /// The stream ended or failed first (what the OS said).
+    Closed(String),
+    /// No end of line within the cap (the bytes read).
+    TooLong(usize),
+}
+
+/// One reply line from an agent, the runner's side of every transport:
+/// blank lines are not replies, and a line over `cap` bytes is not read on.
+pub(super) async fn read_reply<R>(reader: &mut R, cap: usize) -> Result<Vec<u8>, ReplyError>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::AsyncBufReadExt;
+    let mut reply = Vec::new();
+    loop {
+        let buf = reader
+            .fill_buf()
+            .await
+            .map_err(|e| ReplyError::Closed(e.to_string()))?;
+        if buf.is_empty() {
+            return Err(ReplyError::Closed("the connection closed".into()));
+        }
+        if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            reply.extend_from_slice(&buf[..i]);
+            reader.consume(i + 1);
+            if reply.iter().all(u8::is_ascii_whitespace) {
+                reply.clear();
+                continue;
+            }
+            return Ok(reply);
+        }
+        let n = buf.len();
+        reply.extend_from_slice(buf);
+        reader.consume(n);
+        if reply.len() > cap {
+            return Err(ReplyError::TooLong(reply.len()));
+        }
+    }
+}
+
+impl AgentReply {
+    /// What the run reports for this reply from `host`'s agent: its result,
+    /// or its refusal as a failed call the host refused.
+    pub fn into_result(self, host: &Host) -> ToolResult {
+        match self {
+            AgentReply::Result(r) => r,
+            AgentReply::Refused(why) => ToolResult {
+                data: json!({ "refused_by_host": true, "host": host.name }),
+                failure: Some(crate::tools::Failure::RefusedByHost),
+                ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
+            },
+        }
+    }
+}
+
 /// Serve requests from stdin until EOF, one reply line per request line,
 /// whatever the line holds (an over-long line is skipped to its end and
 /// refused once, so replies never fall out of step). Returns the exit code.

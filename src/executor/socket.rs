@@ -19,9 +19,9 @@
 
 use std::path::Path;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
-use super::agent::{AgentReply, AgentRequest};
+use super::agent::{AgentReply, AgentRequest, ReplyError, read_reply};
 use crate::config::Host;
 use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
 
@@ -51,12 +51,7 @@ pub async fn dispatch(
         Err(broken) => return failure(socket, host, tier, broken),
     };
     match serde_json::from_slice::<AgentReply>(&line) {
-        Ok(AgentReply::Result(r)) => r,
-        Ok(AgentReply::Refused(why)) => ToolResult {
-            data: serde_json::json!({ "refused_by_host": true, "host": host.name }),
-            failure: Some(Failure::RefusedByHost),
-            ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
-        },
+        Ok(reply) => reply.into_result(host),
         Err(e) => failure(
             socket,
             host,
@@ -95,35 +90,14 @@ async fn exchange(
             .await
             .map_err(|e| Broken::AfterSend(e.to_string()))?;
         let mut reader = tokio::io::BufReader::new(read);
-        let mut reply = Vec::new();
-        loop {
-            let buf = reader
-                .fill_buf()
-                .await
-                .map_err(|e| Broken::AfterSend(e.to_string()))?;
-            if buf.is_empty() {
-                return Err(Broken::AfterSend(
-                    "the agent closed the connection without an answer".into(),
-                ));
-            }
-            match buf.iter().position(|b| *b == b'\n') {
-                Some(i) => {
-                    reply.extend_from_slice(&buf[..i]);
-                    return Ok(reply);
+        read_reply(&mut reader, cap).await.map_err(|e| {
+            Broken::AfterSend(match e {
+                ReplyError::Closed(why) => {
+                    format!("the agent ended the connection without an answer ({why})")
                 }
-                None => {
-                    let n = buf.len();
-                    reply.extend_from_slice(buf);
-                    reader.consume(n);
-                    if reply.len() > cap {
-                        return Err(Broken::AfterSend(format!(
-                            "no end of line in {} bytes, cut at the cap",
-                            reply.len()
-                        )));
-                    }
-                }
-            }
-        }
+                ReplyError::TooLong(n) => format!("no end of line in {n} bytes, cut at the cap"),
+            })
+        })
     };
     tokio::time::timeout_at(deadline, io)
         .await

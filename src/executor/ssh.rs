@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::agent::{AgentReply, AgentRequest, STATUS};
+use super::agent::{AgentReply, AgentRequest, ReplyError, STATUS, read_reply};
 use super::process::{self, Argv};
 use crate::config::Host;
 use crate::config::host::Ssh;
@@ -236,12 +236,7 @@ impl Session {
             Ok(line) => {
                 let reply = serde_json::from_slice::<AgentReply>(&line);
                 match reply {
-                    Ok(AgentReply::Result(r)) => r,
-                    Ok(AgentReply::Refused(why)) => ToolResult {
-                        data: json!({ "refused_by_host": true, "host": host.name }),
-                        failure: Some(Failure::RefusedByHost),
-                        ..ToolResult::failed(format!("host {} refused the call: {why}", host.name))
-                    },
+                    Ok(reply) => reply.into_result(host),
                     Err(e) => {
                         if let Some(ch) = channel.take() {
                             ch.kill();
@@ -516,7 +511,7 @@ impl Channel {
         request: &AgentRequest,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, Broken> {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut line = serde_json::to_vec(request).unwrap_or_default();
         line.push(b'\n');
         let cap = crate::tools::OUTPUT_CAP * 2;
@@ -526,29 +521,12 @@ impl Channel {
                 .await
                 .map_err(|_| Broken::Closed)?;
             self.stdin.flush().await.map_err(|_| Broken::Closed)?;
-            let mut reply = Vec::new();
-            loop {
-                let buf = self.stdout.fill_buf().await.map_err(|_| Broken::Closed)?;
-                if buf.is_empty() {
-                    return Err(Broken::Closed);
-                }
-                if let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                    reply.extend_from_slice(&buf[..i]);
-                    self.stdout.consume(i + 1);
-                    // Blank lines are not replies.
-                    if reply.iter().all(u8::is_ascii_whitespace) {
-                        reply.clear();
-                        continue;
-                    }
-                    return Ok(reply);
-                }
-                let n = buf.len();
-                reply.extend_from_slice(buf);
-                self.stdout.consume(n);
-                if reply.len() > cap {
-                    return Err(Broken::TooLong(reply.len()));
-                }
-            }
+            read_reply(&mut self.stdout, cap)
+                .await
+                .map_err(|e| match e {
+                    ReplyError::Closed(_) => Broken::Closed,
+                    ReplyError::TooLong(n) => Broken::TooLong(n),
+                })
         };
         match tokio::time::timeout_at(deadline, io).await {
             Ok(r) => r,
