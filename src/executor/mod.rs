@@ -74,35 +74,8 @@ impl Executor {
         host: &Host,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
-        match self {
-            Executor::Ssh { session, permits } => {
-                let request = match request(permit, run, host, permits) {
-                    Ok(r) => r,
-                    Err(not_sent) => return not_sent,
-                };
-                let started = std::time::Instant::now();
-                let mut result = session
-                    .dispatch(host, &request, permit.action().tier(), deadline)
-                    .await;
-                if result.duration_ms == 0 {
-                    result.duration_ms = started.elapsed().as_millis() as u64;
-                }
-                result
-            }
-            Executor::Agent { socket, permits } => {
-                let request = match request(permit, run, host, permits) {
-                    Ok(r) => r,
-                    Err(not_sent) => return not_sent,
-                };
-                let started = std::time::Instant::now();
-                let mut result =
-                    socket::dispatch(socket, host, &request, permit.action().tier(), deadline)
-                        .await;
-                if result.duration_ms == 0 {
-                    result.duration_ms = started.elapsed().as_millis() as u64;
-                }
-                result
-            }
+        let permits = match self {
+            Executor::Ssh { permits, .. } | Executor::Agent { permits, .. } => permits,
             Executor::Local => {
                 if let Err(e) = std::fs::create_dir_all(&host.jail) {
                     return ToolResult::failed(format!(
@@ -110,9 +83,27 @@ impl Executor {
                         host.jail.display()
                     ));
                 }
-                tools::execute(permit.action(), &Ctx::new(host, deadline)).await
+                return tools::execute(permit.action(), &Ctx::new(host, deadline)).await;
             }
+        };
+        // A host's agent: the same request and signed permit on either transport.
+        let request = match request(permit, run, host, permits) {
+            Ok(r) => r,
+            Err(not_sent) => return not_sent,
+        };
+        let tier = permit.action().tier();
+        let started = std::time::Instant::now();
+        let mut result = match self {
+            Executor::Ssh { session, .. } => session.dispatch(host, &request, tier, deadline).await,
+            Executor::Agent { socket, .. } => {
+                socket::dispatch(socket, host, &request, tier, deadline).await
+            }
+            Executor::Local => return ToolResult::failed("no agent to send the call to"),
+        };
+        if result.duration_ms == 0 {
+            result.duration_ms = started.elapsed().as_millis() as u64;
         }
+        result
     }
 }
 
