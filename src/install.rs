@@ -26,9 +26,15 @@ fn list<I: IntoIterator<Item = String>>(items: I) -> String {
     format!("[{}]", v.join(", "))
 }
 
+/// Where the agent reached over SSH works, and where root's agent on the
+/// daemon's own machine does (its own state directory).
+const SSH_AGENT_JAIL: &str = "/var/lib/runwarden/jail";
+const LOCAL_AGENT_JAIL: &str = "/var/lib/runwarden-agent/jail";
+
 /// The host's allowlists as the agent's policy file (a host file with
-/// `connection: local`), with the runner's public key that signs tier-2 permits.
-pub fn policy(host: &Host, permit_public_key: Option<&str>) -> String {
+/// `connection: local`), with the runner's public key that signs tier-2
+/// permits; `sudo` and `jail` are the agent's own.
+pub fn policy(host: &Host, permit_public_key: Option<&str>, sudo: bool, jail: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -37,8 +43,8 @@ pub fn policy(host: &Host, permit_public_key: Option<&str>) -> String {
     );
     let _ = writeln!(s, "name: {}", host.name);
     let _ = writeln!(s, "connection: local");
-    let _ = writeln!(s, "sudo: {}", host.sudo);
-    let _ = writeln!(s, "jail: /var/lib/runwarden/jail");
+    let _ = writeln!(s, "sudo: {sudo}");
+    let _ = writeln!(s, "jail: {jail}");
     match permit_public_key {
         Some(k) => {
             let _ = writeln!(
@@ -297,14 +303,9 @@ pub fn print(config: &Config, host: &Host) -> String {
         ),
         Connection::Agent(socket) => {
             // Root runs this agent: no account, no sudo.
-            let mut agent_policy = host.clone();
-            agent_policy.sudo = false;
             return format!(
-                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket ({})\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
-                policy(&agent_policy, public.as_deref()).replace(
-                    "jail: /var/lib/runwarden/jail",
-                    "jail: /var/lib/runwarden-agent/jail"
-                ),
+                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
+                policy(host, public.as_deref(), false, LOCAL_AGENT_JAIL),
                 socket.display(),
                 systemd_unit(config)
             );
@@ -312,7 +313,7 @@ pub fn print(config: &Config, host: &Host) -> String {
     };
     format!(
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
-        policy(host, public.as_deref()),
+        policy(host, public.as_deref(), host.sudo, SSH_AGENT_JAIL),
         authorized_keys(&user, &public_key),
         sudoers(host, &user, config.runbooks.values().map(|r| &**r)),
         systemd_unit(config)
