@@ -145,7 +145,7 @@ pub(super) fn unknown_fields<T: serde::de::DeserializeOwned>(
             return;
         };
         let (line, column) = (loc.line() as usize, loc.column() as usize);
-        let keys = unknown_keys(&lines.join("\n"), line, column, &expected);
+        let keys = unknown_keys(&lines, line, column, &expected);
         let report = |n: usize, col: usize, key: &str, diags: &mut Diagnostics| {
             diags.push(Diagnostic {
                 file: file.to_path_buf(),
@@ -203,12 +203,11 @@ pub(super) fn unknown_field_expected(msg: &str) -> Option<(String, Vec<String>)>
 /// mapping is the run of lines indented at least as far, with its keys at
 /// exactly that indentation.
 fn unknown_keys(
-    text: &str,
+    lines: &[String],
     line: usize,
     column: usize,
     expected: &[String],
 ) -> Vec<(usize, usize, String)> {
-    let lines: Vec<&str> = text.lines().collect();
     let indent = column.saturating_sub(1);
     let inside = |l: &str| {
         let t = l.trim_start();
@@ -216,11 +215,11 @@ fn unknown_keys(
     };
     let at = line.saturating_sub(1).min(lines.len().saturating_sub(1));
     let mut first = at;
-    while first > 0 && inside(lines[first - 1]) {
+    while first > 0 && inside(&lines[first - 1]) {
         first -= 1;
     }
     let mut last = at;
-    while last + 1 < lines.len() && inside(lines[last + 1]) {
+    while last + 1 < lines.len() && inside(&lines[last + 1]) {
         last += 1;
     }
     let mut found = Vec::new();
