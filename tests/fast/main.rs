@@ -126,6 +126,18 @@ async fn post_alerts(d: &Daemon, body: &Value) -> (u16, Value) {
     (status, json_of(r).await)
 }
 
+/// Post `body`, which must start a run (its first alert's), and wait for that
+/// run's verdict.
+async fn run_to_its_verdict(d: &Daemon, body: &Value) -> Value {
+    let (status, answer) = post_alerts(d, body).await;
+    assert_eq!(status, 200, "{answer}");
+    let run_id = answer["outcomes"][0]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no run started: {answer}"))
+        .to_string();
+    verdict_of(d, &run_id).await
+}
+
 /// Poll the run history until `run_id` has a verdict.
 async fn verdict_of(d: &Daemon, run_id: &str) -> Value {
     for _ in 0..200 {
@@ -380,10 +392,7 @@ async fn a_log_torn_by_a_killed_writer_is_set_aside_and_the_next_daemon_starts()
     config(dir.path());
     let audit = dir.path().join("state/audit.jsonl");
     let d = Daemon::start(dir.path()).await;
-    let (status, body) = post_alerts(&d, &notification()).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
-    verdict_of(&d, &first).await;
+    run_to_its_verdict(&d, &notification()).await;
     d.shutdown().await.unwrap();
     let whole = std::fs::read(&audit).unwrap();
     let fragment = tear(&audit);
@@ -401,10 +410,7 @@ async fn a_log_torn_by_a_killed_writer_is_set_aside_and_the_next_daemon_starts()
         String::from_utf8_lossy(&aside)
     );
     // The chain goes on: a run for another host appends to it.
-    let (status, body) = post_alerts(&d, &for_web_02()).await;
-    assert_eq!(status, 200, "{body}");
-    let second = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
-    assert_eq!(verdict_of(&d, &second).await["status"], "ok");
+    assert_eq!(run_to_its_verdict(&d, &for_web_02()).await["status"], "ok");
     d.shutdown().await.unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
         .args(["audit", "verify", "--config"])
@@ -429,10 +435,7 @@ async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
     config(dir.path());
     let audit = dir.path().join("state/audit.jsonl");
     let d = Daemon::start(dir.path()).await;
-    let (status, body) = post_alerts(&d, &notification()).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
-    verdict_of(&d, &first).await;
+    run_to_its_verdict(&d, &notification()).await;
     let fragment = tear(&audit);
 
     // Another host's alert: no cooldown or dedupe stands in its way.
