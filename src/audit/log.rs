@@ -260,18 +260,17 @@ fn mend(file: &File, path: &Path) -> std::io::Result<(String, u64)> {
     }
     let len = file.metadata()?.len();
     let cut = last_newline(file, len)?.map_or(0, |i| i + 1);
-    let mut fragment = Vec::new();
-    let mut f = file.try_clone()?;
-    f.seek(SeekFrom::Start(cut))?;
-    f.take(len - cut).read_to_end(&mut fragment)?;
-    fragment.push(b'\n');
     let aside = torn_path(path);
     let mut out = OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o640)
         .open(&aside)?;
-    out.write_all(&fragment)?;
+    // Streamed, not held: whatever its size, the fragment is kept whole.
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(cut))?;
+    std::io::copy(&mut f.take(len - cut), &mut out)?;
+    out.write_all(b"\n")?;
     out.sync_data()?;
     file.set_len(cut)?;
     file.sync_data()?;
