@@ -83,7 +83,7 @@ pub fn render(lines: &[Entry]) -> String {
                     let _ = writeln!(out, "   error: {err}");
                 }
                 if let Some(said) =
-                    crate::report::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
+                    crate::tools::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
                 {
                     let _ = writeln!(out, "   said: {said}");
                 }

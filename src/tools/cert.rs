@@ -146,3 +146,15 @@ pub async fn renew(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     }
     result
 }
+
+/// What a `cert_expiry` result said, in a person's words.
+pub(super) fn said(data: &Value) -> String {
+    let s = |k: &str| data[k].as_str().unwrap_or("?").to_string();
+    format!(
+        "{} expires {} ({} day(s) left), subject {}",
+        s("name"),
+        s("not_after"),
+        data["days_left"],
+        s("subject")
+    )
+}

@@ -167,6 +167,43 @@ pub fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool) {
     (list, cut)
 }
 
+/// What a `disk_usage` result said, in a person's words.
+pub(super) fn said(data: &Value) -> String {
+    let bytes = |k: &str| data[k].as_u64().map_or("?".into(), super::human_bytes);
+    let mut t = format!(
+        "{}% used of {} ({} free) on {} {} mounted at {}",
+        data["use_pct"],
+        bytes("size_bytes"),
+        bytes("avail_bytes"),
+        data["fstype"].as_str().unwrap_or("?"),
+        data["filesystem"].as_str().unwrap_or("?"),
+        data["mount_point"].as_str().unwrap_or("?")
+    );
+    if data["partial"] == true {
+        t += &format!(
+            "; PARTIAL: {}",
+            data["partial_reason"].as_str().unwrap_or("?")
+        );
+    } else if let Some(top) = data["largest"].as_array().filter(|l| !l.is_empty()) {
+        let shown: Vec<String> = top
+            .iter()
+            .take(3)
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["path"].as_str().unwrap_or("?"),
+                    e["bytes"]
+                        .as_u64()
+                        .map(super::human_bytes)
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        t += &format!("; largest: {}", shown.join(", "));
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

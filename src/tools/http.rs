@@ -69,3 +69,21 @@ pub async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value 
         }),
     }
 }
+
+/// What an `http_check` result said, in a person's words.
+pub(super) fn said(data: &serde_json::Value) -> String {
+    format!(
+        "{} {} in {} ms{}",
+        if data["healthy"] == true {
+            "healthy"
+        } else {
+            "UNHEALTHY"
+        },
+        data["status"],
+        data["latency_ms"],
+        data["error"]
+            .as_str()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    )
+}

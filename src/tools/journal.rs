@@ -91,6 +91,16 @@ fn message(v: &Value) -> (String, bool) {
     }
 }
 
+/// What a `read_journal` result said, in a person's words.
+pub(super) fn said(data: &Value) -> String {
+    let lines = data["lines"].as_array();
+    let newest = lines
+        .and_then(|l| l.last())
+        .and_then(|l| l["message"].as_str())
+        .unwrap_or("");
+    format!("{} line(s); newest: {newest}", lines.map_or(0, Vec::len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

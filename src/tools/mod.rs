@@ -30,6 +30,8 @@ mod service;
 
 use std::time::Instant;
 
+use serde_json::Value;
+
 pub use action::{Action, PathMode, privileged_commands, resolve};
 pub use allowlists::allowed_path;
 pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged, unprivileged};
@@ -68,6 +70,53 @@ pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
         result.verified = Some(false);
     }
     result
+}
+
+/// What a result of `tool` said, in the words a person reads it in: the
+/// fields that matter for that tool on one line (the whole result is in
+/// `--json` and the audit log); a change says its own evidence. `None` for a
+/// result without data. Escaped for a terminal.
+pub fn said(tool: &str, data: &Value) -> Option<String> {
+    if data.is_null() || data.as_object().is_some_and(|o| o.is_empty()) {
+        return None;
+    }
+    let text = match ToolId::from_name(tool) {
+        Some(ToolId::DiskUsage) => disk::said(data),
+        Some(ToolId::ServiceStatus) => service::said(data),
+        Some(ToolId::ListProcesses) => process::said(data),
+        Some(ToolId::CertExpiry) => cert::said(data),
+        Some(ToolId::HttpCheck) => http::said(data),
+        Some(ToolId::ReadJournal) => journal::said(data),
+        _ => match data["evidence"].as_str() {
+            Some(evidence) => evidence.to_string(),
+            None => {
+                let text = serde_json::to_string(data).unwrap_or_default();
+                let cut: String = text.chars().take(300).collect();
+                if cut.len() < text.len() {
+                    format!("{cut} …")
+                } else {
+                    cut
+                }
+            }
+        },
+    };
+    Some(crate::text::printable(&text))
+}
+
+/// Bytes as a person reads them (binary units, one decimal).
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,29 @@ pub fn parse(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What a `list_processes` result said, in a person's words.
+pub(super) fn said(data: &Value) -> String {
+    let top: Vec<String> = data["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(3)
+        .map(|p| {
+            format!(
+                "{} (pid {}, {}% cpu, {})",
+                p["command"].as_str().unwrap_or("?"),
+                p["pid"],
+                p["cpu_pct"],
+                p["rss_kb"]
+                    .as_u64()
+                    .map(|k| super::human_bytes(k * 1024))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    format!("{} processes; top: {}", data["total"], top.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

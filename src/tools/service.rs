@@ -181,6 +181,21 @@ async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
     result
 }
 
+/// What a `service_status` result said, in a person's words.
+pub(super) fn said(data: &Value) -> String {
+    let s = |k: &str| data[k].as_str().unwrap_or("?").to_string();
+    format!(
+        "{} {}/{} (load {}), main pid {}, {} restart(s), result {}",
+        s("unit"),
+        s("active_state"),
+        s("sub_state"),
+        s("load_state"),
+        data["main_pid"],
+        data["n_restarts"],
+        s("result")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
