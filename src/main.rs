@@ -53,6 +53,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let code = runtime.block_on(runwarden::cli::main(cli));
+    let code = match cli.is_daemon() {
+        true => runtime.block_on(runwarden::cli::main(cli)),
+        // One command, one run at a time: its tools are waited on here.
+        false => runwarden::executor::process::on_own_thread(|| {
+            runtime.block_on(runwarden::cli::main(cli))
+        }),
+    };
     std::process::exit(code);
 }

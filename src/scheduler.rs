@@ -353,14 +353,17 @@ impl Scheduler {
             // its own, so the webhook and /metrics never wait behind it.
             let runtime = tokio::runtime::Handle::current();
             let (run_req, id) = (req.clone(), run_id.clone());
-            let outcome =
-                tokio::task::spawn_blocking(move || runtime.block_on(runner.run_as(&run_req, id)))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(crate::run::StartError::Unreachable(format!(
-                            "the run's thread failed: {e}"
-                        )))
-                    });
+            let outcome = tokio::task::spawn_blocking(move || {
+                crate::executor::process::on_own_thread(|| {
+                    runtime.block_on(runner.run_as(&run_req, id))
+                })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::run::StartError::Unreachable(format!(
+                    "the run's thread failed: {e}"
+                )))
+            });
             // The slot first: once the metrics say the run ended, a new
             // trigger for this runbook and host can start.
             {

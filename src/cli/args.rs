@@ -43,6 +43,12 @@ impl Cli {
             .or_else(|| std::env::var("RUNWARDEN_LOG").ok())
             .unwrap_or_else(|| default.to_string())
     }
+
+    /// Whether the command is the daemon, whose main thread must never wait
+    /// on a tool (its runs have threads of their own).
+    pub fn is_daemon(&self) -> bool {
+        matches!(self.command, Command::Serve { .. })
+    }
 }
 
 #[derive(Debug, Subcommand)]

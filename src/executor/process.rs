@@ -15,11 +15,14 @@
 //!   child) and kept up to a cap; the rest is drained and dropped, and the
 //!   result says `truncated`.
 //!
-//! One blocking thread per call watches both pipes and a pidfd of the child
-//! with `poll(2)`: no task hand-offs or epoll registrations per spawn, which
-//! keeps the runner's own cost per call near that of a bare spawn.
+//! One thread watches both pipes and a pidfd of the child with `poll(2)`:
+//! no epoll registrations per spawn. On a run's own thread (see
+//! [`on_own_thread`]) that is the run's thread itself, with no hand-off at
+//! all; otherwise a thread of the blocking pool. Escapees are swept once
+//! per call, when its last process has ended (`tools::execute`). This keeps
+//! the runner's own cost per call near that of a bare spawn.
 //!
-//! Why one file of about 610 lines: the spawn, the wait, the kill of the
+//! Why one file of about 650 lines: the spawn, the wait, the kill of the
 //! process group and the sweep of escapees are one lifecycle; a third of the
 //! file is its unit tests.
 
@@ -195,6 +198,13 @@ pub(crate) async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, S
     if Instant::now() >= limits.deadline {
         return Err(SpawnError::NoTimeLeft(argv.program.display().to_string()));
     }
+    let multi_thread = || {
+        tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    };
+    if OWN_THREAD.get() && multi_thread() {
+        return tokio::task::block_in_place(|| run_blocking(argv, limits));
+    }
     let (argv, limits) = (argv.clone(), limits.clone());
     let program = argv.program.display().to_string();
     tokio::task::spawn_blocking(move || run_blocking(&argv, &limits))
@@ -205,6 +215,29 @@ pub(crate) async fn run(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, S
                 source: std::io::Error::other(e),
             })
         })
+}
+
+thread_local! {
+    static OWN_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` (a runtime's `block_on`) with this thread marked as a run's
+/// own: the tools it starts are waited on right here, which saves the two
+/// thread hand-offs per process a wait in the blocking pool costs, the
+/// largest share of a call's cost after the spawn and the audit fsync.
+/// Only for a thread nothing else needs while a tool runs: the daemon's
+/// thread per run, the command line's main thread (not `serve`'s). On a
+/// current-thread runtime nothing can block, so there the mark is ignored.
+pub fn on_own_thread<R>(f: impl FnOnce() -> R) -> R {
+    let before = OWN_THREAD.replace(true);
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OWN_THREAD.set(self.0);
+        }
+    }
+    let _restore = Restore(before);
+    f()
 }
 
 /// Niceness of tool processes (and the threads that wait on them): remediation
@@ -355,7 +388,6 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         signal_group(Some(group), Signal::SIGKILL);
         child.wait().ok()
     };
-    escapees::sweep();
     let mut out = ProcessOutput {
         pid: child.id(),
         timed_out,
@@ -593,10 +625,16 @@ pub mod escapees {
             return 0;
         };
         let mut killed = 0;
+        let mut children = String::new();
         for task in tasks.flatten() {
-            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+            use std::io::Read;
+            children.clear();
+            // Read as it comes: a procfs file has no size to ask for first.
+            let read = std::fs::File::open(task.path().join("children"))
+                .and_then(|mut f| f.read_to_string(&mut children));
+            if read.is_err() {
                 continue;
-            };
+            }
             for pid in children
                 .split_whitespace()
                 .filter_map(|p| p.parse::<u32>().ok())

@@ -64,6 +64,9 @@ pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
         Resolved::RecycleWorkerPool { pool, .. } => pool::recycle(ctx, pool).await,
         Resolved::RenewCertificate { name, .. } => cert::renew(ctx, name).await,
     };
+    // Whatever left its process group and outlived the call's processes
+    // dies with the call.
+    crate::executor::process::escapees::sweep();
     result.duration_ms = started.elapsed().as_millis() as u64;
     result.argv = ctx.take_argv();
     if action.tier() == Tier::Change && result.verified.is_none() {
