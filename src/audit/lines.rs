@@ -121,20 +121,34 @@ pub struct RunEnd {
     pub suggestions: Vec<String>,
 }
 
-/// Why the host agent refused a request before any gate-like check could
-/// name a [`crate::gate::DenyReason`].
-#[derive(Debug, Clone, Copy)]
+/// Why the host agent refused a request, as its audit line names it
+/// (`detail.reason`). A permit that fails or comes back a second time is
+/// worth a look of its own: the runner never sends either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostRefusal {
-    /// The host's own policy (allowlists, permit) refused the call.
+    /// The host's own policy refused the call: no such tool, or arguments
+    /// its allowlists do not allow.
     HostPolicy,
+    /// A tier-2 call without a permit this host accepts: none, signed by
+    /// another key, for another call, expired, or the policy takes none.
+    PermitInvalid,
+    /// The permit was already spent on an earlier call.
+    PermitReused,
+    /// The host's audit log could not be read to tell whether the permit
+    /// was spent, so it is not taken.
+    AuditUnreadable,
     /// The line was not a request at all.
     MalformedRequest,
 }
 
 impl HostRefusal {
-    fn as_str(self) -> &'static str {
+    /// The reason as the audit line spells it.
+    pub fn as_str(self) -> &'static str {
         match self {
             HostRefusal::HostPolicy => "host_policy",
+            HostRefusal::PermitInvalid => "permit_invalid",
+            HostRefusal::PermitReused => "permit_reused",
+            HostRefusal::AuditUnreadable => "audit_unreadable",
             HostRefusal::MalformedRequest => "malformed_request",
         }
     }

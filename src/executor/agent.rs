@@ -189,10 +189,11 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> AgentReply {
     };
     let permit = match crate::gate::host::check(policy, &call, || used_before(audit, &req)) {
         Ok(p) => p,
-        Err(why) => {
+        Err(refusal) => {
             let tool = Some(req.tool.as_str());
-            let _ = audit.refused(&info, Some(req.step), tool, HostRefusal::HostPolicy, &why);
-            return AgentReply::Refused(why);
+            let why = refusal.to_string();
+            let written = audit.refused(&info, Some(req.step), tool, refusal.reason(), &why);
+            return AgentReply::Refused(unrecorded(why, written));
         }
     };
     let ticket = match audit.intent(&info, permit) {
@@ -265,8 +266,17 @@ fn unparsed(policy: &Host, audit: &AuditLog, why: String) -> AgentReply {
         model: None,
         prompt: None,
     };
-    let _ = audit.refused(&info, None, None, HostRefusal::MalformedRequest, &why);
-    AgentReply::Refused(why)
+    let written = audit.refused(&info, None, None, HostRefusal::MalformedRequest, &why);
+    AgentReply::Refused(unrecorded(why, written))
+}
+
+/// A refusal stands whether or not its line was written (nothing ran); the
+/// runner is told when the host's record of it is missing.
+fn unrecorded(why: String, written: Result<(), crate::audit::AuditError>) -> String {
+    match written {
+        Ok(()) => why,
+        Err(e) => format!("{why}; the host's audit log did not record this refusal: {e}"),
+    }
 }
 
 /// The recorded state of one call, as the status answer carries it

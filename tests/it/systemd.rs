@@ -907,6 +907,25 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
         pid_before,
         "the signed call ran"
     );
+    // The host's record names each kind: four bad permits, one reused.
+    let host_audit = h2.setup_ok("cat /var/lib/runwarden/agent-audit.jsonl");
+    let reasons: Vec<String> = host_audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| ["x1", "x2", "x3", "x4", "x5"].contains(&l["run_id"].as_str().unwrap_or("")))
+        .filter_map(|l| l["detail"]["reason"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "permit_invalid",
+            "permit_invalid",
+            "permit_invalid",
+            "permit_invalid",
+            "permit_reused"
+        ],
+        "{host_audit}"
+    );
 
     for (h, _) in &hosts {
         h.setup_ok("/usr/local/bin/runwarden audit verify /var/lib/runwarden/agent-audit.jsonl");
