@@ -27,7 +27,9 @@ use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 use crate::trigger::cron;
 
+/// What `runwarden serve` was told on its command line.
 pub struct ServeOptions {
+    /// The configuration directory.
     pub config_dir: PathBuf,
     /// Overrides `listen` from runwarden.yaml.
     pub listen: Option<SocketAddr>,

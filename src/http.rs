@@ -16,7 +16,7 @@
 //! will never accept, and 5xx only when it could not record the triggers, so
 //! that Alertmanager retries.
 //!
-//! Why one file of about 630 lines: the accept loop's limits, the request
+//! Why one file of about 650 lines: the accept loop's limits, the request
 //! guard and the handlers are the whole HTTP surface, and reading them
 //! together is how the surface is reviewed.
 
@@ -41,11 +41,16 @@ use crate::trigger::alerts::{Candidate, Notification, candidates};
 /// Largest webhook body accepted.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
+    /// The configuration in force (replaced on reload).
     pub config: watch::Receiver<Arc<Config>>,
+    /// Where triggers go.
     pub scheduler: Arc<Scheduler>,
+    /// The metrics `/metrics` serves.
     pub metrics: Arc<Metrics>,
+    /// The audit log the runs API reads.
     pub audit: Arc<AuditLog>,
     /// The bearer token the API requires, if one is configured (re-read on SIGHUP).
     pub token: Arc<std::sync::RwLock<Option<Vec<u8>>>>,
@@ -128,6 +133,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// Every route: the webhook, the runs and approvals API, `/metrics` and `/healthz`.
 pub fn router(state: AppState) -> Router {
     let guarded = state.clone();
     Router::new()

@@ -147,7 +147,7 @@ pub fn policy(host: &Host, permit_public_key: Option<&str>, sudo: bool, jail: &s
 /// tools build it: for each runbook that names the host and may run tier-2
 /// calls (L2 after a person's approval, L3 on its own; L1 only proposes),
 /// each tier-2 tool it approves, on the targets it can ask for (see
-/// [`asked_targets`]).
+/// `asked_targets`).
 pub fn mutating_commands<'a>(
     host: &Host,
     runbooks: impl IntoIterator<Item = &'a Runbook>,
@@ -247,6 +247,9 @@ pub fn sudoers<'a>(
     s
 }
 
+/// The `authorized_keys` line for the runner's key (the agent as forced
+/// command, `restrict`: no forwarding, no terminal), with the commands
+/// that make the account.
 pub fn authorized_keys(user: &str, public_key: &str) -> String {
     format!(
         "# The account: a real shell (sshd runs the forced command through it), unlocked, and in\n# systemd-journal for read_journal:\n#   useradd --create-home --shell /bin/sh --groups systemd-journal {user} && usermod --password '*' {user}\n#   install -d -o {user} -m 0700 /var/lib/runwarden\ncommand=\"{AGENT_PATH} agent --stdio\",restrict {}\n",

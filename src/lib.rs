@@ -50,6 +50,7 @@
 //! ([`gate::host::check`]) and takes the same path. Spawning a process is
 //! crate-private.
 
+#![warn(missing_docs)]
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 

@@ -16,24 +16,42 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// runwarden's Prometheus metrics, one field per family; the help text of
+/// each is in [`Metrics::new`]. Label values come from the config and the
+/// registry, never from what a run read.
 pub struct Metrics {
     registry: Registry,
+    /// `runwarden_runs_started_total`.
     pub runs_started: IntCounterVec,
+    /// `runwarden_runs_finished_total`.
     pub runs_finished: IntCounterVec,
+    /// `runwarden_run_duration_seconds`.
     pub run_duration: HistogramVec,
+    /// `runwarden_runs_in_flight`.
     pub runs_in_flight: IntGauge,
+    /// `runwarden_tool_calls_total`.
     pub tool_calls: IntCounterVec,
+    /// `runwarden_gate_denials_total`.
     pub gate_denials: IntCounterVec,
+    /// `runwarden_budget_exhausted_total`.
     pub budget_exhausted: IntCounterVec,
+    /// `runwarden_kill_switch_engaged`.
     pub kill_switch_engaged: IntGaugeVec,
+    /// `runwarden_alerts_received_total`.
     pub alerts_received: IntCounterVec,
+    /// `runwarden_alert_triggers_total`.
     pub alert_triggers: IntCounterVec,
+    /// `runwarden_audit_write_failures_total`.
     pub audit_write_failures: IntCounter,
     /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
     pub audit_heads: IntCounterVec,
+    /// `runwarden_config_reloads_total`.
     pub config_reloads: IntCounterVec,
+    /// `runwarden_config_last_reload_successful`.
     pub config_last_reload_successful: IntGauge,
+    /// `runwarden_schedule_next_run_timestamp_seconds`.
     pub schedule_next: GaugeVec,
+    /// `runwarden_schedule_last_run_timestamp_seconds`.
     pub schedule_last: GaugeVec,
     /// When a run of each runbook last ended with each verdict: the
     /// dashboard's "recent runs" (one series per runbook and verdict).
@@ -42,13 +60,21 @@ pub struct Metrics {
     pub kill_switch_since: GaugeVec,
     /// How long the oldest pending approval request has waited, 0 when none.
     pub approval_oldest_pending: prometheus::Gauge,
+    /// `runwarden_build_info`.
     pub build_info: IntGaugeVec,
+    /// `runwarden_approvals_total`.
     pub approvals: IntCounterVec,
+    /// `runwarden_approvals_pending`.
     pub approvals_pending: IntGauge,
+    /// `runwarden_approval_wait_seconds`.
     pub approval_wait: prometheus::Histogram,
+    /// `runwarden_model_requests_total`.
     pub model_requests: IntCounterVec,
+    /// `runwarden_model_request_duration_seconds`.
     pub model_request_duration: prometheus::Histogram,
+    /// `runwarden_model_tokens_total`.
     pub model_tokens: IntCounterVec,
+    /// `runwarden_host_transport_errors_total`.
     pub transport_errors: IntCounterVec,
 }
 
@@ -75,6 +101,7 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> prometh
 }
 
 impl Metrics {
+    /// Every family, registered in `registry`.
     pub fn new(registry: Registry) -> Metrics {
         let r = &registry;
         let run_duration = HistogramVec::new(

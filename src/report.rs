@@ -11,24 +11,34 @@ use crate::trigger::Trigger;
 /// One line of the report: what was asked, what the gate said, what happened.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepReport {
+    /// The step's number in the run (1-based).
     pub step: u32,
+    /// Its id (`steps.ID` in templates).
     pub id: String,
     /// `ok`, `error`, `timeout`, `denied`, `proposed`, `dry_run`, `skipped`, `suggested`.
     pub status: String,
+    /// The tool proposed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// Its tier, when the tool exists.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<u8>,
+    /// The arguments (bounded).
     #[serde(skip_serializing_if = "Value::is_null")]
     pub args: Value,
+    /// Who allowed the call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+    /// A tier-2 call's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why it was denied, proposed, skipped, or what it suggests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The commands it ran or would run, program first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub argv: Option<Vec<Vec<String>>>,
+    /// What the tool reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<ToolResult>,
 }
@@ -51,22 +61,35 @@ impl StepReport {
     }
 }
 
+/// What one run came to: the report `run` prints and the API serves.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// The run's id (a UUIDv7).
     pub run_id: String,
+    /// The runbook.
     pub runbook: String,
+    /// sha256 of the runbook file it ran.
     pub runbook_version: String,
+    /// The host.
     pub host: String,
+    /// `L1`, `L2` or `L3`.
     pub autonomy: &'static str,
+    /// `steps` or `model`.
     pub planner: &'static str,
     /// The model that planned the run, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// What started it.
     pub trigger: Trigger,
+    /// Whether tier-2 calls were only shown.
     pub dry_run: bool,
+    /// When it started (RFC 3339).
     pub started_at: String,
+    /// How long it took.
     pub duration_ms: u64,
+    /// Each step, in order.
     pub steps: Vec<StepReport>,
+    /// Tier-3 commands for a person to run.
     pub suggestions: Vec<String>,
     /// The model's final answer (model-planned runs).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,8 +97,11 @@ pub struct RunReport {
     /// Requests the model answered.
     #[serde(skip_serializing_if = "is_zero")]
     pub model_turns: u32,
+    /// Tier-2 calls made.
     pub mutations: u32,
+    /// The one verdict.
     pub verdict: Verdict,
+    /// Why that verdict.
     pub verdict_detail: String,
 }
 

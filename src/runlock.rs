@@ -25,6 +25,7 @@ pub struct RunLock {
 /// The lock is held by another run.
 #[derive(Debug)]
 pub struct Busy {
+    /// The lock file.
     pub path: PathBuf,
     /// What the holder wrote: its run id, pid and since when.
     pub holder: String,

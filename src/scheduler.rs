@@ -6,7 +6,7 @@
 //! recorded outcome, so the webhook can answer only once every alert has
 //! one; the run itself continues in its own task.
 //!
-//! About a sixth of its 500 lines are its unit tests (paused time).
+//! About a sixth of its 570 lines are its unit tests (paused time).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -27,15 +27,22 @@ use crate::run::{RunReport, RunRequest, Runner, Verdict};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TriggerResult {
+    /// A run was started.
     Started,
+    /// A run for the same alert or group is queued or running.
     Deduplicated,
+    /// The runbook ran on the host too recently.
     Cooldown,
+    /// The alert names a host the runbook may not touch.
     OutOfScope,
+    /// The kill switch is engaged.
     KillSwitch,
+    /// No runbook matched the alert.
     NoMatch,
 }
 
 impl TriggerResult {
+    /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             TriggerResult::Started => "started",
@@ -139,16 +146,21 @@ impl Reports {
             .contains(run_id)
     }
 
+    /// A kept report of run `run_id`.
     pub fn get(&self, run_id: &str) -> Option<RunReport> {
         let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
         reports.iter().find(|r| r.run_id == run_id).cloned()
     }
 }
 
+/// What becomes of each trigger: the kill switch, one run per runbook and
+/// host, cooldown, dedupe, the concurrency limit; then the run, on a thread
+/// of its own.
 pub struct Scheduler {
     config: watch::Receiver<Arc<Config>>,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
+    /// Reports of recent runs, for the API.
     pub reports: Arc<Reports>,
     slots: Mutex<HashMap<(String, String), Slot>>,
     /// The global limit on runs in flight, and the limit it holds now
@@ -166,6 +178,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// A scheduler for the configuration in `config`, writing to `audit`.
     pub fn new(
         config: watch::Receiver<Arc<Config>>,
         audit: Arc<AuditLog>,

@@ -27,7 +27,9 @@ const JOURNALCTL: &str = "/usr/bin/journalctl";
 /// One recorded head: the log had `lines` lines and the last one hashed to `hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
+    /// How many lines the log had.
     pub lines: u64,
+    /// The last line's sha256, in hex.
     pub hash: String,
 }
 

@@ -16,12 +16,19 @@ use crate::trigger::Trigger;
 /// What every line of one run carries.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunInfo {
+    /// The run's id.
     pub run_id: String,
+    /// The runbook.
     pub runbook: String,
+    /// sha256 of the runbook file.
     pub runbook_version: String,
+    /// The host.
     pub host: String,
+    /// `steps`, `model`, or `agent`.
     pub planner: String,
+    /// The model, for model-planned runs.
     pub model: Option<String>,
+    /// The system prompt's version and hash.
     pub prompt: Option<String>,
 }
 
@@ -75,6 +82,7 @@ pub struct AuditTicket {
 }
 
 impl AuditTicket {
+    /// The step the call is.
     pub fn step(&self) -> u32 {
         self.permit.step()
     }
@@ -105,7 +113,9 @@ pub struct Dispatched {
 
 /// An accepted trigger, recorded before its run can start.
 pub struct Queued<'a> {
+    /// The run, as its lines will name it.
     pub run: RunInfo,
+    /// What started it.
     pub trigger: Trigger,
     /// Its deduplication keys (read back at start-up).
     pub keys: &'a [String],
@@ -114,10 +124,15 @@ pub struct Queued<'a> {
 /// How a run ended, beyond its verdict: what its verdict line tallies.
 #[derive(Debug, Default)]
 pub struct RunEnd {
+    /// How long the run took.
     pub duration_ms: u64,
+    /// The model's final answer.
     pub final_answer: Option<String>,
+    /// Calls proposed.
     pub steps: u32,
+    /// Tier-2 calls made.
     pub mutations: u32,
+    /// Tier-3 commands suggested.
     pub suggestions: Vec<String>,
 }
 

@@ -24,13 +24,17 @@ use sha2::{Digest, Sha256};
 
 use super::{Entry, GENESIS, head};
 
+/// Why a line could not be written or the log not opened.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     #[error(
         "audit log {path}: {source} (no call runs without its audit line; fix the file or its filesystem)"
     )]
+    /// The file or its filesystem failed.
     Io {
+        /// The log.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
 }
@@ -51,6 +55,8 @@ struct Tail {
     lines: u64,
 }
 
+/// The append-only, hash-chained log, shared by every run of this process
+/// and, under `flock`, with other processes writing the same file.
 pub struct AuditLog {
     path: PathBuf,
     head: Mutex<Tail>,
@@ -98,6 +104,7 @@ impl AuditLog {
         })
     }
 
+    /// The log's file.
     pub fn path(&self) -> &Path {
         &self.path
     }

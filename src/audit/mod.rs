@@ -50,56 +50,82 @@ use crate::gate::{ApprovedBy, DenyReason};
 /// `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
+/// What a line records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// The daemon accepted a trigger: the run exists before it starts.
     Queued,
+    /// A run started: its trigger, autonomy and process.
     Start,
+    /// A permitted call, written and synced before it runs.
     Intent,
+    /// What the call returned.
     Result,
+    /// The gate (or the host's agent) refused a call.
     Denied,
+    /// L1: a tier-2 call recorded for a person, never run.
     Proposal,
     /// L2: the call waits for a person's decision.
     Pending,
+    /// A dry run's tier-2 call: the argv it would run.
     DryRun,
+    /// A tier-3 command for a person to run.
     Suggestion,
     /// The model planner's request and the model's answer.
     Model,
+    /// The run's one verdict.
     Verdict,
 }
 
 /// One line of the log.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Entry {
+    /// When it was written (RFC 3339, UTC).
     pub ts: String,
+    /// The run it belongs to.
     pub run_id: String,
+    /// The step, for lines about one call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// What the line records.
     pub phase: Option<Phase>,
+    /// The runbook.
     pub runbook: String,
+    /// sha256 of the runbook file.
     pub runbook_version: String,
+    /// The host.
     pub host: String,
+    /// The tool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// The call's arguments (bounded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
+    /// The tool's tier.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<u8>,
+    /// Who allowed the call (`auto`, `standing:RUNBOOK`, `person:NAME`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+    /// A tier-2 call's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How the call or run ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// The last process's exit status.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// How long the call or run took.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// `steps`, `model`, or `agent` (a host's own log).
     pub planner: String,
     /// Model-planned runs: the model's name and the system prompt's version and hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The system prompt's version and hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
     /// Phase-specific detail: the parsed result, the denial, the argv of a dry run, the verdict.

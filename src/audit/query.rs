@@ -52,7 +52,9 @@ pub(super) fn boot_id() -> Option<String> {
 /// person reads before raising its autonomy (L1 -> L2 -> L3).
 #[derive(Debug, Default)]
 pub struct Promotion {
+    /// Runs in the window.
     pub runs: usize,
+    /// How many ended with each verdict.
     pub verdicts: std::collections::BTreeMap<String, usize>,
     /// tool -> (proposed, approved by a person, denied by a person, expired, run under standing approval)
     pub tools: std::collections::BTreeMap<String, [usize; 5]>,
@@ -113,6 +115,7 @@ impl std::fmt::Display for Promotion {
     }
 }
 
+/// What the log at `path` says about `runbook` since `since`.
 pub fn promotion(path: &Path, runbook: &str, since: jiff::Timestamp) -> std::io::Result<Promotion> {
     let mut p = Promotion::default();
     let reader = match File::open(path) {

@@ -19,16 +19,22 @@ use super::{Entry, Phase, process_alive};
 /// One run as the history shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RunSummary {
+    /// The run's id.
     pub run_id: String,
+    /// The runbook.
     pub runbook: String,
+    /// The host.
     pub host: String,
     /// `schedule`, `alert`, `cli`, or `unknown`.
     pub trigger: String,
+    /// When it started (or was queued).
     pub started_at: String,
     /// `queued`, `running`, `interrupted`, or the verdict.
     pub status: String,
+    /// When its verdict was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
+    /// Why that verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -36,10 +42,13 @@ pub struct RunSummary {
 /// Which runs to list.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
+    /// Only this runbook's runs.
     pub runbook: Option<String>,
+    /// Only runs on this host.
     pub host: Option<String>,
     /// A status: a verdict, `running`, `queued` or `interrupted`.
     pub status: Option<String>,
+    /// Only runs started since then.
     pub since: Option<jiff::Timestamp>,
     /// The newest this many.
     pub limit: Option<usize>,

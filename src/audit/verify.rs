@@ -14,6 +14,7 @@ use super::{GENESIS, head};
 /// What `audit verify` found.
 #[derive(Debug)]
 pub struct Verification {
+    /// Lines checked.
     pub lines: usize,
     /// The hash of the last line (what `--head` pins).
     pub head: String,

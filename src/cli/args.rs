@@ -12,8 +12,10 @@ use crate::planner::PlannerChoice;
     version,
     about = "Runbook-scoped remediation runner: narrow typed tools, one gate, a hash-chained audit log"
 )]
+/// The command line, parsed by clap; the binary hands it to [`super::main`].
 pub struct Cli {
     #[command(subcommand)]
+    /// What to do.
     pub command: Command,
     /// Log level or filter (`info`, `debug`, `runwarden=debug`); overrides
     /// RUNWARDEN_LOG. Default: `info` for serve, `warn` for other commands.
@@ -27,7 +29,9 @@ pub struct Cli {
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
+    /// Plain lines, coloured on a terminal.
     Text,
+    /// One JSON object per line.
     Json,
 }
 
@@ -51,28 +55,36 @@ impl Cli {
     }
 }
 
+/// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load and validate runwarden.yaml, hosts/ and runbooks/; print every problem as FILE:LINE:COLUMN.
     Check {
         /// One JSON object: ok, the problems (file, line, column, message), the warnings, the hosts and runbooks.
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell), generated
     /// from these very definitions; the package installs them.
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell to print them for.
+        shell: clap_complete::Shell,
+    },
     /// Print the manual page (roff), generated from these very definitions.
     Man,
     /// List every tool with its tier, description and argument schema.
     Tools {
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Run one runbook on one host through the gate and print the report.
     Run {
+        /// The runbook, by name.
         runbook: String,
         /// The host; through the daemon it may repeat.
         #[arg(long, required_unless_present = "all_hosts")]
@@ -90,8 +102,10 @@ pub enum Command {
         /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
         #[arg(long)]
         dry_run: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
         /// Who picks the calls: the model for runbooks with an agent goal when
@@ -106,8 +120,10 @@ pub enum Command {
     },
     /// List runs from the audit log: every run of any process, across restarts.
     Runs {
+        /// Only this runbook's runs.
         #[arg(long)]
         runbook: Option<String>,
+        /// Only runs on this host.
         #[arg(long)]
         host: Option<String>,
         /// A verdict (`ok`, `failed`, ...), `running`, `queued` or `interrupted`.
@@ -119,20 +135,25 @@ pub enum Command {
         /// The newest this many.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Print a run from the audit log as a person reads it: each model turn
     /// (what it was sent, what it answered), each call with the gate's decision, each result.
     Transcript {
+        /// The run id (a unique prefix will do).
         run_id: String,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Run the daemon: cron schedules, the Alertmanager webhook, the kill-switch watcher, metrics.
     Serve {
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
         /// Address to listen on (default: `listen` in runwarden.yaml, else 127.0.0.1:9731).
@@ -153,16 +174,19 @@ pub enum Command {
     },
     /// Named hosts: `check` connects, verifies the host key, and compares the host's policy with the host file.
     Host {
+        /// What to do with the host.
         #[command(subcommand)]
         command: HostCommand,
     },
     /// Print what an operator installs for a host: agent policy, authorized_keys line, sudoers file, systemd unit.
     Install {
+        /// What to print.
         #[command(subcommand)]
         command: InstallCommand,
     },
     /// List, show, approve or deny L2 approval requests (talks to `runwarden serve`).
     Approvals {
+        /// What to do with the requests.
         #[command(subcommand)]
         command: ApprovalsCommand,
         /// The daemon's address (default: `listen` from runwarden.yaml).
@@ -171,37 +195,45 @@ pub enum Command {
         /// File holding your approver token (default: $RUNWARDEN_APPROVER_TOKEN_FILE).
         #[arg(long, global = true)]
         token_file: Option<PathBuf>,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, global = true, default_value = ".")]
         config: PathBuf,
     },
     /// What a person needs before raising a runbook's autonomy: runs, proposals, approvals, denials, failed verifications.
     PromoteReport {
+        /// The runbook, by name.
         runbook: String,
         /// How far back to look, e.g. 14d.
         #[arg(long, default_value = "14d")]
         since: String,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Read the audit log.
     Audit {
+        /// What to do with the log.
         #[command(subcommand)]
         command: AuditCommand,
     },
     /// Alertmanager notifications: `test FILE` says what each alert would start, or why nothing.
     Alerts {
+        /// What to do with a notification.
         #[command(subcommand)]
         command: AlertsCommand,
     },
     /// Stop every run (or one runbook's) at its next call.
     KillSwitch {
+        /// What to do with the switch.
         #[command(subcommand)]
         command: KillSwitchCommand,
     },
 }
 
+/// `runwarden audit ...`
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// Check the hash chain; report the first broken or missing line.
@@ -213,29 +245,37 @@ pub enum AuditCommand {
         /// A head recorded elsewhere, as `HASH:LINES` (printed by this command); may repeat.
         #[arg(long, value_parser = clap::value_parser!(crate::audit::head::Head))]
         head: Vec<crate::audit::head::Head>,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Print one run's lines in order; an intent without a result is marked.
     Show {
+        /// The run id (a unique prefix will do).
         run_id: String,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
 }
 
+/// `runwarden host ...`
 #[derive(Debug, Subcommand)]
 pub enum HostCommand {
     /// Exit 0 when the host answers and its policy agrees with the host file, 1 when they differ, 2 when it cannot be reached.
     Check {
+        /// The host, by name (its file in hosts/).
         host: String,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
 }
 
+/// `runwarden alerts ...`
 #[derive(Debug, Subcommand)]
 pub enum AlertsCommand {
     /// For each alert of a notification (a webhook body, as Alertmanager
@@ -245,71 +285,92 @@ pub enum AlertsCommand {
     Test {
         /// The notification, e.g. tests/fixtures/alertmanager/firing-two-alerts.json.
         file: PathBuf,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
 }
 
+/// `runwarden install ...`
 #[derive(Debug, Subcommand)]
 pub enum InstallCommand {
     /// Print the files (nothing is installed).
     Print {
+        /// The host, by name (its file in hosts/).
         #[arg(long)]
         host: String,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
 }
 
+/// `runwarden approvals ...`
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
     /// Every request the daemon holds, pending first.
     List {
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
     /// One request, with the exact call and its digest.
-    Show { id: String },
+    Show {
+        /// The request id.
+        id: String,
+    },
     /// Approve the call shown by `show` (its digest is sent along).
     Approve {
+        /// The request id.
         id: String,
+        /// Why, for the audit log and whoever reads it next.
         #[arg(long, default_value = "")]
         comment: String,
     },
     /// Deny the call.
     Deny {
+        /// The request id.
         id: String,
+        /// Why, for the audit log and whoever reads it next.
         #[arg(long, default_value = "")]
         comment: String,
     },
 }
 
+/// `runwarden kill-switch ...`
 #[derive(Debug, Subcommand)]
 pub enum KillSwitchCommand {
     /// Engage: every run stops before its next call.
     Engage {
+        /// Why: written into the switch file, shown by `status` and in every refusal.
         #[arg(long)]
         reason: String,
         /// Stop only this runbook.
         #[arg(long)]
         runbook: Option<String>,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Release the switch.
     Release {
+        /// Release only this runbook's switch.
         #[arg(long)]
         runbook: Option<String>,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },
     /// Print the state and what each engaged switch file says. Exit 0 when
     /// released, 1 when any switch is engaged, 2 when runwarden.yaml does not load.
     Status {
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
     },

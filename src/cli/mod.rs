@@ -1,8 +1,8 @@
-//! The command line: clap types ([`args`]), one module per command family,
+//! The command line: clap types (`args`), one module per command family,
 //! and [`main`], which runs a parsed command and returns its exit code.
 //! Messages and exit codes are decided here and nowhere in the library.
 //!
-//! Exit codes: 0 success; 1 a run failed (see [`Verdict::exit_code`] for the
+//! Exit codes: 0 success; 1 a run failed (see [`crate::run::Verdict::exit_code`] for the
 //! others of `run`); 2 usage or configuration error, or a broken audit chain.
 
 mod alerts;

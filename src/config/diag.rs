@@ -12,9 +12,13 @@ use serde_saphyr::Location;
 /// One problem in one file. Line and column are 1-based; 0 means "the whole file".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// The file.
     pub file: PathBuf,
+    /// The line (1-based; 0: the whole file).
     pub line: u32,
+    /// The column (1-based).
     pub column: u32,
+    /// What is wrong, and what to write instead.
     pub message: String,
 }
 

@@ -6,7 +6,7 @@
 //! DIR/runbooks/*.yaml    one runbook per file
 //! ```
 //!
-//! Every file is read and parsed into the raw structs of [`raw`], then turned
+//! Every file is read and parsed into the raw structs of `raw`, then turned
 //! into the validated [`Host`] and [`Runbook`] types, checked against each
 //! other (a runbook's hosts must exist, its tools must be known and of the
 //! right tier). All problems are collected and reported together as
@@ -14,7 +14,7 @@
 //! so nothing is ever half-loaded. `runwarden check` and every other command
 //! call this same loader.
 //!
-//! Why one file of about 700 lines (a tenth of them its tests): loading is
+//! Why one file of about 770 lines (a tenth of them its tests): loading is
 //! one transaction (every file read, every cross-reference checked, then the
 //! whole config or none), and the settings it validates sit next to the
 //! loader that resolves them. What a YAML slip is told (unknown keys, with a
@@ -47,17 +47,21 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 /// Settings of the runner, with paths resolved against the config directory.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The hash-chained audit log (`state/audit.jsonl` by default).
     pub audit_log: PathBuf,
     /// Send each run's audit head to the system journal (see [`crate::audit::head`]).
     pub audit_head_journal: bool,
     /// The key that signs each tier-2 permit sent to a managed host.
     pub permit_key_file: PathBuf,
+    /// Where the kill switch's files live.
     pub kill_switch_dir: PathBuf,
+    /// Where runwarden keeps its state: locks, approvals, the permit key.
     pub state_dir: PathBuf,
     /// Where `serve` listens; loopback unless a webhook token is configured.
     pub listen: std::net::SocketAddr,
     /// The time zone schedules are read in.
     pub timezone: jiff::tz::TimeZone,
+    /// The time zone's name, as configured (for messages).
     pub timezone_name: String,
     /// Runs in flight at once, across all runbooks and hosts.
     pub max_concurrent_runs: usize,
@@ -82,9 +86,13 @@ pub const DEFAULT_LISTEN: std::net::SocketAddr =
 /// A complete, validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The configuration directory every relative path is read against.
     pub dir: PathBuf,
+    /// runwarden.yaml.
     pub settings: Settings,
+    /// runbooks/, by name.
     pub runbooks: BTreeMap<String, Arc<Runbook>>,
+    /// hosts/, by name.
     pub hosts: BTreeMap<String, Arc<Host>>,
 }
 

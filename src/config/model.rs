@@ -10,14 +10,18 @@ use std::time::Duration;
 use super::diag::Diagnostics;
 use super::{duration, raw};
 
+/// The model planner's endpoint, from `model:` in runwarden.yaml.
 #[derive(Debug, Clone)]
 pub struct ModelEndpoint {
     /// Base URL of an OpenAI-compatible API, e.g. `http://127.0.0.1:11434/v1`.
     pub endpoint: reqwest::Url,
     /// The model name sent with each request (a runbook's `agent.model` overrides it).
     pub name: String,
+    /// Where the API key is read from, when the endpoint needs one (never the key itself).
     pub api_key: Option<ApiKey>,
+    /// How long one request may take.
     pub timeout: Duration,
+    /// Sampling temperature sent with each request.
     pub temperature: f32,
     /// Retries on 429, 5xx, timeouts and refused connections, with backoff.
     pub retries: u32,
@@ -26,7 +30,9 @@ pub struct ModelEndpoint {
 /// Where the API key lives.
 #[derive(Debug, Clone)]
 pub enum ApiKey {
+    /// An environment variable's name.
     Env(String),
+    /// A file holding the key.
     File(PathBuf),
 }
 

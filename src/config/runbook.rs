@@ -1,7 +1,7 @@
 //! A runbook: which hosts it may touch, which tools it may call (and with
 //! what standing approval), what it may spend, and the steps it runs.
 //!
-//! Why one file of about 600 lines: the raw form, its validation (each
+//! Why one file of about 720 lines: the raw form, its validation (each
 //! diagnostic naming file, line and field) and the validated form are one
 //! schema, kept together so a field is added in one place.
 
@@ -29,6 +29,7 @@ pub enum Autonomy {
 }
 
 impl Autonomy {
+    /// `L1`, `L2` or `L3`, as runbooks and reports write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Autonomy::L1 => "L1",
@@ -38,10 +39,14 @@ impl Autonomy {
     }
 }
 
+/// What one run may spend; past any of it the gate refuses the next call.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
+    /// Calls a run may make (denied ones count).
     pub max_steps: u32,
+    /// Tier-2 calls a run may make.
     pub max_mutations: u32,
+    /// Wall time of the whole run.
     pub max_duration: Duration,
 }
 
@@ -55,10 +60,14 @@ impl Default for Budget {
     }
 }
 
+/// Which Alertmanager alerts start this runbook, and on which host.
 #[derive(Debug, Clone)]
 pub struct OnAlert {
+    /// Every matcher must hold for an alert to match (Alertmanager's syntax).
     pub matchers: Vec<crate::trigger::matchers::Matcher>,
+    /// The label naming the host (default `instance`).
     pub host_label: String,
+    /// Label values mapped to host names, where they differ.
     pub host_map: BTreeMap<String, String>,
 }
 
@@ -82,14 +91,20 @@ impl OnAlert {
 pub struct Step {
     /// The name later steps use (`steps.ID.field`); defaults to `step<N>`.
     pub id: String,
+    /// A template; the step is skipped when it renders false.
     pub when: Option<String>,
+    /// The line of the runbook file the step starts on (for messages).
     pub line: u32,
+    /// What the step does.
     pub action: StepAction,
 }
 
+/// What one step does.
 #[derive(Debug, Clone)]
 pub enum StepAction {
+    /// Propose one call to the gate.
     Call {
+        /// The tool, from the registry.
         tool: ToolId,
         /// Argument values; strings may be minijinja templates.
         args: BTreeMap<String, serde_json::Value>,
@@ -113,33 +128,46 @@ pub struct Agent {
     pub after_steps: bool,
 }
 
+/// A validated runbook.
 #[derive(Debug, Clone)]
 pub struct Runbook {
+    /// The runbook's name: its file's stem.
     pub name: String,
+    /// One line for people: what it is for.
     pub description: String,
     /// Shared with the host map: large estates name hundreds of hosts in many runbooks.
     pub hosts: Vec<std::sync::Arc<str>>,
+    /// How much it may change on its own.
     pub autonomy: Autonomy,
+    /// A cron expression (5 or 6 fields) in the configured time zone.
     pub schedule: Option<String>,
+    /// Which alerts start it.
     pub on_alert: Option<OnAlert>,
+    /// How long after a run on a host before a trigger may start another there.
     pub cooldown: Option<Duration>,
     /// Tier-1 tools the runbook may call.
     pub observe: BTreeSet<ToolId>,
     /// Tier-2 tools: standing approval at L3, proposals only at L1.
     pub approve: BTreeSet<ToolId>,
+    /// What one run may spend.
     pub budget: Budget,
+    /// The deterministic steps, in order.
     pub steps: Vec<Step>,
+    /// A goal for the model planner, when the runbook has one.
     pub agent: Option<Agent>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub version: String,
+    /// The file this runbook came from (for messages).
     pub source: PathBuf,
 }
 
 impl Runbook {
+    /// Whether the runbook lists `tool` (to observe or to change).
     pub fn allows_tool(&self, tool: ToolId) -> bool {
         self.observe.contains(&tool) || self.approve.contains(&tool)
     }
 
+    /// Whether the runbook names `host`.
     pub fn allows_host(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| &**h == host)
     }
@@ -199,6 +227,7 @@ pub fn template_env() -> minijinja::Environment<'static> {
     env
 }
 
+/// Whether a string holds minijinja syntax (and is rendered at run time).
 pub fn is_template(s: &str) -> bool {
     s.contains("{{") || s.contains("{%") || s.contains("{#")
 }

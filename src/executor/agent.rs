@@ -27,10 +27,15 @@ const MAX_REQUEST: usize = 256 * 1024;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRequest {
+    /// The run the call belongs to.
     pub run_id: String,
+    /// Its step.
     pub step: u32,
+    /// The runbook (for the host's audit line).
     pub runbook: String,
+    /// The tool's name.
     pub tool: String,
+    /// Its arguments.
     pub args: Value,
     /// Tier-2 calls: the runner's signed permit for exactly this call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,7 +46,9 @@ pub struct AgentRequest {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentReply {
+    /// The call ran (or failed) on the host: its result.
     Result(ToolResult),
+    /// The host refused the call: why.
     Refused(String),
 }
 

@@ -25,14 +25,18 @@ pub enum Executor {
     /// on one multiplexed connection per run; tier-2 calls carry a permit
     /// signed with the runner's key (or the reason there is no key).
     Ssh {
+        /// The run's connection to the host.
         session: Box<ssh::Session>,
+        /// The key that signs tier-2 permits, or why it cannot be loaded.
         permits: Box<Result<PermitKey, String>>,
     },
     /// Tools run on this machine through its own agent on a unix socket
     /// (root's side of an unprivileged daemon), with the same requests and
     /// signed permits as over SSH.
     Agent {
+        /// The agent's socket.
         socket: std::path::PathBuf,
+        /// The key that signs tier-2 permits, or why it cannot be loaded.
         permits: Box<Result<PermitKey, String>>,
     },
 }

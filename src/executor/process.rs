@@ -22,7 +22,7 @@
 //! per call, when its last process has ended (`tools::execute`). This keeps
 //! the runner's own cost per call near that of a bare spawn.
 //!
-//! Why one file of about 650 lines: the spawn, the wait, the kill of the
+//! Why one file of about 700 lines: the spawn, the wait, the kill of the
 //! process group and the sweep of escapees are one lifecycle; a third of the
 //! file is its unit tests.
 
@@ -52,6 +52,7 @@ pub struct Argv {
 }
 
 impl Argv {
+    /// A command of `program` (absolute, or it will not start) and no arguments yet.
     pub fn new(program: &Path) -> Argv {
         Argv {
             program: program.to_path_buf(),
@@ -59,11 +60,13 @@ impl Argv {
         }
     }
 
+    /// One more argument.
     pub fn arg(mut self, a: impl Into<String>) -> Argv {
         self.args.push(a.into());
         self
     }
 
+    /// More arguments.
     pub fn args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, it: I) -> Argv {
         self.args.extend(it.into_iter().map(Into::into));
         self
@@ -96,10 +99,12 @@ impl Argv {
         })
     }
 
+    /// The program.
     pub fn program(&self) -> &Path {
         &self.program
     }
 
+    /// Program first, then the arguments: as reports and audit lines show it.
     pub fn to_vec(&self) -> Vec<String> {
         std::iter::once(self.program.to_string_lossy().into_owned())
             .chain(self.args.iter().cloned())
@@ -118,34 +123,49 @@ impl fmt::Display for Argv {
     }
 }
 
+/// What one process may take.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// It is ended (SIGTERM, then SIGKILL) by then.
     pub deadline: Instant,
+    /// How much of each output stream is kept.
     pub output_cap: usize,
+    /// How long it has after SIGTERM before SIGKILL.
     pub kill_grace: Duration,
+    /// Its working directory: an empty one.
     pub jail: PathBuf,
 }
 
+/// What one process left behind.
 #[derive(Debug, Clone, Default)]
 pub struct ProcessOutput {
     /// The process's id while it ran (a tool that lists processes leaves itself out).
     pub pid: u32,
+    /// Its exit status, when it exited.
     pub exit_code: Option<i32>,
     /// The signal that ended the leader, if one did.
     pub signal: Option<i32>,
+    /// What it wrote to stdout, up to the cap.
     pub stdout: Vec<u8>,
+    /// What it wrote to stderr, up to the cap.
     pub stderr: Vec<u8>,
+    /// stdout went past the cap, or was still open at the deadline.
     pub stdout_truncated: bool,
+    /// stderr went past the cap.
     pub stderr_truncated: bool,
+    /// It was ended at the deadline.
     pub timed_out: bool,
+    /// How long it ran.
     pub duration: Duration,
 }
 
 impl ProcessOutput {
+    /// stdout as text (invalid UTF-8 replaced).
     pub fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
 
+    /// stderr as text (invalid UTF-8 replaced).
     pub fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
@@ -169,15 +189,21 @@ impl ProcessOutput {
     }
 }
 
+/// Why a process did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
+    /// The program is not an absolute path.
     #[error("refusing to run {0:?}: the program must be an absolute path")]
     RelativeProgram(PathBuf),
+    /// The kernel refused to start it.
     #[error("cannot start {program}: {source} (check the host file's `binaries` and `jail`)")]
     Spawn {
+        /// The program.
         program: String,
+        /// What the kernel said.
         source: std::io::Error,
     },
+    /// The call's time was up before it could start.
     #[error("the call's deadline passed before {0} could start")]
     NoTimeLeft(String),
 }
@@ -279,7 +305,7 @@ pub(crate) fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::pr
     escapees::spawn(|| c.spawn())
 }
 
-/// SIGKILL the process group led by `pid` (a helper from [`command`]).
+/// SIGKILL the process group led by `pid` (a helper the SSH transport started).
 pub fn kill_group(pid: Option<u32>) {
     if let Some(pid) = pid {
         signal_group(Some(Pid::from_raw(pid as i32)), Signal::SIGKILL);
@@ -545,7 +571,7 @@ mod tests {
 /// parents are gone, is adopted by runwarden instead of init. Every process
 /// runwarden starts is recorded under a lock held across `fork`; any other
 /// child of runwarden is by construction an escapee of some tool call, and
-/// [`sweep`] kills and reaps it.
+/// `sweep` kills and reaps it.
 pub mod escapees {
     use std::collections::HashSet;
     use std::sync::Mutex;
@@ -590,6 +616,7 @@ pub mod escapees {
         }
     }
 
+    /// Forget a process: it has been reaped.
     pub fn forget(pid: u32) {
         let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = set.as_mut() {
@@ -657,6 +684,7 @@ pub mod escapees {
 
     /// A started process's pid.
     pub trait Pid32 {
+        /// Its pid, while it has one.
         fn pid32(&self) -> Option<u32>;
     }
 

@@ -131,6 +131,7 @@ fn ssh_failure(stderr: &str) -> Unreachable {
 
 /// The connection of one run to one host.
 pub struct Session {
+    /// Where and as whom to connect.
     pub target: Ssh,
     /// Where the master's socket lives; `None` when no private directory could be made.
     control: Option<PathBuf>,
@@ -140,6 +141,7 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session for one run: its connection master is started on the first call.
     pub fn new(target: Ssh, run_id: &str) -> Session {
         let control = control_dir().ok().filter(|_| target.multiplex).map(|d| {
             use sha2::Digest;

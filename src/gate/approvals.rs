@@ -9,7 +9,7 @@
 //! restart nothing is approvable, and the run that waited is reported
 //! interrupted.
 //!
-//! About a quarter of its 565 lines are its unit tests (paused time).
+//! About a quarter of its 610 lines are its unit tests (paused time).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,18 +27,27 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum State {
+    /// Waiting for a person.
     Pending,
+    /// A person approved the call.
     Approved {
+        /// The approver's name (from the approvers file, never the token).
         by: String,
+        /// What they wrote.
         comment: String,
     },
+    /// A person denied the call.
     Denied {
+        /// The approver's name.
         by: String,
+        /// What they wrote.
         comment: String,
     },
+    /// Nobody decided in time: counts as denied.
     Expired,
     /// The run stopped waiting (kill switch, time budget, shutdown).
     Cancelled {
+        /// What stopped it.
         why: String,
     },
 }
@@ -67,9 +76,23 @@ impl std::fmt::Display for Cancel {
 /// How a wait for a person ended (see [`Approvals::wait`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
-    Approved { by: String, comment: String },
-    Denied { by: String, comment: String },
+    /// A person approved the call.
+    Approved {
+        /// The approver's name.
+        by: String,
+        /// What they wrote.
+        comment: String,
+    },
+    /// A person denied the call.
+    Denied {
+        /// The approver's name.
+        by: String,
+        /// What they wrote.
+        comment: String,
+    },
+    /// Nobody decided in time.
     Expired,
+    /// The run stopped waiting.
     Cancelled(Cancel),
 }
 
@@ -88,20 +111,31 @@ impl Resolution {
 /// One request, as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Request {
+    /// The request's id (what `approve` and `deny` name).
     pub id: String,
+    /// The run that waits.
     pub run_id: String,
+    /// The step of that run.
     pub step: u32,
+    /// The runbook.
     pub runbook: String,
+    /// The host the call would change.
     pub host: String,
+    /// The tier-2 tool.
     pub tool: String,
+    /// Its arguments, exactly as they would run.
     pub args: Value,
+    /// Why the run wants to make the call.
     pub reason: String,
     /// What the run has seen so far (`steps.*`).
     pub findings: Value,
     /// sha256 of the call; a decision must quote it.
     pub digest: String,
+    /// When it was opened (RFC 3339).
     pub created_at: String,
+    /// When it expires unless decided (RFC 3339).
     pub expires_at: String,
+    /// Where it stands.
     #[serde(flatten)]
     pub state: State,
 }
@@ -109,16 +143,21 @@ pub struct Request {
 /// Why a decision was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecisionError {
+    /// The token is not an approver's.
     #[error("unknown approver token")]
     Unauthorized,
+    /// No such request.
     #[error("no approval request {0}")]
     NotFound(String),
     #[error(
         "the digest does not match the call awaiting approval (it changed, or it is another call): nothing was approved"
     )]
+    /// The digest quoted is not the call's.
     StaleDigest,
+    /// The request was decided before.
     #[error("approval request {0} was already decided")]
     AlreadyDecided(String),
+    /// The request expired first.
     #[error("approval request {0} expired before this decision arrived: nothing was approved")]
     Expired(String),
 }
@@ -130,6 +169,7 @@ struct Entry {
     tx: watch::Sender<State>,
 }
 
+/// The L2 approval store: requests, their waiting runs, and who may decide.
 pub struct Approvals {
     /// token -> approver name; replaced whole on SIGHUP, so a revoked
     /// approver's token stops working at once.
@@ -352,6 +392,7 @@ impl Approvals {
         true
     }
 
+    /// When request `id` expires, if it is held here.
     pub fn expires(&self, id: &str) -> Option<Instant> {
         self.entries
             .lock()
@@ -360,6 +401,7 @@ impl Approvals {
             .map(|e| e.expires)
     }
 
+    /// How long request `id` has waited so far.
     pub fn waited(&self, id: &str) -> Duration {
         self.entries
             .lock()
@@ -368,6 +410,7 @@ impl Approvals {
             .map_or(Duration::ZERO, |e| e.opened.elapsed())
     }
 
+    /// Request `id` as the API shows it.
     pub fn get(&self, id: &str) -> Option<Request> {
         self.entries
             .lock()

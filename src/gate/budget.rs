@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::DenyReason;
 use crate::config::runbook::Budget as Limits;
 
+/// What one run has spent against its runbook's limits.
 #[derive(Debug, Clone)]
 pub struct Budget {
     limits: Limits,
@@ -22,6 +23,7 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// A fresh budget, its clock started now.
     pub fn new(limits: Limits) -> Budget {
         Budget {
             limits,
@@ -84,6 +86,7 @@ impl Budget {
         Ok(())
     }
 
+    /// Model requests made so far.
     pub fn model_requests(&self) -> u32 {
         self.model_requests
     }
@@ -106,10 +109,12 @@ impl Budget {
         self.mutations += 1;
     }
 
+    /// Calls proposed so far (denied ones included).
     pub fn steps(&self) -> u32 {
         self.steps
     }
 
+    /// Tier-2 calls made so far.
     pub fn mutations(&self) -> u32 {
         self.mutations
     }
@@ -119,6 +124,7 @@ impl Budget {
         self.started + self.limits.max_duration
     }
 
+    /// Time left before `max_duration`.
     pub fn remaining(&self) -> Duration {
         self.limits
             .max_duration

@@ -18,11 +18,15 @@ use crate::tools::{self, PathMode, Tier, ToolId};
 
 /// One call as it reached the host.
 pub struct HostCall<'a> {
+    /// The run, as the runner named it.
     pub run_id: &'a str,
+    /// Its step.
     pub step: u32,
+    /// The tool's name, as sent.
     pub tool: &'a str,
     /// The arguments as sent (a tier-2 call's `reason` among them).
     pub args: &'a Value,
+    /// The runner's signed permit (tier 2).
     pub signed: Option<&'a SignedPermit>,
 }
 

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 /// The file name of the global switch.
 pub const GLOBAL: &str = "ENGAGED";
 
+/// The file-based kill switch: a directory where `ENGAGED` stops every
+/// run and `RUNBOOK.ENGAGED` stops one runbook's, at their next call.
 #[derive(Debug, Clone)]
 pub struct KillSwitch {
     dir: PathBuf,
@@ -23,6 +25,7 @@ pub struct KillSwitch {
 pub struct Engaged {
     /// `global`, or the runbook's name.
     pub scope: String,
+    /// What the switch file says (who engaged it, and why).
     pub detail: String,
 }
 
@@ -33,10 +36,12 @@ impl std::fmt::Display for Engaged {
 }
 
 impl KillSwitch {
+    /// The switch kept in `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> KillSwitch {
         KillSwitch { dir: dir.into() }
     }
 
+    /// The directory of the switch files.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -17,7 +17,7 @@
 //! The audit intent line and the dispatch come after the gate, in
 //! [`crate::run`].
 //!
-//! Why one file of about 700 lines: the gate's check reads top to bottom in
+//! Why one file of about 740 lines: the gate's check reads top to bottom in
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
 
@@ -41,7 +41,9 @@ pub use killswitch::KillSwitch;
 /// A call as a planner proposes it: untrusted until the gate has seen it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProposedCall {
+    /// The step number in the run (1-based).
     pub step: u32,
+    /// The tool's name, as proposed (perhaps no tool at all).
     pub tool: String,
     /// Arguments as given; a tier-2 call carries its `reason` here.
     pub args: Value,
@@ -93,12 +95,15 @@ pub struct Permit {
 }
 
 impl Permit {
+    /// The step it was checked for.
     pub fn step(&self) -> u32 {
         self.step
     }
+    /// The call it allows, resolved against the host.
     pub fn action(&self) -> &Action {
         &self.action
     }
+    /// Who allowed it.
     pub fn approved_by(&self) -> &ApprovedBy {
         &self.approved_by
     }
@@ -112,9 +117,11 @@ pub struct Proposal {
 }
 
 impl Proposal {
+    /// The step it was checked for.
     pub fn step(&self) -> u32 {
         self.step
     }
+    /// The call, resolved against the host.
     pub fn action(&self) -> &Action {
         &self.action
     }
@@ -129,9 +136,11 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// The step it was checked for.
     pub fn step(&self) -> u32 {
         self.step
     }
+    /// The call, resolved against the host.
     pub fn action(&self) -> &Action {
         &self.action
     }
@@ -141,14 +150,23 @@ impl Hold {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DenyReason {
+    /// The kill switch is engaged (everything, or this runbook).
     KillSwitch,
+    /// No tool by that name.
     UnknownTool,
+    /// The runbook does not list the tool.
     ToolOutOfScope,
+    /// The runbook does not name the host.
     HostOutOfScope,
+    /// The arguments are not the tool's, or the host's allowlists refuse them.
     InvalidArguments,
+    /// A tier-2 call without approval (L3 without the tool under `tools.approve`).
     NotApproved,
+    /// The run's `max_steps` is spent.
     StepLimit,
+    /// The run's `max_duration` is spent.
     TimeBudget,
+    /// The run's `max_mutations` is spent.
     MutationBudget,
     /// L2: a person denied the call.
     ApprovalDenied,
@@ -161,6 +179,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
+    /// The reason as metric labels and audit lines spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             DenyReason::KillSwitch => "kill_switch",
@@ -191,10 +210,14 @@ impl DenyReason {
     }
 }
 
+/// A refused call, and why.
 #[derive(Debug, Clone)]
 pub struct Denial {
+    /// The step it was proposed as.
     pub step: u32,
+    /// The kind of refusal.
     pub reason: DenyReason,
+    /// What exactly was wrong, for a person.
     pub detail: String,
     /// The tool, when the name was a known one.
     pub tool: Option<ToolId>,
@@ -221,12 +244,16 @@ impl fmt::Display for Denial {
     }
 }
 
+/// What the gate made of a proposed call.
 #[derive(Debug)]
 pub enum Decision {
+    /// Run it: the permit goes to the intent line.
     Allow(Permit),
+    /// L1: record it for a person; never run.
     Propose(Proposal),
     /// L2: ask a person, then call [`Gate::approved`].
     Hold(Hold),
+    /// Refuse it.
     Deny(Denial),
 }
 
@@ -240,6 +267,7 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// The gate for one run of `runbook` on `host`, with a fresh budget.
     pub fn new(runbook: Arc<Runbook>, host: Arc<Host>, killswitch: KillSwitch) -> Gate {
         let path_mode = match host.connection {
             crate::config::Connection::Local => PathMode::Resolve,
@@ -256,6 +284,7 @@ impl Gate {
         }
     }
 
+    /// What the run has spent so far.
     pub fn budget(&self) -> &Budget {
         &self.budget
     }
@@ -439,6 +468,7 @@ impl Gate {
 /// Tool arguments are one flat object of short values; anything nested or
 /// large is refused before it is parsed further or written to the log.
 pub const MAX_ARGUMENT_DEPTH: usize = 8;
+/// The largest arguments a call may carry, serialized (16 KiB).
 pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
 
 fn argument_shape(args: &Value) -> Result<(), String> {

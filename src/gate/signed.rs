@@ -108,10 +108,15 @@ impl PermitKey {
 
 /// What a permit is for: one call of one run on one host.
 pub struct CallId<'a> {
+    /// The run.
     pub run_id: &'a str,
+    /// Its step.
     pub step: u32,
+    /// The host the call is for.
     pub host: &'a str,
+    /// The tool.
     pub tool: &'a str,
+    /// The arguments, exactly (a digest of them is signed).
     pub args: &'a Value,
 }
 
@@ -119,14 +124,21 @@ pub struct CallId<'a> {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct SignedPermit {
+    /// The run it is for.
     pub run_id: String,
+    /// Its step.
     pub step: u32,
+    /// The host it is for.
     pub host: String,
+    /// The tool it allows.
     pub tool: String,
+    /// sha256 of the call's arguments.
     pub args_sha256: String,
+    /// Who allowed the call (`standing:RUNBOOK` or `person:NAME`).
     pub approved_by: String,
     /// Unix seconds.
     pub expires_at: i64,
+    /// Ed25519 signature over all of the above, in hex.
     pub sig: String,
 }
 

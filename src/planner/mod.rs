@@ -19,22 +19,30 @@ pub use steps::StepsPlanner;
 /// What the planner wants next.
 #[derive(Debug)]
 pub enum Next {
+    /// Propose this call to the gate.
     Call {
+        /// The step's id.
         id: String,
+        /// The call, untrusted until the gate has seen it.
         call: ProposedCall,
     },
     /// A step whose `when` was false.
     Skip {
+        /// The step's id.
         id: String,
+        /// The condition, as written.
         when: String,
     },
     /// A tier-3 command for a person, never executed.
     Suggest {
+        /// The step's id.
         id: String,
+        /// The command, rendered.
         text: String,
     },
     /// The model answered one request (its calls, if any, come next).
     Turn(Box<ModelTurn>),
+    /// Nothing more to do: the run ends here.
     Finish,
     /// The planner cannot go on (a `when` or template failed, the model
     /// endpoint failed or answered garbage): the run is broken.
@@ -75,6 +83,7 @@ pub struct Planner {
 }
 
 impl Planner {
+    /// A planner of the runbook's steps, a model, or the steps first and then the model.
     pub fn new(steps: Option<StepsPlanner>, model: Option<ModelPlanner>) -> Planner {
         let name = match (&steps, &model) {
             (Some(_), Some(_)) => "steps+model",
@@ -84,6 +93,7 @@ impl Planner {
         Planner { steps, model, name }
     }
 
+    /// `steps` or `model`: which one is planning now.
     pub fn name(&self) -> &'static str {
         self.name
     }

@@ -56,21 +56,28 @@ pub fn prompt_tag() -> String {
 /// One request to the model and its answer, as the audit log keeps it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelTurn {
+    /// Which request of the run (1-based).
     pub turn: u32,
+    /// The model asked.
     pub model: String,
     /// The messages this request added: the task on the first turn, then
     /// each tool result exactly as the model saw it.
     pub input: Vec<String>,
+    /// What the model wrote besides its calls.
     pub content: String,
     /// `{id, tool, arguments}` as the model wrote them.
     pub tool_calls: Vec<Value>,
     /// Calls past the step limit in one reply that were not proposed.
     pub dropped: usize,
+    /// Tokens of the request, as the endpoint counted them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    /// Tokens of the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens: Option<u64>,
+    /// How long the answer took (retries included).
     pub duration_ms: u64,
+    /// How many tries it took.
     pub attempts: u32,
     /// The model gave its final answer (no more calls).
     pub final_answer: bool,
@@ -83,6 +90,8 @@ struct Asked {
     tool: String,
 }
 
+/// A planner that asks a model for the next calls, inside the runbook's
+/// scope: it proposes, the gate decides.
 pub struct ModelPlanner {
     client: Client,
     tools: Vec<Value>,
@@ -163,6 +172,7 @@ impl ModelPlanner {
         })
     }
 
+    /// The model's name.
     pub fn model(&self) -> &str {
         &self.client.model
     }
@@ -172,6 +182,8 @@ impl ModelPlanner {
         self.step_limit_pending.take()
     }
 
+    /// The next step: a call from the last reply, or a new request to the
+    /// model (if the gate admits one).
     pub async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
         if let Some((asked, call)) = self.queue.pop_front() {
             let id = asked.step_id.clone();

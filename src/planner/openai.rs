@@ -25,27 +25,39 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// One tool call as the model wrote it (arguments still a string).
 #[derive(Debug, Clone)]
 pub struct WireCall {
+    /// The call's id, which the answer must quote.
     pub id: String,
+    /// The tool's name.
     pub name: String,
+    /// The arguments: JSON, not yet parsed.
     pub arguments: String,
 }
 
+/// Tokens the endpoint counted.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
+    /// In the request.
     pub prompt: u64,
+    /// In the answer.
     pub completion: u64,
 }
 
 /// A model's answer to one request.
 #[derive(Debug)]
 pub struct Reply {
+    /// What the model wrote besides its calls.
     pub content: String,
+    /// The calls it asked for.
     pub tool_calls: Vec<WireCall>,
+    /// Tokens, when the endpoint says.
     pub usage: Option<Usage>,
+    /// How long it took, retries included.
     pub duration: Duration,
+    /// How many tries it took.
     pub attempts: u32,
 }
 
+/// An OpenAI-compatible chat completions client, with retries and backoff.
 pub struct Client {
     http: reqwest::Client,
     endpoint: ModelEndpoint,
@@ -56,6 +68,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client for `endpoint`, asking `model`.
     pub fn new(
         endpoint: &ModelEndpoint,
         model: String,

@@ -13,6 +13,8 @@ use crate::config::Runbook;
 use crate::config::runbook::{StepAction, template_env};
 use crate::gate::ProposedCall;
 
+/// The deterministic planner: the runbook's `steps`, in order, their
+/// templates rendered against what earlier steps found.
 pub struct StepsPlanner {
     runbook: Arc<Runbook>,
     /// Extra template context: `run` (id, runbook, host) and, for alert triggers, `alert`.
@@ -22,6 +24,7 @@ pub struct StepsPlanner {
 }
 
 impl StepsPlanner {
+    /// A planner of `runbook`'s steps, with `context` (`run`, `alert`) for its templates.
     pub fn new(runbook: Arc<Runbook>, context: Value) -> StepsPlanner {
         StepsPlanner {
             runbook,
@@ -37,6 +40,7 @@ impl StepsPlanner {
         scope
     }
 
+    /// The next step, rendered; `Finish` after the last.
     pub fn next(&mut self, transcript: &Transcript) -> Next {
         let Some(step) = self.runbook.steps.get(self.index).cloned() else {
             return Next::Finish;

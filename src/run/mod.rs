@@ -1,7 +1,7 @@
 //! One runbook on one host: the runner starts a run (looks up the runbook
 //! and host, checks the host is the runbook's, takes the (runbook, host)
 //! lock, picks the planner, writes the `start` line) and hands it to the
-//! [`run_loop`], which takes each step through the gate until the planner
+//! run loop (`run_loop`), which takes each step through the gate until the planner
 //! finishes or a limit stops it; then a [`Verdict`].
 //!
 //! The verdict is judged from the tool events (every call's outcome and, for
@@ -33,20 +33,28 @@ pub use verdict::Verdict;
 /// Problems that keep a run from starting at all (nothing was called or audited).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The runbook does not exist.
     #[error("no runbook named \"{0}\" (runwarden check lists them)")]
     UnknownRunbook(String),
+    /// The host does not exist.
     #[error("no host named \"{0}\" in hosts/")]
     UnknownHost(String),
     #[error(
         "runbook \"{runbook}\" does not name host \"{host}\" (its hosts: {hosts}); nothing ran"
     )]
+    /// The runbook does not name the host.
     HostNotInRunbook {
+        /// The runbook.
         runbook: String,
+        /// The host asked for.
         host: String,
+        /// The hosts it names.
         hosts: String,
     },
+    /// The host's executor could not be set up.
     #[error("{0}")]
     Unreachable(String),
+    /// The planner could not be set up (the model endpoint).
     #[error("{0}")]
     Planner(String),
     /// Another process runs this runbook on this host (`runwarden run` exits 75).
@@ -55,14 +63,18 @@ pub enum StartError {
     /// The run lock could not be taken (the state directory is unusable): broken.
     #[error("{0}")]
     Lock(String),
+    /// The run's first line could not be written.
     #[error(transparent)]
     Audit(#[from] AuditError),
 }
 
 /// Everything a run needs from outside: the config it started with, the audit log, the switch.
 pub struct Runner {
+    /// The configuration the run started with.
     pub config: Arc<Config>,
+    /// The audit log.
     pub audit: Arc<AuditLog>,
+    /// The kill switch.
     pub killswitch: KillSwitch,
     /// The daemon's metrics; `None` on the command line.
     pub metrics: Option<Arc<Metrics>>,
@@ -75,6 +87,7 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner for the command line: no metrics, no approvers, no shutdown.
     pub fn new(config: Arc<Config>, audit: Arc<AuditLog>) -> Runner {
         let killswitch = KillSwitch::new(config.settings.kill_switch_dir.clone());
         Runner {
@@ -163,6 +176,7 @@ impl Runner {
         }
     }
 
+    /// Run `req` under a new run id, from the first call to the verdict.
     pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
         self.run_as(req, uuid::Uuid::now_v7().to_string()).await
     }

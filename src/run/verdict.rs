@@ -29,6 +29,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// As reports, audit lines and metric labels write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -57,6 +58,7 @@ impl Verdict {
         }
     }
 
+    /// Every verdict, from best to worst.
     pub const ALL: [Verdict; 8] = [
         Verdict::Ok,
         Verdict::Failed,

@@ -20,7 +20,7 @@ pub enum PathMode {
 }
 
 /// A call whose every argument was checked against the host: the only input
-/// [`execute`] accepts. Opaque: only [`resolve`] makes one, so no code
+/// `tools::execute` accepts. Opaque: only [`resolve`] makes one, so no code
 /// outside this module can hand-build a call the allowlists never saw.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Action(pub(in crate::tools) Resolved);
@@ -72,6 +72,7 @@ pub(super) enum Resolved {
 }
 
 impl Action {
+    /// The tool it runs.
     pub fn tool(&self) -> ToolId {
         match &self.0 {
             Resolved::DiskUsage { .. } => ToolId::DiskUsage,
@@ -88,10 +89,12 @@ impl Action {
         }
     }
 
+    /// The tool's tier.
     pub fn tier(&self) -> Tier {
         self.tool().tier()
     }
 
+    /// A tier-2 call's reason.
     pub fn reason(&self) -> Option<&str> {
         match &self.0 {
             Resolved::RestartService { reason, .. }

@@ -60,11 +60,13 @@ macro_rules! checked_string {
         pub struct $name(String);
 
         impl $name {
+            /// Checked: an error says what is wrong with the value.
             pub fn new(s: String) -> Result<Self, String> {
                 let check: fn(&str) -> Result<(), String> = $check;
                 check(&s)?;
                 Ok($name(s))
             }
+            /// The checked value.
             pub fn as_str(&self) -> &str {
                 &self.0
             }
@@ -165,7 +167,9 @@ checked_string!(
 pub struct Limit(u8);
 
 impl Limit {
+    /// The most processes one call lists.
     pub const MAX: u8 = 50;
+    /// How many, as a count.
     pub fn get(self) -> usize {
         self.0 as usize
     }
@@ -205,6 +209,10 @@ impl JsonSchema for Limit {
 
 /// How far back to read a journal.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+// The variants are the values the schema lists (`enum`, named by their
+// serde names): a doc comment on each would turn that into a `oneOf`,
+// which small models follow worse.
+#[allow(missing_docs)]
 pub enum Since {
     #[serde(rename = "15m")]
     Min15,
@@ -232,6 +240,7 @@ impl Since {
 /// Lowest journal priority to show (this and more severe).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[allow(missing_docs)] // the variants are the schema's `enum` values: see `Since`
 pub enum Priority {
     Emerg,
     Alert,
@@ -245,9 +254,11 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// Every priority's name, most severe first (`journalctl -p` takes them).
     pub const NAMES: [&'static str; 8] = [
         "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
     ];
+    /// The name `journalctl -p` takes.
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize]
     }
@@ -256,6 +267,7 @@ impl Priority {
 /// Order of `list_processes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[allow(missing_docs)] // the variants are the schema's `enum` values: see `Since`
 pub enum ProcessSort {
     #[default]
     Cpu,
@@ -286,8 +298,10 @@ pub struct UnitArgs {
 pub struct JournalArgs {
     /// A unit listed under the host's `journals` or `units`.
     pub unit: UnitName,
+    /// How far back to read (default 1h).
     #[serde(default)]
     pub since: Since,
+    /// Lowest priority to show, this and more severe (default warning).
     #[serde(default)]
     pub priority: Priority,
 }
@@ -296,8 +310,10 @@ pub struct JournalArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessArgs {
+    /// Order of the list (default cpu).
     #[serde(default)]
     pub sort: ProcessSort,
+    /// How many processes (1 to 50, default 10).
     #[serde(default)]
     pub limit: Limit,
 }
@@ -316,6 +332,7 @@ pub struct NameArgs {
 pub struct UnitChangeArgs {
     /// A unit listed under the host's `units`.
     pub unit: UnitName,
+    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
     pub reason: Reason,
 }
 
@@ -325,6 +342,7 @@ pub struct UnitChangeArgs {
 pub struct RotateArgs {
     /// A logrotate configuration file listed under the host's `logrotate_configs`.
     pub config: AbsPath,
+    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
     pub reason: Reason,
 }
 
@@ -334,6 +352,7 @@ pub struct RotateArgs {
 pub struct PoolArgs {
     /// A pool defined under the host's `worker_pools`.
     pub pool: EntryName,
+    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
     pub reason: Reason,
 }
 
@@ -343,6 +362,7 @@ pub struct PoolArgs {
 pub struct RenewArgs {
     /// A certificate defined under the host's `certificates` with a `renew` command.
     pub name: EntryName,
+    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
     pub reason: Reason,
 }
 

@@ -8,10 +8,13 @@ use crate::executor::process::{Argv, Limits, ProcessOutput};
 
 /// Everything a tool needs to run on this machine.
 pub struct Ctx<'a> {
+    /// The host, with its allowlists and binaries.
     pub host: &'a Host,
     /// The call must be over by then (tool timeout and run budget, whichever is first).
     pub deadline: tokio::time::Instant,
+    /// How much of each output stream is kept.
     pub output_cap: usize,
+    /// How long a process has after SIGTERM before SIGKILL.
     pub kill_grace: Duration,
     ran: std::sync::Mutex<Vec<Vec<String>>>,
 }

@@ -11,7 +11,7 @@
 //!
 //! Calls go through two stages: [`resolve`] turns untrusted JSON arguments into
 //! an [`Action`] whose every value is checked against the host's allowlists,
-//! and [`execute`] runs an action on the machine it is called on.
+//! and `execute` runs an action on the machine it is called on.
 
 mod action;
 mod allowlists;

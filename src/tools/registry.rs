@@ -18,6 +18,7 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// 1 or 2, as reports, audit lines and metric labels write it.
     pub fn number(self) -> u8 {
         self as u8
     }
@@ -27,11 +28,13 @@ macro_rules! registry {
     ($($variant:ident => $name:literal, $tier:ident, $args:ty, $desc:literal;)*) => {
         /// Every tool that exists.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum ToolId { $($variant),* }
+        pub enum ToolId { $(#[doc = $desc] $variant),* }
 
         impl ToolId {
+            /// Every tool, in registry order.
             pub const ALL: &'static [ToolId] = &[$(ToolId::$variant),*];
 
+            /// The name runbooks, planners and audit lines use.
             pub fn name(self) -> &'static str {
                 match self { $(ToolId::$variant => $name),* }
             }
@@ -41,6 +44,7 @@ macro_rules! registry {
                 match self { $(ToolId::$variant => Tier::$tier),* }
             }
 
+            /// What it does, for people and for the model.
             pub fn description(self) -> &'static str {
                 match self { $(ToolId::$variant => $desc),* }
             }
@@ -52,6 +56,7 @@ macro_rules! registry {
                     .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))
             }
 
+            /// The tool of that name.
             pub fn from_name(name: &str) -> Option<ToolId> {
                 match name { $($name => Some(ToolId::$variant),)* _ => None }
             }

@@ -9,8 +9,11 @@ use crate::executor::process::ProcessOutput;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// The tool ran and did what it does.
     Ok,
+    /// The tool failed, or its call never ran (see `error`).
     Error,
+    /// The call ran out of time.
     Timeout,
 }
 
@@ -51,15 +54,22 @@ impl Failure {
 /// (`host check` says it in these words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unreachable {
+    /// The connection was refused.
     Refused,
+    /// The connection timed out.
     TimedOut,
+    /// The host's key is not the one in the host file's known_hosts.
     HostKeyMismatch,
+    /// The host refused the identity.
     AuthenticationRefused,
+    /// Something answered that is not runwarden's agent.
     AnsweredGarbage,
+    /// Any other transport failure.
     Other,
 }
 
 impl Unreachable {
+    /// As `host check` and results say it.
     pub fn as_str(self) -> &'static str {
         match self {
             Unreachable::Refused => "refused",
@@ -75,10 +85,14 @@ impl Unreachable {
 /// What a tool reports: parsed fields, never raw text alone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolResult {
+    /// How the call ended.
     pub outcome: Outcome,
+    /// The last process's exit status, when there was one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The tool's parsed findings.
     pub data: Value,
+    /// Why it failed, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Some output was cut to fit the caps.
@@ -86,6 +100,7 @@ pub struct ToolResult {
     /// Tier-2 only: the tool's own check of its effect.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified: Option<bool>,
+    /// How long the call took.
     pub duration_ms: u64,
     /// The commands the call ran, program first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -96,6 +111,7 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
+    /// A result for a call that failed before or outside its tool.
     pub fn failed(error: impl Into<String>) -> ToolResult {
         ToolResult {
             outcome: Outcome::Error,
@@ -126,6 +142,7 @@ impl ToolResult {
         self.outcome == Outcome::Ok && self.verified != Some(false)
     }
 
+    /// The result as a planner and templates see it: the data's fields, with `outcome`, `ok` and `error` beside them.
     pub fn view(&self) -> Value {
         let mut m = match &self.data {
             Value::Object(m) => m.clone(),

@@ -16,24 +16,35 @@ use crate::config::Config;
 /// Alertmanager may add some, and none of them can widen what runs.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Notification {
+    /// The payload version (runwarden reads "4").
     pub version: String,
+    /// Alertmanager's key for the alert group.
     #[serde(rename = "groupKey")]
     pub group_key: String,
+    /// `firing` or `resolved`, for the group.
     pub status: String,
+    /// The receiver that sent it.
     #[serde(default)]
     pub receiver: String,
+    /// The alerts of the group.
     pub alerts: Vec<Alert>,
+    /// How many alerts Alertmanager left out (its `max_alerts`).
     #[serde(rename = "truncatedAlerts", default)]
     pub truncated_alerts: u64,
 }
 
+/// One alert of a notification.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Alert {
+    /// `firing` or `resolved`.
     pub status: String,
+    /// Its labels (the host label among them).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Its annotations.
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Alertmanager's fingerprint of its labels.
     #[serde(default)]
     pub fingerprint: String,
 }
@@ -60,13 +71,16 @@ pub enum Candidate {
     Run(RunRequest),
     /// Matched, but the host it names is not one of the runbook's.
     OutOfScope {
+        /// The runbook that matched.
         runbook: String,
+        /// The alert's fingerprint.
         fingerprint: String,
         /// Which host, and why it is not one the runbook may touch.
         why: String,
     },
     /// No runbook matched this firing alert.
     NoMatch {
+        /// The alert's fingerprint.
         fingerprint: String,
         /// The closest runbook and the first of its matchers that failed.
         why: String,

@@ -65,6 +65,8 @@ fn fire_due(
     fired
 }
 
+/// Start each runbook's schedule as it comes due, in the configured time
+/// zone, for as long as the daemon runs; a reload takes effect at once.
 pub async fn worker(
     mut config: watch::Receiver<Arc<Config>>,
     scheduler: Arc<Scheduler>,

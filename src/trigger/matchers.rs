@@ -7,8 +7,10 @@ use std::fmt;
 
 use regex::Regex;
 
+/// One Alertmanager-style matcher: `name=value`, `!=`, `=~` or `!~`.
 #[derive(Debug, Clone)]
 pub struct Matcher {
+    /// The label it tests.
     pub name: String,
     op: Op,
     value: String,
@@ -36,6 +38,7 @@ impl fmt::Display for Matcher {
 }
 
 impl Matcher {
+    /// Parse `name OP value` (the value may be quoted); the error says what is wrong.
     pub fn parse(text: &str) -> Result<Matcher, String> {
         let s = text.trim();
         let name_end = s

@@ -9,17 +9,22 @@ pub mod matchers;
 use serde::Serialize;
 use serde_json::Value;
 
+/// What started a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
+    /// `runwarden run` on the command line.
     Cli,
+    /// The runbook's cron schedule.
     Schedule,
+    /// An Alertmanager notification.
     Alert,
     /// `POST /api/v1/runs`: a person or a tool asked the daemon.
     Api,
 }
 
 impl Trigger {
+    /// As reports, audit lines and metric labels write it.
     pub fn as_str(self) -> &'static str {
         match self {
             Trigger::Cli => "cli",
@@ -33,19 +38,25 @@ impl Trigger {
 /// A request to run one runbook on one host.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
+    /// The runbook, by name.
     pub runbook: String,
+    /// The host, by name.
     pub host: String,
+    /// Show tier-2 calls instead of running them.
     pub dry_run: bool,
+    /// What started it.
     pub trigger: Trigger,
     /// For alert triggers: the alert's labels and annotations, as `alert.*` in templates.
     /// Untrusted text: whatever a template makes of it still passes the gate.
     pub alert: Option<Value>,
     /// What identifies a repeat of this trigger (alert fingerprint, group key).
     pub keys: Vec<String>,
+    /// Who picks the calls.
     pub planner: crate::planner::PlannerChoice,
 }
 
 impl RunRequest {
+    /// A run from the command line.
     pub fn cli(runbook: String, host: String, dry_run: bool) -> RunRequest {
         RunRequest {
             runbook,
