@@ -7,31 +7,18 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::EXIT_USAGE;
+use super::{Exit, Failed};
 use crate::config::Config;
 use crate::gate::killswitch::KillSwitch;
 use crate::scheduler::{Slot, TriggerResult};
 use crate::trigger::alerts::{Candidate, Notification, candidates};
 
-pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
-    let config = match super::check::load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let body = match std::fs::read(file) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", file.display());
-            return EXIT_USAGE;
-        }
-    };
-    let n = match Notification::parse(&body) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("runwarden: {}: {e}", file.display());
-            return EXIT_USAGE;
-        }
-    };
+pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> Exit {
+    let config = super::check::load(dir)?;
+    let body = std::fs::read(file)
+        .map_err(|e| Failed::usage(format!("cannot read {}: {e}", file.display())))?;
+    let n = Notification::parse(&body)
+        .map_err(|e| Failed::usage(format!("{}: {e}", file.display())))?;
     let ends = match crate::audit::runs::recovery(&config.settings.audit_log) {
         Ok(r) => r.ends,
         Err(e) => {
@@ -88,7 +75,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
         .collect();
     if as_json {
         println!("{}", json!({ "alerts": verdicts }));
-        return 0;
+        return Ok(0);
     }
     for (i, a) in verdicts.iter().enumerate() {
         let labels: Vec<String> = a["labels"]
@@ -123,7 +110,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> i32 {
             println!("  -> {}", crate::text::printable(&line));
         }
     }
-    0
+    Ok(0)
 }
 
 /// One candidate as `alerts test` reports it: the kill switch, then the

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::ApprovalsCommand;
-use super::EXIT_USAGE;
+use super::{ApprovalsCommand, Exit, Failed};
 use crate::config::Config;
 
 pub(super) async fn approvals(
@@ -14,7 +13,7 @@ pub(super) async fn approvals(
     daemon: Option<String>,
     token_file: Option<PathBuf>,
     dir: &Path,
-) -> i32 {
+) -> Exit {
     let base = match daemon {
         Some(d) => d,
         None => match Config::load(dir) {
@@ -25,18 +24,14 @@ pub(super) async fn approvals(
     let Some(file) =
         token_file.or_else(|| std::env::var_os("RUNWARDEN_APPROVER_TOKEN_FILE").map(PathBuf::from))
     else {
-        eprintln!(
-            "runwarden: give your approver token with --token-file FILE or RUNWARDEN_APPROVER_TOKEN_FILE (never on the command line)"
-        );
-        return EXIT_USAGE;
+        return Err(Failed::usage(
+            "give your approver token with --token-file FILE or RUNWARDEN_APPROVER_TOKEN_FILE (never on the command line)",
+        ));
     };
-    let token = match crate::secret::read_file(&file, "approver token file") {
-        Ok(t) => t.trim().to_string(),
-        Err(e) => {
-            eprintln!("runwarden: {e}");
-            return EXIT_USAGE;
-        }
-    };
+    let token = crate::secret::read_file(&file, "approver token file")
+        .map_err(Failed::usage)?
+        .trim()
+        .to_string();
     let client = reqwest::Client::new();
     let call = |method: reqwest::Method, path: String, body: Option<Value>| {
         let mut req = client
@@ -102,13 +97,7 @@ pub(super) async fn approvals(
         ApprovalsCommand::Approve { id, comment } => decide(&call, &id, &comment, true).await,
         ApprovalsCommand::Deny { id, comment } => decide(&call, &id, &comment, false).await,
     };
-    match outcome {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("runwarden: {e}");
-            1
-        }
-    }
+    outcome.map(|()| 0).map_err(|e| Failed::code(1, e))
 }
 
 /// Show the call, then decide on exactly that call (its digest goes along).

@@ -4,28 +4,23 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::EXIT_USAGE;
+use super::{EXIT_USAGE, Exit, Failed};
 use crate::config::Config;
 use crate::config::Connection;
 use crate::tools::ToolId;
 
-pub(super) fn load(dir: &Path) -> Result<Config, i32> {
+pub(super) fn load(dir: &Path) -> Result<Config, Failed> {
     Config::load(dir).map_err(|e| {
-        eprintln!("{e}");
-        eprintln!(
-            "runwarden: {} problem(s) in {}; nothing was loaded",
+        Failed::listing(&e).then(format!(
+            "{} problem(s) in {}; nothing was loaded",
             e.0.len(),
             dir.display()
-        );
-        EXIT_USAGE
+        ))
     })
 }
 
-pub(super) fn check(dir: &Path) -> i32 {
-    let cfg = match load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+pub(super) fn check(dir: &Path) -> Exit {
+    let cfg = load(dir)?;
     // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
     match cfg.serve_problems(None) {
         Ok(warnings) => {
@@ -34,13 +29,11 @@ pub(super) fn check(dir: &Path) -> i32 {
             }
         }
         Err(e) => {
-            eprintln!("{e}");
-            eprintln!(
-                "runwarden: {} problem(s) that `runwarden serve` would refuse in {}",
+            return Err(Failed::listing(&e).then(format!(
+                "{} problem(s) that `runwarden serve` would refuse in {}",
                 e.0.len(),
                 dir.display()
-            );
-            return EXIT_USAGE;
+            )));
         }
     }
     for h in cfg.hosts.values() {
@@ -87,12 +80,12 @@ pub(super) fn check(dir: &Path) -> i32 {
         cfg.hosts.len(),
         cfg.runbooks.len()
     );
-    0
+    Ok(0)
 }
 
 /// `check --json`: the same verdict as `check`, as one object for scripts
 /// and CI (exit 0 when ok, 2 with the problems).
-pub(super) fn check_json(dir: &Path) -> i32 {
+pub(super) fn check_json(dir: &Path) -> Exit {
     let diagnostics = |list: &[crate::config::Diagnostic]| -> Vec<Value> {
         list.iter()
             .map(|d| {
@@ -109,7 +102,7 @@ pub(super) fn check_json(dir: &Path) -> i32 {
                 "{}",
                 serde_json::json!({ "ok": false, "problems": diagnostics(&e.0) })
             );
-            return EXIT_USAGE;
+            return Ok(EXIT_USAGE);
         }
     };
     let warnings = match cfg.serve_problems(None) {
@@ -119,7 +112,7 @@ pub(super) fn check_json(dir: &Path) -> i32 {
                 "{}",
                 serde_json::json!({ "ok": false, "problems": diagnostics(&e.0) })
             );
-            return EXIT_USAGE;
+            return Ok(EXIT_USAGE);
         }
     };
     let hosts: Vec<Value> = cfg
@@ -162,10 +155,10 @@ pub(super) fn check_json(dir: &Path) -> i32 {
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
         })
     );
-    0
+    Ok(0)
 }
 
-pub(super) fn tools(json: bool) -> i32 {
+pub(super) fn tools(json: bool) -> Exit {
     if json {
         let list: Vec<Value> = ToolId::ALL
             .iter()
@@ -196,5 +189,5 @@ pub(super) fn tools(json: bool) -> i32 {
             "Tier 3 (destructive, irreversible) is never a tool: runbooks may only `suggest:` such a command for a person."
         );
     }
-    0
+    Ok(0)
 }

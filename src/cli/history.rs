@@ -5,33 +5,32 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::EXIT_USAGE;
 use super::check::load;
+use super::{EXIT_USAGE, Exit, Failed};
 use crate::audit;
 use crate::audit::Phase;
 
-pub(super) fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, i32> {
+pub(super) fn audit_path(file: Option<PathBuf>, dir: &Path) -> Result<PathBuf, Failed> {
     match file {
         Some(f) => Ok(f),
         // runwarden.yaml alone: the log can be read while a runbook is half edited.
         None => crate::config::Settings::load(dir)
             .map(|s| s.audit_log)
-            .map_err(|e| {
-                eprintln!("{e}");
-                EXIT_USAGE
-            }),
+            .map_err(Failed::listing),
     }
+}
+
+/// The audit log could not be read.
+fn unreadable(path: &Path, e: impl std::fmt::Display) -> Failed {
+    Failed::usage(format!("cannot read {}: {e}", path.display()))
 }
 
 pub(super) fn audit_verify(
     file: Option<PathBuf>,
     dir: &Path,
     mut heads: Vec<audit::head::Head>,
-) -> i32 {
-    let path = match audit_path(file, dir) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+) -> Exit {
+    let path = audit_path(file, dir)?;
     let pinned = heads.len();
     let mut from_journal = None;
     if audit::head::journal_available() {
@@ -62,14 +61,14 @@ pub(super) fn audit_verify(
             m.len()
         );
     }
-    match audit::verify_against(&path, &heads) {
-        Ok(v) if v.problems.is_empty() => {
+    match audit::verify_against(&path, &heads).map_err(|e| unreadable(&path, e))? {
+        v if v.problems.is_empty() => {
             println!("{}: {} line(s), chain intact", path.display(), v.lines);
             println!("head: {}:{}", v.head, v.lines);
             println!("{against}");
-            0
+            Ok(0)
         }
-        Ok(v) => {
+        v => {
             for (line, why) in &v.problems {
                 println!("{}:{line}: chain broken: {why}", path.display());
             }
@@ -79,11 +78,7 @@ pub(super) fn audit_verify(
                 v.lines,
                 v.problems[0].0 - 1
             );
-            EXIT_USAGE
-        }
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", path.display());
-            EXIT_USAGE
+            Ok(EXIT_USAGE)
         }
     }
 }
@@ -93,37 +88,22 @@ pub(super) fn runs(
     since: Option<&str>,
     json: bool,
     dir: &Path,
-) -> i32 {
-    let path = match audit_path(None, dir) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+) -> Exit {
+    let path = audit_path(None, dir)?;
     if let Some(s) = since {
-        match audit::runs::parse_since(s) {
-            Ok(t) => filter.since = Some(t),
-            Err(e) => {
-                eprintln!("runwarden: {e}");
-                return EXIT_USAGE;
-            }
-        }
+        filter.since = Some(audit::runs::parse_since(s).map_err(Failed::usage)?);
     }
-    let list = match audit::runs::list(&path, &filter) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", path.display());
-            return EXIT_USAGE;
-        }
-    };
+    let list = audit::runs::list(&path, &filter).map_err(|e| unreadable(&path, e))?;
     if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&list).unwrap_or_default()
         );
-        return 0;
+        return Ok(0);
     }
     if list.is_empty() {
         println!("no runs in {}", path.display());
-        return 0;
+        return Ok(0);
     }
     let width = |f: fn(&audit::runs::RunSummary) -> usize| list.iter().map(f).max().unwrap_or(0);
     let (rb, host) = (width(|r| r.runbook.len()), width(|r| r.host.len()));
@@ -138,53 +118,39 @@ pub(super) fn runs(
         );
         println!("{}", crate::text::printable(&line));
     }
-    0
+    Ok(0)
 }
 
 /// A run id or a unique prefix of one, as given on the command line.
-pub(super) fn run_id_of(path: &Path, given: &str) -> Result<String, i32> {
-    audit::runs::resolve(path, given).map_err(|e| {
-        eprintln!("runwarden: {e}");
-        1
-    })
+pub(super) fn run_id_of(path: &Path, given: &str) -> Result<String, Failed> {
+    audit::runs::resolve(path, given).map_err(|e| Failed::code(1, e))
 }
 
-/// One run's lines, for a run id or a unique prefix of one; an exit code
-/// (with the message printed) when there are none or the log cannot be read.
-fn lines_of_run(given: &str, dir: &Path) -> Result<Vec<audit::Entry>, i32> {
+/// One run's lines, for a run id or a unique prefix of one; a failure when
+/// there are none (exit 1) or the log cannot be read.
+fn lines_of_run(given: &str, dir: &Path) -> Result<Vec<audit::Entry>, Failed> {
     let path = audit_path(None, dir)?;
     let run_id = run_id_of(&path, given)?;
-    match audit::run_lines(&path, &run_id) {
-        Ok(lines) if lines.is_empty() => {
-            eprintln!("runwarden: no lines for run {run_id} in {}", path.display());
-            Err(1)
-        }
-        Ok(lines) => Ok(lines),
-        Err(e) => {
-            eprintln!("runwarden: cannot read {}: {e}", path.display());
-            Err(EXIT_USAGE)
-        }
+    match audit::run_lines(&path, &run_id).map_err(|e| unreadable(&path, e))? {
+        lines if lines.is_empty() => Err(Failed::code(
+            1,
+            format!("no lines for run {run_id} in {}", path.display()),
+        )),
+        lines => Ok(lines),
     }
 }
 
-pub(super) fn transcript(run_id: &str, dir: &Path) -> i32 {
-    match lines_of_run(run_id, dir) {
-        Ok(lines) => {
-            print!(
-                "{}",
-                crate::text::printable(&crate::transcript::render(&lines))
-            );
-            0
-        }
-        Err(code) => code,
-    }
+pub(super) fn transcript(run_id: &str, dir: &Path) -> Exit {
+    let lines = lines_of_run(run_id, dir)?;
+    print!(
+        "{}",
+        crate::text::printable(&crate::transcript::render(&lines))
+    );
+    Ok(0)
 }
 
-pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
-    let lines = match lines_of_run(run_id, dir) {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
+    let lines = lines_of_run(run_id, dir)?;
     let finished: std::collections::BTreeSet<u32> = lines
         .iter()
         .filter(|e| e.phase == Some(Phase::Result))
@@ -251,40 +217,26 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> i32 {
     if !has_verdict {
         println!("(no verdict line: the run was interrupted or is still running)");
     }
-    0
+    Ok(0)
 }
 
-pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> i32 {
-    let cfg = match load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let window = match humantime::parse_duration(since) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("runwarden: --since {since:?} is not a duration ({e}); write e.g. 14d");
-            return EXIT_USAGE;
-        }
-    };
+pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> Exit {
+    let cfg = load(dir)?;
+    let window = humantime::parse_duration(since).map_err(|e| {
+        Failed::usage(format!(
+            "--since {since:?} is not a duration ({e}); write e.g. 14d"
+        ))
+    })?;
     if !cfg.runbooks.contains_key(runbook) {
-        eprintln!(
-            "runwarden: no runbook {runbook:?} in {}{}",
+        return Err(Failed::usage(format!(
+            "no runbook {runbook:?} in {}{}",
             dir.display(),
             crate::config::did_you_mean(runbook, cfg.runbooks.keys().map(String::as_str))
-        );
-        return EXIT_USAGE;
+        )));
     }
     let from = jiff::Timestamp::now() - jiff::SignedDuration::try_from(window).unwrap_or_default();
-    let report = match audit::promotion(&cfg.settings.audit_log, runbook, from) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!(
-                "runwarden: cannot read {}: {e}",
-                cfg.settings.audit_log.display()
-            );
-            return EXIT_USAGE;
-        }
-    };
+    let report = audit::promotion(&cfg.settings.audit_log, runbook, from)
+        .map_err(|e| unreadable(&cfg.settings.audit_log, e))?;
     let autonomy = cfg
         .runbooks
         .get(runbook)
@@ -299,9 +251,9 @@ pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path)
                 "report": report.to_json(),
             })
         );
-        return 0;
+        return Ok(0);
     }
     println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
     print!("{report}");
-    0
+    Ok(0)
 }

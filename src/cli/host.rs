@@ -4,25 +4,30 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::EXIT_USAGE;
 use super::check::load;
+use super::{EXIT_USAGE, Exit, Failed};
 use crate::audit::AuditLog;
 use crate::config::Connection;
 use crate::run::Verdict;
 
-pub(super) async fn host_check(name: &str, dir: &Path) -> i32 {
+/// The host `name`, or why there is none.
+fn host_named<'a>(
+    cfg: &'a crate::config::Config,
+    name: &str,
+) -> Result<&'a crate::config::Host, Failed> {
+    cfg.hosts
+        .get(name)
+        .map(|h| &**h)
+        .ok_or_else(|| Failed::usage(format!("no host named \"{name}\" in hosts/")))
+}
+
+pub(super) async fn host_check(name: &str, dir: &Path) -> Exit {
     use crate::executor::agent::{AgentRequest, HELLO, allowlists, policy_digest};
-    let cfg = match load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let Some(host) = cfg.hosts.get(name) else {
-        eprintln!("runwarden: no host named \"{name}\" in hosts/");
-        return EXIT_USAGE;
-    };
+    let cfg = load(dir)?;
+    let host = host_named(&cfg, name)?;
     let Connection::Ssh(ssh) = &host.connection else {
         println!("host {name} is local: nothing to check");
-        return 0;
+        return Ok(0);
     };
     let request = AgentRequest {
         run_id: "host-check".into(),
@@ -44,7 +49,7 @@ pub(super) async fn host_check(name: &str, dir: &Path) -> i32 {
             crate::executor::ssh::failure_kind(&reply),
             reply.error.unwrap_or_default()
         );
-        return EXIT_USAGE;
+        return Ok(EXIT_USAGE);
     }
     println!(
         "host {name} ({}:{}): host key verified, agent {}",
@@ -83,36 +88,27 @@ pub(super) async fn host_check(name: &str, dir: &Path) -> i32 {
             "policies differ (host file {digest}, host {})",
             reply.data["policy_digest"].as_str().unwrap_or("?")
         );
-        1
+        Ok(1)
     } else {
         println!("policies agree ({digest})");
-        0
+        Ok(0)
     }
 }
 
-pub(super) fn install_print(host: &str, dir: &Path) -> i32 {
-    let cfg = match load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    match cfg.hosts.get(host) {
-        Some(h) => {
-            print!("{}", crate::install::print(&cfg, h));
-            0
-        }
-        None => {
-            eprintln!("runwarden: no host named \"{host}\" in hosts/");
-            EXIT_USAGE
-        }
-    }
+pub(super) fn install_print(host: &str, dir: &Path) -> Exit {
+    let cfg = load(dir)?;
+    let h = host_named(&cfg, host)?;
+    print!("{}", crate::install::print(&cfg, h));
+    Ok(0)
 }
 
-pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> i32 {
+/// The agent answers on stdout, in its protocol, even when it cannot start:
+/// the runner reads a refusal there (its codes are results, not failures).
+pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> Exit {
     if !stdio {
-        eprintln!(
-            "runwarden: the agent only speaks on stdio: `runwarden agent --stdio` (as an authorized_keys forced command)"
-        );
-        return EXIT_USAGE;
+        return Err(Failed::usage(
+            "the agent only speaks on stdio: `runwarden agent --stdio` (as an authorized_keys forced command)",
+        ));
     }
     let policy = match crate::executor::agent::load_policy(policy) {
         Ok(p) => p,
@@ -121,7 +117,7 @@ pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> i32 
                 "{}",
                 serde_json::json!({ "refused": format!("the host's policy does not load: {e}") })
             );
-            return EXIT_USAGE;
+            return Ok(EXIT_USAGE);
         }
     };
     let log = match AuditLog::open(audit_file) {
@@ -131,8 +127,8 @@ pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> i32 
                 "{}",
                 serde_json::json!({ "refused": format!("the host's audit log cannot be opened, nothing runs: {e}") })
             );
-            return Verdict::Broken.exit_code();
+            return Ok(Verdict::Broken.exit_code());
         }
     };
-    crate::executor::agent::serve_stdio(&policy, &log).await
+    Ok(crate::executor::agent::serve_stdio(&policy, &log).await)
 }

@@ -1,10 +1,9 @@
 //! `runwarden kill-switch engage|release|status`, on the directory `serve` uses.
 
-use super::EXIT_USAGE;
-use super::KillSwitchCommand;
+use super::{Exit, Failed, KillSwitchCommand};
 use crate::gate::KillSwitch;
 
-pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
+pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
     let dir = match &command {
         KillSwitchCommand::Engage { config, .. }
         | KillSwitchCommand::Release { config, .. }
@@ -13,15 +12,11 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
     // The directory `serve` uses, read from runwarden.yaml alone: the switch
     // must work while a runbook or host file is half edited, and must never
     // guess a directory nothing watches.
-    let settings = match crate::config::Settings::load(&dir) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "runwarden: cannot tell which kill-switch directory runwarden uses, because runwarden.yaml does not load:\n{e}\nFix runwarden.yaml, or stop everything by hand: `touch KILL_SWITCH_DIR/ENGAGED` (the kill_switch_dir it names) or stop the service"
-            );
-            return EXIT_USAGE;
-        }
-    };
+    let settings = crate::config::Settings::load(&dir).map_err(|e| {
+        Failed::usage(format!(
+            "cannot tell which kill-switch directory runwarden uses, because runwarden.yaml does not load:\n{e}\nFix runwarden.yaml, or stop everything by hand: `touch KILL_SWITCH_DIR/ENGAGED` (the kill_switch_dir it names) or stop the service"
+        ))
+    })?;
     let ks = KillSwitch::new(settings.kill_switch_dir);
     let runbook = match &command {
         KillSwitchCommand::Engage { runbook, .. } | KillSwitchCommand::Release { runbook, .. } => {
@@ -33,13 +28,12 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
     if let Some(rb) = runbook {
         let known = crate::config::runbook_names(&dir);
         if !known.contains(rb) {
-            eprintln!(
-                "runwarden: {:?} is not a runbook of {}{}; a switch for it would stop nothing (omit --runbook to stop every runbook)",
+            return Err(Failed::usage(format!(
+                "{:?} is not a runbook of {}{}; a switch for it would stop nothing (omit --runbook to stop every runbook)",
                 rb,
                 dir.join("runbooks").display(),
                 crate::config::did_you_mean(rb, known.iter().map(String::as_str))
-            );
-            return EXIT_USAGE;
+            )));
         }
     }
     let shown = ks.dir().display();
@@ -50,14 +44,14 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
                     "engaged: {} (runs stop before their next call)",
                     path.display()
                 );
-                0
+                Ok(0)
             }
-            Err(e) => {
-                eprintln!(
-                    "runwarden: cannot engage the kill switch in {shown}: {e}; as a fallback, `touch {shown}/ENGAGED` or remove the directory (both stop everything)"
-                );
-                1
-            }
+            Err(e) => Err(Failed::code(
+                1,
+                format!(
+                    "cannot engage the kill switch in {shown}: {e}; as a fallback, `touch {shown}/ENGAGED` or remove the directory (both stop everything)"
+                ),
+            )),
         },
         KillSwitchCommand::Release { .. } => match ks.release(runbook) {
             Ok(true) => {
@@ -71,19 +65,16 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
                     Err(e) => println!("still ENGAGED {e}"),
                     Ok(_) => {}
                 }
-                0
+                Ok(0)
             }
             Ok(false) => {
                 println!("was not engaged: no {}", ks.file_of(runbook).display());
-                0
+                Ok(0)
             }
-            Err(e) => {
-                eprintln!(
-                    "runwarden: cannot release {}: {e}",
-                    ks.file_of(runbook).display()
-                );
-                1
-            }
+            Err(e) => Err(Failed::code(
+                1,
+                format!("cannot release {}: {e}", ks.file_of(runbook).display()),
+            )),
         },
         // Exit 0: released (calls may run); 1: engaged (something is stopped).
         KillSwitchCommand::Status { json: true, .. } => {
@@ -102,22 +93,22 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> i32 {
                     "engaged": engaged,
                 })
             );
-            i32::from(!engaged.is_empty())
+            Ok(i32::from(!engaged.is_empty()))
         }
         KillSwitchCommand::Status { .. } => match ks.status() {
             Ok(list) if list.is_empty() => {
                 println!("released: no switch file in {shown}");
-                0
+                Ok(0)
             }
             Ok(list) => {
                 for (scope, detail) in list {
                     println!("ENGAGED {scope}: {detail}");
                 }
-                1
+                Ok(1)
             }
             Err(e) => {
                 println!("ENGAGED {e}");
-                1
+                Ok(1)
             }
         },
     }

@@ -1,6 +1,9 @@
 //! The command line: clap types (`args`), one module per command family,
 //! and [`main`], which runs a parsed command and returns its exit code.
-//! Messages and exit codes are decided here and nowhere in the library.
+//! Messages and exit codes are decided here and nowhere in the library:
+//! each command returns an [`Exit`], its exit code or a [`Failed`] that
+//! [`main`] says once (`runwarden: ...` on stderr) before it exits with
+//! that failure's code.
 //!
 //! Exit codes: 0 success; 1 a run failed (see [`crate::run::Verdict::exit_code`] for the
 //! others of `run`); 2 usage or configuration error, or a broken audit chain.
@@ -36,8 +39,82 @@ pub const EXIT_USAGE: i32 = 2;
 /// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
 pub const EXIT_BUSY: i32 = 75;
 
-/// Run a parsed command; returns the process exit code.
+/// A command that could not do what it was asked: the one message [`main`]
+/// prints for it, on stderr, and the exit code. Commands return
+/// [`Exit`]: `Ok` carries a code the command's own result decided (a run's
+/// verdict, a check's findings), already reported on stdout.
+#[derive(Debug)]
+pub struct Failed {
+    code: i32,
+    /// Lines printed as they are, first: the loader's problems, each
+    /// naming its own FILE:LINE:COLUMN.
+    listing: Option<String>,
+    /// Then one line, `runwarden: ...`.
+    error: Option<anyhow::Error>,
+}
+
+impl Failed {
+    /// A usage or configuration error (exit 2).
+    pub(crate) fn usage(e: impl std::fmt::Display) -> Failed {
+        Failed::code(EXIT_USAGE, e)
+    }
+
+    /// Exit `code`, saying `e`.
+    pub(crate) fn code(code: i32, e: impl std::fmt::Display) -> Failed {
+        Failed {
+            code,
+            listing: None,
+            error: Some(anyhow::anyhow!("{e}")),
+        }
+    }
+
+    /// The configuration loader's problems (exit 2), as it wrote them.
+    pub(crate) fn listing(problems: impl std::fmt::Display) -> Failed {
+        Failed {
+            code: EXIT_USAGE,
+            listing: Some(problems.to_string()),
+            error: None,
+        }
+    }
+
+    /// The problems, then what they come to.
+    pub(crate) fn then(mut self, summary: impl std::fmt::Display) -> Failed {
+        self.error = Some(anyhow::anyhow!("{summary}"));
+        self
+    }
+
+    /// Say it, once, and give the exit code.
+    fn report(self) -> i32 {
+        if let Some(listing) = self.listing {
+            eprintln!("{listing}");
+        }
+        if let Some(error) = self.error {
+            eprintln!("runwarden: {error:#}");
+        }
+        self.code
+    }
+}
+
+impl From<anyhow::Error> for Failed {
+    fn from(error: anyhow::Error) -> Failed {
+        Failed {
+            code: EXIT_USAGE,
+            listing: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// What a command comes to: its exit code, or why it could not do its work.
+pub type Exit = Result<i32, Failed>;
+
+/// Run a parsed command; returns the process exit code. Every failure is
+/// said here, once.
 pub async fn main(cli: Cli) -> i32 {
+    dispatch(cli).await.unwrap_or_else(Failed::report)
+}
+
+async fn dispatch(cli: Cli) -> Exit {
     match cli.command {
         Command::Check {
             config,
@@ -52,21 +129,16 @@ pub async fn main(cli: Cli) -> i32 {
             let mut text = Vec::new();
             clap_complete::generate(shell, &mut cmd, "runwarden", &mut text);
             print!("{}", String::from_utf8_lossy(&text));
-            0
+            Ok(0)
         }
         Command::Man => {
             let cmd = <Cli as clap::CommandFactory>::command();
             let mut text = Vec::new();
-            match clap_mangen::Man::new(cmd).render(&mut text) {
-                Ok(()) => {
-                    print!("{}", String::from_utf8_lossy(&text));
-                    0
-                }
-                Err(e) => {
-                    eprintln!("runwarden: cannot render the manual page: {e}");
-                    1
-                }
-            }
+            clap_mangen::Man::new(cmd)
+                .render(&mut text)
+                .map_err(|e| Failed::code(1, format!("cannot render the manual page: {e}")))?;
+            print!("{}", String::from_utf8_lossy(&text));
+            Ok(0)
         }
         Command::Run {
             runbook,
@@ -97,20 +169,13 @@ pub async fn main(cli: Cli) -> i32 {
             alert,
             ..
         } => {
-            let [host] = <[String; 1]>::try_from(host).unwrap_or_else(|_| {
-                eprintln!("runwarden: give one --host (several, or --all-hosts, go through the daemon: --via-daemon URL)");
-                std::process::exit(EXIT_USAGE);
-            });
+            let [host] = <[String; 1]>::try_from(host).map_err(|_| {
+                Failed::usage("give one --host (several, or --all-hosts, go through the daemon: --via-daemon URL)")
+            })?;
             let mut req = RunRequest::cli(runbook, host, dry_run);
             req.planner = planner;
             if let Some(file) = alert {
-                match read_alert(&file) {
-                    Ok(a) => req.alert = Some(a),
-                    Err(e) => {
-                        eprintln!("runwarden: {e}");
-                        return EXIT_USAGE;
-                    }
-                }
+                req.alert = Some(read_alert(&file).map_err(Failed::usage)?);
             }
             run(&config, req, json).await
         }
@@ -177,15 +242,10 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> i32 {
+async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> Exit {
     let opts = crate::app::ServeOptions { config_dir, listen };
-    match crate::app::serve(opts, shutdown_signal(), None).await {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("runwarden: {e:#}");
-            EXIT_USAGE
-        }
-    }
+    crate::app::serve(opts, shutdown_signal(), None).await?;
+    Ok(0)
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

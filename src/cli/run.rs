@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::EXIT_BUSY;
-use super::EXIT_USAGE;
 use super::check::load;
+use super::{EXIT_BUSY, Exit, Failed};
 use crate::audit::AuditLog;
 use crate::report::render;
 use crate::run::RunRequest;
@@ -15,19 +14,11 @@ use crate::run::Runner;
 use crate::run::StartError;
 use crate::run::Verdict;
 
-pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
-    let cfg = match load(dir) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let audit = match AuditLog::open(&cfg.settings.audit_log) {
-        Ok(a) => Arc::new(a),
-        Err(e) => {
-            eprintln!("runwarden: {e}");
-            return Verdict::Broken.exit_code();
-        }
-    };
-    let runner = Runner::new(Arc::new(cfg), audit);
+pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
+    let cfg = load(dir)?;
+    let audit = AuditLog::open(&cfg.settings.audit_log)
+        .map_err(|e| Failed::code(Verdict::Broken.exit_code(), e))?;
+    let runner = Runner::new(Arc::new(cfg), Arc::new(audit));
     match runner.run(&req).await {
         Ok(report) => {
             if json {
@@ -38,20 +29,16 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> i32 {
             } else {
                 print!("{}", crate::text::printable(&render(&report)));
             }
-            report.verdict.exit_code()
+            Ok(report.verdict.exit_code())
         }
         Err(e @ (StartError::Audit(_) | StartError::Lock(_))) => {
-            eprintln!("runwarden: {e}");
-            Verdict::Broken.exit_code()
+            Err(Failed::code(Verdict::Broken.exit_code(), e))
         }
-        Err(e @ StartError::Busy(_)) => {
-            eprintln!("runwarden: {e}; try again when it has ended");
-            EXIT_BUSY
-        }
-        Err(e) => {
-            eprintln!("runwarden: {e}");
-            EXIT_USAGE
-        }
+        Err(e @ StartError::Busy(_)) => Err(Failed::code(
+            EXIT_BUSY,
+            format!("{e}; try again when it has ended"),
+        )),
+        Err(e) => Err(Failed::usage(e)),
     }
 }
 
@@ -64,13 +51,9 @@ pub(super) async fn via_daemon(
     all_hosts: bool,
     dry_run: bool,
     token_file: Option<&Path>,
-) -> i32 {
+) -> Exit {
     let token = match token_file.map(|f| crate::secret::read_file(f, "webhook token file")) {
-        Some(Ok(t)) => Some(t.trim().to_string()),
-        Some(Err(e)) => {
-            eprintln!("runwarden: {e}");
-            return EXIT_USAGE;
-        }
+        Some(t) => Some(t.map_err(Failed::usage)?.trim().to_string()),
         None => None,
     };
     let base = base.trim_end_matches('/');
@@ -99,19 +82,17 @@ pub(super) async fn via_daemon(
                 .unwrap_or(Value::Null),
         ),
         Err(e) => {
-            eprintln!(
-                "runwarden: cannot reach the daemon at {base}: {}",
+            return Err(Failed::usage(format!(
+                "cannot reach the daemon at {base}: {}",
                 crate::error_chain(&e)
-            );
-            return EXIT_USAGE;
+            )));
         }
     };
     if status != reqwest::StatusCode::ACCEPTED {
-        eprintln!(
-            "runwarden: the daemon answered {status}: {}",
+        return Err(Failed::usage(format!(
+            "the daemon answered {status}: {}",
             answer["error"].as_str().unwrap_or("")
-        );
-        return EXIT_USAGE;
+        )));
     }
     let mut worst = 0;
     for o in answer["outcomes"].as_array().into_iter().flatten() {
@@ -150,7 +131,7 @@ pub(super) async fn via_daemon(
             .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
         worst = worst.max(code);
     }
-    worst
+    Ok(worst)
 }
 
 /// `run --alert FILE`: one alert's labels and annotations, as the webhook would pass them.

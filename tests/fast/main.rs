@@ -1012,3 +1012,106 @@ fn completions_and_the_manual_page_name_every_command() {
     let fish = runwarden_ok(&["completions".as_ref(), "fish".as_ref()]);
     assert!(fish.contains("complete -c runwarden"), "{fish}");
 }
+
+/// A command that cannot do its work says so once, on stderr, as one
+/// `runwarden: ...` line (after the loader's own FILE:LINE lines), prints
+/// nothing on stdout, and exits with the documented code.
+#[test]
+fn every_failure_is_said_once_with_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_runwarden");
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["promote-report", "dsik", "--config", cfg],
+            2,
+            "no runbook \"dsik\"",
+        ),
+        (
+            &["runs", "--since", "yesterday-ish", "--config", cfg],
+            2,
+            "yesterday-ish",
+        ),
+        (&["transcript", "0000", "--config", cfg], 1, "0000"),
+        (
+            &[
+                "kill-switch",
+                "engage",
+                "--reason",
+                "t",
+                "--runbook",
+                "nope",
+                "--config",
+                cfg,
+            ],
+            2,
+            "is not a runbook",
+        ),
+        (
+            &[
+                "run", "disk", "--host", "web-01", "--host", "web-02", "--config", cfg,
+            ],
+            2,
+            "give one --host",
+        ),
+        (
+            &["run", "disk", "--host", "web-09", "--config", cfg],
+            2,
+            "web-09",
+        ),
+        (
+            &["install", "print", "--host", "web-09", "--config", cfg],
+            2,
+            "no host named \"web-09\"",
+        ),
+        (
+            &["alerts", "test", "/nonexistent.json", "--config", cfg],
+            2,
+            "cannot read /nonexistent.json",
+        ),
+        (&["approvals", "list", "--config", cfg], 2, "--token-file"),
+        (&["agent"], 2, "only speaks on stdio"),
+    ];
+    for (args, code, says) in cases {
+        let out = std::process::Command::new(bin)
+            .args(*args)
+            .env_remove("RUNWARDEN_APPROVER_TOKEN_FILE")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("runwarden: "))
+            .collect();
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {stderr}");
+        assert_eq!(said.len(), 1, "{args:?}: said once: {stderr}");
+        assert!(said[0].contains(says), "{args:?}: {stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // A configuration that does not load: its problems as FILE:LINE lines,
+    // then one line that sums them up.
+    std::fs::write(
+        dir.path().join("runbooks/disk.yaml"),
+        "name: disk\nhosts: [web-01]\nautonomy: L9\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["check", "--config", cfg])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines[0].contains("runbooks/disk.yaml:"), "{stderr}");
+    assert!(
+        lines.last().unwrap().starts_with("runwarden: ")
+            && lines.last().unwrap().contains("nothing was loaded"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("runwarden: ").count(), 1, "{stderr}");
+}
