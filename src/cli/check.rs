@@ -46,7 +46,7 @@ pub(super) fn check(dir: &Path) -> Exit {
     }
     for r in cfg.runbooks.values() {
         println!(
-            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{} {}",
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{} {}",
             r.name,
             r.autonomy.as_str(),
             r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
@@ -57,8 +57,16 @@ pub(super) fn check(dir: &Path) -> Exit {
                 Some(a) => format!(" agent(max_steps={})", a.max_steps),
                 None => String::new(),
             },
+            match &r.fleet_budget {
+                Some(b) => format!(" fleet_budget={}", per_window(b)),
+                None => String::new(),
+            },
             r.source.display()
         );
+    }
+    match &cfg.settings.fleet_budget {
+        Some(b) => println!("fleet budget: {} across every run", per_window(b)),
+        None => println!("fleet budget: none (each run's own budget only)"),
     }
     match &cfg.settings.model {
         Some(m) => println!(
@@ -140,6 +148,7 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                 "steps": r.steps.len(),
                 "schedule": r.schedule,
                 "model_planned": r.agent.is_some(),
+                "fleet_budget": r.fleet_budget.as_ref().map(fleet_json),
                 "file": r.source,
             })
         })
@@ -153,9 +162,23 @@ pub(super) fn check_json(dir: &Path) -> Exit {
             "hosts": hosts,
             "runbooks": runbooks,
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
+            "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
         })
     );
     Ok(0)
+}
+
+/// `10 tier-2 calls per 1h`.
+fn per_window(b: &crate::config::runbook::FleetBudget) -> String {
+    format!(
+        "{} tier-2 calls per {}",
+        b.max_mutations,
+        humantime::format_duration(b.per)
+    )
+}
+
+fn fleet_json(b: &crate::config::runbook::FleetBudget) -> Value {
+    serde_json::json!({ "max_mutations": b.max_mutations, "per_seconds": b.per.as_secs() })
 }
 
 pub(super) fn tools(json: bool) -> Exit {

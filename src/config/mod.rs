@@ -77,6 +77,8 @@ pub struct Settings {
     pub approval_webhook: Option<String>,
     /// The model planner's endpoint; runbooks' `agent` goals need it.
     pub model: Option<ModelEndpoint>,
+    /// Tier-2 calls across every run on this machine, within a window.
+    pub fleet_budget: Option<runbook::FleetBudget>,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
@@ -256,8 +258,13 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .model
         .as_ref()
         .and_then(|m| model::validate(&m.value, &settings_file, dir, diags));
+    let fleet_budget = settings
+        .fleet_budget
+        .as_ref()
+        .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
     Settings {
         model,
+        fleet_budget,
         approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),

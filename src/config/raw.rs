@@ -39,6 +39,16 @@ pub struct Settings {
     pub approval_timeout: Option<S<String>>,
     pub approval_webhook: Option<S<String>>,
     pub model: Option<S<Model>>,
+    pub fleet_budget: Option<FleetBudget>,
+}
+
+/// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across
+/// every run, within a sliding window.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetBudget {
+    pub max_mutations: S<u32>,
+    pub per: S<String>,
 }
 
 /// `model:` in runwarden.yaml: an OpenAI-compatible chat-completions endpoint.
@@ -68,6 +78,7 @@ pub struct Runbook {
     pub tools: Tools,
     #[serde(default)]
     pub budget: Budget,
+    pub fleet_budget: Option<FleetBudget>,
     #[serde(default)]
     pub steps: Vec<S<Step>>,
     pub agent: Option<S<Agent>>,

@@ -39,6 +39,49 @@ impl Autonomy {
     }
 }
 
+/// Tier-2 calls across every run (and every process on this machine)
+/// within a sliding window: `fleet_budget:` in runwarden.yaml, or in a
+/// runbook for its own calls. Kept by [`crate::gate::fleet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetBudget {
+    /// Tier-2 calls allowed within the window.
+    pub max_mutations: u32,
+    /// The window.
+    pub per: Duration,
+}
+
+/// The most tier-2 calls a fleet budget may allow per window.
+const MAX_FLEET_MUTATIONS: u32 = 100_000;
+
+/// `fleet_budget:` of runwarden.yaml or a runbook, checked.
+pub(crate) fn fleet_budget(
+    raw: &raw::FleetBudget,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<FleetBudget> {
+    let max = &raw.max_mutations;
+    if max.value > MAX_FLEET_MUTATIONS {
+        diags.at(
+            file,
+            max.referenced,
+            format!("fleet_budget.max_mutations must be at most {MAX_FLEET_MUTATIONS}"),
+        );
+    }
+    let per = duration(&raw.per, "fleet_budget.per", file, diags)?;
+    if per > Duration::from_secs(31 * 24 * 3600) {
+        diags.at(
+            file,
+            raw.per.referenced,
+            "fleet_budget.per must be at most 31d",
+        );
+        return None;
+    }
+    Some(FleetBudget {
+        max_mutations: max.value,
+        per,
+    })
+}
+
 /// What one run may spend; past any of it the gate refuses the next call.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
@@ -151,6 +194,8 @@ pub struct Runbook {
     pub approve: BTreeSet<ToolId>,
     /// What one run may spend.
     pub budget: Budget,
+    /// Tier-2 calls of all this runbook's runs, within a window.
+    pub fleet_budget: Option<FleetBudget>,
     /// The deterministic steps, in order.
     pub steps: Vec<Step>,
     /// A goal for the model planner, when the runbook has one.
@@ -467,6 +512,10 @@ pub(super) fn validate(
         observe,
         approve,
         budget,
+        fleet_budget: raw
+            .fleet_budget
+            .as_ref()
+            .and_then(|f| fleet_budget(f, file, diags)),
         steps,
         agent,
         version,

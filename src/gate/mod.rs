@@ -23,6 +23,7 @@
 
 pub mod approvals;
 pub mod budget;
+pub mod fleet;
 pub mod host;
 pub mod killswitch;
 pub mod signed;
@@ -168,6 +169,8 @@ pub enum DenyReason {
     TimeBudget,
     /// The run's `max_mutations` is spent.
     MutationBudget,
+    /// A `fleet_budget` (every run's tier-2 calls in a window) is spent.
+    FleetBudget,
     /// L2: a person denied the call.
     ApprovalDenied,
     /// L2: nobody decided in time.
@@ -191,6 +194,7 @@ impl DenyReason {
             DenyReason::StepLimit => "step_limit",
             DenyReason::TimeBudget => "time_budget",
             DenyReason::MutationBudget => "mutation_budget",
+            DenyReason::FleetBudget => "fleet_budget",
             DenyReason::ApprovalDenied => "approval_denied",
             DenyReason::ApprovalExpired => "approval_expired",
             DenyReason::NoApprover => "no_approver",
@@ -264,6 +268,8 @@ pub struct Gate {
     killswitch: KillSwitch,
     budget: Budget,
     path_mode: PathMode,
+    /// The fleet budgets, and whether permitted calls count (not in a dry run).
+    fleet: Option<(fleet::Fleet, bool)>,
 }
 
 impl Gate {
@@ -281,6 +287,24 @@ impl Gate {
             host,
             killswitch,
             path_mode,
+            fleet: None,
+        }
+    }
+
+    /// Count tier-2 calls against `fleet` too; `count: false` (a dry run,
+    /// which changes nothing) only checks it.
+    pub fn with_fleet(mut self, fleet: Option<fleet::Fleet>, count: bool) -> Gate {
+        self.fleet = fleet.map(|f| (f, count));
+        self
+    }
+
+    /// The fleet budgets' say on one more tier-2 call; `count` takes it.
+    fn fleet_take(&self, count: bool) -> Result<(), (DenyReason, String)> {
+        match &self.fleet {
+            Some((fleet, counts)) => fleet
+                .take(count && *counts)
+                .map_err(|why| (DenyReason::FleetBudget, why)),
+            None => Ok(()),
         }
     }
 
@@ -386,7 +410,11 @@ impl Gate {
         }
         if approval.is_none() && self.runbook.autonomy == Autonomy::L2 {
             // Ask only for a call that could run if approved.
-            if let Err((reason, detail)) = self.budget.check(true) {
+            if let Err((reason, detail)) = self
+                .budget
+                .check(true)
+                .and_then(|()| self.fleet_take(false))
+            {
                 return deny(reason, detail, Some(tool));
             }
             return Decision::Hold(Hold {
@@ -401,6 +429,10 @@ impl Gate {
             }),
             Some(approved_by) => {
                 if mutating {
+                    // Last: a call the fleet counts is one that is permitted.
+                    if let Err((reason, detail)) = self.fleet_take(true) {
+                        return deny(reason, detail, Some(tool));
+                    }
                     self.budget.count_mutation();
                 }
                 Decision::Allow(Permit {
@@ -448,7 +480,8 @@ impl Gate {
                 tool,
             });
         }
-        if let Err((reason, detail)) = self.budget.check(true) {
+        if let Err((reason, detail)) = self.budget.check(true).and_then(|()| self.fleet_take(true))
+        {
             return Err(Denial {
                 step: hold.step,
                 reason,

@@ -109,7 +109,8 @@ impl RunLoop<'_> {
                 self.runbook.clone(),
                 self.host.clone(),
                 self.runner.killswitch.clone(),
-            ),
+            )
+            .with_fleet(self.fleet(), !self.req.dry_run),
             transcript: Transcript::default(),
             reports: Vec::new(),
             suggestions: Vec::new(),
@@ -166,6 +167,17 @@ impl RunLoop<'_> {
             }
         }
         self.finish(s, started, started_at)
+    }
+
+    /// The fleet budgets this run's tier-2 calls count against.
+    fn fleet(&self) -> Option<crate::gate::fleet::Fleet> {
+        let settings = &self.runner.config.settings;
+        crate::gate::fleet::Fleet::new(
+            &settings.state_dir,
+            settings.fleet_budget,
+            &self.runbook.name,
+            self.runbook.fleet_budget,
+        )
     }
 
     pub(super) fn shutting_down(&self) -> bool {

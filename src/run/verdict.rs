@@ -88,7 +88,9 @@ impl From<DenyReason> for Verdict {
         match reason {
             DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
             DenyReason::StepLimit => Verdict::StepLimit,
-            DenyReason::TimeBudget | DenyReason::MutationBudget => Verdict::BudgetExhausted,
+            DenyReason::TimeBudget | DenyReason::MutationBudget | DenyReason::FleetBudget => {
+                Verdict::BudgetExhausted
+            }
             _ => Verdict::Denied,
         }
     }

@@ -1115,3 +1115,69 @@ fn every_failure_is_said_once_with_its_exit_code() {
     );
     assert_eq!(stderr.matches("runwarden: ").count(), 1, "{stderr}");
 }
+
+/// A `fleet_budget` that cannot hold is refused where it is written.
+#[test]
+fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_runwarden");
+    for (yaml, says) in [
+        (
+            "fleet_budget: { max_mutations: 3, per: 0s }\n",
+            "fleet_budget.per must be longer than zero",
+        ),
+        (
+            "fleet_budget: { max_mutations: 3, per: 40d }\n",
+            "fleet_budget.per must be at most 31d",
+        ),
+        (
+            "fleet_budget: { max_mutations: 200000, per: 1h }\n",
+            "fleet_budget.max_mutations must be at most 100000",
+        ),
+        (
+            "fleet_budget: { max_mutation: 3, per: 1h }\n",
+            "max_mutation",
+        ),
+        ("fleet_budget: { per: 1h }\n", "max_mutations"),
+    ] {
+        std::fs::write(dir.path().join("runwarden.yaml"), yaml).unwrap();
+        let out = std::process::Command::new(bin)
+            .args(["check", "--config", cfg])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
+        assert!(stderr.contains("runwarden.yaml:1:"), "{yaml}: {stderr}");
+        assert!(stderr.contains(says), "{yaml}: {stderr}");
+    }
+    std::fs::write(
+        dir.path().join("runwarden.yaml"),
+        "fleet_budget: { max_mutations: 20, per: 1h }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["check", "--config", cfg])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("fleet budget: 20 tier-2 calls per 1h across every run"),
+        "{said}"
+    );
+    let out = std::process::Command::new(bin)
+        .args(["check", "--json", "--config", cfg])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["fleet_budget"],
+        serde_json::json!({ "max_mutations": 20, "per_seconds": 3600 })
+    );
+}

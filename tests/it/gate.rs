@@ -382,3 +382,137 @@ fn a_tool_printing_100_mb_is_capped_without_memory_blowup() {
     assert_eq!(s["result"]["truncated"], true);
     assert!(rss < 100 * 1024, "peak RSS of runwarden was {rss} KiB");
 }
+
+/// `fleet_budget` in runwarden.yaml: eight `runwarden run` processes at
+/// once, each wanting one rotation on a host of its own, under a budget of
+/// three per hour: exactly three logs rotate, the other five calls are
+/// refused as `fleet_budget` and audited, and their runs end
+/// `budget_exhausted`. A dry run before them counts nothing; a runbook's
+/// own budget then holds for its calls alone.
+#[test]
+fn the_fleet_budget_holds_across_concurrent_processes() {
+    let e = Estate::new();
+    let hosts: Vec<String> = (1..=8).map(|i| format!("h{i}")).collect();
+    let work = e.work();
+    for h in &hosts {
+        let logs = work.join(format!("logs-{h}"));
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(logs.join("app.log"), "line\n").unwrap();
+        let conf = work.join(format!("lr-{h}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "{}/app.log {{\n  rotate 9\n  missingok\n  create\n}}\n",
+                logs.display()
+            ),
+        )
+        .unwrap();
+        e.host(
+            h,
+            &local_host(
+                h,
+                &format!(
+                    "logrotate_configs: [{}]\nlogrotate_state: {}/lr-{h}.state",
+                    conf.display(),
+                    work.display()
+                ),
+            ),
+        );
+    }
+    let runbook = |name: &str, own: &str| {
+        format!(
+            "name: {name}\ndescription: t\nhosts: [{}]\nautonomy: L3\ntools:\n  approve: [rotate_logs]\n{own}steps:\n  - call: rotate_logs\n    args: {{ config: \"{}/lr-{{{{ run.host }}}}.conf\" }}\n    reason: \"the fleet test\"\n",
+            hosts.join(", "),
+            work.display()
+        )
+    };
+    e.runbook("fleet", &runbook("fleet", ""));
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "fleet_budget: { max_mutations: 3, per: 1h }\n",
+    )
+    .unwrap();
+    let out = e.run(&["check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (code, report) = e.run_json("fleet", "h1", &["--dry-run"]);
+    assert_eq!(
+        (code, report["verdict"].as_str()),
+        (0, Some("ok")),
+        "{report:#}"
+    );
+
+    let runs: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            e.cmd(&["run", "fleet", "--host", h, "--json"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let verdicts: Vec<String> = runs
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let r: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|_| panic!("no report: {}", String::from_utf8_lossy(&out.stderr)));
+            r["verdict"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let ok = verdicts.iter().filter(|v| *v == "ok").count();
+    let spent = verdicts.iter().filter(|v| *v == "budget_exhausted").count();
+    assert_eq!((ok, spent), (3, 5), "{verdicts:?}");
+    let rotated = hosts
+        .iter()
+        .filter(|h| work.join(format!("logs-{h}/app.log.1")).exists())
+        .count();
+    assert_eq!(rotated, 3, "the hosts' own record: three logs rotated");
+    let denied = e.audit_phase("denied");
+    assert_eq!(denied.len(), 5);
+    for d in &denied {
+        assert_eq!(d["detail"]["reason"], "fleet_budget", "{d}");
+        assert!(
+            d["detail"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("3 of every runbook's tier-2 calls in the last 1h"),
+            "{d}"
+        );
+    }
+    assert_eq!(e.audit_phase("intent").len(), 3);
+
+    // A runbook's own budget: one call per hour for `once`, whatever the
+    // fleet-wide one says (raised here so only the runbook's can refuse).
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "fleet_budget: { max_mutations: 100, per: 1h }\n",
+    )
+    .unwrap();
+    e.runbook(
+        "once",
+        &runbook("once", "fleet_budget: { max_mutations: 1, per: 10m }\n"),
+    );
+    let (code, first) = e.run_json("once", "h1", &[]);
+    assert_eq!(
+        (code, first["verdict"].as_str()),
+        (0, Some("ok")),
+        "{first:#}"
+    );
+    let (code, second) = e.run_json("once", "h2", &[]);
+    assert_eq!(second["verdict"], "budget_exhausted", "{second:#}");
+    assert_eq!(code, 5);
+    let detail = steps_with(&second, "denied")[0]["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        detail.contains("runbook \"once\"'s") && detail.contains("fleet_budget in the runbook"),
+        "{detail}"
+    );
+}

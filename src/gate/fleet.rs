@@ -1,0 +1,241 @@
+//! The fleet budget: tier-2 calls across every run, within a sliding
+//! window (`fleet_budget:` in runwarden.yaml for all of them, in a runbook
+//! for its own). A run's own budget does not stop 500 runs making one
+//! restart each; this does.
+//!
+//! The count is kept on this machine in `STATE_DIR/fleet-budget.json`: the
+//! time and runbook of each tier-2 call permitted within the longest
+//! window. The gate counts a call when it permits it, before its intent
+//! line, so a permit whose call never ran still counts (fail closed). The
+//! ledger is read, pruned and replaced (written, synced, renamed) under an
+//! exclusive `flock` of `fleet-budget.lock`: the daemon's runs and a
+//! person's `runwarden run` count into the same one, and two of them can
+//! never both take the last call. A ledger that cannot be read or written
+//! refuses every tier-2 call until it is fixed or removed.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::runbook::FleetBudget;
+
+/// The fleet budgets one runbook's calls count against.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    state_dir: PathBuf,
+    runbook: String,
+    /// `fleet_budget` of runwarden.yaml: every runbook's calls.
+    all: Option<FleetBudget>,
+    /// The runbook's own `fleet_budget`: its calls only.
+    own: Option<FleetBudget>,
+}
+
+/// One counted call.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Counted {
+    /// Unix milliseconds.
+    at: i64,
+    runbook: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Ledger {
+    calls: Vec<Counted>,
+}
+
+impl Fleet {
+    /// The budgets of `runbook` under `all` (runwarden.yaml's), or `None`
+    /// when neither is set.
+    pub fn new(
+        state_dir: &Path,
+        all: Option<FleetBudget>,
+        runbook: &str,
+        own: Option<FleetBudget>,
+    ) -> Option<Fleet> {
+        (all.is_some() || own.is_some()).then(|| Fleet {
+            state_dir: state_dir.to_path_buf(),
+            runbook: runbook.to_string(),
+            all,
+            own,
+        })
+    }
+
+    /// Count one tier-2 call now, or say which budget is spent. With
+    /// `count: false` (a dry run, a call put to a person) only look.
+    pub fn take(&self, count: bool) -> Result<(), String> {
+        self.take_at(jiff::Timestamp::now().as_millisecond(), count)
+    }
+
+    fn take_at(&self, now: i64, count: bool) -> Result<(), String> {
+        let ledger = self.state_dir.join("fleet-budget.json");
+        let unusable = |e: std::io::Error| {
+            format!(
+                "the fleet budget's ledger {} cannot be used ({e}); no tier-2 call runs until it is fixed or removed",
+                ledger.display()
+            )
+        };
+        std::fs::create_dir_all(&self.state_dir).map_err(unusable)?;
+        let lock = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o640)
+            .open(self.state_dir.join("fleet-budget.lock"))
+            .map_err(unusable)?;
+        lock.lock().map_err(unusable)?;
+        let mut book: Ledger = match std::fs::read(&ledger) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| unusable(std::io::Error::other(e)))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ledger::default(),
+            Err(e) => return Err(unusable(e)),
+        };
+        let window = |b: &FleetBudget| now - millis(b.per);
+        let longest = [self.all, self.own]
+            .iter()
+            .flatten()
+            .map(|b| b.per)
+            .max()
+            .unwrap_or_default();
+        // Calls older than every window no longer count for anything.
+        book.calls
+            .retain(|c| c.at > now - millis(longest).max(millis(DAY)));
+        if let Some(b) = &self.all {
+            let since = window(b);
+            let n = book.calls.iter().filter(|c| c.at > since).count();
+            if n >= b.max_mutations as usize {
+                return Err(spent(n, b, "every runbook's", "runwarden.yaml"));
+            }
+        }
+        if let Some(b) = &self.own {
+            let since = window(b);
+            let n = book
+                .calls
+                .iter()
+                .filter(|c| c.at > since && c.runbook == self.runbook)
+                .count();
+            if n >= b.max_mutations as usize {
+                let whose = format!("runbook \"{}\"'s", self.runbook);
+                return Err(spent(n, b, &whose, "the runbook"));
+            }
+        }
+        if count {
+            book.calls.push(Counted {
+                at: now,
+                runbook: self.runbook.clone(),
+            });
+            replace(&ledger, &book).map_err(unusable)?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls are kept a day at least, so a shorter window set later still sees them.
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn spent(n: usize, b: &FleetBudget, whose: &str, set_in: &str) -> String {
+    format!(
+        "fleet budget spent: {n} of {whose} tier-2 calls in the last {} (fleet_budget in {set_in} allows {}); nothing more changes until older calls leave the window",
+        humantime::format_duration(b.per),
+        b.max_mutations
+    )
+}
+
+/// Write the ledger beside itself, sync it, and rename it into place: a
+/// crash leaves the old ledger or the new one, never half of one.
+fn replace(path: &Path, book: &Ledger) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.new");
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec(book).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(max: u32, secs: u64) -> Option<FleetBudget> {
+        Some(FleetBudget {
+            max_mutations: max,
+            per: Duration::from_secs(secs),
+        })
+    }
+
+    #[test]
+    fn every_runbook_counts_into_one_window_and_a_runbook_into_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Fleet::new(dir.path(), budget(3, 3600), "a", budget(1, 600)).unwrap();
+        let b = Fleet::new(dir.path(), budget(3, 3600), "b", None).unwrap();
+        let t = 1_000_000_000_000;
+        assert_eq!(a.take_at(t, true), Ok(()));
+        let own = a.take_at(t + 1, true).unwrap_err();
+        assert!(
+            own.contains("runbook \"a\"'s") && own.contains("allows 1"),
+            "{own}"
+        );
+        // Looking does not count.
+        assert_eq!(b.take_at(t + 2, false), Ok(()));
+        assert_eq!(b.take_at(t + 2, true), Ok(()));
+        assert_eq!(b.take_at(t + 3, true), Ok(()));
+        let all = b.take_at(t + 4, true).unwrap_err();
+        assert!(
+            all.contains("3 of every runbook's") && all.contains("runwarden.yaml"),
+            "{all}"
+        );
+        // An hour on, the first calls have left the window.
+        assert_eq!(b.take_at(t + 3_600_001, true), Ok(()));
+        assert_eq!(a.take_at(t + 3_600_002, true), Ok(()));
+        assert!(Fleet::new(dir.path(), None, "c", None).is_none());
+    }
+
+    #[test]
+    fn a_ledger_that_cannot_be_read_refuses_every_call() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fleet-budget.json"), "{ half").unwrap();
+        let f = Fleet::new(dir.path(), budget(10, 60), "a", None).unwrap();
+        let e = f.take(true).unwrap_err();
+        assert!(
+            e.contains("cannot be used") && e.contains("fixed or removed"),
+            "{e}"
+        );
+    }
+
+    /// Many threads (each its own open file, as separate processes have)
+    /// take from one budget at once: exactly the budget is counted.
+    #[test]
+    fn racing_takers_never_pass_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let granted: usize = (0..16)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let f = Fleet::new(&path, budget(5, 3600), &format!("r{i}"), None).unwrap();
+                    usize::from(f.take(true).is_ok())
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(granted, 5);
+    }
+}
