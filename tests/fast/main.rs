@@ -448,12 +448,18 @@ async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
     assert!(v.problems.is_empty(), "{:?}", v.problems);
 }
 
+/// `runwarden ARGS...`, whatever it comes to (no approver token in its environment).
+fn runwarden<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(args)
+        .env_remove("RUNWARDEN_APPROVER_TOKEN_FILE")
+        .output()
+        .unwrap()
+}
+
 /// `runwarden ARGS...` that must succeed: its standard output.
 fn runwarden_ok(args: &[&std::ffi::OsStr]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = runwarden(args);
     assert!(
         out.status.success(),
         "runwarden {args:?}: {}",
@@ -1021,7 +1027,6 @@ fn every_failure_is_said_once_with_its_exit_code() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path());
     let cfg = dir.path().to_str().unwrap();
-    let bin = env!("CARGO_BIN_EXE_runwarden");
     let cases: &[(&[&str], i32, &str)] = &[
         (
             &["promote-report", "dsik", "--config", cfg],
@@ -1074,11 +1079,7 @@ fn every_failure_is_said_once_with_its_exit_code() {
         (&["agent"], 2, "only speaks on stdio"),
     ];
     for (args, code, says) in cases {
-        let out = std::process::Command::new(bin)
-            .args(*args)
-            .env_remove("RUNWARDEN_APPROVER_TOKEN_FILE")
-            .output()
-            .unwrap();
+        let out = runwarden(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let said: Vec<&str> = stderr
             .lines()
@@ -1100,10 +1101,7 @@ fn every_failure_is_said_once_with_its_exit_code() {
         "name: disk\nhosts: [web-01]\nautonomy: L9\n",
     )
     .unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["check", "--config", cfg])
-        .output()
-        .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -1122,7 +1120,6 @@ fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path());
     let cfg = dir.path().to_str().unwrap();
-    let bin = env!("CARGO_BIN_EXE_runwarden");
     for (yaml, says) in [
         (
             "fleet_budget: { max_mutations: 3, per: 0s }\n",
@@ -1143,10 +1140,7 @@ fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
         ("fleet_budget: { per: 1h }\n", "max_mutations"),
     ] {
         std::fs::write(dir.path().join("runwarden.yaml"), yaml).unwrap();
-        let out = std::process::Command::new(bin)
-            .args(["check", "--config", cfg])
-            .output()
-            .unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
         assert!(stderr.contains("runwarden.yaml:1:"), "{yaml}: {stderr}");
@@ -1157,10 +1151,7 @@ fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
         "fleet_budget: { max_mutations: 20, per: 1h }\n",
     )
     .unwrap();
-    let out = std::process::Command::new(bin)
-        .args(["check", "--config", cfg])
-        .output()
-        .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
     assert!(
         out.status.success(),
         "{}",
@@ -1171,10 +1162,7 @@ fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
         said.contains("fleet budget: 20 tier-2 calls per 1h across every run"),
         "{said}"
     );
-    let out = std::process::Command::new(bin)
-        .args(["check", "--json", "--config", cfg])
-        .output()
-        .unwrap();
+    let out = runwarden(&["check", "--json", "--config", cfg]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v["fleet_budget"],

@@ -395,27 +395,12 @@ fn the_fleet_budget_holds_across_concurrent_processes() {
     let hosts: Vec<String> = (1..=8).map(|i| format!("h{i}")).collect();
     let work = e.work();
     for h in &hosts {
-        let logs = work.join(format!("logs-{h}"));
-        std::fs::create_dir_all(&logs).unwrap();
-        std::fs::write(logs.join("app.log"), "line\n").unwrap();
-        let conf = work.join(format!("lr-{h}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "{}/app.log {{\n  rotate 9\n  missingok\n  create\n}}\n",
-                logs.display()
-            ),
-        )
-        .unwrap();
+        let (conf, state) = rotatable_log_in(&e, &format!("logs-{h}"), &format!("lr-{h}"));
         e.host(
             h,
             &local_host(
                 h,
-                &format!(
-                    "logrotate_configs: [{}]\nlogrotate_state: {}/lr-{h}.state",
-                    conf.display(),
-                    work.display()
-                ),
+                &format!("logrotate_configs: [{conf}]\nlogrotate_state: {state}"),
             ),
         );
     }

@@ -311,10 +311,16 @@ pub fn prometheus(dir: &Path, config: &str) -> (Proc, String) {
 /// A real log file and a logrotate configuration for it in the work
 /// directory: (configuration, state file), both absolute.
 pub fn rotatable_log(e: &Estate) -> (String, String) {
-    let logs = e.work().join("logs");
+    rotatable_log_in(e, "logs", "lr")
+}
+
+/// `WORK/LOGS/app.log` and its logrotate configuration `WORK/NAME.conf`
+/// (state `WORK/NAME.state`): as paths for a host file.
+pub fn rotatable_log_in(e: &Estate, logs: &str, name: &str) -> (String, String) {
+    let logs = e.work().join(logs);
     std::fs::create_dir_all(&logs).unwrap();
     std::fs::write(logs.join("app.log"), "line\n").unwrap();
-    let conf = e.work().join("lr.conf");
+    let conf = e.work().join(format!("{name}.conf"));
     std::fs::write(
         &conf,
         format!(
@@ -325,7 +331,7 @@ pub fn rotatable_log(e: &Estate) -> (String, String) {
     .unwrap();
     (
         conf.display().to_string(),
-        e.work().join("lr.state").display().to_string(),
+        e.work().join(format!("{name}.state")).display().to_string(),
     )
 }
 
