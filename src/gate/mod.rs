@@ -591,6 +591,57 @@ mod tests {
         }
     }
 
+    /// The fleet budget counts permitted tier-2 calls only: not tier 1, not
+    /// a dry run, not a call put to a person until a person approves it;
+    /// and a call is put to a person only while the budget could take it.
+    #[test]
+    fn the_fleet_budget_counts_what_is_permitted_and_nothing_else() {
+        let one = crate::config::runbook::FleetBudget {
+            max_mutations: 1,
+            per: std::time::Duration::from_secs(3600),
+        };
+        let restart = || {
+            call(
+                "restart_service",
+                json!({"unit": "nginx.service", "reason": "stuck"}),
+            )
+        };
+        let look = || call("service_status", json!({"unit": "nginx.service"}));
+        let (d, g) = gate("L3", "web", false);
+        let state = d.path().join("state");
+        let fleet = || fleet::Fleet::new(&state, Some(one), "rb", None);
+        // A dry run sees the budget and takes nothing from it.
+        let mut dry = g.with_fleet(fleet(), false);
+        assert!(matches!(dry.check(&restart()), Decision::Allow(_)));
+        assert!(matches!(dry.check(&restart()), Decision::Allow(_)));
+        // For real: tier 1 is not counted, the first change is, the second is refused.
+        let (_d2, g) = gate("L3", "web", false);
+        let mut real = g.with_fleet(fleet(), true);
+        assert!(matches!(real.check(&look()), Decision::Allow(_)));
+        assert!(matches!(real.check(&restart()), Decision::Allow(_)));
+        assert_eq!(denied(real.check(&restart())), DenyReason::FleetBudget);
+        assert!(matches!(real.check(&look()), Decision::Allow(_)));
+
+        // L2: a spent budget is never put to a person; an open one is
+        // counted when the person approves, and holds for the next approval.
+        let (d, g) = gate("L2", "web", false);
+        let state = d.path().join("state");
+        let fleet = || fleet::Fleet::new(&state, Some(one), "rb", None);
+        let mut l2 = g.with_fleet(fleet(), true);
+        let Decision::Hold(first) = l2.check(&restart()) else {
+            panic!("an open budget is put to a person")
+        };
+        let Decision::Hold(second) = l2.check(&restart()) else {
+            panic!("asking takes nothing from the budget")
+        };
+        assert!(l2.approved(first, "alice".into()).is_ok());
+        assert_eq!(
+            l2.approved(second, "bob".into()).unwrap_err().reason,
+            DenyReason::FleetBudget
+        );
+        assert_eq!(denied(l2.check(&restart())), DenyReason::FleetBudget);
+    }
+
     #[test]
     fn kill_switch_wins_over_every_other_rule() {
         let (_d, mut g) = gate("L3", "db", true);
