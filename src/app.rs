@@ -113,6 +113,11 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    workers.spawn(fleet_worker(
+        config_rx.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     // Installed before we say we are ready, so an early SIGHUP cannot kill the process.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot handle SIGHUP")?;
@@ -195,6 +200,50 @@ async fn approval_age_worker(
             .min();
         let waited = oldest.map_or(0.0, |t| now.duration_since(t).as_secs_f64().max(0.0));
         metrics.approval_oldest_pending.set(waited);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Keep `runwarden_fleet_budget_used` and `..._limit` current for the
+/// budgets of the config in force: the ledger is shared with every other
+/// process on this machine, so it is read again every few seconds.
+async fn fleet_worker(
+    config: watch::Receiver<Arc<Config>>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let cfg = config.borrow().clone();
+        let own: Vec<(String, crate::config::runbook::FleetBudget)> = cfg
+            .runbooks
+            .values()
+            .filter_map(|r| r.fleet_budget.map(|b| (r.name.clone(), b)))
+            .collect();
+        if cfg.settings.fleet_budget.is_some() || !own.is_empty() {
+            let (dir, all) = (cfg.settings.state_dir.clone(), cfg.settings.fleet_budget);
+            // A short read under the ledger's lock, which a run holds while it syncs.
+            let usage = tokio::task::spawn_blocking(move || {
+                let named: Vec<(&str, _)> = own.iter().map(|(n, b)| (n.as_str(), *b)).collect();
+                crate::gate::fleet::usage(&dir, all, &named)
+            })
+            .await
+            .unwrap_or_default();
+            metrics.fleet_budget_used.reset();
+            metrics.fleet_budget_limit.reset();
+            for (scope, used, limit) in usage {
+                metrics
+                    .fleet_budget_used
+                    .with_label_values(&[&scope])
+                    .set(used as f64);
+                metrics
+                    .fleet_budget_limit
+                    .with_label_values(&[&scope])
+                    .set(limit as f64);
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             _ = stop.changed() => return,

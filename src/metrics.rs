@@ -58,6 +58,10 @@ pub struct Metrics {
     pub run_last_finished: GaugeVec,
     /// Since when each kill switch is engaged (its file's time), 0 while released.
     pub kill_switch_since: GaugeVec,
+    /// `runwarden_fleet_budget_used`: tier-2 calls in each fleet budget's window now.
+    pub fleet_budget_used: GaugeVec,
+    /// `runwarden_fleet_budget_limit`: what each fleet budget allows per window.
+    pub fleet_budget_limit: GaugeVec,
     /// How long the oldest pending approval request has waited, 0 when none.
     pub approval_oldest_pending: prometheus::Gauge,
     /// `runwarden_build_info`.
@@ -282,6 +286,18 @@ impl Metrics {
                 "runwarden_run_last_finished_timestamp_seconds",
                 "When a run of the runbook last ended with this verdict (Unix time).",
                 &["runbook", "verdict"],
+            ),
+            fleet_budget_used: gauge_vec(
+                r,
+                "runwarden_fleet_budget_used",
+                "Tier-2 calls within each fleet budget's window now (scope: all, or a runbook), across every run on this machine.",
+                &["scope"],
+            ),
+            fleet_budget_limit: gauge_vec(
+                r,
+                "runwarden_fleet_budget_limit",
+                "Tier-2 calls each fleet budget allows per window (scope: all, or a runbook).",
+                &["scope"],
             ),
             kill_switch_since: gauge_vec(
                 r,

@@ -78,23 +78,7 @@ impl Fleet {
                 ledger.display()
             )
         };
-        std::fs::create_dir_all(&self.state_dir).map_err(unusable)?;
-        let lock = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o640)
-            .open(self.state_dir.join("fleet-budget.lock"))
-            .map_err(unusable)?;
-        lock.lock().map_err(unusable)?;
-        let mut book: Ledger = match std::fs::read(&ledger) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|e| unusable(std::io::Error::other(e)))?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ledger::default(),
-            Err(e) => return Err(unusable(e)),
-        };
-        let window = |b: &FleetBudget| now - millis(b.per);
+        let (_lock, mut book) = open(&self.state_dir).map_err(unusable)?;
         let longest = [self.all, self.own]
             .iter()
             .flatten()
@@ -105,19 +89,13 @@ impl Fleet {
         book.calls
             .retain(|c| c.at > now - millis(longest).max(millis(DAY)));
         if let Some(b) = &self.all {
-            let since = window(b);
-            let n = book.calls.iter().filter(|c| c.at > since).count();
+            let n = used(&book, b, now, None);
             if n >= b.max_mutations as usize {
                 return Err(spent(n, b, "every runbook's", "runwarden.yaml"));
             }
         }
         if let Some(b) = &self.own {
-            let since = window(b);
-            let n = book
-                .calls
-                .iter()
-                .filter(|c| c.at > since && c.runbook == self.runbook)
-                .count();
+            let n = used(&book, b, now, Some(&self.runbook));
             if n >= b.max_mutations as usize {
                 let whose = format!("runbook \"{}\"'s", self.runbook);
                 return Err(spent(n, b, &whose, "the runbook"));
@@ -132,6 +110,63 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// How much of each fleet budget is used now, as `(scope, used, limit)`:
+/// scope `all` for runwarden.yaml's, else the runbook's name. A ledger
+/// that cannot be read counts as full, as the gate treats it.
+pub fn usage(
+    state_dir: &Path,
+    all: Option<FleetBudget>,
+    runbooks: &[(&str, FleetBudget)],
+) -> Vec<(String, u64, u64)> {
+    let now = jiff::Timestamp::now().as_millisecond();
+    let book = open(state_dir).map(|(_lock, book)| book).ok();
+    let of = |b: &FleetBudget, runbook: Option<&str>| {
+        let limit = u64::from(b.max_mutations);
+        let n = book
+            .as_ref()
+            .map_or(limit, |book| used(book, b, now, runbook) as u64);
+        (n, limit)
+    };
+    let mut out = Vec::new();
+    if let Some(b) = &all {
+        let (n, limit) = of(b, None);
+        out.push(("all".to_string(), n, limit));
+    }
+    for (name, b) in runbooks {
+        let (n, limit) = of(b, Some(name));
+        out.push((name.to_string(), n, limit));
+    }
+    out
+}
+
+/// The ledger, read under its lock (held until the returned file drops);
+/// empty when there is none yet.
+fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
+    std::fs::create_dir_all(state_dir)?;
+    let lock = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o640)
+        .open(state_dir.join("fleet-budget.lock"))?;
+    lock.lock()?;
+    let book = match std::fs::read(state_dir.join("fleet-budget.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ledger::default(),
+        Err(e) => return Err(e),
+    };
+    Ok((lock, book))
+}
+
+/// Calls in `b`'s window now (of one runbook, or of all).
+fn used(book: &Ledger, b: &FleetBudget, now: i64, runbook: Option<&str>) -> usize {
+    let since = now - millis(b.per);
+    book.calls
+        .iter()
+        .filter(|c| c.at > since && runbook.is_none_or(|r| c.runbook == r))
+        .count()
 }
 
 /// Calls are kept a day at least, so a shorter window set later still sees them.
@@ -204,6 +239,24 @@ mod tests {
         assert_eq!(b.take_at(t + 3_600_001, true), Ok(()));
         assert_eq!(a.take_at(t + 3_600_002, true), Ok(()));
         assert!(Fleet::new(dir.path(), None, "c", None).is_none());
+    }
+
+    #[test]
+    fn usage_says_what_each_budget_has_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = budget(2, 600).unwrap();
+        let a = Fleet::new(dir.path(), budget(5, 3600), "a", Some(own)).unwrap();
+        let b = Fleet::new(dir.path(), budget(5, 3600), "b", None).unwrap();
+        a.take(true).unwrap();
+        b.take(true).unwrap();
+        b.take(true).unwrap();
+        let got = usage(dir.path(), budget(5, 3600), &[("a", own)]);
+        assert_eq!(got, [("all".into(), 3, 5), ("a".into(), 1, 2)]);
+        std::fs::write(dir.path().join("fleet-budget.json"), "not json").unwrap();
+        assert_eq!(
+            usage(dir.path(), budget(5, 3600), &[]),
+            [("all".into(), 5, 5)]
+        );
     }
 
     #[test]

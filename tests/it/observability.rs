@@ -140,7 +140,7 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
     write_secret(&token, "obs-token-0123456789abcdef\n");
     std::fs::write(
         e.path().join("runwarden.yaml"),
-        "webhook_token_file: token\n",
+        "webhook_token_file: token\nfleet_budget: { max_mutations: 50, per: 1h }\n",
     )
     .unwrap();
 
@@ -299,6 +299,18 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
             query(&prom_addr, series).filter(|r| !r.is_empty())
         });
     }
+    // The fleet budget's gauges count the run's three rotations, against its 50.
+    wait_for("fleet budget used 3 of 50", Duration::from_secs(60), || {
+        let used = query(
+            &prom_addr,
+            "runwarden_fleet_budget_used{scope=\"all\"} == 3",
+        )?;
+        let limit = query(
+            &prom_addr,
+            "runwarden_fleet_budget_limit{scope=\"all\"} == 50",
+        )?;
+        (!used.is_empty() && !limit.is_empty()).then_some(())
+    });
     // So does every recording rule.
     for rule in [
         "runwarden:tier2_calls:increase1h",
