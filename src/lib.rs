@@ -22,7 +22,7 @@
 //!
 //! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`config::Host`], errors as `FILE:LINE:COLUMN`.
 //! - [`tools`]: the static registry; tiers live here, in code, keyed by tool.
-//! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget).
+//! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget, fleet budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
 //! - [`executor`]: runs a permitted, audited call: on this machine
 //!   ([`executor::process`] spawns argv safely), on a host over SSH
