@@ -4,8 +4,8 @@
 //! restart each; this does.
 //!
 //! The count is kept on this machine in `STATE_DIR/fleet-budget.json`: the
-//! time and runbook of each tier-2 call permitted within the longest
-//! window. The gate counts a call when it permits it, before its intent
+//! time and runbook of each tier-2 call permitted, kept for as long as a
+//! budget it counts against can still see it. The gate counts a call when it permits it, before its intent
 //! line, so a permit whose call never ran still counts (fail closed). The
 //! ledger is read, pruned and replaced (written, synced, renamed) under an
 //! exclusive `flock` of `fleet-budget.lock`: the daemon's runs and a
@@ -40,6 +40,10 @@ struct Counted {
     /// Unix milliseconds.
     at: i64,
     runbook: String,
+    /// Until when some budget it counts against still sees it (Unix
+    /// milliseconds): the longest of its runbook's window and the fleet's,
+    /// as they were when it was counted, and a day at least.
+    keep_until: i64,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -79,15 +83,10 @@ impl Fleet {
             )
         };
         let (_lock, mut book) = open(&self.state_dir).map_err(unusable)?;
-        let longest = [self.all, self.own]
-            .iter()
-            .flatten()
-            .map(|b| b.per)
-            .max()
-            .unwrap_or_default();
-        // Calls older than every window no longer count for anything.
-        book.calls
-            .retain(|c| c.at > now - millis(longest).max(millis(DAY)));
+        // A call no budget sees any more counts for nothing. Each call says
+        // how long that is: another runbook's window may be longer than
+        // any this one knows of.
+        book.calls.retain(|c| c.keep_until > now);
         if let Some(b) = &self.all {
             let n = used(&book, b, now, None);
             if n >= b.max_mutations as usize {
@@ -102,9 +101,17 @@ impl Fleet {
             }
         }
         if count {
+            let longest = [self.all, self.own]
+                .iter()
+                .flatten()
+                .map(|b| b.per)
+                .max()
+                .unwrap_or_default()
+                .max(DAY);
             book.calls.push(Counted {
                 at: now,
                 runbook: self.runbook.clone(),
+                keep_until: now.saturating_add(millis(longest)),
             });
             replace(&ledger, &book).map_err(unusable)?;
         }
@@ -169,7 +176,7 @@ fn used(book: &Ledger, b: &FleetBudget, now: i64, runbook: Option<&str>) -> usiz
         .count()
 }
 
-/// Calls are kept a day at least, so a shorter window set later still sees them.
+/// Calls are kept a day at least, so a window lengthened later still sees them.
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 fn millis(d: Duration) -> i64 {
@@ -257,6 +264,24 @@ mod tests {
             usage(dir.path(), budget(5, 3600), &[]),
             [("all".into(), 5, 5)]
         );
+    }
+
+    /// A runbook with a short window never drops the calls another
+    /// runbook's longer window still counts.
+    #[test]
+    fn a_short_window_keeps_what_a_longer_one_still_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let week = Fleet::new(dir.path(), None, "weekly", budget(1, 7 * 24 * 3600)).unwrap();
+        let quick = Fleet::new(dir.path(), None, "quick", budget(5, 600)).unwrap();
+        let t = 1_000_000_000_000;
+        let day = 24 * 3600 * 1000;
+        assert_eq!(week.take_at(t, true), Ok(()));
+        assert_eq!(quick.take_at(t + 2 * day, true), Ok(()));
+        assert!(
+            week.take_at(t + 3 * day, true).is_err(),
+            "still one this week"
+        );
+        assert_eq!(week.take_at(t + 8 * day, true), Ok(()));
     }
 
     #[test]
