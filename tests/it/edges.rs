@@ -520,8 +520,11 @@ fn every_process_a_tool_starts_is_gone_when_the_call_returns_however_it_detaches
         let ps = e.script(
             "leaky-ps",
             &format!(
-                "{}\n/bin/sleep 0.4\nexec /bin/ps \"$@\"",
-                leak.replace("{p}", &pids.display().to_string())
+                // Until the tree has said it started (at most 10 s, however
+                // loaded the machine), then the real ps.
+                "{}\ni=0; while [ ! -s {p} ] && [ $i -lt 100 ]; do /bin/sleep 0.1; i=$((i+1)); done\nexec /bin/ps \"$@\"",
+                leak.replace("{p}", &pids.display().to_string()),
+                p = pids.display()
             ),
         );
         e.host(

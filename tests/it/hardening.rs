@@ -126,7 +126,9 @@ fn processes_that_escape_a_tools_process_group_do_not_outlive_the_call() {
     let ps = e.script(
         "leaky-ps",
         &format!(
-            "setsid /bin/sleep 300 &\necho $! >> {p}\nsetsid /bin/sh -c '/bin/sleep 301 & echo $! >> {p}; exec /bin/sleep 302' &\nsleep 0.2\nexec /bin/ps \"$@\"",
+            // It waits (at most 10 s) until both have written their pid,
+            // however loaded the machine, then runs the real ps.
+            "n0=$(cat {p} 2>/dev/null | wc -l)\nsetsid /bin/sleep 300 &\necho $! >> {p}\nsetsid /bin/sh -c '/bin/sleep 301 & echo $! >> {p}; exec /bin/sleep 302' &\ni=0; while [ \"$(cat {p} | wc -l)\" -lt $((n0 + 2)) ] && [ $i -lt 100 ]; do /bin/sleep 0.1; i=$((i+1)); done\nexec /bin/ps \"$@\"",
             p = pids.display()
         ),
     );
