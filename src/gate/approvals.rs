@@ -23,26 +23,26 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-/// Where a request stands. Everything but `Pending` is final.
+/// A person's decision: who, and what they wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decided {
+    /// The approver's name (from the approvers file, never the token).
+    pub by: String,
+    /// What they wrote.
+    pub comment: String,
+}
+
+/// Where a request stands. Everything but `Pending` is final. As the API
+/// shows it: `state`, and a decision's `by` and `comment` beside it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum State {
     /// Waiting for a person.
     Pending,
     /// A person approved the call.
-    Approved {
-        /// The approver's name (from the approvers file, never the token).
-        by: String,
-        /// What they wrote.
-        comment: String,
-    },
+    Approved(Decided),
     /// A person denied the call.
-    Denied {
-        /// The approver's name.
-        by: String,
-        /// What they wrote.
-        comment: String,
-    },
+    Denied(Decided),
     /// Nobody decided in time: counts as denied.
     Expired,
     /// The run stopped waiting (kill switch, time budget, shutdown).
@@ -77,19 +77,9 @@ impl std::fmt::Display for Cancel {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
     /// A person approved the call.
-    Approved {
-        /// The approver's name.
-        by: String,
-        /// What they wrote.
-        comment: String,
-    },
+    Approved(Decided),
     /// A person denied the call.
-    Denied {
-        /// The approver's name.
-        by: String,
-        /// What they wrote.
-        comment: String,
-    },
+    Denied(Decided),
     /// Nobody decided in time.
     Expired,
     /// The run stopped waiting.
@@ -100,8 +90,8 @@ impl Resolution {
     /// The `decision` label of `runwarden_approvals_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            Resolution::Approved { .. } => "approved",
-            Resolution::Denied { .. } => "denied",
+            Resolution::Approved(_) => "approved",
+            Resolution::Denied(_) => "denied",
             Resolution::Expired => "expired",
             Resolution::Cancelled(_) => "cancelled",
         }
@@ -322,10 +312,11 @@ impl Approvals {
             .filter(|c| !c.is_control())
             .take(500)
             .collect();
+        let decided = Decided { by: who, comment };
         e.request.state = if approve {
-            State::Approved { by: who, comment }
+            State::Approved(decided)
         } else {
-            State::Denied { by: who, comment }
+            State::Denied(decided)
         };
         let _ = e.tx.send(e.request.state.clone());
         Ok(e.request.clone())
@@ -347,8 +338,8 @@ impl Approvals {
             let now = rx.borrow_and_update().clone();
             match now {
                 State::Pending => {}
-                State::Approved { by, comment } => return Resolution::Approved { by, comment },
-                State::Denied { by, comment } => return Resolution::Denied { by, comment },
+                State::Approved(d) => return Resolution::Approved(d),
+                State::Denied(d) => return Resolution::Denied(d),
                 State::Expired => return Resolution::Expired,
                 // Only a wait cancels its request, and it returns its own
                 // cause; a cancellation read back is the kill switch's.
@@ -523,10 +514,16 @@ mod tests {
             .unwrap();
         assert_eq!(
             r.state,
-            State::Approved {
+            State::Approved(Decided {
                 by: "alice".into(),
                 comment: "ok by me".into()
-            }
+            })
+        );
+        // As the API shows it: the decision beside `state`.
+        let shown = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            (&shown["state"], &shown["by"], &shown["comment"]),
+            (&json!("approved"), &json!("alice"), &json!("ok by me"))
         );
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), r.state);
@@ -571,10 +568,10 @@ mod tests {
         let resolution = a.wait("x", rx, || None).await;
         assert_eq!(
             resolution,
-            Resolution::Denied {
+            Resolution::Denied(Decided {
                 by: "bob".into(),
                 comment: "not now".into()
-            }
+            })
         );
     }
 

@@ -5,7 +5,7 @@
 //! call it held) or a denial with its own reason.
 
 use super::run_loop::{RunLoop, Steps};
-use crate::gate::approvals::{self, Cancel, Request, Resolution, State};
+use crate::gate::approvals::{self, Cancel, Decided, Request, Resolution, State};
 use crate::gate::{Denial, DenyReason, Hold, Permit};
 use crate::report::StepReport;
 
@@ -96,14 +96,14 @@ impl RunLoop<'_> {
                 .inc();
         }
         match resolution {
-            Resolution::Approved { by, comment } => {
+            Resolution::Approved(Decided { by, comment }) => {
                 r.detail = Some(match comment.is_empty() {
                     true => format!("approved by {by}"),
                     false => format!("approved by {by}: {comment}"),
                 });
                 s.gate.approved(hold, by)
             }
-            Resolution::Denied { by, comment } => Err(deny(
+            Resolution::Denied(Decided { by, comment }) => Err(deny(
                 DenyReason::ApprovalDenied,
                 format!("{by} denied approval {id}: {comment}"),
             )),
