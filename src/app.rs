@@ -224,7 +224,7 @@ async fn fleet_worker(
             .collect();
         if cfg.settings.fleet_budget.is_some() || !own.is_empty() {
             let (dir, all) = (cfg.settings.state_dir.clone(), cfg.settings.fleet_budget);
-            // A short read under the ledger's lock, which a run holds while it syncs.
+            // A read of a small file.
             let usage = tokio::task::spawn_blocking(move || {
                 let named: Vec<(&str, _)> = own.iter().map(|(n, b)| (n.as_str(), *b)).collect();
                 crate::gate::fleet::usage(&dir, all, &named)

@@ -103,18 +103,10 @@ pub(super) fn check_json(dir: &Path) -> Exit {
             })
             .collect()
     };
-    let cfg = match Config::load(dir) {
-        Ok(c) => c,
-        Err(e) => {
-            println!(
-                "{}",
-                serde_json::json!({ "ok": false, "problems": diagnostics(&e.0) })
-            );
-            return Ok(EXIT_USAGE);
-        }
-    };
-    let warnings = match cfg.serve_problems(None) {
-        Ok(w) => w,
+    // What the loader refuses, then what `serve` would refuse.
+    let loaded = Config::load(dir).and_then(|cfg| cfg.serve_problems(None).map(|w| (cfg, w)));
+    let (cfg, warnings) = match loaded {
+        Ok(both) => both,
         Err(e) => {
             println!(
                 "{}",

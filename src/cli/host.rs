@@ -18,7 +18,7 @@ fn host_named<'a>(
     cfg.hosts
         .get(name)
         .map(|h| &**h)
-        .ok_or_else(|| Failed::usage(format!("no host named \"{name}\" in hosts/")))
+        .ok_or_else(|| Failed::usage(crate::run::StartError::UnknownHost(name.into())))
 }
 
 pub(super) async fn host_check(name: &str, dir: &Path) -> Exit {

@@ -128,7 +128,8 @@ pub fn usage(
     runbooks: &[(&str, FleetBudget)],
 ) -> Vec<(String, u64, u64)> {
     let now = jiff::Timestamp::now().as_millisecond();
-    let book = open(state_dir).map(|(_lock, book)| book).ok();
+    // Only looking: no lock to wait for behind a run's sync, nothing created.
+    let book = read(state_dir).ok();
     let of = |b: &FleetBudget, runbook: Option<&str>| {
         let limit = u64::from(b.max_mutations);
         let n = book
@@ -148,8 +149,8 @@ pub fn usage(
     out
 }
 
-/// The ledger, read under its lock (held until the returned file drops);
-/// empty when there is none yet.
+/// The ledger, read under its lock (held until the returned file drops),
+/// for a read that may replace it.
 fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
     std::fs::create_dir_all(state_dir)?;
     let lock = OpenOptions::new()
@@ -159,12 +160,18 @@ fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
         .mode(0o640)
         .open(state_dir.join("fleet-budget.lock"))?;
     lock.lock()?;
-    let book = match std::fs::read(state_dir.join("fleet-budget.json")) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ledger::default(),
-        Err(e) => return Err(e),
-    };
-    Ok((lock, book))
+    Ok((lock, read(state_dir)?))
+}
+
+/// The ledger as it stands; empty when there is none yet. It is only ever
+/// replaced whole (renamed into place), so a read without the lock sees
+/// one ledger or the next, never half of one.
+fn read(state_dir: &Path) -> std::io::Result<Ledger> {
+    match std::fs::read(state_dir.join("fleet-budget.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Calls in `b`'s window now (of one runbook, or of all).
