@@ -25,6 +25,7 @@ use crate::gate::KillSwitch;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
+use crate::store::{Postgres, StoreError};
 use crate::trigger::cron;
 
 /// What `runwarden serve` was told on its command line.
@@ -77,12 +78,14 @@ pub async fn serve(
         )),
         None => None,
     };
+    let store = shared_state(&config).await?;
     let scheduler = Scheduler::new(
         config_rx.clone(),
         audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
         approvals.clone(),
+        store.clone(),
     );
     let interrupted = scheduler
         .recover()
@@ -110,9 +113,19 @@ pub async fn serve(
     ));
     workers.spawn(killswitch_worker(
         config_rx.clone(),
+        store.as_ref().map(|s| s.switch.clone()),
         metrics.clone(),
         stop_rx.clone(),
     ));
+    if let Some(store) = store {
+        workers.spawn(store.clone().listen(stop_rx.clone()));
+        workers.spawn(reap_worker(
+            store,
+            scheduler.clone(),
+            audit.clone(),
+            stop_rx.clone(),
+        ));
+    }
     workers.spawn(fleet_worker(
         config_rx.clone(),
         metrics.clone(),
@@ -169,6 +182,56 @@ pub async fn serve(
     let _ = server.await;
     workers.shutdown().await;
     Ok(())
+}
+
+/// The shared state `state.postgres` names, its schema checked. A database
+/// that cannot be reached yet is no reason not to start: the daemon answers
+/// 503 and makes no call until it can (see [`reap_worker`]); a wrong schema
+/// or an unreadable URL file is.
+async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<Postgres>>> {
+    let Some(shared) = &config.settings.postgres else {
+        return Ok(None);
+    };
+    let store = Arc::new(Postgres::open(shared, &config.settings.replica)?);
+    match store.check_schema().await {
+        Ok(()) => {
+            tracing::info!(replica = %store.replica, "shared state: PostgreSQL, lease {:?}", store.lease)
+        }
+        Err(e @ StoreError::Unreachable(_)) => {
+            tracing::warn!(
+                "{e}; triggers are answered 503 and no call runs until it can be reached"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Some(store))
+}
+
+/// With shared state, every second (or a third of the lease): close the
+/// runs whose lease expired, whichever replica ran them, as `interrupted`,
+/// each with its verdict line in this machine's audit log. The same round
+/// trip keeps `/healthz` current.
+async fn reap_worker(
+    store: Arc<Postgres>,
+    scheduler: Arc<Scheduler>,
+    audit: Arc<AuditLog>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let every = (store.lease / 3).min(Duration::from_secs(1));
+    loop {
+        match store.reap().await {
+            Ok(closed) => {
+                for run in closed {
+                    scheduler.closed_elsewhere(&run, &audit);
+                }
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+    }
 }
 
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
@@ -269,6 +332,7 @@ fn engaged_at(ks: &KillSwitch, runbook: Option<&str>, on: bool) -> f64 {
 /// own check before every call stays the backstop.
 async fn killswitch_worker(
     config: watch::Receiver<Arc<Config>>,
+    fleet: Option<Arc<crate::gate::killswitch::FleetSwitch>>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -286,7 +350,7 @@ async fn killswitch_worker(
             dir.display()
         );
     }
-    let ks = KillSwitch::new(dir);
+    let ks = KillSwitch::new(dir).with_fleet(fleet);
     let mut was: std::collections::HashMap<String, bool> = Default::default();
     let mut log_change = |scope: &str, on: bool, why: &dyn Fn() -> String| {
         // Every change, and a switch already engaged when the daemon starts.

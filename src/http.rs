@@ -259,6 +259,13 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
+    if let Some(Err(why)) = s.scheduler.store().map(|st| st.health()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: the shared state (PostgreSQL) cannot be reached: {why}; no trigger is accepted and no call runs here until it can\n"),
+        )
+            .into_response();
+    }
     if s.audit.failing() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -398,7 +405,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             planner: Default::default(),
         })
         .collect();
-    match s.scheduler.submit_all(reqs) {
+    match s.scheduler.submit_all(reqs).await {
         Ok(results) => {
             let outcomes: Vec<Value> = hosts
                 .iter()
@@ -477,7 +484,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             _ => None,
         })
         .collect();
-    let mut started = match s.scheduler.submit_all(runs) {
+    let mut started = match s.scheduler.submit_all(runs).await {
         Ok(results) => results.into_iter(),
         // Nothing was recorded and nothing starts: Alertmanager retries a 5xx.
         Err(e) => {

@@ -35,6 +35,8 @@
 //!   [`report`] is what it reports.
 //! - [`scheduler`]: what becomes of each trigger (kill switch, scope, one run per
 //!   runbook and host, cooldown, dedupe, the concurrency limit).
+//! - [`store`]: state several daemons share in PostgreSQL (admission,
+//!   leases and fencing, the fleet's kill switch and budget).
 //! - [`cli`]: the command line; messages and exit codes live there only.
 //! - [`transcript`]: a run read back from the audit log, model turns included.
 //!
@@ -69,6 +71,7 @@ pub mod run;
 pub mod runlock;
 pub mod scheduler;
 pub mod secret;
+pub mod store;
 pub mod text;
 pub mod tools;
 pub mod transcript;

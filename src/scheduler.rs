@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
 use crate::run::{RunReport, RunRequest, Runner, Verdict};
+use crate::store::{Lease, Postgres, StoreError};
 
 /// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,6 +54,15 @@ impl TriggerResult {
             TriggerResult::NoMatch => "no_match",
         }
     }
+}
+
+/// What this daemon alone can say of a trigger.
+#[derive(Debug)]
+enum Admission {
+    /// The outcome.
+    Decided(TriggerResult),
+    /// In scope and not stopped here: the shared state decides the rest.
+    Fleet(Arc<Postgres>),
 }
 
 /// The state of one (runbook, host) pair.
@@ -174,7 +184,22 @@ pub struct Scheduler {
     pub approvals: Option<Arc<crate::gate::approvals::Approvals>>,
     /// Held from deciding a batch to recording it: a trigger is only ever
     /// deduplicated against a run whose trigger is already on disk.
-    submitting: Mutex<()>,
+    submitting: tokio::sync::Mutex<()>,
+    /// State shared with other daemons: admission, leases, the fleet's
+    /// switch. `None`: this machine decides alone.
+    store: Option<Arc<Postgres>>,
+}
+
+/// Why a batch of triggers could not be accepted: none of them starts, and
+/// the sender is told to retry (503).
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The accepted triggers could not be written to the audit log.
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    /// The shared state could not decide them.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl Scheduler {
@@ -185,6 +210,7 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
         approvals: Option<Arc<crate::gate::approvals::Approvals>>,
+        store: Option<Arc<Postgres>>,
     ) -> Arc<Scheduler> {
         let limit = config.borrow().settings.max_concurrent_runs;
         Arc::new(Scheduler {
@@ -198,7 +224,8 @@ impl Scheduler {
             active: watch::channel(0).0,
             shutdown,
             approvals,
-            submitting: Mutex::new(()),
+            submitting: Default::default(),
+            store,
         })
     }
 
@@ -207,9 +234,10 @@ impl Scheduler {
         clippy::expect_used,
         reason = "submit_all returns one result per request, in order"
     )]
-    pub fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, AuditError> {
+    pub async fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, SubmitError> {
         Ok(self
-            .submit_all(vec![req])?
+            .submit_all(vec![req])
+            .await?
             .pop()
             .expect("one result per request")
             .0)
@@ -221,27 +249,37 @@ impl Scheduler {
     /// Each outcome comes with the run id of a run it started. An error means
     /// the accepted triggers could not be recorded: none of them starts, and
     /// the sender must be told to retry.
-    pub fn submit_all(
+    pub async fn submit_all(
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
-    ) -> Result<Vec<(TriggerResult, Option<String>)>, AuditError> {
-        let _one_batch_at_a_time = self.submitting.lock().unwrap_or_else(|p| p.into_inner());
+    ) -> Result<Vec<(TriggerResult, Option<String>)>, SubmitError> {
+        let _one_batch_at_a_time = self.submitting.lock().await;
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut results = Vec::with_capacity(reqs.len());
-        let mut accepted = Vec::new();
+        let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
         for req in reqs {
             let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
-                *self.shutdown.borrow()
-                    || KillSwitch::new(config.settings.kill_switch_dir.clone())
-                        .check(&req.runbook)
-                        .is_err()
+                *self.shutdown.borrow() || self.killswitch(&config).check(&req.runbook).is_err()
             });
-            let result = self.submit_one(&config, &req, stopped);
+            let run_id = uuid::Uuid::now_v7().to_string();
+            let (result, lease) = match self.decide(&config, &req, stopped) {
+                Admission::Decided(result) => (result, None),
+                Admission::Fleet(store) => match self.admit(&store, &config, &req, &run_id).await {
+                    Ok(admitted) => admitted,
+                    Err(e) => {
+                        self.abandon(&accepted).await;
+                        tracing::error!(
+                            "the shared state cannot decide triggers, so none starts: {e}"
+                        );
+                        return Err(e.into());
+                    }
+                },
+            };
+            self.count(&req, result);
             let run_id = (result == TriggerResult::Started).then(|| {
-                let id = uuid::Uuid::now_v7().to_string();
-                accepted.push((id.clone(), req));
-                id
+                accepted.push((run_id.clone(), req, lease));
+                run_id
             });
             results.push((result, run_id));
         }
@@ -252,10 +290,9 @@ impl Scheduler {
         // notification) before the sender hears so and before its run can
         // write anything: a trigger answered 2xx is never silently lost, and
         // one that could not be recorded is refused so that it is sent again.
-        let runs: Vec<(String, RunRequest)> = accepted;
-        let lines: Vec<Queued> = runs
+        let lines: Vec<Queued> = accepted
             .iter()
-            .map(|(id, req)| Queued {
+            .map(|(id, req, _)| Queued {
                 run: run_info(&config, id, req),
                 trigger: req.trigger,
                 keys: &req.keys,
@@ -265,25 +302,79 @@ impl Scheduler {
             self.metrics.audit_write_failures.inc();
             tracing::error!(
                 "{} accepted trigger(s) could not be recorded, so none starts: {e}",
-                runs.len()
+                accepted.len()
             );
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            for (_, req) in &runs {
-                if let Some(slot) = slots.get_mut(&(req.runbook.clone(), req.host.clone())) {
-                    slot.in_flight = false;
-                    slot.keys.clear();
+            {
+                let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+                for (_, req, _) in &accepted {
+                    if let Some(slot) = slots.get_mut(&(req.runbook.clone(), req.host.clone())) {
+                        slot.in_flight = false;
+                        slot.keys.clear();
+                    }
                 }
             }
-            return Err(e);
+            self.abandon(&accepted).await;
+            return Err(e.into());
         }
-        for (run_id, req) in runs {
-            self.start(config.clone(), run_id, req);
+        for (run_id, req, lease) in accepted {
+            self.start(config.clone(), run_id, req, lease);
         }
         Ok(results)
     }
 
-    fn submit_one(&self, config: &Arc<Config>, req: &RunRequest, stopped: bool) -> TriggerResult {
-        let result = self.decide(config, req, stopped);
+    /// The kill switch as this daemon sees it: its directory, and the fleet's.
+    fn killswitch(&self, config: &Config) -> KillSwitch {
+        KillSwitch::new(config.settings.kill_switch_dir.clone())
+            .with_fleet(self.store.as_ref().map(|s| s.switch.clone()))
+    }
+
+    /// Decide one trigger in the shared state: the fleet's one outcome for it.
+    async fn admit(
+        &self,
+        store: &Arc<Postgres>,
+        config: &Config,
+        req: &RunRequest,
+        run_id: &str,
+    ) -> Result<(TriggerResult, Option<Lease>), StoreError> {
+        let cooldown = config.runbooks.get(&req.runbook).and_then(|r| r.cooldown);
+        let (outcome, token) = store
+            .admit(
+                &req.runbook,
+                &req.host,
+                &req.keys,
+                cooldown,
+                run_id,
+                req.trigger.as_str(),
+            )
+            .await?;
+        Ok(match (outcome.as_str(), token) {
+            ("started", Some(token)) => (
+                TriggerResult::Started,
+                Some(store.lease(&req.runbook, &req.host, run_id, token)),
+            ),
+            ("cooldown", _) => (TriggerResult::Cooldown, None),
+            _ => (TriggerResult::Deduplicated, None),
+        })
+    }
+
+    /// Give back the fleet's claims of runs that will not start after all.
+    async fn abandon(&self, accepted: &[(String, RunRequest, Option<Lease>)]) {
+        let ids: Vec<String> = accepted
+            .iter()
+            .filter(|(_, _, lease)| lease.is_some())
+            .map(|(id, _, _)| id.clone())
+            .collect();
+        if let (Some(store), false) = (&self.store, ids.is_empty())
+            && let Err(e) = store.abandon(&ids).await
+        {
+            tracing::warn!(
+                "{} claim(s) not given back ({e}); they expire with their lease",
+                ids.len()
+            );
+        }
+    }
+
+    fn count(&self, req: &RunRequest, result: TriggerResult) {
         if req.trigger == crate::trigger::Trigger::Alert {
             self.metrics
                 .alert_triggers
@@ -291,18 +382,20 @@ impl Scheduler {
                 .inc();
         }
         tracing::info!(runbook = %req.runbook, host = %req.host, trigger = req.trigger.as_str(), result = result.as_str(), "trigger");
-        result
     }
 
-    fn decide(&self, config: &Config, req: &RunRequest, stopped: bool) -> TriggerResult {
+    fn decide(&self, config: &Config, req: &RunRequest, stopped: bool) -> Admission {
         let Some(runbook) = config.runbooks.get(&req.runbook) else {
-            return TriggerResult::NoMatch;
+            return Admission::Decided(TriggerResult::NoMatch);
         };
         if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
-            return TriggerResult::OutOfScope;
+            return Admission::Decided(TriggerResult::OutOfScope);
         }
         if stopped {
-            return TriggerResult::KillSwitch;
+            return Admission::Decided(TriggerResult::KillSwitch);
+        }
+        if let Some(store) = &self.store {
+            return Admission::Fleet(store.clone());
         }
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots
@@ -312,11 +405,11 @@ impl Scheduler {
             if slot.in_flight {
                 slot.keys.extend(req.keys.iter().cloned());
             }
-            return result;
+            return Admission::Decided(result);
         }
         slot.in_flight = true;
         slot.keys = req.keys.iter().cloned().collect();
-        TriggerResult::Started
+        Admission::Decided(TriggerResult::Started)
     }
 
     /// Bring the number of run permits to `max_concurrent_runs` of `config`:
@@ -340,7 +433,13 @@ impl Scheduler {
         }
     }
 
-    fn start(self: &Arc<Self>, config: Arc<Config>, run_id: String, req: RunRequest) {
+    fn start(
+        self: &Arc<Self>,
+        config: Arc<Config>,
+        run_id: String,
+        req: RunRequest,
+        lease: Option<Lease>,
+    ) {
         self.apply_limit(&config);
         self.active.send_modify(|n| *n += 1);
         let this = self.clone();
@@ -354,7 +453,8 @@ impl Scheduler {
             let runner = Runner {
                 config: config.clone(),
                 audit: this.audit.clone(),
-                killswitch: KillSwitch::new(config.settings.kill_switch_dir.clone()),
+                killswitch: this.killswitch(&config),
+                store: this.store.clone(),
                 metrics: Some(this.metrics.clone()),
                 shutdown: Some(this.shutdown.clone()),
                 approvals: this.approvals.clone(),
@@ -368,7 +468,7 @@ impl Scheduler {
             let (run_req, id) = (req.clone(), run_id.clone());
             let outcome = tokio::task::spawn_blocking(move || {
                 crate::executor::process::on_own_thread(|| {
-                    runtime.block_on(runner.run_as(&run_req, id))
+                    runtime.block_on(runner.run_as(&run_req, id, lease))
                 })
             })
             .await
@@ -417,6 +517,43 @@ impl Scheduler {
             drop(permit);
             this.active.send_modify(|n| *n -= 1);
         });
+    }
+
+    /// The shared state, when several daemons share one.
+    pub fn store(&self) -> Option<&Arc<Postgres>> {
+        self.store.as_ref()
+    }
+
+    /// A run whose lease expired (its replica died or lost the database)
+    /// was closed in the shared state by this replica: say so in this
+    /// machine's audit log and metrics.
+    pub fn closed_elsewhere(&self, run: &crate::store::Reaped, audit: &AuditLog) {
+        let config = self.config.borrow().clone();
+        let mut info = run_info(
+            &config,
+            &run.run_id,
+            &RunRequest {
+                runbook: run.runbook.clone(),
+                host: run.host.clone(),
+                dry_run: false,
+                planner: Default::default(),
+                trigger: crate::trigger::Trigger::Api,
+                alert: None,
+                keys: Vec::new(),
+            },
+        );
+        info.planner = String::new();
+        let why = format!(
+            "closed by replica {}: the lease of replica {} expired during this run (it stopped, or lost the database); runs are not resumed, and a still-firing alert starts a new one",
+            config.settings.replica, run.replica
+        );
+        tracing::warn!(run_id = %run.run_id, runbook = %run.runbook, host = %run.host, replica = %run.replica, "run closed as interrupted: its lease expired");
+        if let Err(e) = audit.verdict(&info, Verdict::Interrupted, &why, None) {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!(run_id = %run.run_id, "verdict line not written: {e}");
+        }
+        self.metrics
+            .run_finished(&run.runbook, Verdict::Interrupted.as_str());
     }
 
     /// Wait until no run task is left, at most `grace`; true when all ended.
@@ -515,6 +652,7 @@ mod tests {
             metrics,
             shutdown,
             None,
+            None,
         );
         (dir, config, s)
     }
@@ -524,6 +662,14 @@ mod tests {
         req.trigger = crate::trigger::Trigger::Alert;
         req.keys = keys.iter().map(|k| k.to_string()).collect();
         req
+    }
+
+    /// Without shared state, this daemon decides every trigger alone.
+    fn decided(a: Admission) -> TriggerResult {
+        match a {
+            Admission::Decided(r) => r,
+            Admission::Fleet(_) => panic!("no shared state here"),
+        }
     }
 
     /// The end of a run, as the run's task records it.
@@ -537,7 +683,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn cooldown_holds_for_its_hour_and_a_repeat_of_the_same_alert_is_a_duplicate() {
         let (_d, config, s) = scheduler();
-        let decide = |keys: &[&str]| s.decide(&config, &alert(keys), false);
+        let decide = |keys: &[&str]| decided(s.decide(&config, &alert(keys), false));
         assert_eq!(decide(&["fp1"]), TriggerResult::Started);
         assert_eq!(decide(&["fp2"]), TriggerResult::Deduplicated, "in flight");
         ended(&s);
@@ -558,15 +704,18 @@ mod tests {
         let (_d, config, s) = scheduler();
         let mut other = alert(&[]);
         other.runbook = "nope".into();
-        assert_eq!(s.decide(&config, &other, false), TriggerResult::NoMatch);
+        assert_eq!(
+            decided(s.decide(&config, &other, false)),
+            TriggerResult::NoMatch
+        );
         let mut elsewhere = alert(&[]);
         elsewhere.host = "db".into();
         assert_eq!(
-            s.decide(&config, &elsewhere, false),
+            decided(s.decide(&config, &elsewhere, false)),
             TriggerResult::OutOfScope
         );
         assert_eq!(
-            s.decide(&config, &alert(&[]), true),
+            decided(s.decide(&config, &alert(&[]), true)),
             TriggerResult::KillSwitch,
             "the switch is engaged"
         );

@@ -231,6 +231,31 @@ pub enum Command {
         #[command(subcommand)]
         command: KillSwitchCommand,
     },
+    /// The shared state of several daemons (`state.postgres` in runwarden.yaml).
+    Db {
+        /// What to do with the database.
+        #[command(subcommand)]
+        command: DbCommand,
+    },
+}
+
+/// `runwarden db ...`
+#[derive(Debug, Subcommand)]
+pub enum DbCommand {
+    /// Bring the database's schema to this runwarden's (tables and functions);
+    /// safe to run again. Exit 0 when done, 1 when the database refused.
+    Migrate {
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
+    /// Say whether the database can be reached and its schema is this
+    /// runwarden's. Exit 0 when it is, 1 when not.
+    Status {
+        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
+        #[arg(long, default_value = ".")]
+        config: PathBuf,
+    },
 }
 
 /// `runwarden audit ...`

@@ -1,9 +1,13 @@
-//! `runwarden kill-switch engage|release|status`, on the directory `serve` uses.
+//! `runwarden kill-switch engage|release|status`, on the directory `serve`
+//! uses, and with shared state on the fleet's switch too: engaged once, it
+//! reaches every replica within a second. This machine's file is always
+//! written first, so the switch holds here even when the database cannot
+//! be reached.
 
 use super::{Exit, Failed, KillSwitchCommand};
 use crate::gate::KillSwitch;
 
-pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
+pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
     let dir = match &command {
         KillSwitchCommand::Engage { config, .. }
         | KillSwitchCommand::Release { config, .. }
@@ -17,7 +21,7 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
             "cannot tell which kill-switch directory runwarden uses, because runwarden.yaml does not load:\n{e}\nFix runwarden.yaml, or stop everything by hand: `touch KILL_SWITCH_DIR/ENGAGED` (the kill_switch_dir it names) or stop the service"
         ))
     })?;
-    let ks = KillSwitch::new(settings.kill_switch_dir);
+    let ks = KillSwitch::new(settings.kill_switch_dir.clone());
     let runbook = match &command {
         KillSwitchCommand::Engage { runbook, .. } | KillSwitchCommand::Release { runbook, .. } => {
             runbook.clone()
@@ -36,7 +40,28 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
             )));
         }
     }
+    let fleet = super::db::shared(&dir)?;
     let shown = ks.dir().display();
+    let heard = match (&command, &fleet) {
+        (KillSwitchCommand::Status { .. }, Some(store)) => Some(store.switches().await),
+        _ => None,
+    };
+    let status = || -> Result<Vec<(String, String)>, String> {
+        let mut list = ks.status().map_err(|e| e.to_string())?;
+        match &heard {
+            Some(Ok(fleet)) => list.extend(
+                fleet
+                    .iter()
+                    .map(|(scope, d)| (format!("fleet:{scope}"), d.clone())),
+            ),
+            Some(Err(e)) => list.push((
+                "fleet".into(),
+                format!("unknown, {e} (each replica still fences its calls against it)"),
+            )),
+            None => {}
+        }
+        Ok(list)
+    };
     match command {
         KillSwitchCommand::Engage { reason, .. } => match ks.engage(runbook, &reason) {
             Ok(path) => {
@@ -44,7 +69,25 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
                     "engaged: {} (runs stop before their next call)",
                     path.display()
                 );
-                Ok(0)
+                let Some(store) = fleet else { return Ok(0) };
+                let by = format!("{}@{}", who(), settings.replica);
+                match store
+                    .engage(runbook.unwrap_or("global"), &by, &reason)
+                    .await
+                {
+                    Ok(()) => {
+                        println!(
+                            "engaged for the fleet: every replica's runs stop before their next call"
+                        );
+                        Ok(0)
+                    }
+                    Err(e) => Err(Failed::code(
+                        1,
+                        format!(
+                            "engaged on this machine only: the fleet's switch was not reached ({e}); engage it on each replica, or retry when the database answers"
+                        ),
+                    )),
+                }
             }
             Err(e) => Err(Failed::code(
                 1,
@@ -54,6 +97,37 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
             )),
         },
         KillSwitchCommand::Release { .. } => match ks.release(runbook) {
+            Ok(here) if fleet.is_some() => {
+                let store = fleet.as_ref().map(|s| s.as_ref());
+                let scope = runbook.unwrap_or("global");
+                match store.map(|s| s.release(scope)) {
+                    Some(f) => match f.await {
+                        Ok(fleet) => {
+                            println!(
+                                "released: this machine's switch ({}), the fleet's ({})",
+                                if here {
+                                    "was engaged"
+                                } else {
+                                    "was not engaged"
+                                },
+                                if fleet {
+                                    "was engaged"
+                                } else {
+                                    "was not engaged"
+                                }
+                            );
+                            Ok(0)
+                        }
+                        Err(e) => Err(Failed::code(
+                            1,
+                            format!(
+                                "released on this machine only: the fleet's switch was not reached ({e}); every replica stays stopped until it is released"
+                            ),
+                        )),
+                    },
+                    None => Ok(0),
+                }
+            }
             Ok(true) => {
                 println!("released: {}", ks.file_of(runbook).display());
                 match ks.status() {
@@ -78,12 +152,12 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
         },
         // Exit 0: released (calls may run); 1: engaged (something is stopped).
         KillSwitchCommand::Status { json: true, .. } => {
-            let engaged: Vec<serde_json::Value> = match ks.status() {
+            let engaged: Vec<serde_json::Value> = match status() {
                 Ok(list) => list
                     .into_iter()
                     .map(|(scope, detail)| serde_json::json!({ "scope": scope, "detail": detail }))
                     .collect(),
-                Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e.to_string() })],
+                Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
             };
             println!(
                 "{}",
@@ -95,7 +169,7 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
             );
             Ok(i32::from(!engaged.is_empty()))
         }
-        KillSwitchCommand::Status { .. } => match ks.status() {
+        KillSwitchCommand::Status { .. } => match status() {
             Ok(list) if list.is_empty() => {
                 println!("released: no switch file in {shown}");
                 Ok(0)
@@ -112,4 +186,13 @@ pub(super) fn kill_switch(command: KillSwitchCommand) -> Exit {
             }
         },
     }
+}
+
+/// Who runs this command, for the fleet's record.
+fn who() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::getuid().to_string())
 }

@@ -12,6 +12,7 @@ mod alerts;
 mod approvals;
 mod args;
 mod check;
+mod db;
 mod history;
 mod host;
 mod killswitch;
@@ -23,8 +24,8 @@ use crate::audit;
 use crate::run::RunRequest;
 
 pub use args::{
-    AlertsCommand, ApprovalsCommand, AuditCommand, Cli, Command, HostCommand, InstallCommand,
-    KillSwitchCommand, LogFormat,
+    AlertsCommand, ApprovalsCommand, AuditCommand, Cli, Command, DbCommand, HostCommand,
+    InstallCommand, KillSwitchCommand, LogFormat,
 };
 
 use approvals::approvals;
@@ -235,7 +236,8 @@ async fn dispatch(cli: Cli) -> Exit {
                     json,
                 },
         } => audit_show(&run_id, &config, json),
-        Command::KillSwitch { command } => kill_switch(command),
+        Command::KillSwitch { command } => kill_switch(command).await,
+        Command::Db { command } => db::db(command).await,
         Command::Alerts {
             command: AlertsCommand::Test { file, json, config },
         } => alerts::alerts_test(&file, &config, json),

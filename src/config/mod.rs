@@ -79,6 +79,19 @@ pub struct Settings {
     pub model: Option<ModelEndpoint>,
     /// Tier-2 calls across every run on this machine, within a window.
     pub fleet_budget: Option<runbook::FleetBudget>,
+    /// `state.postgres`: state shared by several daemons; `None`: this machine's own.
+    pub postgres: Option<SharedState>,
+    /// This daemon's name among several: `replica`, or the hostname.
+    pub replica: String,
+}
+
+/// `state.postgres` of runwarden.yaml.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedState {
+    /// The file that holds the libpq URL (the URL is a secret; the file is 0600).
+    pub url_file: PathBuf,
+    /// How long a replica's claim on a (runbook, host) lives without renewal.
+    pub lease: Duration,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
@@ -262,9 +275,52 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .fleet_budget
         .as_ref()
         .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
+    let postgres = settings
+        .state
+        .as_ref()
+        .and_then(|s| s.postgres.as_ref())
+        .map(|pg| SharedState {
+            url_file: dir.join(&pg.url_file.value),
+            lease: pg
+                .lease
+                .as_ref()
+                .and_then(|l| duration(l, "state.postgres.lease", &settings_file, diags))
+                .filter(|l| {
+                    let ok = (Duration::from_secs(3)..=Duration::from_secs(600)).contains(l);
+                    if !ok && let Some(at) = &pg.lease {
+                        diags.at(&settings_file, at.referenced, "state.postgres.lease must be between 3s and 10m: a shorter one expires between two renewals, a longer one keeps a dead replica's runs for that long");
+                    }
+                    ok
+                })
+                .unwrap_or(Duration::from_secs(15)),
+        });
+    let replica = match &settings.replica {
+        Some(r) if !safe_name(&r.value) => {
+            diags.at(
+                &settings_file,
+                r.referenced,
+                format!("replica \"{}\" must be a lowercase name of letters, digits, '-' or '_' (it labels runs and leases)", r.value),
+            );
+            String::new()
+        }
+        Some(r) => r.value.clone(),
+        None => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .map(|h| {
+                h.to_lowercase()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .take(64)
+                    .collect()
+            })
+            .unwrap_or_else(|| "localhost".into()),
+    };
     Settings {
         model,
         fleet_budget,
+        postgres,
+        replica,
         approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),

@@ -40,6 +40,25 @@ pub struct Settings {
     pub approval_webhook: Option<S<String>>,
     pub model: Option<S<Model>>,
     pub fleet_budget: Option<FleetBudget>,
+    /// Where state shared by several daemons lives (`postgres:`).
+    pub state: Option<State>,
+    /// This daemon's name among several (default: the hostname).
+    pub replica: Option<S<String>>,
+}
+
+/// `state:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    pub postgres: Option<Postgres>,
+}
+
+/// `state.postgres:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Postgres {
+    pub url_file: S<String>,
+    pub lease: Option<S<String>>,
 }
 
 /// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across

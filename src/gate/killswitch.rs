@@ -18,6 +18,31 @@ pub const GLOBAL: &str = "ENGAGED";
 #[derive(Debug, Clone)]
 pub struct KillSwitch {
     dir: PathBuf,
+    /// The fleet's switch, when several daemons share state.
+    fleet: Option<std::sync::Arc<FleetSwitch>>,
+}
+
+/// The fleet's kill switch as this daemon last heard of it (PostgreSQL,
+/// through LISTEN/NOTIFY; see [`crate::store`]): scope (`global` or a
+/// runbook) and what a person reads.
+#[derive(Debug, Default)]
+pub struct FleetSwitch {
+    engaged: std::sync::RwLock<Vec<(String, String)>>,
+}
+
+impl FleetSwitch {
+    /// What the database says now.
+    pub fn set(&self, engaged: Vec<(String, String)>) {
+        *self.engaged.write().unwrap_or_else(|p| p.into_inner()) = engaged;
+    }
+
+    fn find(&self, scope: &str) -> Option<String> {
+        let engaged = self.engaged.read().unwrap_or_else(|p| p.into_inner());
+        engaged
+            .iter()
+            .find(|(s, _)| s == scope)
+            .map(|(_, detail)| detail.clone())
+    }
 }
 
 /// Why calls are stopped.
@@ -38,7 +63,16 @@ impl std::fmt::Display for Engaged {
 impl KillSwitch {
     /// The switch kept in `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> KillSwitch {
-        KillSwitch { dir: dir.into() }
+        KillSwitch {
+            dir: dir.into(),
+            fleet: None,
+        }
+    }
+
+    /// The same switch, also engaged by the fleet's.
+    pub fn with_fleet(mut self, fleet: Option<std::sync::Arc<FleetSwitch>>) -> KillSwitch {
+        self.fleet = fleet;
+        self
     }
 
     /// The directory of the switch files.
@@ -123,6 +157,16 @@ impl KillSwitch {
                             "cannot check {}: {e}; treated as engaged (fail closed)",
                             file.display()
                         ),
+                    });
+                }
+            }
+        }
+        if let Some(fleet) = &self.fleet {
+            for scope in [Some("global"), runbook].into_iter().flatten() {
+                if let Some(detail) = fleet.find(scope) {
+                    return Err(Engaged {
+                        scope: scope.to_string(),
+                        detail,
                     });
                 }
             }

@@ -179,6 +179,9 @@ pub enum DenyReason {
     NoApprover,
     /// L2: the daemon shut down while the call waited for a person.
     Shutdown,
+    /// The run no longer holds its (runbook, host) lease in the shared
+    /// state, or cannot prove it does: another replica may have taken over.
+    LeaseLost,
 }
 
 impl DenyReason {
@@ -199,6 +202,7 @@ impl DenyReason {
             DenyReason::ApprovalExpired => "approval_expired",
             DenyReason::NoApprover => "no_approver",
             DenyReason::Shutdown => "shutdown",
+            DenyReason::LeaseLost => "lease_lost",
         }
     }
 
@@ -210,6 +214,7 @@ impl DenyReason {
                 | DenyReason::StepLimit
                 | DenyReason::TimeBudget
                 | DenyReason::Shutdown
+                | DenyReason::LeaseLost
         )
     }
 }

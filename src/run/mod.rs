@@ -84,6 +84,8 @@ pub struct Runner {
     pub approvals: Option<Arc<Approvals>>,
     /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
     pub approval_webhook: Option<String>,
+    /// State shared with other daemons (`state.postgres`); `None`: this machine's own.
+    pub store: Option<Arc<crate::store::Postgres>>,
 }
 
 impl Runner {
@@ -98,6 +100,7 @@ impl Runner {
             shutdown: None,
             approvals: None,
             approval_webhook: None,
+            store: None,
         }
     }
 
@@ -178,7 +181,8 @@ impl Runner {
 
     /// Run `req` under a new run id, from the first call to the verdict.
     pub async fn run(&self, req: &RunRequest) -> Result<RunReport, StartError> {
-        self.run_as(req, uuid::Uuid::now_v7().to_string()).await
+        self.run_as(req, uuid::Uuid::now_v7().to_string(), None)
+            .await
     }
 
     /// The planner a run gets: see [`PlannerChoice`].
@@ -226,7 +230,55 @@ impl Runner {
     }
 
     /// Run with an id chosen by the caller (the daemon lists runs before they end).
-    pub async fn run_as(&self, req: &RunRequest, run_id: String) -> Result<RunReport, StartError> {
+    ///
+    /// With shared state, the run holds its (runbook, host) lease: the one
+    /// the daemon claimed when it accepted the trigger, or one claimed here
+    /// (the command line). Its verdict is recorded there too, which frees it.
+    pub async fn run_as(
+        &self,
+        req: &RunRequest,
+        run_id: String,
+        lease: Option<crate::store::Lease>,
+    ) -> Result<RunReport, StartError> {
+        let lease = match (lease, &self.store) {
+            (Some(lease), _) => Some(lease),
+            (None, Some(store)) if !req.dry_run => {
+                match store.claim(&req.runbook, &req.host, &run_id).await {
+                    Ok(Some(lease)) => Some(lease),
+                    Ok(None) => {
+                        return Err(StartError::Busy(format!(
+                            "another run of {} on {} holds its lease in the shared state",
+                            req.runbook, req.host
+                        )));
+                    }
+                    Err(e) => return Err(StartError::Lock(format!("{e}; nothing ran"))),
+                }
+            }
+            (None, _) => None,
+        };
+        let outcome = self.run_leased(req, run_id, lease.as_ref()).await;
+        if let Some(lease) = lease {
+            let verdict = match &outcome {
+                Ok(report) => report.verdict,
+                Err(_) => Verdict::Broken,
+            };
+            let run_id = lease.id().run_id.clone();
+            if let Err(e) = lease
+                .finish(verdict.as_str(), &self.audit.head().to_string())
+                .await
+            {
+                tracing::warn!(%run_id, "the verdict could not be recorded in the shared state ({e}); its lease expires and another replica closes it as interrupted");
+            }
+        }
+        outcome
+    }
+
+    async fn run_leased(
+        &self,
+        req: &RunRequest,
+        run_id: String,
+        lease: Option<&crate::store::Lease>,
+    ) -> Result<RunReport, StartError> {
         let runbook = self
             .config
             .runbooks
@@ -301,6 +353,7 @@ impl Runner {
             info,
             planner,
             req,
+            lease,
         }
         .go()
         .await)

@@ -83,6 +83,8 @@ pub(super) struct RunLoop<'a> {
     pub(super) info: RunInfo,
     pub(super) planner: Planner,
     pub(super) req: &'a RunRequest,
+    /// The run's claim in the shared state (PostgreSQL), proved before every call.
+    pub(super) lease: Option<&'a crate::store::Lease>,
 }
 
 /// The state one run accumulates.
@@ -169,9 +171,13 @@ impl RunLoop<'_> {
         self.finish(s, started, started_at)
     }
 
-    /// The fleet budgets this run's tier-2 calls count against.
+    /// The fleet budgets this run's tier-2 calls count against on this
+    /// machine; with shared state they are counted in each call's fence.
     fn fleet(&self) -> Option<crate::gate::fleet::Fleet> {
         let settings = &self.runner.config.settings;
+        if self.lease.is_some() {
+            return None;
+        }
         crate::gate::fleet::Fleet::new(
             &settings.state_dir,
             settings.fleet_budget,
@@ -209,12 +215,12 @@ impl RunLoop<'_> {
             // A dry run asks nobody: it shows what a person would be asked.
             Decision::Hold(hold) if self.req.dry_run => self.show(s, id, hold.action(), None, r),
             Decision::Hold(hold) => match self.ask(s, hold, r).await {
-                Ok(permit) => self.allow(s, id, permit, r).await,
+                Ok(permit) => self.allow(s, id, call, permit, r).await,
                 Err(denial) => self.deny(s, id, call, &denial, r),
             },
             Decision::Deny(denial) => self.deny(s, id, call, &denial, r),
             Decision::Propose(p) => self.propose(s, id, &p, r),
-            Decision::Allow(permit) => self.allow(s, id, permit, r).await,
+            Decision::Allow(permit) => self.allow(s, id, call, permit, r).await,
         }
     }
 
@@ -302,10 +308,38 @@ impl RunLoop<'_> {
 
     /// An allowed call: its intent line takes the permit, and what comes
     /// back is the one thing dispatch accepts, once.
-    async fn allow(&self, s: &mut Steps, id: &str, permit: Permit, r: &mut StepReport) {
+    async fn allow(
+        &self,
+        s: &mut Steps,
+        id: &str,
+        call: &ProposedCall,
+        permit: Permit,
+        r: &mut StepReport,
+    ) {
         let action = permit.action();
         if self.req.dry_run && action.tier() == Tier::Change {
             return self.show(s, id, action, Some(permit.approved_by()), r);
+        }
+        // With shared state, the last word before the intent line: this run
+        // still holds its lease, the fleet's switch is off, the fleet's
+        // budget has room (counted here, in the same round trip).
+        if let Some(lease) = self.lease {
+            let budgets = crate::store::Budgets::new(
+                self.runner.config.settings.fleet_budget,
+                &self.runbook.name,
+                self.runbook.fleet_budget,
+            );
+            if let Err((reason, detail)) =
+                lease.fence(action.tier() == Tier::Change, &budgets).await
+            {
+                let denial = Denial {
+                    step: permit.step(),
+                    reason,
+                    detail,
+                    tool: Some(action.tool()),
+                };
+                return self.deny(s, id, call, &denial, r);
+            }
         }
         let tool = action.tool().name();
         r.tier = Some(action.tier().number());

@@ -88,6 +88,9 @@ impl From<DenyReason> for Verdict {
         match reason {
             DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
             DenyReason::StepLimit => Verdict::StepLimit,
+            // Another replica may hold the run now: this one ends as a
+            // replica that stopped does.
+            DenyReason::LeaseLost => Verdict::Interrupted,
             DenyReason::TimeBudget | DenyReason::MutationBudget | DenyReason::FleetBudget => {
                 Verdict::BudgetExhausted
             }

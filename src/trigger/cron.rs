@@ -107,15 +107,17 @@ pub async fn worker(
             for (name, fired) in fire_due(&mut next, &crons, &now) {
                 if let Some(rb) = cfg.runbooks.get(&name) {
                     for host in &rb.hosts {
-                        let submitted = scheduler.submit(RunRequest {
-                            runbook: name.clone(),
-                            host: host.to_string(),
-                            dry_run: false,
-                            planner: Default::default(),
-                            trigger: Trigger::Schedule,
-                            alert: None,
-                            keys: vec![format!("cron:{}", fired.timestamp())],
-                        });
+                        let submitted = scheduler
+                            .submit(RunRequest {
+                                runbook: name.clone(),
+                                host: host.to_string(),
+                                dry_run: false,
+                                planner: Default::default(),
+                                trigger: Trigger::Schedule,
+                                alert: None,
+                                keys: vec![format!("cron:{}", fired.timestamp())],
+                            })
+                            .await;
                         if let Err(e) = submitted {
                             tracing::error!(runbook = %name, %host, "scheduled run not started (its trigger could not be recorded): {e}");
                         }

@@ -1,0 +1,240 @@
+//! State shared by several daemons: `state.postgres` in runwarden.yaml.
+//!
+//! Without it, each machine keeps its own state, and that is enough for one
+//! daemon: runs are kept apart by a `flock` ([`crate::runlock`]), cooldown
+//! and dedupe live in the scheduler and are restored from the audit log,
+//! the fleet budget is a file under a lock ([`crate::gate::fleet`]), the
+//! kill switch is a directory. All of that still holds on each replica with
+//! PostgreSQL: it is what keeps a person's `runwarden run` and the daemon
+//! apart on one machine, and what stops a machine offline.
+//!
+//! PostgreSQL adds what several machines must agree on, each decision one
+//! SQL function call so no two replicas interleave between a check and its
+//! record:
+//! - **Admission** ([`Postgres::admit`]): every accepted trigger with its one
+//!   outcome; a live lease deduplicates, a recent end holds off (cooldown).
+//! - **Leases and fencing** ([`Lease`]): a run holds its (runbook, host)
+//!   under a token that only grows, renews it every third of the lease, and
+//!   proves it before every call in the same round trip that counts the
+//!   call against the fleet budget ([`Lease::fence`]). A replica that cannot
+//!   reach the database makes no call: the fence fails closed, and it is
+//!   the last step before the intent line and dispatch.
+//! - **Failover** ([`Postgres::reap`]): any replica closes a run whose lease
+//!   expired as `interrupted`. Runs are not resumed; a still-firing alert
+//!   starts a new one through Alertmanager's repeat.
+//! - **One kill switch for the fleet**: a table, with LISTEN/NOTIFY so every
+//!   replica hears of it within a second, and checked again in every fence.
+//!
+//! Each replica keeps its own hash-chained audit log: the record on its
+//! machine.
+
+mod postgres;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use postgres::Postgres;
+
+use crate::config::runbook::FleetBudget;
+use crate::gate::DenyReason;
+pub use crate::gate::killswitch::FleetSwitch;
+
+/// What went wrong with the shared state.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached (or did not answer in time).
+    #[error("PostgreSQL cannot be reached: {0}")]
+    Unreachable(String),
+    /// The database answered with an error.
+    #[error("PostgreSQL refused: {0}")]
+    Database(String),
+    /// `state.postgres` or the database's schema is not usable.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A run another replica (or this one, before a restart) left open, now
+/// closed as `interrupted`.
+#[derive(Debug, Clone)]
+pub struct Reaped {
+    /// Its run id.
+    pub run_id: String,
+    /// Its runbook.
+    pub runbook: String,
+    /// Its host.
+    pub host: String,
+    /// The replica that ran it.
+    pub replica: String,
+}
+
+/// Which claim a run holds: its (runbook, host), its run id and token.
+#[derive(Debug, Clone)]
+pub struct LeaseId {
+    /// The runbook.
+    pub runbook: String,
+    /// The host.
+    pub host: String,
+    /// The run holding it.
+    pub run_id: String,
+    /// The fencing token of the claim.
+    pub token: i64,
+}
+
+/// A run's claim on its (runbook, host) across the fleet, renewed in the
+/// background while it lives; dropping it stops the renewals (the lease
+/// then expires on its own).
+#[derive(Debug)]
+pub struct Lease {
+    store: Arc<Postgres>,
+    id: LeaseId,
+    renewals: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renewals.abort();
+    }
+}
+
+/// The fleet budgets one call counts against, as the fence sends them:
+/// scope (`None`: every runbook), limit, window in milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Budgets {
+    scopes: Vec<Option<String>>,
+    limits: Vec<i64>,
+    windows: Vec<i64>,
+    keep: i64,
+}
+
+impl Budgets {
+    /// runwarden.yaml's `fleet_budget` (`all`) and the runbook's own.
+    pub fn new(all: Option<FleetBudget>, runbook: &str, own: Option<FleetBudget>) -> Budgets {
+        let mut b = Budgets::default();
+        for (scope, budget) in [(None, all), (Some(runbook.to_string()), own)] {
+            if let Some(budget) = budget {
+                b.scopes.push(scope);
+                b.limits.push(i64::from(budget.max_mutations));
+                b.windows.push(postgres::millis(budget.per));
+                b.keep = b.keep.max(postgres::millis(budget.per));
+            }
+        }
+        // Kept a day at least, as on one machine: a budget made longer
+        // later still sees the calls of the last day.
+        b.keep = b.keep.max(postgres::millis(Duration::from_secs(86_400)));
+        b
+    }
+}
+
+impl Postgres {
+    /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
+    /// no dedupe keys; `Ok(None)`: another run holds it.
+    pub async fn claim(
+        self: &Arc<Self>,
+        runbook: &str,
+        host: &str,
+        run_id: &str,
+    ) -> Result<Option<Lease>, StoreError> {
+        let (outcome, token) = self.admit(runbook, host, &[], None, run_id, "cli").await?;
+        Ok(match (outcome.as_str(), token) {
+            ("started", Some(token)) => Some(self.lease(runbook, host, run_id, token)),
+            _ => None,
+        })
+    }
+
+    /// The lease a run admitted under `token` holds, renewed from now on.
+    pub(crate) fn lease(
+        self: &Arc<Self>,
+        runbook: &str,
+        host: &str,
+        run_id: &str,
+        token: i64,
+    ) -> Lease {
+        let id = LeaseId {
+            runbook: runbook.to_string(),
+            host: host.to_string(),
+            run_id: run_id.to_string(),
+            token,
+        };
+        let (store, renewing) = (self.clone(), id.clone());
+        let renewals = tokio::spawn(async move {
+            let every = store.lease / 3;
+            loop {
+                tokio::time::sleep(every).await;
+                match store.renew(&renewing).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(run_id = %renewing.run_id, "the run's lease was taken over or expired; its next call is refused");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(run_id = %renewing.run_id, "lease not renewed: {e}"),
+                }
+            }
+        });
+        Lease {
+            store: self.clone(),
+            id,
+            renewals,
+        }
+    }
+}
+
+impl Lease {
+    /// Which claim this is.
+    pub fn id(&self) -> &LeaseId {
+        &self.id
+    }
+
+    /// Before a call: prove the claim is current (renewing it), that the
+    /// fleet's kill switch is not engaged, and count a tier-2 call against
+    /// the fleet budgets, in one round trip. A refusal is the gate's: the
+    /// call does not run.
+    pub async fn fence(
+        &self,
+        mutating: bool,
+        budgets: &Budgets,
+    ) -> Result<(), (DenyReason, String)> {
+        let answer = self
+            .store
+            .fence(
+                &self.id,
+                mutating,
+                &budgets.scopes,
+                &budgets.limits,
+                &budgets.windows,
+                budgets.keep,
+            )
+            .await;
+        let (verdict, detail) = match answer {
+            Ok(v) => v,
+            Err(e) => {
+                return Err((
+                    DenyReason::LeaseLost,
+                    format!("{e}; no call runs without proof that this run still holds its lease"),
+                ));
+            }
+        };
+        let detail = detail.unwrap_or_default();
+        match verdict.as_str() {
+            "ok" => Ok(()),
+            "kill_switch" => Err((DenyReason::KillSwitch, detail)),
+            "fleet_budget" => Err((DenyReason::FleetBudget, detail)),
+            _ => Err((DenyReason::LeaseLost, detail)),
+        }
+    }
+
+    /// The run ended: record its verdict and free the claim. The database
+    /// is tried for as long as the lease would have lived; if it never
+    /// answers, the lease expires and another replica closes the run
+    /// `interrupted`.
+    pub async fn finish(self, verdict: &str, audit_head: &str) -> Result<(), StoreError> {
+        self.renewals.abort();
+        let give_up = tokio::time::Instant::now() + self.store.lease;
+        loop {
+            match self.store.finish(&self.id, verdict, audit_head).await {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! The PostgreSQL side of shared state: one client per daemon, every
+//! decision in one SQL function call (one round trip), so no two replicas
+//! can interleave between a check and its record.
+//!
+//! The functions themselves live in `migrations/`, which `runwarden db
+//! migrate` applies and every daemon checks at start-up. A lost connection
+//! is dropped and made again on the next use; until then every operation
+//! fails, which the callers turn into "no call" (fencing) and 503
+//! (triggers).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use super::{FleetSwitch, Reaped, StoreError};
+use crate::config::SharedState;
+
+/// The schema this build needs, with the files that bring a database to it.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_shared_state.sql"))];
+
+/// The notification channel of the fleet's kill switch.
+pub(crate) const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
+
+/// One daemon's (or one command's) connection to the shared state.
+pub struct Postgres {
+    config: tokio_postgres::Config,
+    /// How long a claim lives without renewal.
+    pub lease: Duration,
+    /// This daemon's name among the replicas.
+    pub replica: String,
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    /// Whether the last operation reached the database, and if not, why.
+    health: Mutex<Result<(), String>>,
+    /// The fleet's kill switch, as last heard.
+    pub switch: Arc<FleetSwitch>,
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may carry a password.
+        f.debug_struct("Postgres")
+            .field("replica", &self.replica)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Read a libpq URL from its file, which only its owner may read.
+fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let say = |what: String| StoreError::Config(format!("{}: {what}", file.display()));
+    let meta = std::fs::metadata(file).map_err(|e| {
+        say(format!(
+            "{e}; write the PostgreSQL URL (postgresql://runwarden:...@host/db) into it, mode 0600"
+        ))
+    })?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(say(format!(
+            "mode {:o} lets others read the database password; run `chmod 600 {}`",
+            meta.mode() & 0o777,
+            file.display()
+        )));
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| say(e.to_string()))?;
+    // The error names what is wrong, never the text (it may hold a password).
+    tokio_postgres::Config::from_str(text.trim())
+        .map_err(|e| say(format!("not a PostgreSQL URL or key=value string: {e}")))
+}
+
+impl Postgres {
+    /// The store `state.postgres` names; nothing is connected yet.
+    pub fn open(shared: &SharedState, replica: &str) -> Result<Postgres, StoreError> {
+        let mut config = read_url(&shared.url_file)?;
+        let op = op_timeout(shared.lease);
+        config.connect_timeout(op);
+        config.application_name(format!("runwarden {replica}"));
+        Ok(Postgres {
+            config,
+            lease: shared.lease,
+            replica: replica.to_string(),
+            client: Default::default(),
+            health: Mutex::new(Err("not connected yet".into())),
+            switch: Default::default(),
+        })
+    }
+
+    /// `Ok` when the last operation reached the database.
+    pub fn health(&self) -> Result<(), String> {
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn note(&self, r: Result<(), String>) {
+        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = r;
+    }
+
+    async fn client(&self) -> Result<Arc<Client>, StoreError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let (client, connection) =
+            tokio::time::timeout(op_timeout(self.lease), self.config.connect(NoTls))
+                .await
+                .map_err(|_| StoreError::Unreachable("connecting timed out".into()))?
+                .map_err(|e| StoreError::Unreachable(crate::error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("PostgreSQL connection ended: {e}");
+            }
+        });
+        let client = Arc::new(client);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Run one operation against the database, within the operation
+    /// timeout; a failure that is not the database's answer drops the
+    /// connection, so the next operation makes a new one.
+    async fn with<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let result = match self.client().await {
+            Ok(client) => match tokio::time::timeout(op_timeout(self.lease), f(client)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) if e.as_db_error().is_some() => Err(StoreError::Database(format!(
+                    "{what}: {}",
+                    crate::error_chain(&e)
+                ))),
+                Ok(Err(e)) => Err(StoreError::Unreachable(format!(
+                    "{what}: {}",
+                    crate::error_chain(&e)
+                ))),
+                Err(_) => Err(StoreError::Unreachable(format!("{what}: timed out"))),
+            },
+            Err(e) => Err(e),
+        };
+        match &result {
+            Err(StoreError::Unreachable(why)) => {
+                *self.client.lock().await = None;
+                self.note(Err(why.clone()));
+            }
+            _ => self.note(Ok(())),
+        }
+        result
+    }
+
+    /// Apply every migration the database lacks, in order, each in its own
+    /// transaction. Returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i32>, StoreError> {
+        let have = self.version().await?;
+        let mut applied = Vec::new();
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > have) {
+            let body = format!("BEGIN;\n{sql}\nCOMMIT;");
+            self.with("migrating", |c| async move { c.batch_execute(&body).await })
+                .await?;
+            applied.push(*version);
+        }
+        Ok(applied)
+    }
+
+    /// The schema version of the database (0: none yet).
+    pub async fn version(&self) -> Result<i32, StoreError> {
+        self.with("reading the schema version", |c| async move {
+            let exists = c
+                .query_one("SELECT to_regclass('runwarden_schema') IS NOT NULL", &[])
+                .await?
+                .get::<_, bool>(0);
+            if !exists {
+                return Ok(0);
+            }
+            c.query_one(
+                "SELECT coalesce(max(version), 0) FROM runwarden_schema",
+                &[],
+            )
+            .await
+            .map(|r| r.get(0))
+        })
+        .await
+    }
+
+    /// Refuse a database this build cannot work with, saying what to run.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let want = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+        match self.version().await? {
+            v if v == want => Ok(()),
+            v if v < want => Err(StoreError::Config(format!(
+                "the database's schema is version {v}, this runwarden needs {want}: run `runwarden db migrate` (as a role that may create tables)"
+            ))),
+            v => Err(StoreError::Config(format!(
+                "the database's schema is version {v}, newer than this runwarden knows ({want}): upgrade runwarden on this machine"
+            ))),
+        }
+    }
+
+    /// Decide one trigger across the fleet and record it; see `runwarden_admit`.
+    pub(crate) async fn admit(
+        &self,
+        runbook: &str,
+        host: &str,
+        keys: &[String],
+        cooldown: Option<Duration>,
+        run_id: &str,
+        trigger: &str,
+    ) -> Result<(String, Option<i64>), StoreError> {
+        let cooldown = cooldown.map(millis);
+        let lease = millis(self.lease);
+        let keys = keys.to_vec();
+        self.with("recording the trigger", |c| async move {
+            let row = c
+                .query_one(
+                    "SELECT outcome, token FROM runwarden_admit($1, $2, $3, $4, $5, $6, $7, $8)",
+                    &[
+                        &runbook,
+                        &host,
+                        &keys,
+                        &cooldown,
+                        &run_id,
+                        &self.replica,
+                        &lease,
+                        &trigger,
+                    ],
+                )
+                .await?;
+            Ok((row.get(0), row.get(1)))
+        })
+        .await
+    }
+
+    /// Give back the claims of runs that were accepted here but could not be
+    /// recorded in this machine's audit log: they never start.
+    pub(crate) async fn abandon(&self, run_ids: &[String]) -> Result<(), StoreError> {
+        let ids = run_ids.to_vec();
+        self.with("giving back unrecorded claims", |c| async move {
+            c.execute(
+                "WITH gone AS (UPDATE runwarden_runs SET status = 'not_started', ended_at = clock_timestamp()
+                     WHERE run_id = ANY($1) RETURNING runbook, host, token)
+                 UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL
+                     FROM gone WHERE l.runbook = gone.runbook AND l.host = gone.host AND l.token = gone.token",
+                &[&ids],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Prove the lease and count the call; see `runwarden_fence`.
+    #[allow(clippy::too_many_arguments, reason = "one SQL function's parameters")]
+    pub(crate) async fn fence(
+        &self,
+        lease: &super::LeaseId,
+        mutating: bool,
+        scopes: &[Option<String>],
+        limits: &[i64],
+        windows: &[i64],
+        keep: i64,
+    ) -> Result<(String, Option<String>), StoreError> {
+        let ms = millis(self.lease);
+        let (scopes, limits, windows) = (scopes.to_vec(), limits.to_vec(), windows.to_vec());
+        self.with("fencing the call", |c| async move {
+            let row = c
+                .query_one(
+                    "SELECT verdict, detail FROM runwarden_fence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    &[
+                        &lease.runbook, &lease.host, &lease.run_id, &lease.token, &ms,
+                        &self.replica, &mutating, &scopes, &limits, &windows, &keep,
+                    ],
+                )
+                .await?;
+            Ok((row.get(0), row.get(1)))
+        })
+        .await
+    }
+
+    /// Renew the lease; `false`: it is not this run's any more.
+    pub(crate) async fn renew(&self, lease: &super::LeaseId) -> Result<bool, StoreError> {
+        let ms = millis(self.lease);
+        self.with("renewing the lease", |c| async move {
+            let n = c
+                .execute(
+                    "UPDATE runwarden_leases SET expires_at = clock_timestamp() + $5 * interval '1 millisecond'
+                     WHERE runbook = $1 AND host = $2 AND token = $3 AND run_id = $4
+                       AND expires_at > clock_timestamp()",
+                    &[&lease.runbook, &lease.host, &lease.token, &lease.run_id, &ms],
+                )
+                .await?;
+            c.execute(
+                "UPDATE runwarden_runs SET heartbeat_at = clock_timestamp() WHERE run_id = $1 AND status = 'running'",
+                &[&lease.run_id],
+            )
+            .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    /// The run ended with `verdict`: record it and free the lease (its end
+    /// starts the cooldown), unless another claim has taken over.
+    pub(crate) async fn finish(
+        &self,
+        lease: &super::LeaseId,
+        verdict: &str,
+        audit_head: &str,
+    ) -> Result<(), StoreError> {
+        self.with("recording the verdict", |c| async move {
+            c.execute(
+                "WITH ended AS (UPDATE runwarden_runs SET status = 'ended', verdict = $2, audit_head = $3,
+                         ended_at = clock_timestamp()
+                     WHERE run_id = $1 AND status = 'running' RETURNING run_id)
+                 UPDATE runwarden_leases SET expires_at = NULL, run_id = NULL, ended_at = clock_timestamp()
+                     WHERE runbook = $4 AND host = $5 AND token = $6",
+                &[&lease.run_id, &verdict, &audit_head, &lease.runbook, &lease.host, &lease.token],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Close every run whose lease expired or was taken over (its replica
+    /// died, or lost the database): `interrupted`, closed by this replica.
+    /// Rows another replica is closing at the same moment are skipped.
+    pub async fn reap(&self) -> Result<Vec<Reaped>, StoreError> {
+        self.with("closing runs whose lease expired", |c| async move {
+            let rows = c
+                .query(
+                    "WITH dead AS (
+                         SELECT r.run_id FROM runwarden_runs r
+                         JOIN runwarden_leases l ON l.runbook = r.runbook AND l.host = r.host
+                         WHERE r.status = 'running'
+                           AND (l.token <> r.token OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp())
+                         FOR UPDATE OF r SKIP LOCKED),
+                     closed AS (
+                         UPDATE runwarden_runs r SET status = 'interrupted', verdict = 'interrupted',
+                             ended_at = clock_timestamp(), closed_by = $1
+                         FROM dead WHERE r.run_id = dead.run_id
+                         RETURNING r.run_id, r.runbook, r.host, r.replica, r.token),
+                     freed AS (
+                         UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL, ended_at = clock_timestamp()
+                         FROM closed WHERE l.runbook = closed.runbook AND l.host = closed.host AND l.token = closed.token
+                         RETURNING 1)
+                     SELECT run_id, runbook, host, replica FROM closed",
+                    &[&self.replica],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| Reaped {
+                    run_id: r.get(0),
+                    runbook: r.get(1),
+                    host: r.get(2),
+                    replica: r.get(3),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Engage the fleet's switch for `scope` (`global` or a runbook) and
+    /// tell every replica at once.
+    pub async fn engage(&self, scope: &str, by: &str, reason: &str) -> Result<(), StoreError> {
+        self.with("engaging the fleet's kill switch", |c| async move {
+            c.execute(
+                "WITH s AS (INSERT INTO runwarden_kill_switch (scope, engaged_by, reason) VALUES ($1, $2, $3)
+                     ON CONFLICT (scope) DO UPDATE SET engaged_by = $2, reason = $3, engaged_at = clock_timestamp()
+                     RETURNING scope)
+                 SELECT pg_notify('runwarden_kill_switch', scope) FROM s",
+                &[&scope, &by, &reason],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Release the fleet's switch for `scope`; `false`: it was not engaged.
+    pub async fn release(&self, scope: &str) -> Result<bool, StoreError> {
+        self.with("releasing the fleet's kill switch", |c| async move {
+            c.query(
+                "WITH s AS (DELETE FROM runwarden_kill_switch WHERE scope = $1 RETURNING scope)
+                 SELECT pg_notify('runwarden_kill_switch', scope) FROM s",
+                &[&scope],
+            )
+            .await
+            .map(|rows| !rows.is_empty())
+        })
+        .await
+    }
+
+    /// The fleet's engaged switches: scope, and what a person reads.
+    pub async fn switches(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.with("reading the fleet's kill switch", |c| async move {
+            switches_on(&c).await
+        })
+        .await
+    }
+
+    /// Keep [`Postgres::switch`] current: LISTEN on its own connection,
+    /// re-read the table on every notification and every few seconds (a
+    /// notification sent while the connection was down is not lost), and
+    /// connect again after a failure. Ends when `stop` turns true.
+    pub async fn listen(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.listen_once(&mut stop).await {
+                tracing::warn!(
+                    "the fleet's kill switch cannot be heard ({e}); retrying in 1s (calls are still fenced against the database)"
+                );
+            }
+            if *stop.borrow() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    async fn listen_once(
+        &self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), StoreError> {
+        let unreachable =
+            |e: tokio_postgres::Error| StoreError::Unreachable(crate::error_chain(&e));
+        let (client, mut connection) = self.config.connect(NoTls).await.map_err(unreachable)?;
+        let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            while let Some(Ok(m)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                if matches!(m, AsyncMessage::Notification(_)) && tx.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        let _stop_driver = AbortOnDrop(driver);
+        client
+            .batch_execute(&format!("LISTEN {KILL_SWITCH_CHANNEL}"))
+            .await
+            .map_err(unreachable)?;
+        loop {
+            let engaged = switches_on(&client).await.map_err(unreachable)?;
+            self.switch.set(engaged);
+            tokio::select! {
+                n = heard.recv() => if n.is_none() {
+                    return Err(StoreError::Unreachable("the listening connection closed".into()));
+                },
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = stop.changed() => return Ok(()),
+            }
+        }
+    }
+}
+
+async fn switches_on(c: &Client) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT scope, format('engaged for the fleet by %s at %s: %s', engaged_by, engaged_at, reason)
+             FROM runwarden_kill_switch ORDER BY scope",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How long one operation may take: a third of the lease, so a renewal
+/// that hangs still leaves time for the next before the lease runs out.
+fn op_timeout(lease: Duration) -> Duration {
+    (lease / 3).min(Duration::from_secs(5))
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
