@@ -26,7 +26,12 @@ declare -A need=(
   [/usr/bin/promtool]=prometheus
   [/usr/bin/prometheus-alertmanager]=prometheus-alertmanager
   [/usr/bin/amtool]=prometheus-alertmanager
+  [/usr/bin/psql]=postgresql-client
+  [/usr/lib/postgresql/15/bin/pg_ctl]=postgresql
+  [/usr/sbin/runuser]=util-linux
 )
+# (PostgreSQL: the tests start clusters of their own, initdb and pg_ctl as
+# the postgres user in a temporary directory, on free ports.)
 missing=()
 for prog in "${!need[@]}"; do
   [ -x "$prog" ] || missing+=("${need[$prog]}")

@@ -9,6 +9,7 @@ mod e2e;
 mod edges;
 mod fuzz;
 mod gate;
+mod ha;
 mod hardening;
 mod model;
 mod observability;

@@ -1,0 +1,860 @@
+//! Several daemons against one real PostgreSQL (Debian's, a cluster of the
+//! test's own in a temporary directory, run as the postgres user): one run
+//! per trigger across the fleet, fencing, failover, the fleet's kill switch
+//! and budget, and what a replica does when the database goes away.
+//!
+//! The hosts are local; what a tier-2 call did is read from the host's own
+//! record: logrotate's `postrotate` appends the time of each rotation to a
+//! file, whichever replica asked for it.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+/// A PostgreSQL cluster of the test's own, on a free loopback port, with a
+/// `runwarden` role (password, scram) owning a `runwarden` database.
+pub struct Pg {
+    dir: tempfile::TempDir,
+    port: u16,
+    bin: PathBuf,
+}
+
+const PG_PASSWORD: &str = "fleet-secret-pw";
+
+fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL from Debian's packages (postgresql)")
+        .map(|d| d.unwrap().path().join("bin"))
+        .filter(|b| b.join("pg_ctl").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("a PostgreSQL server under /usr/lib/postgresql")
+}
+
+impl Pg {
+    pub fn start() -> Pg {
+        let dir = tempfile::Builder::new().prefix("rw-pg-").tempdir().unwrap();
+        sh(
+            "/bin/chown",
+            &["postgres:postgres", &dir.path().display().to_string()],
+        );
+        let pg = Pg {
+            port: free_port(),
+            bin: pg_bin(),
+            dir,
+        };
+        pg.as_postgres(
+            "initdb",
+            &[
+                "-D",
+                &pg.data(),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg.psql(
+            "postgres",
+            &format!("CREATE ROLE runwarden LOGIN PASSWORD '{PG_PASSWORD}'"),
+        );
+        pg.psql("postgres", "CREATE DATABASE runwarden OWNER runwarden");
+        pg
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn as_postgres(&self, program: &str, args: &[&str]) -> String {
+        let bin = self.bin.join(program).display().to_string();
+        let mut all = vec!["-u", "postgres", "--", &bin];
+        all.extend_from_slice(args);
+        sh("/usr/sbin/runuser", &all)
+    }
+
+    /// Start (again) after [`Pg::stop`]: the same data, the same port.
+    pub fn start_again(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("log").display().to_string();
+        self.as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-o", &opts, "-l", &log, "-w", "start"],
+        );
+    }
+
+    /// Stop it, as an outage would: connections are cut.
+    pub fn stop(&self) {
+        self.as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgresql://runwarden:{PG_PASSWORD}@127.0.0.1:{}/runwarden",
+            self.port
+        )
+    }
+
+    /// One SQL command as the superuser, over the socket: its rows, `|`-separated.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let psql = "/usr/bin/psql";
+        let out = Command::new("/usr/sbin/runuser")
+            .args([
+                "-u", "postgres", "--", psql, "-h", &sock, "-p", &port, "-d", db,
+            ])
+            .args(["-AtXq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        self.psql("runwarden", sql)
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let _ = Command::new("/usr/sbin/runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args(["-D", &self.data(), "-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+/// The hosts' own world, shared by every replica: per host a log, its
+/// logrotate configuration and the record `postrotate` appends to.
+pub struct Site {
+    dir: tempfile::TempDir,
+}
+
+impl Site {
+    pub fn new() -> Site {
+        Site {
+            dir: tempfile::Builder::new()
+                .prefix("rw-site-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    /// The host file of local host `name`, made (once) with its own log.
+    pub fn host(&self, name: &str, extra: &str) -> String {
+        let dir = self.dir.path().join(name);
+        let conf = self.dir.path().join(format!("{name}.conf"));
+        if !conf.exists() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("app.log"), "line\n").unwrap();
+            std::fs::write(
+                &conf,
+                format!(
+                    "{log} {{\n  rotate 1000\n  ifempty\n  missingok\n  create\n  postrotate\n    date +%s.%N >> {record}\n  endscript\n}}\n",
+                    log = dir.join("app.log").display(),
+                    record = self.record_path(name).display()
+                ),
+            )
+            .unwrap();
+        }
+        local_host(
+            name,
+            &format!(
+                "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}\n{extra}",
+                conf.display(),
+                dir.join("logrotate.state").display()
+            ),
+        )
+    }
+
+    fn record_path(&self, host: &str) -> PathBuf {
+        self.dir.path().join(format!("{host}.record"))
+    }
+
+    /// When each rotation of `host` happened (seconds since the epoch), by the host's clock.
+    pub fn rotations(&self, host: &str) -> Vec<f64> {
+        std::fs::read_to_string(self.record_path(host))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    }
+
+    /// An executable on the host: `list_processes` through it is slow.
+    pub fn slow_ps(&self, seconds: f64) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.dir.path().join(format!("slow-ps-{seconds}"));
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\nsleep {seconds}\nexec /bin/ps \"$@\"\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+}
+
+/// One daemon of the fleet: its own config directory, audit log and
+/// kill-switch directory, the shared database.
+pub struct Replica {
+    pub e: Estate,
+    pub name: String,
+    pub d: Option<Proc>,
+    pub addr: String,
+}
+
+/// The runwarden.yaml of replica `name`: shared state with a 3 s lease.
+fn replica_yaml(name: &str, extra: &str) -> String {
+    format!(
+        "audit_head: none\nreplica: {name}\nshutdown_grace: 2s\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 3s\n{extra}"
+    )
+}
+
+impl Replica {
+    /// A config directory for replica `name`; `setup` adds its hosts and runbooks.
+    pub fn prepare(pg: &Pg, name: &str, extra: &str, setup: &dyn Fn(&Estate)) -> Replica {
+        let e = Estate::new();
+        write_secret(&e.path().join("pg-url"), &pg.url());
+        std::fs::write(e.path().join("runwarden.yaml"), replica_yaml(name, extra)).unwrap();
+        setup(&e);
+        Replica {
+            e,
+            name: name.into(),
+            d: None,
+            addr: String::new(),
+        }
+    }
+
+    pub fn start(&mut self) {
+        let (child, addr) = serve(&self.e);
+        self.d = Some(child);
+        self.addr = addr;
+    }
+
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.d.as_ref().unwrap().0.id() as i32)
+    }
+
+    pub fn signal(&self, s: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), s).unwrap();
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let (status, text) = http(&self.addr, "POST", path, body).expect("the replica answers");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Start runs of `runbook` on `hosts` through the API: each host's result.
+    pub fn start_runs(&self, runbook: &str, hosts: &[&str]) -> Vec<String> {
+        let (status, answer) = self.post(
+            "/api/v1/runs",
+            &json!({ "runbook": runbook, "hosts": hosts }).to_string(),
+        );
+        assert_eq!(status, 202, "{answer}");
+        answer["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["result"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    pub fn healthz(&self) -> u16 {
+        http(&self.addr, "GET", "/healthz", "").map_or(0, |r| r.0)
+    }
+
+    pub fn verdicts(&self) -> Vec<Value> {
+        self.e.audit_phase("verdict")
+    }
+}
+
+/// `n` replicas (`a`, `b`, `c`, ...) with the same hosts and runbooks, the
+/// schema migrated, all started.
+pub fn fleet(pg: &Pg, n: usize, extra: &str, setup: &dyn Fn(&Estate)) -> Vec<Replica> {
+    let mut replicas: Vec<Replica> = (0..n)
+        .map(|i| {
+            let name = ((b'a' + i as u8) as char).to_string();
+            Replica::prepare(pg, &name, extra, setup)
+        })
+        .collect();
+    let migrate = replicas[0].e.run(&["db", "migrate"]);
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    for r in &mut replicas {
+        r.start();
+    }
+    replicas
+}
+
+/// Every line of every replica's audit log.
+fn all_lines(fleet: &[Replica]) -> Vec<Value> {
+    fleet.iter().flat_map(|r| r.e.audit()).collect()
+}
+
+fn verdicts_of(fleet: &[Replica]) -> Vec<Value> {
+    all_lines(fleet)
+        .into_iter()
+        .filter(|l| l["phase"] == "verdict")
+        .collect()
+}
+
+/// The runbook `rot`: look, rotate the host's log (tier 2, standing
+/// approval), then `slow` slow looks.
+fn rot_runbook(site: &Site, hosts: &str, slow: usize) -> String {
+    let site = site.dir.path().display();
+    let mut rb = format!(
+        "name: rot\ndescription: t\nhosts: [{hosts}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"LogsFull\"']\n  host_label: instance\ncooldown: 1h\ntools: {{ observe: [disk_usage, list_processes], approve: [rotate_logs] }}\nbudget: {{ max_steps: 100, max_mutations: 1, max_duration: 5m }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n  - call: rotate_logs\n    args: {{ config: \"{site}/{{{{ run.host }}}}.conf\" }}\n    reason: the log is full\n"
+    );
+    for _ in 0..slow {
+        rb += "  - call: list_processes\n";
+    }
+    rb
+}
+
+/// An Alertmanager notification of one `LogsFull` alert per host.
+fn notification(hosts: &[&str]) -> String {
+    let alerts: Vec<Value> = hosts
+        .iter()
+        .map(|h| {
+            json!({
+                "status": "firing",
+                "labels": { "alertname": "LogsFull", "instance": format!("{h}:9100") },
+                "annotations": {},
+                "startsAt": "2026-12-01T10:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": format!("fp-{h}"),
+            })
+        })
+        .collect();
+    json!({
+        "version": "4", "status": "firing", "receiver": "runwarden",
+        "groupKey": "{}:{alertname=\"LogsFull\"}", "truncatedAlerts": 0,
+        "groupLabels": { "alertname": "LogsFull" }, "commonLabels": {}, "commonAnnotations": {},
+        "externalURL": "http://alertmanager", "alerts": alerts,
+    })
+    .to_string()
+}
+
+fn wait_verdicts(fleet: &[Replica], n: usize, within: Duration) -> Vec<Value> {
+    wait_for(&format!("{n} verdict line(s)"), within, || {
+        let v = verdicts_of(fleet);
+        (v.len() >= n).then_some(v)
+    })
+}
+
+#[test]
+fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 3, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    let body = notification(&["h1"]);
+    // All three at once, as Alertmanager's receivers would be.
+    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let posts: Vec<_> = fleet
+            .iter()
+            .map(|r| s.spawn(|| r.post("/api/v1/alerts", &body)))
+            .collect();
+        posts.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    let mut results: Vec<String> = answers
+        .iter()
+        .map(|(status, a)| {
+            assert_eq!(*status, 200, "{a}");
+            a["outcomes"][0]["result"].as_str().unwrap().to_string()
+        })
+        .collect();
+    results.sort();
+    assert_eq!(
+        results,
+        ["deduplicated", "deduplicated", "started"],
+        "{answers:?}"
+    );
+    let verdicts = wait_verdicts(&fleet, 1, Duration::from_secs(20));
+    assert_eq!(verdicts[0]["outcome"], "ok", "{:#}", verdicts[0]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(verdicts_of(&fleet).len(), 1, "one run across the fleet");
+    assert_eq!(site.rotations("h1").len(), 1, "the host rotated once");
+    // Every alert's one outcome, recorded once across the fleet.
+    let recorded = pg.sql("SELECT outcome, count(*) FROM runwarden_triggers WHERE 'fp:fp-h1' = ANY(keys) GROUP BY outcome ORDER BY outcome");
+    assert_eq!(recorded, "deduplicated|2\nstarted|1", "{recorded}");
+    // A repeat within the cooldown, to any replica, starts nothing.
+    let (status, again) = fleet[2].post("/api/v1/alerts", &body);
+    assert_eq!(status, 200);
+    assert_eq!(again["outcomes"][0]["result"], "deduplicated", "{again}");
+}
+
+#[test]
+fn a_replica_killed_mid_run_is_closed_interrupted_by_another_within_its_lease_and_nothing_runs_twice()
+ {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.5);
+    let mut fleet = fleet(&pg, 3, "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        e.runbook("rot", &rot_runbook(&site, "h1", 20));
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    let run_id = fleet[0].e.audit_phase("start")[0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fleet[0].signal(nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    let closed = wait_for(
+        "another replica to close the run",
+        Duration::from_secs(10),
+        || {
+            let row = pg.sql(&format!(
+                "SELECT status, closed_by FROM runwarden_runs WHERE run_id = '{run_id}'"
+            ));
+            row.starts_with("interrupted|").then_some(row)
+        },
+    );
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(3 + 1) + Duration::from_millis(500),
+        "closed {took:?} after the kill; the lease is 3 s"
+    );
+    let by = closed.split('|').nth(1).unwrap().to_string();
+    assert!(by == "b" || by == "c", "closed by {by}");
+    let closer = fleet.iter().find(|r| r.name == by).unwrap();
+    let line = closer
+        .verdicts()
+        .into_iter()
+        .find(|v| v["run_id"] == run_id.as_str())
+        .expect("the closing replica's audit log records it");
+    assert_eq!(line["outcome"], "interrupted", "{line:#}");
+    // Runs are not resumed: the rotation the dead run made is the only one.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(site.rotations("h1").len(), 1);
+    // The dead replica comes back: it closes the run in its own log too and
+    // the fleet's record of the run stays `interrupted`, closed once.
+    fleet[0].d = None;
+    fleet[0].start();
+    let own = wait_for(
+        "the restarted replica's own verdict",
+        Duration::from_secs(10),
+        || {
+            fleet[0]
+                .verdicts()
+                .into_iter()
+                .find(|v| v["run_id"] == run_id.as_str())
+        },
+    );
+    assert_eq!(own["outcome"], "interrupted");
+    assert_eq!(
+        pg.sql(&format!(
+            "SELECT status, closed_by FROM runwarden_runs WHERE run_id = '{run_id}'"
+        )),
+        closed
+    );
+}
+
+#[test]
+fn a_replica_paused_past_its_lease_is_fenced_at_its_next_call() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.3);
+    let fleet = fleet(&pg, 2, "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        // No cooldown: the other replica may start anew once the lease is free.
+        e.runbook(
+            "rot",
+            &rot_runbook(&site, "h1", 30).replace("cooldown: 1h\n", ""),
+        );
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    fleet[0].signal(nix::sys::signal::Signal::SIGSTOP);
+    let paused = jiff::Timestamp::now();
+    // Past the lease: the other replica closes the run and may start anew.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        fleet[1].start_runs("rot", &["h1"]),
+        ["started"],
+        "the lease was free"
+    );
+    fleet[0].signal(nix::sys::signal::Signal::SIGCONT);
+    let a = wait_for(
+        "the paused replica's verdict",
+        Duration::from_secs(10),
+        || fleet[0].verdicts().into_iter().next(),
+    );
+    assert_eq!(a["outcome"], "interrupted", "{a:#}");
+    let denied: Vec<Value> = fleet[0].e.audit_phase("denied");
+    assert_eq!(denied.len(), 1, "{denied:#?}");
+    assert_eq!(
+        denied[0]["detail"]["reason"], "lease_lost",
+        "{:#}",
+        denied[0]
+    );
+    let message = denied[0]["detail"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("taken over") && message.contains("token 2"),
+        "{message}"
+    );
+    // Nothing of the paused replica's run was dispatched after it resumed
+    // past its lease: its intent lines all predate the pause.
+    for intent in fleet[0].e.audit_phase("intent") {
+        let at: jiff::Timestamp = intent["ts"].as_str().unwrap().parse().unwrap();
+        assert!(
+            at < paused,
+            "an intent line at {at}, after the pause at {paused}"
+        );
+    }
+    // The new run's one rotation, and the first: two in all.
+    wait_for("the new run's verdict", Duration::from_secs(20), || {
+        fleet[1]
+            .verdicts()
+            .into_iter()
+            .find(|v| v["outcome"] == "ok")
+    });
+    assert_eq!(site.rotations("h1").len(), 2);
+}
+
+#[test]
+fn with_postgres_stopped_no_call_runs_and_the_webhook_answers_503_then_it_recovers_alone() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.3);
+    let fleet = fleet(&pg, 2, "", &|e| {
+        for h in ["h1", "h2"] {
+            e.host(
+                h,
+                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+            );
+        }
+        e.runbook("rot", &rot_runbook(&site, "h1, h2", 30));
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    pg.stop();
+    let stopped = jiff::Timestamp::now();
+    for r in &fleet {
+        wait_for(
+            &format!("{}'s /healthz to say 503", r.name),
+            Duration::from_secs(5),
+            || (r.healthz() == 503).then_some(()),
+        );
+        let (status, answer) = r.post("/api/v1/alerts", &notification(&["h2"]));
+        assert_eq!(status, 503, "{answer}");
+        assert!(answer.to_string().contains("PostgreSQL"), "{answer}");
+    }
+    // The run in flight stops at its next call: it cannot prove its lease.
+    let v = wait_for("the run's verdict", Duration::from_secs(10), || {
+        fleet[0].verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "interrupted", "{v:#}");
+    let denied = fleet[0].e.audit_phase("denied");
+    assert_eq!(
+        denied[0]["detail"]["reason"], "lease_lost",
+        "{:#}",
+        denied[0]
+    );
+    for intent in fleet[0].e.audit_phase("intent") {
+        let at: jiff::Timestamp = intent["ts"].as_str().unwrap().parse().unwrap();
+        assert!(
+            at < stopped + jiff::SignedDuration::from_millis(400),
+            "a call at {at}, the database stopped at {stopped}"
+        );
+    }
+    assert!(site.rotations("h2").is_empty(), "no tier-2 call anywhere");
+    // Back: no manual step.
+    pg.start_again();
+    for r in &fleet {
+        wait_for(
+            &format!("{}'s /healthz to recover", r.name),
+            Duration::from_secs(10),
+            || (r.healthz() == 200).then_some(()),
+        );
+    }
+    let (status, answer) = fleet[1].post("/api/v1/alerts", &notification(&["h2"]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "started", "{answer}");
+    wait_for("h2's rotation", Duration::from_secs(10), || {
+        (site.rotations("h2").len() == 1).then_some(())
+    });
+}
+
+#[test]
+fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_second() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.2);
+    let fleet = fleet(&pg, 3, "", &|e| {
+        for h in ["h1", "h2", "h3"] {
+            e.host(
+                h,
+                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+            );
+        }
+        e.runbook("rot", &rot_runbook(&site, "h1, h2, h3", 60));
+    });
+    for (r, h) in fleet.iter().zip(["h1", "h2", "h3"]) {
+        assert_eq!(r.start_runs("rot", &[h]), ["started"]);
+    }
+    for h in ["h1", "h2", "h3"] {
+        wait_for("each run's rotation", Duration::from_secs(10), || {
+            (site.rotations(h).len() == 1).then_some(())
+        });
+    }
+    let engage = fleet[1]
+        .e
+        .run(&["kill-switch", "engage", "--reason", "fleet-wide stop"]);
+    let engaged = jiff::Timestamp::now();
+    assert!(
+        engage.status.success(),
+        "{}",
+        String::from_utf8_lossy(&engage.stderr)
+    );
+    assert!(String::from_utf8_lossy(&engage.stdout).contains("engaged for the fleet"));
+    let verdicts = wait_verdicts(&fleet, 3, Duration::from_secs(10));
+    for v in &verdicts {
+        assert_eq!(v["outcome"], "halted", "{v:#}");
+    }
+    for r in &fleet {
+        let last_result =
+            r.e.audit_phase("result")
+                .last()
+                .map(|l| {
+                    l["ts"]
+                        .as_str()
+                        .unwrap()
+                        .parse::<jiff::Timestamp>()
+                        .unwrap()
+                })
+                .unwrap();
+        let denied = &r.e.audit_phase("denied")[0];
+        assert_eq!(denied["detail"]["reason"], "kill_switch", "{denied:#}");
+        assert!(
+            denied["detail"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("fleet-wide stop")
+        );
+        let at: jiff::Timestamp = denied["ts"].as_str().unwrap().parse().unwrap();
+        assert!(
+            at.duration_since(engaged) < jiff::SignedDuration::from_secs(1),
+            "replica {} stopped {} after the switch",
+            r.name,
+            at.duration_since(engaged)
+        );
+        assert!(last_result < at);
+    }
+    // Released through another replica: the fleet runs again.
+    let release = fleet[2].e.run(&["kill-switch", "release"]);
+    assert!(
+        release.status.success(),
+        "{}",
+        String::from_utf8_lossy(&release.stderr)
+    );
+    let status = fleet[0].e.run(&["kill-switch", "status"]);
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    // Replica b's own file, written when it engaged, stays until released there.
+    let status = fleet[1].e.run(&["kill-switch", "status"]);
+    assert_eq!(status.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        said.contains("ENGAGED global") && !said.contains("fleet:"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_fleet_budget_of_ten_holds_across_three_replicas_and_fifty_runs() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let hosts: Vec<String> = (0..50).map(|i| format!("h{i:02}")).collect();
+    let list = hosts.join(", ");
+    let fleet = fleet(
+        &pg,
+        3,
+        "fleet_budget: { max_mutations: 10, per: 1h }\nmax_concurrent_runs: 8\n",
+        &|e| {
+            for h in &hosts {
+                e.host(h, &site.host(h, ""));
+            }
+            e.runbook("rot", &rot_runbook(&site, &list, 0));
+        },
+    );
+    std::thread::scope(|s| {
+        for (i, r) in fleet.iter().enumerate() {
+            let mine: Vec<&str> = hosts
+                .iter()
+                .skip(i)
+                .step_by(3)
+                .map(String::as_str)
+                .collect();
+            s.spawn(move || {
+                assert!(r.start_runs("rot", &mine).iter().all(|x| x == "started"));
+            });
+        }
+    });
+    let verdicts = wait_verdicts(&fleet, 50, Duration::from_secs(60));
+    assert_eq!(verdicts.len(), 50);
+    let rotated: usize = hosts.iter().map(|h| site.rotations(h).len()).sum();
+    assert_eq!(rotated, 10, "exactly ten tier-2 calls ran across the fleet");
+    let refused: Vec<Value> = all_lines(&fleet)
+        .into_iter()
+        .filter(|l| l["phase"] == "denied" && l["detail"]["reason"] == "fleet_budget")
+        .collect();
+    assert_eq!(
+        refused.len(),
+        40,
+        "every other run was refused, and audited"
+    );
+    assert!(
+        refused[0]["detail"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10 of 10"),
+        "{:#}",
+        refused[0]
+    );
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_fleet_calls"), "10");
+    let budget_exhausted = verdicts
+        .iter()
+        .filter(|v| v["outcome"] == "budget_exhausted")
+        .count();
+    assert_eq!(budget_exhausted, 40);
+}
+
+#[test]
+fn a_command_line_run_takes_the_fleet_lease_and_a_daemon_run_holding_it_refuses_it() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.3);
+    let fleet = fleet(&pg, 1, "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        e.runbook("rot", &rot_runbook(&site, "h1", 10));
+    });
+    // Another machine's command line: its own config directory, the same database.
+    let other = Replica::prepare(&pg, "laptop", "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        e.runbook("rot", &rot_runbook(&site, "h1", 10));
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    let out = other.e.run(&["run", "rot", "--host", "h1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds its lease"));
+    assert_eq!(site.rotations("h1").len(), 1);
+}
+
+#[test]
+fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
+    let pg = Pg::start();
+    let mut r = Replica::prepare(&pg, "a", "", &|e| {
+        e.host("h", &local_host("h", "paths: [/tmp]"));
+    });
+    let status = r.e.run(&["db", "status"]);
+    assert_eq!(status.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&status.stderr).to_string();
+    assert!(
+        said.contains("version 0") && said.contains("runwarden db migrate"),
+        "{said}"
+    );
+    // A daemon on an unmigrated database refuses to start, saying the same.
+    let serve = r.e.run(&["serve", "--listen", "127.0.0.1:0"]);
+    assert!(!serve.status.success());
+    assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
+    for expect in [
+        "applied migration(s) [1]",
+        "the schema is current; nothing to do",
+    ] {
+        let out = r.e.run(&["db", "migrate"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(expect));
+    }
+    assert_eq!(r.e.run(&["db", "status"]).status.code(), Some(0));
+    // The URL holds the password: a file others can read is refused, and
+    // no message ever shows the password.
+    let url_file = r.e.path().join("pg-url");
+    std::fs::set_permissions(
+        &url_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let out = r.e.run(&["db", "status"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("chmod 600"), "{said}");
+    write_secret(&url_file, &pg.url().replace(PG_PASSWORD, "wrong-password"));
+    let out = r.e.run(&["db", "status"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("password authentication failed"), "{said}");
+    assert!(
+        !said.contains("wrong-password") && !said.contains(PG_PASSWORD),
+        "{said}"
+    );
+    write_secret(&url_file, &pg.url());
+    r.start();
+    assert_eq!(r.healthz(), 200);
+}
