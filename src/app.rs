@@ -119,6 +119,13 @@ pub async fn serve(
     ));
     if let Some(store) = store {
         workers.spawn(store.clone().listen(stop_rx.clone()));
+        if let Some(approvals) = scheduler.approvals.clone() {
+            workers.spawn(approval_sync_worker(
+                store.clone(),
+                approvals,
+                stop_rx.clone(),
+            ));
+        }
         workers.spawn(reap_worker(
             store,
             scheduler.clone(),
@@ -229,6 +236,38 @@ async fn reap_worker(
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// With shared state, four times a second while a run here waits for a
+/// person: bring home the decisions taken through other replicas.
+async fn approval_sync_worker(
+    store: Arc<Postgres>,
+    approvals: Arc<crate::gate::approvals::Approvals>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use crate::gate::approvals::State;
+    loop {
+        let pending: Vec<String> = approvals
+            .list()
+            .into_iter()
+            .filter(|r| r.state == State::Pending)
+            .map(|r| r.id)
+            .collect();
+        if !pending.is_empty() {
+            match store.settled_approvals(&pending).await {
+                Ok(settled) => {
+                    for (id, state) in settled {
+                        approvals.close(&id, state);
+                    }
+                }
+                Err(e) => tracing::warn!("decisions cannot be read: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.changed() => return,
         }
     }

@@ -581,12 +581,19 @@ async fn approvals_list(State(s): State<AppState>, headers: HeaderMap) -> Respon
     if let Err((status, why)) = approver_token(&s, &headers) {
         return problem(status, why);
     }
-    let list = s
-        .scheduler
-        .approvals
-        .as_ref()
-        .map(|a| a.list())
-        .unwrap_or_default();
+    let list = match s.scheduler.store() {
+        // Every replica's requests.
+        Some(store) => match store.approvals(None).await {
+            Ok(list) => list,
+            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        },
+        None => s
+            .scheduler
+            .approvals
+            .as_ref()
+            .map(|a| a.list())
+            .unwrap_or_default(),
+    };
     axum::Json(json!({ "approvals": list })).into_response()
 }
 
@@ -598,7 +605,14 @@ async fn approval_show(
     if let Err((status, why)) = approver_token(&s, &headers) {
         return problem(status, why);
     }
-    match s.scheduler.approvals.as_ref().and_then(|a| a.get(&id)) {
+    let found = match s.scheduler.store() {
+        Some(store) => match store.approvals(Some(&id)).await {
+            Ok(mut list) => list.pop(),
+            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        },
+        None => s.scheduler.approvals.as_ref().and_then(|a| a.get(&id)),
+    };
+    match found {
         Some(r) => axum::Json(r).into_response(),
         None => problem(StatusCode::NOT_FOUND, format!("no approval request {id}")),
     }
@@ -648,7 +662,22 @@ async fn approval_decide(
         );
     };
     use crate::gate::approvals::DecisionError;
-    match approvals.decide(&id, &token, &body.digest, approve, &body.comment) {
+    let decided = match (s.scheduler.store(), approvals.approver(&token)) {
+        // Decided in the shared state, exactly once across the fleet; the
+        // replica whose run waits reads it back.
+        (Some(store), Some(by)) => {
+            let comment = crate::gate::approvals::clean_comment(&body.comment);
+            match store
+                .decide_approval(&id, &body.digest, approve, &by, &comment)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            }
+        }
+        _ => approvals.decide(&id, &token, &body.digest, approve, &body.comment),
+    };
+    match decided {
         Ok(r) => axum::Json(r).into_response(),
         Err(e @ DecisionError::Unauthorized) => problem(StatusCode::UNAUTHORIZED, e.to_string()),
         Err(e @ DecisionError::NotFound(_)) => problem(StatusCode::NOT_FOUND, e.to_string()),

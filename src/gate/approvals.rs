@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 /// A person's decision: who, and what they wrote.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Decided {
     /// The approver's name (from the approvers file, never the token).
     pub by: String,
@@ -34,7 +34,7 @@ pub struct Decided {
 
 /// Where a request stands. Everything but `Pending` is final. As the API
 /// shows it: `state`, and a decision's `by` and `comment` beside it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum State {
     /// Waiting for a person.
@@ -99,7 +99,7 @@ impl Resolution {
 }
 
 /// One request, as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Request {
     /// The request's id (what `approve` and `deny` name).
     pub id: String,
@@ -166,6 +166,15 @@ pub struct Approvals {
     approvers: std::sync::RwLock<HashMap<Vec<u8>, String>>,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
+}
+
+/// A decision's comment as it is kept: no control characters, at most 500.
+pub fn clean_comment(comment: &str) -> String {
+    comment
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(500)
+        .collect()
 }
 
 /// The digest of one resolved call in one run.
@@ -307,12 +316,10 @@ impl Approvals {
         if !crate::same_secret(e.request.digest.as_bytes(), digest.as_bytes()) {
             return Err(DecisionError::StaleDigest);
         }
-        let comment: String = comment
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(500)
-            .collect();
-        let decided = Decided { by: who, comment };
+        let decided = Decided {
+            by: who,
+            comment: clean_comment(comment),
+        };
         e.request.state = if approve {
             State::Approved(decided)
         } else {

@@ -24,10 +24,15 @@
 //!   starts a new one through Alertmanager's repeat.
 //! - **One kill switch for the fleet**: a table, with LISTEN/NOTIFY so every
 //!   replica hears of it within a second, and checked again in every fence.
+//! - **Approvals anywhere**: an L2 request is shared when it opens; any
+//!   replica lists it and records a decision (exactly once, against the
+//!   digest shown); the replica whose run waits reads it back within a
+//!   second ([`Postgres::settled_approvals`]).
 //!
 //! Each replica keeps its own hash-chained audit log: the record on its
 //! machine.
 
+mod approvals;
 mod postgres;
 
 use std::sync::Arc;

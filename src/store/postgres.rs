@@ -19,7 +19,10 @@ use super::{FleetSwitch, Reaped, StoreError};
 use crate::config::SharedState;
 
 /// The schema this build needs, with the files that bring a database to it.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_shared_state.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../migrations/0001_shared_state.sql")),
+    (2, include_str!("../../migrations/0002_approvals.sql")),
+];
 
 /// The notification channel of the fleet's kill switch.
 pub(crate) const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
@@ -123,7 +126,7 @@ impl Postgres {
     /// Run one operation against the database, within the operation
     /// timeout; a failure that is not the database's answer drops the
     /// connection, so the next operation makes a new one.
-    async fn with<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
+    pub(super) async fn with<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
@@ -131,11 +134,11 @@ impl Postgres {
         let result = match self.client().await {
             Ok(client) => match tokio::time::timeout(op_timeout(self.lease), f(client)).await {
                 Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) if e.as_db_error().is_some() => Err(StoreError::Database(format!(
+                Ok(Err(e)) if unreachable(&e) => Err(StoreError::Unreachable(format!(
                     "{what}: {}",
                     crate::error_chain(&e)
                 ))),
-                Ok(Err(e)) => Err(StoreError::Unreachable(format!(
+                Ok(Err(e)) => Err(StoreError::Database(format!(
                     "{what}: {}",
                     crate::error_chain(&e)
                 ))),
@@ -287,7 +290,7 @@ impl Postgres {
         self.with("renewing the lease", |c| async move {
             let n = c
                 .execute(
-                    "UPDATE runwarden_leases SET expires_at = clock_timestamp() + $5 * interval '1 millisecond'
+                    "UPDATE runwarden_leases SET expires_at = clock_timestamp() + $5::bigint * interval '1 millisecond'
                      WHERE runbook = $1 AND host = $2 AND token = $3 AND run_id = $4
                        AND expires_at > clock_timestamp()",
                     &[&lease.runbook, &lease.host, &lease.token, &lease.run_id, &ms],
@@ -476,6 +479,22 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// Whether an error is the connection's (the database may be fine again
+/// after a reconnect), not the database's answer or a type mismatch.
+fn unreachable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// How long one operation may take: a third of the lease, so a renewal

@@ -218,30 +218,47 @@ impl Site {
 /// One daemon of the fleet: its own config directory, audit log and
 /// kill-switch directory, the shared database.
 pub struct Replica {
+    /// First, so the daemon stops before its directory goes.
+    pub d: Option<Proc>,
     pub e: Estate,
     pub name: String,
-    pub d: Option<Proc>,
     pub addr: String,
 }
 
-/// The runwarden.yaml of replica `name`: shared state with a 3 s lease.
-fn replica_yaml(name: &str, extra: &str) -> String {
+/// The runwarden.yaml of replica `name`: shared state with a `lease`.
+fn replica_yaml(name: &str, lease: &str, extra: &str) -> String {
     format!(
-        "audit_head: none\nreplica: {name}\nshutdown_grace: 2s\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 3s\n{extra}"
+        "audit_head: none\nreplica: {name}\nshutdown_grace: 2s\nstate:\n  postgres:\n    url_file: pg-url\n    lease: {lease}\n{extra}"
     )
 }
 
+/// The lease of tests about failover: short, so they are quick.
+const SHORT: &str = "3s";
+/// The lease of the others: long enough that a loaded machine never lets
+/// one lapse between two renewals.
+const LONG: &str = "15s";
+
 impl Replica {
     /// A config directory for replica `name`; `setup` adds its hosts and runbooks.
-    pub fn prepare(pg: &Pg, name: &str, extra: &str, setup: &dyn Fn(&Estate)) -> Replica {
+    pub fn prepare(
+        pg: &Pg,
+        name: &str,
+        lease: &str,
+        extra: &str,
+        setup: &dyn Fn(&Estate),
+    ) -> Replica {
         let e = Estate::new();
         write_secret(&e.path().join("pg-url"), &pg.url());
-        std::fs::write(e.path().join("runwarden.yaml"), replica_yaml(name, extra)).unwrap();
+        std::fs::write(
+            e.path().join("runwarden.yaml"),
+            replica_yaml(name, lease, extra),
+        )
+        .unwrap();
         setup(&e);
         Replica {
+            d: None,
             e,
             name: name.into(),
-            d: None,
             addr: String::new(),
         }
     }
@@ -294,11 +311,11 @@ impl Replica {
 
 /// `n` replicas (`a`, `b`, `c`, ...) with the same hosts and runbooks, the
 /// schema migrated, all started.
-pub fn fleet(pg: &Pg, n: usize, extra: &str, setup: &dyn Fn(&Estate)) -> Vec<Replica> {
+pub fn fleet(pg: &Pg, n: usize, lease: &str, extra: &str, setup: &dyn Fn(&Estate)) -> Vec<Replica> {
     let mut replicas: Vec<Replica> = (0..n)
         .map(|i| {
             let name = ((b'a' + i as u8) as char).to_string();
-            Replica::prepare(pg, &name, extra, setup)
+            Replica::prepare(pg, &name, lease, extra, setup)
         })
         .collect();
     let migrate = replicas[0].e.run(&["db", "migrate"]);
@@ -363,9 +380,14 @@ fn notification(hosts: &[&str]) -> String {
     .to_string()
 }
 
+/// Wait until `n` runs have a verdict; each run's first verdict line.
 fn wait_verdicts(fleet: &[Replica], n: usize, within: Duration) -> Vec<Value> {
-    wait_for(&format!("{n} verdict line(s)"), within, || {
-        let v = verdicts_of(fleet);
+    wait_for(&format!("{n} verdict(s)"), within, || {
+        let mut seen = std::collections::HashSet::new();
+        let v: Vec<Value> = verdicts_of(fleet)
+            .into_iter()
+            .filter(|l| seen.insert(l["run_id"].as_str().unwrap_or_default().to_string()))
+            .collect();
         (v.len() >= n).then_some(v)
     })
 }
@@ -374,7 +396,7 @@ fn wait_verdicts(fleet: &[Replica], n: usize, within: Duration) -> Vec<Value> {
 fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
     let pg = Pg::start();
     let site = Site::new();
-    let fleet = fleet(&pg, 3, "", &|e| {
+    let fleet = fleet(&pg, 3, LONG, "", &|e| {
         e.host("h1", &site.host("h1", ""));
         e.runbook("rot", &rot_runbook(&site, "h1", 0));
     });
@@ -420,7 +442,7 @@ fn a_replica_killed_mid_run_is_closed_interrupted_by_another_within_its_lease_an
     let pg = Pg::start();
     let site = Site::new();
     let ps = site.slow_ps(0.5);
-    let mut fleet = fleet(&pg, 3, "", &|e| {
+    let mut fleet = fleet(&pg, 3, SHORT, "", &|e| {
         e.host(
             "h1",
             &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
@@ -492,7 +514,7 @@ fn a_replica_paused_past_its_lease_is_fenced_at_its_next_call() {
     let pg = Pg::start();
     let site = Site::new();
     let ps = site.slow_ps(0.3);
-    let fleet = fleet(&pg, 2, "", &|e| {
+    let fleet = fleet(&pg, 2, SHORT, "", &|e| {
         e.host(
             "h1",
             &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
@@ -555,11 +577,36 @@ fn a_replica_paused_past_its_lease_is_fenced_at_its_next_call() {
 }
 
 #[test]
+fn a_call_longer_than_the_lease_keeps_it_by_renewal() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(5.0);
+    let fleet = fleet(&pg, 2, SHORT, "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        e.runbook("rot", &rot_runbook(&site, "h1", 1));
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    let v = wait_verdicts(&fleet, 1, Duration::from_secs(20));
+    assert_eq!(v[0]["outcome"], "ok", "{:#}", v[0]);
+    assert!(fleet[1].verdicts().is_empty(), "nobody else closed it");
+    let run_id = v[0]["run_id"].as_str().unwrap();
+    assert_eq!(
+        pg.sql(&format!(
+            "SELECT status, verdict FROM runwarden_runs WHERE run_id = '{run_id}'"
+        )),
+        "ended|ok"
+    );
+}
+
+#[test]
 fn with_postgres_stopped_no_call_runs_and_the_webhook_answers_503_then_it_recovers_alone() {
     let pg = Pg::start();
     let site = Site::new();
     let ps = site.slow_ps(0.3);
-    let fleet = fleet(&pg, 2, "", &|e| {
+    let fleet = fleet(&pg, 2, SHORT, "", &|e| {
         for h in ["h1", "h2"] {
             e.host(
                 h,
@@ -625,7 +672,7 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
     let pg = Pg::start();
     let site = Site::new();
     let ps = site.slow_ps(0.2);
-    let fleet = fleet(&pg, 3, "", &|e| {
+    let fleet = fleet(&pg, 3, LONG, "", &|e| {
         for h in ["h1", "h2", "h3"] {
             e.host(
                 h,
@@ -718,6 +765,7 @@ fn a_fleet_budget_of_ten_holds_across_three_replicas_and_fifty_runs() {
     let fleet = fleet(
         &pg,
         3,
+        LONG,
         "fleet_budget: { max_mutations: 10, per: 1h }\nmax_concurrent_runs: 8\n",
         &|e| {
             for h in &hosts {
@@ -773,7 +821,7 @@ fn a_command_line_run_takes_the_fleet_lease_and_a_daemon_run_holding_it_refuses_
     let pg = Pg::start();
     let site = Site::new();
     let ps = site.slow_ps(0.3);
-    let fleet = fleet(&pg, 1, "", &|e| {
+    let fleet = fleet(&pg, 1, LONG, "", &|e| {
         e.host(
             "h1",
             &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
@@ -781,7 +829,7 @@ fn a_command_line_run_takes_the_fleet_lease_and_a_daemon_run_holding_it_refuses_
         e.runbook("rot", &rot_runbook(&site, "h1", 10));
     });
     // Another machine's command line: its own config directory, the same database.
-    let other = Replica::prepare(&pg, "laptop", "", &|e| {
+    let other = Replica::prepare(&pg, "laptop", LONG, "", &|e| {
         e.host(
             "h1",
             &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
@@ -806,7 +854,7 @@ fn a_command_line_run_takes_the_fleet_lease_and_a_daemon_run_holding_it_refuses_
 #[test]
 fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     let pg = Pg::start();
-    let mut r = Replica::prepare(&pg, "a", "", &|e| {
+    let mut r = Replica::prepare(&pg, "a", LONG, "", &|e| {
         e.host("h", &local_host("h", "paths: [/tmp]"));
     });
     let status = r.e.run(&["db", "status"]);
@@ -821,7 +869,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1]",
+        "applied migration(s) [1, 2]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
@@ -857,4 +905,107 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     write_secret(&url_file, &pg.url());
     r.start();
     assert_eq!(r.healthz(), 200);
+}
+
+const ALICE: &str = "Authorization: Bearer alice-token-0123456789";
+
+fn approvals_of(r: &Replica) -> Vec<Value> {
+    let (status, body) = http_with(&r.addr, "GET", "/api/v1/approvals", "", &[ALICE]).unwrap();
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<Value>(&body).unwrap()["approvals"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn decide(r: &Replica, id: &str, action: &str, digest: &str) -> (u16, String) {
+    let body = json!({ "digest": digest, "comment": "looked at it" }).to_string();
+    http_with(
+        &r.addr,
+        "POST",
+        &format!("/api/v1/approvals/{id}/{action}"),
+        &body,
+        &[ALICE],
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_l2_request_opened_on_one_replica_is_approved_through_another_after_a_third_restarts() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let mut fleet = fleet(
+        &pg,
+        3,
+        LONG,
+        "approvers_file: approvers\napproval_timeout: 1m\n",
+        &|e| {
+            e.host("h1", &site.host("h1", ""));
+            write_secret(
+                &e.path().join("approvers"),
+                "alice alice-token-0123456789\n",
+            );
+            e.runbook(
+                "l2",
+                &rot_runbook(&site, "h1", 0)
+                    .replace("name: rot", "name: l2")
+                    .replace("autonomy: L3", "autonomy: L2"),
+            );
+        },
+    );
+    assert_eq!(fleet[0].start_runs("l2", &["h1"]), ["started"]);
+    // The third replica restarts while the request waits: nothing is lost.
+    fleet[2].d = None;
+    fleet[2].start();
+    let request = wait_for(
+        "the request, listed by the restarted replica",
+        Duration::from_secs(10),
+        || {
+            approvals_of(&fleet[2])
+                .into_iter()
+                .find(|r| r["state"] == "pending")
+        },
+    );
+    assert_eq!(request["tool"], "rotate_logs");
+    let id = request["id"].as_str().unwrap();
+    let digest = request["digest"].as_str().unwrap();
+    let (status, body) = decide(&fleet[1], id, "approve", &"0".repeat(64));
+    assert_eq!(
+        status, 409,
+        "a digest of another call approves nothing: {body}"
+    );
+    assert!(site.rotations("h1").is_empty());
+    let (status, body) = decide(&fleet[1], id, "approve", digest);
+    let approved = jiff::Timestamp::now();
+    assert_eq!(status, 200, "{body}");
+    let v = wait_for("the waiting run's verdict", Duration::from_secs(10), || {
+        fleet[0].verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "ok", "{v:#}");
+    assert_eq!(site.rotations("h1").len(), 1);
+    let intent = fleet[0]
+        .e
+        .audit_phase("intent")
+        .into_iter()
+        .find(|l| l["tool"] == "rotate_logs")
+        .unwrap();
+    assert_eq!(intent["approved_by"], "person:alice", "{intent:#}");
+    let at: jiff::Timestamp = intent["ts"].as_str().unwrap().parse().unwrap();
+    assert!(
+        at.duration_since(approved) < jiff::SignedDuration::from_secs(1),
+        "the run went on {} after the decision",
+        at.duration_since(approved)
+    );
+    // Exactly one decision counts, wherever the second comes from.
+    let (status, body) = decide(&fleet[2], id, "deny", digest);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("already decided"), "{body}");
+    let shown = approvals_of(&fleet[1])
+        .into_iter()
+        .find(|r| r["id"] == id)
+        .unwrap();
+    assert_eq!(
+        (shown["state"].as_str(), shown["by"].as_str()),
+        (Some("approved"), Some("alice"))
+    );
 }
