@@ -78,7 +78,7 @@ fn post(addr: &str, path: &str, body: &str) -> String {
     let mut c = TcpStream::connect(addr).unwrap();
     write!(
         c,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -91,7 +91,7 @@ fn get(addr: &str, path: &str) -> String {
     let mut c = TcpStream::connect(addr).unwrap();
     write!(
         c,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut resp = String::new();

@@ -4,7 +4,7 @@
 //! close runs a killed process left open (verdict `interrupted`) and restore
 //! cooldowns, from one read of the audit log, then start
 //! the workers: the HTTP server, the cron worker, the kill-switch watcher and
-//! the config reloader. Stop (the `shutdown` future: SIGTERM/SIGINT in the
+//! the config reloader, and with shared state those of [`crate::store::workers`]. Stop (the `shutdown` future: SIGTERM/SIGINT in the
 //! binary, anything in tests): stop accepting triggers, let in-flight runs
 //! finish their current call and stop, bounded by `shutdown_grace`, then
 //! return.
@@ -25,7 +25,6 @@ use crate::gate::KillSwitch;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
-use crate::store::{Postgres, StoreError};
 use crate::trigger::cron;
 
 /// What `runwarden serve` was told on its command line.
@@ -78,7 +77,7 @@ pub async fn serve(
         )),
         None => None,
     };
-    let store = shared_state(&config).await?;
+    let store = crate::store::workers::shared_state(&config).await?;
     let scheduler = Scheduler::new(
         config_rx.clone(),
         audit.clone(),
@@ -120,21 +119,23 @@ pub async fn serve(
     if let Some(store) = store {
         workers.spawn(store.clone().listen(stop_rx.clone()));
         if let Some(approvals) = scheduler.approvals.clone() {
-            workers.spawn(approval_sync_worker(
+            workers.spawn(crate::store::workers::approval_sync_worker(
                 store.clone(),
                 approvals,
                 stop_rx.clone(),
             ));
         }
-        workers.spawn(reap_worker(
+        workers.spawn(crate::store::workers::reap_worker(
             store,
             scheduler.clone(),
             audit.clone(),
+            metrics.clone(),
             stop_rx.clone(),
         ));
     }
-    workers.spawn(fleet_worker(
+    workers.spawn(crate::store::workers::fleet_worker(
         config_rx.clone(),
+        scheduler.store().cloned(),
         metrics.clone(),
         stop_rx.clone(),
     ));
@@ -191,88 +192,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// The shared state `state.postgres` names, its schema checked. A database
-/// that cannot be reached yet is no reason not to start: the daemon answers
-/// 503 and makes no call until it can (see [`reap_worker`]); a wrong schema
-/// or an unreadable URL file is.
-async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<Postgres>>> {
-    let Some(shared) = &config.settings.postgres else {
-        return Ok(None);
-    };
-    let store = Arc::new(Postgres::open(shared, &config.settings.replica)?);
-    match store.check_schema().await {
-        Ok(()) => {
-            tracing::info!(replica = %store.replica, "shared state: PostgreSQL, lease {:?}", store.lease)
-        }
-        Err(e @ StoreError::Unreachable(_)) => {
-            tracing::warn!(
-                "{e}; triggers are answered 503 and no call runs until it can be reached"
-            )
-        }
-        Err(e) => return Err(e.into()),
-    }
-    Ok(Some(store))
-}
-
-/// With shared state, every second (or a third of the lease): close the
-/// runs whose lease expired, whichever replica ran them, as `interrupted`,
-/// each with its verdict line in this machine's audit log. The same round
-/// trip keeps `/healthz` current.
-async fn reap_worker(
-    store: Arc<Postgres>,
-    scheduler: Arc<Scheduler>,
-    audit: Arc<AuditLog>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let every = (store.lease / 3).min(Duration::from_secs(1));
-    loop {
-        match store.reap().await {
-            Ok(closed) => {
-                for run in closed {
-                    scheduler.closed_elsewhere(&run, &audit);
-                }
-            }
-            Err(e) => tracing::warn!("{e}"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// With shared state, four times a second while a run here waits for a
-/// person: bring home the decisions taken through other replicas.
-async fn approval_sync_worker(
-    store: Arc<Postgres>,
-    approvals: Arc<crate::gate::approvals::Approvals>,
-    mut stop: watch::Receiver<bool>,
-) {
-    use crate::gate::approvals::State;
-    loop {
-        let pending: Vec<String> = approvals
-            .list()
-            .into_iter()
-            .filter(|r| r.state == State::Pending)
-            .map(|r| r.id)
-            .collect();
-        if !pending.is_empty() {
-            match store.settled_approvals(&pending).await {
-                Ok(settled) => {
-                    for (id, state) in settled {
-                        approvals.close(&id, state);
-                    }
-                }
-                Err(e) => tracing::warn!("decisions cannot be read: {e}"),
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
     let text = crate::secret::read_file(file, "webhook_token_file").map_err(anyhow::Error::msg)?;
     let token = text.trim();
@@ -302,50 +221,6 @@ async fn approval_age_worker(
             .min();
         let waited = oldest.map_or(0.0, |t| now.duration_since(t).as_secs_f64().max(0.0));
         metrics.approval_oldest_pending.set(waited);
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// Keep `runwarden_fleet_budget_used` and `..._limit` current for the
-/// budgets of the config in force: the ledger is shared with every other
-/// process on this machine, so it is read again every few seconds.
-async fn fleet_worker(
-    config: watch::Receiver<Arc<Config>>,
-    metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let cfg = config.borrow().clone();
-        let own: Vec<(String, crate::config::runbook::FleetBudget)> = cfg
-            .runbooks
-            .values()
-            .filter_map(|r| r.fleet_budget.map(|b| (r.name.clone(), b)))
-            .collect();
-        if cfg.settings.fleet_budget.is_some() || !own.is_empty() {
-            let (dir, all) = (cfg.settings.state_dir.clone(), cfg.settings.fleet_budget);
-            // A read of a small file.
-            let usage = tokio::task::spawn_blocking(move || {
-                let named: Vec<(&str, _)> = own.iter().map(|(n, b)| (n.as_str(), *b)).collect();
-                crate::gate::fleet::usage(&dir, all, &named)
-            })
-            .await
-            .unwrap_or_default();
-            metrics.fleet_budget_used.reset();
-            metrics.fleet_budget_limit.reset();
-            for (scope, used, limit) in usage {
-                metrics
-                    .fleet_budget_used
-                    .with_label_values(&[&scope])
-                    .set(used as f64);
-                metrics
-                    .fleet_budget_limit
-                    .with_label_values(&[&scope])
-                    .set(limit as f64);
-            }
-        }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             _ = stop.changed() => return,

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub fleet_budget_used: GaugeVec,
     /// `runwarden_fleet_budget_limit`: what each fleet budget allows per window.
     pub fleet_budget_limit: GaugeVec,
+    /// `runwarden_store_up{store="postgres"}`: whether the shared state
+    /// answered this daemon's last round trip; absent without `state.postgres`.
+    pub store_up: GaugeVec,
     /// How long the oldest pending approval request has waited, 0 when none.
     pub approval_oldest_pending: prometheus::Gauge,
     /// `runwarden_build_info`.
@@ -298,6 +301,12 @@ impl Metrics {
                 "runwarden_fleet_budget_limit",
                 "Tier-2 calls each fleet budget allows per window (scope: all, or a runbook).",
                 &["scope"],
+            ),
+            store_up: gauge_vec(
+                r,
+                "runwarden_store_up",
+                "1 when the shared state answered this daemon's last round trip, 0 when it did not: then no trigger is accepted (503) and no call runs here. Absent without state.postgres.",
+                &["store"],
             ),
             kill_switch_since: gauge_vec(
                 r,

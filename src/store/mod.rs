@@ -34,6 +34,7 @@
 
 mod approvals;
 mod postgres;
+pub(crate) mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;

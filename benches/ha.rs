@@ -1,0 +1,324 @@
+//! Shared state on PostgreSQL under load, as root: `sudo cargo bench --bench ha`.
+//!
+//! 1. alert to first tool call, p50/p99, with the embedded store and with
+//!    PostgreSQL (one replica), alerts one at a time;
+//! 2. an alert storm (20,000 alerts in 200 notifications over 200 hosts)
+//!    against one replica and against three (round-robin): accept p50/p99,
+//!    throughput, and every alert's one outcome in `runwarden_triggers`;
+//! 3. database round trips per call: transactions committed for a run of
+//!    60 calls minus one of 10, over 50 (every statement outside a
+//!    transaction block is one round trip and one commit).
+//!
+//! The database is a cluster of the bench's own (tests/support/pg.rs).
+//! Figures only; nothing here asserts a time.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "../tests/support/pg.rs"]
+mod pg;
+
+const HOSTS: usize = 200;
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `runwarden ARGS --config DIR`.
+fn runwarden(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runwarden"));
+    c.env("RUNWARDEN_LOG", "warn")
+        .args(args)
+        .arg("--config")
+        .arg(dir);
+    c
+}
+
+fn start(dir: &Path) -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir)
+        .env("RUNWARDEN_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+    Daemon { child, addr }
+}
+
+fn post(addr: &str, path: &str, body: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A config directory: `HOSTS` local hosts whose `ps` records when it
+/// ran, a runbook of `calls` calls taken by the `Bench` alert, and
+/// `state:` when `pg` is given.
+fn estate(pg: Option<(&pg::Pg, &str)>, calls: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-ha-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let marks = root.join("marks");
+    let script = root.join("first-call");
+    write(
+        root,
+        "first-call",
+        &format!(
+            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
+            marks.display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write(root, "kill-switch/README", "");
+    let mut yaml = "audit_head: none\nmax_concurrent_runs: 8\n".to_string();
+    if let Some((pg, replica)) = pg {
+        let url = root.join("pg-url");
+        std::fs::write(&url, pg.url()).unwrap();
+        std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
+        yaml += &format!(
+            "replica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
+        );
+    }
+    write(root, "runwarden.yaml", &yaml);
+    let hosts: Vec<String> = (0..HOSTS).map(|i| format!("h{i:03}")).collect();
+    for h in &hosts {
+        write(
+            root,
+            &format!("hosts/{h}.yaml"),
+            &format!(
+                "name: {h}\nconnection: local\nbinaries: {{ ps: {} }}\n",
+                script.display()
+            ),
+        );
+    }
+    let steps = "  - call: list_processes\n".repeat(calls);
+    write(
+        root,
+        "runbooks/bench.yaml",
+        &format!(
+            "name: bench\ndescription: b\nhosts: [{}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"Bench\"']\n  host_label: instance\ncooldown: 1h\ntools: {{ observe: [list_processes] }}\nbudget: {{ max_steps: 100 }}\nsteps:\n{steps}",
+            hosts.join(", ")
+        ),
+    );
+    (dir, marks)
+}
+
+fn alert(n: usize, i: usize) -> String {
+    let host = (n * 100 + i) % HOSTS;
+    format!(
+        r#"{{"status":"firing","labels":{{"alertname":"Bench","instance":"h{host:03}:9100","n":"{n}-{i}"}},"annotations":{{}},"startsAt":"2026-12-01T00:00:00Z","endsAt":"0001-01-01T00:00:00Z","generatorURL":"","fingerprint":"{n:04x}{i:04x}"}}"#
+    )
+}
+
+fn notification(n: usize, alerts: &[String]) -> String {
+    format!(
+        r#"{{"receiver":"rw","status":"firing","alerts":[{}],"groupLabels":{{}},"commonLabels":{{}},"commonAnnotations":{{}},"externalURL":"","version":"4","groupKey":"g-{n}","truncatedAlerts":0}}"#,
+        alerts.join(",")
+    )
+}
+
+/// 1. Alert to first call, one alert at a time, each on a host of its own.
+fn first_call(dir: &Path, marks: &Path, alerts: usize) -> Vec<Duration> {
+    let d = start(dir);
+    let seen = || {
+        std::fs::read_to_string(marks)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let now = || jiff::Timestamp::now().as_nanosecond() as f64 / 1e9;
+    let mut out = Vec::new();
+    for i in 0..alerts {
+        let sent = now();
+        let resp = post(&d.addr, "/api/v1/alerts", &notification(i, &[alert(0, i)]));
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        let t = Instant::now();
+        while seen() < i + 1 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no call for alert {i}"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let last: f64 = std::fs::read_to_string(marks)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap();
+        out.push(Duration::from_secs_f64((last - sent).max(0.0)));
+    }
+    out.sort();
+    out
+}
+
+/// 2. The storm over `addrs`, round-robin: accept latencies and wall time.
+fn storm(addrs: &[String], notifications: usize) -> (Vec<Duration>, Duration) {
+    let started = Instant::now();
+    let mut latencies = std::thread::scope(|s| {
+        let workers: Vec<_> = addrs
+            .iter()
+            .enumerate()
+            .map(|(w, addr)| {
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    for n in (w..notifications).step_by(addrs.len()) {
+                        let alerts: Vec<String> = (0..100).map(|i| alert(n, i)).collect();
+                        let t = Instant::now();
+                        let resp = post(addr, "/api/v1/alerts", &notification(n, &alerts));
+                        mine.push(t.elapsed());
+                        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let wall = started.elapsed();
+    latencies.sort();
+    (latencies, wall)
+}
+
+fn main() {
+    let pg = pg::Pg::start();
+    let migrated = {
+        let (dir, _) = estate(Some((&pg, "a")), 1);
+        runwarden(dir.path(), &["db", "migrate"]).output().unwrap()
+    };
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+
+    // 1. Alert to first call.
+    let (embedded, marks) = estate(None, 1);
+    let local = first_call(embedded.path(), &marks, HOSTS);
+    let (shared, marks) = estate(Some((&pg, "a")), 1);
+    let postgres = first_call(shared.path(), &marks, HOSTS);
+    println!("alert to first tool call, {HOSTS} alerts one at a time:");
+    for (name, l) in [("embedded store", &local), ("PostgreSQL", &postgres)] {
+        println!(
+            "  {name:<15} p50 / p99 : {:>6.2} / {:.2} ms",
+            ms(percentile(l, 0.5)),
+            ms(percentile(l, 0.99))
+        );
+    }
+    println!(
+        "  PostgreSQL / embedded  p50 {:.2}x, p99 {:.2}x",
+        ms(percentile(&postgres, 0.5)) / ms(percentile(&local, 0.5)),
+        ms(percentile(&postgres, 0.99)) / ms(percentile(&local, 0.99))
+    );
+
+    // 2. The storm, against one replica and against three.
+    let notifications = 200;
+    for replicas in [1, 3] {
+        pg.sql("TRUNCATE runwarden_triggers, runwarden_runs, runwarden_leases");
+        let dirs: Vec<_> = (0..replicas)
+            .map(|r| estate(Some((&pg, ["a", "b", "c"][r])), 1).0)
+            .collect();
+        let daemons: Vec<Daemon> = dirs.iter().map(|d| start(d.path())).collect();
+        let addrs: Vec<String> = daemons.iter().map(|d| d.addr.clone()).collect();
+        let (lat, wall) = storm(&addrs, notifications);
+        let alerts = notifications * 100;
+        let counted = pg.sql("SELECT count(*) FROM runwarden_triggers");
+        let started = pg.sql("SELECT count(*) FROM runwarden_triggers WHERE outcome = 'started'");
+        let twice = pg.sql(
+            "SELECT count(*) FROM (SELECT host FROM runwarden_triggers WHERE outcome = 'started' GROUP BY host HAVING count(*) > 1) t",
+        );
+        println!(
+            "storm, {alerts} alerts in {notifications} notifications over {HOSTS} hosts, {replicas} replica(s):"
+        );
+        println!(
+            "  accept p50 / p99 : {:.2} / {:.2} ms; {:.0} alerts/s",
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99)),
+            alerts as f64 / wall.as_secs_f64()
+        );
+        println!(
+            "  recorded {counted} of {alerts}; {started} started; hosts started twice: {twice}"
+        );
+        drop(daemons);
+    }
+
+    // 3. Round trips per call, from the database's own commit count.
+    let commits = |calls: usize| -> i64 {
+        let (dir, _) = estate(Some((&pg, "cli")), calls);
+        let before: i64 = pg
+            .sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'runwarden'")
+            .parse()
+            .unwrap();
+        let out = runwarden(dir.path(), &["run", "bench", "--host", "h000"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The statistics collector reports at most every 500 ms.
+        std::thread::sleep(Duration::from_millis(1200));
+        let after: i64 = pg
+            .sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'runwarden'")
+            .parse()
+            .unwrap();
+        after - before
+    };
+    pg.sql("TRUNCATE runwarden_leases, runwarden_runs");
+    let short = commits(10);
+    pg.sql("TRUNCATE runwarden_leases, runwarden_runs");
+    let long = commits(60);
+    println!(
+        "database round trips per call: {:.2} ((run of 60 calls: {long} commits) - (run of 10: {short})) / 50",
+        (long - short) as f64 / 50.0
+    );
+}

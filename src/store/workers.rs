@@ -1,0 +1,176 @@
+//! The daemon's workers for shared state: connect and check the schema at
+//! start-up, close runs whose lease expired (and keep `/healthz` and
+//! `runwarden_store_up` current), bring home decisions taken through other
+//! replicas, count the fleet budget for its gauge. `app` spawns them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::{Postgres, StoreError};
+use crate::audit::AuditLog;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::scheduler::Scheduler;
+
+/// The shared state `state.postgres` names, its schema checked. A database
+/// that cannot be reached yet is no reason not to start: the daemon answers
+/// 503 and makes no call until it can (see [`reap_worker`]); a wrong schema
+/// or an unreadable URL file is.
+pub(crate) async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<Postgres>>> {
+    let Some(shared) = &config.settings.postgres else {
+        return Ok(None);
+    };
+    let store = Arc::new(Postgres::open(shared, &config.settings.replica)?);
+    match store.check_schema().await {
+        Ok(()) => {
+            tracing::info!(replica = %store.replica, "shared state: PostgreSQL, lease {:?}", store.lease)
+        }
+        Err(e @ StoreError::Unreachable(_)) => {
+            tracing::warn!(
+                "{e}; triggers are answered 503 and no call runs until it can be reached"
+            )
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Some(store))
+}
+
+/// With shared state, every second (or a third of the lease): close the
+/// runs whose lease expired, whichever replica ran them, as `interrupted`,
+/// each with its verdict line in this machine's audit log. The same round
+/// trip keeps `/healthz` current.
+pub(crate) async fn reap_worker(
+    store: Arc<Postgres>,
+    scheduler: Arc<Scheduler>,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let every = (store.lease / 3).min(Duration::from_secs(1));
+    let up = metrics.store_up.with_label_values(&["postgres"]);
+    loop {
+        match store.reap().await {
+            Ok(closed) => {
+                up.set(1.0);
+                for run in closed {
+                    scheduler.closed_elsewhere(&run, &audit);
+                }
+            }
+            Err(e) => {
+                up.set(0.0);
+                tracing::warn!("{e}");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// With shared state, four times a second while a run here waits for a
+/// person: bring home the decisions taken through other replicas.
+pub(crate) async fn approval_sync_worker(
+    store: Arc<Postgres>,
+    approvals: Arc<crate::gate::approvals::Approvals>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use crate::gate::approvals::State;
+    loop {
+        let pending: Vec<String> = approvals
+            .list()
+            .into_iter()
+            .filter(|r| r.state == State::Pending)
+            .map(|r| r.id)
+            .collect();
+        if !pending.is_empty() {
+            match store.settled_approvals(&pending).await {
+                Ok(settled) => {
+                    for (id, state) in settled {
+                        approvals.close(&id, state);
+                    }
+                }
+                Err(e) => tracing::warn!("decisions cannot be read: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// `(scope, used, limit)` of each fleet budget, counted in the shared
+/// state; a budget that cannot be counted now shows as full, as the fence
+/// would treat it.
+pub(crate) async fn fleet_usage(
+    store: &Postgres,
+    all: Option<crate::config::runbook::FleetBudget>,
+    own: &[(String, crate::config::runbook::FleetBudget)],
+) -> Vec<(String, u64, u64)> {
+    let scopes = all
+        .map(|b| ("all".to_string(), None, b))
+        .into_iter()
+        .chain(own.iter().map(|(n, b)| (n.clone(), Some(n.as_str()), *b)));
+    let mut out = Vec::new();
+    for (scope, runbook, budget) in scopes {
+        let limit = u64::from(budget.max_mutations);
+        let used = store
+            .fleet_used(runbook, budget.per)
+            .await
+            .map_or(limit, |n| n.max(0) as u64);
+        out.push((scope, used, limit));
+    }
+    out
+}
+
+/// Keep `runwarden_fleet_budget_used` and `..._limit` current for the
+/// budgets of the config in force: the ledger is shared with every other
+/// process on this machine, so it is read again every few seconds.
+pub(crate) async fn fleet_worker(
+    config: watch::Receiver<Arc<Config>>,
+    store: Option<Arc<Postgres>>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let cfg = config.borrow().clone();
+        let own: Vec<(String, crate::config::runbook::FleetBudget)> = cfg
+            .runbooks
+            .values()
+            .filter_map(|r| r.fleet_budget.map(|b| (r.name.clone(), b)))
+            .collect();
+        if cfg.settings.fleet_budget.is_some() || !own.is_empty() {
+            let (dir, all) = (cfg.settings.state_dir.clone(), cfg.settings.fleet_budget);
+            let usage = match &store {
+                // The fleet's count, every replica's calls.
+                Some(store) => fleet_usage(store, all, &own).await,
+                // A read of a small file.
+                None => tokio::task::spawn_blocking(move || {
+                    let named: Vec<(&str, _)> = own.iter().map(|(n, b)| (n.as_str(), *b)).collect();
+                    crate::gate::fleet::usage(&dir, all, &named)
+                })
+                .await
+                .unwrap_or_default(),
+            };
+            metrics.fleet_budget_used.reset();
+            metrics.fleet_budget_limit.reset();
+            for (scope, used, limit) in usage {
+                metrics
+                    .fleet_budget_used
+                    .with_label_values(&[&scope])
+                    .set(used as f64);
+                metrics
+                    .fleet_budget_limit
+                    .with_label_values(&[&scope])
+                    .set(limit as f64);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! A PostgreSQL cluster of a test's (or a bench's) own: Debian's server,
+//! initdb and pg_ctl as the postgres user in a temporary directory, on a
+//! free loopback port; stopped when dropped. Needs root.
+
+// Each user (the root tests, the HA bench) needs a different part of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn sh(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A PostgreSQL cluster of the test's own, on a free loopback port, with a
+/// `runwarden` role (password, scram) owning a `runwarden` database.
+pub struct Pg {
+    dir: tempfile::TempDir,
+    port: u16,
+    bin: PathBuf,
+}
+
+pub const PG_PASSWORD: &str = "fleet-secret-pw";
+
+fn pg_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL from Debian's packages (postgresql)")
+        .map(|d| d.unwrap().path().join("bin"))
+        .filter(|b| b.join("pg_ctl").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("a PostgreSQL server under /usr/lib/postgresql")
+}
+
+impl Pg {
+    pub fn start() -> Pg {
+        let dir = tempfile::Builder::new().prefix("rw-pg-").tempdir().unwrap();
+        sh(
+            "/bin/chown",
+            &["postgres:postgres", &dir.path().display().to_string()],
+        );
+        let pg = Pg {
+            port: free_port(),
+            bin: pg_bin(),
+            dir,
+        };
+        pg.as_postgres(
+            "initdb",
+            &[
+                "-D",
+                &pg.data(),
+                "-U",
+                "postgres",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            ],
+        );
+        pg.start_again();
+        pg.psql(
+            "postgres",
+            &format!("CREATE ROLE runwarden LOGIN PASSWORD '{PG_PASSWORD}'"),
+        );
+        pg.psql("postgres", "CREATE DATABASE runwarden OWNER runwarden");
+        pg
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn as_postgres(&self, program: &str, args: &[&str]) -> String {
+        let bin = self.bin.join(program).display().to_string();
+        let mut all = vec!["-u", "postgres", "--", &bin];
+        all.extend_from_slice(args);
+        sh("/usr/sbin/runuser", &all)
+    }
+
+    /// Start (again) after [`Pg::stop`]: the same data, the same port.
+    pub fn start_again(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("log").display().to_string();
+        self.as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-o", &opts, "-l", &log, "-w", "start"],
+        );
+    }
+
+    /// Stop it, as an outage would: connections are cut.
+    pub fn stop(&self) {
+        self.as_postgres(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgresql://runwarden:{PG_PASSWORD}@127.0.0.1:{}/runwarden",
+            self.port
+        )
+    }
+
+    /// One SQL command as the superuser, over the socket: its rows, `|`-separated.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let sock = self.dir.path().display().to_string();
+        let port = self.port.to_string();
+        let psql = "/usr/bin/psql";
+        let out = Command::new("/usr/sbin/runuser")
+            .args([
+                "-u", "postgres", "--", psql, "-h", &sock, "-p", &port, "-d", db,
+            ])
+            .args(["-AtXq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        self.psql("runwarden", sql)
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let _ = Command::new("/usr/sbin/runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args(["-D", &self.data(), "-m", "immediate", "stop"])
+            .output();
+    }
+}
