@@ -12,56 +12,13 @@
 //!
 //! Figures only; nothing here asserts a time.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn write(dir: &Path, rel: &str, text: &str) {
-    let p = dir.join(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, text).unwrap();
-}
-
-struct Daemon {
-    child: Child,
-    addr: String,
-    startup: Duration,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(dir: &Path) -> Daemon {
-    let t = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let startup = t.elapsed();
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';')
-        .to_string();
-    Daemon {
-        child,
-        addr,
-        startup,
-    }
-}
+mod common;
+use common::*;
 
 fn rss_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -72,35 +29,6 @@ fn rss_kb(pid: u32, field: &str) -> u64 {
                 .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap())
         })
         .unwrap()
-}
-
-fn post(addr: &str, path: &str, body: &str) -> String {
-    let mut c = TcpStream::connect(addr).unwrap();
-    write!(
-        c,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    resp
-}
-
-fn get(addr: &str, path: &str) -> String {
-    let mut c = TcpStream::connect(addr).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    resp
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn main() {
@@ -508,8 +436,4 @@ timezone: UTC
         "  wall time, first run to last    : {:>7.2} s",
         wall.as_secs_f64()
     );
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

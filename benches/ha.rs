@@ -12,34 +12,17 @@
 //! The database is a cluster of the bench's own (tests/support/pg.rs).
 //! Figures only; nothing here asserts a time.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
 
 #[path = "../tests/support/pg.rs"]
 mod pg;
 
 const HOSTS: usize = 200;
-
-fn write(dir: &Path, rel: &str, text: &str) {
-    let p = dir.join(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, text).unwrap();
-}
-
-struct Daemon {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `runwarden ARGS --config DIR`.
 fn runwarden(dir: &Path, args: &[&str]) -> Command {
@@ -49,48 +32,6 @@ fn runwarden(dir: &Path, args: &[&str]) -> Command {
         .arg("--config")
         .arg(dir);
     c
-}
-
-fn start(dir: &Path) -> Daemon {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir)
-        .env("RUNWARDEN_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .trim_end_matches(';')
-        .to_string();
-    Daemon { child, addr }
-}
-
-fn post(addr: &str, path: &str, body: &str) -> String {
-    let mut c = TcpStream::connect(addr).unwrap();
-    write!(
-        c,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    resp
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// A config directory: `HOSTS` local hosts whose `ps` records when it
@@ -164,7 +105,7 @@ fn notification(n: usize, alerts: &[String]) -> String {
 
 /// 1. Alert to first call, one alert at a time, each on a host of its own.
 fn first_call(dir: &Path, marks: &Path, alerts: usize) -> Vec<Duration> {
-    let d = start(dir);
+    let d = start_logging(dir, "warn");
     let seen = || {
         std::fs::read_to_string(marks)
             .map(|t| t.lines().count())
@@ -266,7 +207,10 @@ fn main() {
         let dirs: Vec<_> = (0..replicas)
             .map(|r| estate(Some((&pg, ["a", "b", "c"][r])), 1).0)
             .collect();
-        let daemons: Vec<Daemon> = dirs.iter().map(|d| start(d.path())).collect();
+        let daemons: Vec<Daemon> = dirs
+            .iter()
+            .map(|d| start_logging(d.path(), "warn"))
+            .collect();
         let addrs: Vec<String> = daemons.iter().map(|d| d.addr.clone()).collect();
         let (lat, wall) = storm(&addrs, notifications);
         let alerts = notifications * 100;

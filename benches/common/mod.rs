@@ -1,0 +1,96 @@
+//! What the benches share: a config directory written file by file, a
+//! `runwarden serve` on a free loopback port, HTTP/1.1 by hand,
+//! percentiles.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn write(dir: &Path, rel: &str, text: &str) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub addr: String,
+    pub startup: Duration,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `runwarden serve` on a free loopback port, logging at info.
+pub fn start(dir: &Path) -> Daemon {
+    start_logging(dir, "info")
+}
+
+/// `runwarden serve` on a free loopback port, logging at `level`.
+pub fn start_logging(dir: &Path, level: &str) -> Daemon {
+    let t = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir)
+        .env("RUNWARDEN_LOG", level)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let startup = t.elapsed();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_string();
+    Daemon {
+        child,
+        addr,
+        startup,
+    }
+}
+
+pub fn post(addr: &str, path: &str, body: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+pub fn get(addr: &str, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
