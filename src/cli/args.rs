@@ -248,6 +248,10 @@ pub enum DbCommand {
         /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
         #[arg(long, default_value = ".")]
         config: PathBuf,
+        /// Connect with this URL file instead of `state.postgres.url_file`
+        /// (the owner's, when the daemons' role may not change the schema).
+        #[arg(long)]
+        url_file: Option<PathBuf>,
     },
     /// Say whether the database can be reached and its schema is this
     /// runwarden's. Exit 0 when it is, 1 when not.

@@ -68,6 +68,15 @@ pub(super) fn check(dir: &Path) -> Exit {
         Some(b) => println!("fleet budget: {} across every run", per_window(b)),
         None => println!("fleet budget: none (each run's own budget only)"),
     }
+    match &cfg.settings.postgres {
+        Some(pg) => println!(
+            "state: shared in PostgreSQL ({}), replica {}, lease {}",
+            pg.url_file.display(),
+            cfg.settings.replica,
+            humantime::format_duration(pg.lease)
+        ),
+        None => println!("state: this machine's own (no state.postgres)"),
+    }
     match &cfg.settings.model {
         Some(m) => println!(
             "model {} at {} (timeout {}, {} retries){}",
@@ -155,6 +164,15 @@ pub(super) fn check_json(dir: &Path) -> Exit {
             "runbooks": runbooks,
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
             "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
+            "state": match &cfg.settings.postgres {
+                Some(pg) => serde_json::json!({
+                    "store": "postgres",
+                    "url_file": pg.url_file,
+                    "lease_seconds": pg.lease.as_secs_f64(),
+                    "replica": cfg.settings.replica,
+                }),
+                None => serde_json::json!({ "store": "embedded" }),
+            },
         })
     );
     Ok(0)

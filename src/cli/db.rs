@@ -8,8 +8,8 @@ use crate::store::Postgres;
 
 pub(super) async fn db(command: DbCommand) -> Exit {
     match command {
-        DbCommand::Migrate { config } => {
-            let store = open(&config)?;
+        DbCommand::Migrate { config, url_file } => {
+            let store = open_as(&config, url_file.as_deref())?;
             let applied = store.migrate().await.map_err(|e| {
                 Failed::code(
                     1,
@@ -23,7 +23,7 @@ pub(super) async fn db(command: DbCommand) -> Exit {
             Ok(0)
         }
         DbCommand::Status { config } => {
-            let store = open(&config)?;
+            let store = open_as(&config, None)?;
             match store.check_schema().await {
                 Ok(()) => {
                     println!(
@@ -38,8 +38,20 @@ pub(super) async fn db(command: DbCommand) -> Exit {
     }
 }
 
-/// The store runwarden.yaml names, or a usage error saying how to name one.
-pub(super) fn open(dir: &Path) -> Result<Arc<Postgres>, Failed> {
+/// The store runwarden.yaml names (through `url_file` instead, when
+/// given), or a usage error saying how to name one.
+fn open_as(dir: &Path, url_file: Option<&Path>) -> Result<Arc<Postgres>, Failed> {
+    if let Some(file) = url_file {
+        let settings = crate::config::Settings::load(dir).map_err(Failed::usage)?;
+        let mut shared = settings.postgres.unwrap_or(crate::config::SharedState {
+            url_file: file.to_path_buf(),
+            lease: std::time::Duration::from_secs(15),
+        });
+        shared.url_file = file.to_path_buf();
+        return Postgres::open(&shared, &settings.replica)
+            .map(Arc::new)
+            .map_err(Failed::usage);
+    }
     shared(dir)?.ok_or_else(|| {
         Failed::usage(format!(
             "{} sets no `state: postgres:`; each daemon keeps its own state, and there is no database to migrate",

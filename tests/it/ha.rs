@@ -780,6 +780,64 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert_eq!(r.healthz(), 200);
 }
 
+/// The privileges README's "High availability" gives a daemon's own role:
+/// data only, set up once before the first migration, so every table a
+/// later migration adds is granted too.
+const APP_ROLE: &str = "
+    CREATE ROLE runwarden_app LOGIN PASSWORD 'app-secret-pw';
+    ALTER DEFAULT PRIVILEGES FOR ROLE runwarden IN SCHEMA public
+        GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO runwarden_app;
+    ALTER DEFAULT PRIVILEGES FOR ROLE runwarden IN SCHEMA public
+        GRANT USAGE ON SEQUENCES TO runwarden_app;";
+
+#[test]
+fn a_daemon_runs_with_the_documented_data_only_role_and_cannot_migrate() {
+    let pg = Pg::start();
+    for statement in APP_ROLE.split(';').filter(|s| !s.trim().is_empty()) {
+        pg.sql(statement);
+    }
+    let site = Site::new();
+    let mut app = Replica::prepare(&pg, "a", LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    write_secret(
+        &app.e.path().join("pg-url"),
+        &pg.url().replace(
+            &format!("runwarden:{PG_PASSWORD}@"),
+            "runwarden_app:app-secret-pw@",
+        ),
+    );
+    let refused = app.e.run(&["db", "migrate"]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "the daemons' role cannot create tables: {said}"
+    );
+    assert!(said.contains("permission denied"), "{said}");
+    // The owner's URL, for this one command.
+    write_secret(&app.e.path().join("owner-url"), &pg.url());
+    let owner_url = app.e.path().join("owner-url").display().to_string();
+    let migrate = app.e.run(&["db", "migrate", "--url-file", &owner_url]);
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    assert_eq!(app.e.run(&["db", "status"]).status.code(), Some(0));
+    app.start();
+    assert_eq!(app.start_runs("rot", &["h1"]), ["started"]);
+    let v = wait_for("the verdict", Duration::from_secs(10), || {
+        app.verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "ok", "{v:#}");
+    assert_eq!(site.rotations("h1").len(), 1);
+    // What it may not do: change the schema.
+    let denied = pg.sql("SELECT has_schema_privilege('runwarden_app', 'public', 'CREATE')::text");
+    assert_eq!(denied, "false");
+}
+
 const ALICE: &str = "Authorization: Bearer alice-token-0123456789";
 
 fn approvals_of(r: &Replica) -> Vec<Value> {
