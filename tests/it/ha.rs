@@ -8,6 +8,7 @@
 //! file, whichever replica asked for it.
 
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -939,4 +940,172 @@ fn an_l2_request_opened_on_one_replica_is_approved_through_another_after_a_third
         (shown["state"].as_str(), shown["by"].as_str()),
         (Some("approved"), Some("alice"))
     );
+}
+
+#[test]
+fn a_storm_of_20000_alerts_over_200_hosts_across_three_replicas_never_overlaps_two_runs_of_a_host()
+{
+    let pg = Pg::start();
+    let hosts: Vec<String> = (0..200).map(|i| format!("h{i:03}")).collect();
+    let list = hosts.join(", ");
+    // No cooldown: a host's next alert after its run ends starts another.
+    let fleet = fleet(&pg, 3, LONG, "max_concurrent_runs: 8\n", &|e| {
+        for h in &hosts {
+            e.host(h, &local_host(h, "paths: [/tmp]"));
+        }
+        e.runbook(
+            "look",
+            &format!(
+                "name: look\ndescription: t\nhosts: [{list}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"LogsFull\"']\n  host_label: instance\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n  - call: list_processes\n"
+            ),
+        );
+    });
+    let notifications = 200;
+    let answered: usize = std::thread::scope(|s| {
+        let senders: Vec<_> = fleet
+            .iter()
+            .enumerate()
+            .map(|(w, r)| {
+                let hosts = &hosts;
+                s.spawn(move || {
+                    let mut outcomes = 0;
+                    for n in (w..notifications).step_by(3) {
+                        let mine: Vec<&str> = (0..100)
+                            .map(|i| hosts[(n * 100 + i) % 200].as_str())
+                            .collect();
+                        let body = notification(&mine).replace("fp-", &format!("fp-{n}-"));
+                        let (status, answer) = r.post("/api/v1/alerts", &body);
+                        assert_eq!(status, 200, "{answer}");
+                        outcomes += answer["outcomes"].as_array().unwrap().len();
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        senders.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    assert_eq!(answered, 20_000, "every alert has an outcome in its answer");
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_triggers"), "20000");
+    let started: usize = pg
+        .sql("SELECT count(*) FROM runwarden_triggers WHERE outcome = 'started'")
+        .parse()
+        .unwrap();
+    assert!(started >= 200, "{started} runs");
+    wait_verdicts(&fleet, started, Duration::from_secs(120));
+    // From the three audit logs: each host's runs one after another.
+    let mut runs: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
+    let lines = all_lines(&fleet);
+    let ts = |phase: &str, run: &str| {
+        lines
+            .iter()
+            .find(|l| l["phase"] == phase && l["run_id"] == run)
+            .map(|l| l["ts"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no {phase} line for run {run}"))
+    };
+    for start in lines.iter().filter(|l| l["phase"] == "start") {
+        let run = start["run_id"].as_str().unwrap();
+        runs.entry(start["host"].as_str().unwrap().to_string())
+            .or_default()
+            .push((ts("start", run), ts("verdict", run)));
+    }
+    assert_eq!(runs.values().map(Vec::len).sum::<usize>(), started);
+    for (host, mut spans) in runs {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let (a_end, b_start): (jiff::Timestamp, jiff::Timestamp) =
+                (pair[0].1.parse().unwrap(), pair[1].0.parse().unwrap());
+            assert!(
+                a_end <= b_start,
+                "{host}: a run started at {b_start} before the last ended at {a_end}"
+            );
+        }
+    }
+}
+
+/// Two Alertmanagers in a cluster (gossip on loopback), both routing to
+/// every replica.
+fn clustered_alertmanagers(dir: &std::path::Path, config: &str) -> Vec<(Proc, String)> {
+    let gossip = [free_port(), free_port()];
+    (0..2)
+        .map(|i| {
+            let own = dir.join(format!("am{i}"));
+            std::fs::create_dir_all(&own).unwrap();
+            std::fs::write(own.join("alertmanager.yml"), config).unwrap();
+            let addr = format!("127.0.0.1:{}", free_port());
+            let proc = Proc(
+                Command::new("/usr/bin/prometheus-alertmanager")
+                    .arg(format!(
+                        "--config.file={}",
+                        own.join("alertmanager.yml").display()
+                    ))
+                    .arg(format!("--storage.path={}", own.join("data").display()))
+                    .arg(format!("--web.listen-address={addr}"))
+                    .arg(format!("--cluster.listen-address=127.0.0.1:{}", gossip[i]))
+                    .arg(format!(
+                        "--cluster.advertise-address=127.0.0.1:{}",
+                        gossip[i]
+                    ))
+                    .arg(format!("--cluster.peer=127.0.0.1:{}", gossip[1 - i]))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("prometheus-alertmanager (Debian package)"),
+            );
+            wait_for("alertmanager", Duration::from_secs(20), || {
+                http(&addr, "GET", "/-/ready", "").filter(|r| r.0 == 200)
+            });
+            (proc, addr)
+        })
+        .collect()
+}
+
+#[test]
+fn two_clustered_alertmanagers_routing_to_three_replicas_start_one_run() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 3, LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    let urls: String = fleet
+        .iter()
+        .map(|r| {
+            format!(
+                "      - url: http://{}/api/v1/alerts\n        send_resolved: false\n",
+                r.addr
+            )
+        })
+        .collect();
+    let config = format!(
+        "route:\n  receiver: runwarden\n  group_by: [alertname, instance]\n  group_wait: 1s\n  group_interval: 5s\n  repeat_interval: 1h\nreceivers:\n  - name: runwarden\n    webhook_configs:\n{urls}"
+    );
+    let work = tempfile::tempdir().unwrap();
+    let ams = clustered_alertmanagers(work.path(), &config);
+    // As Prometheus does: the alert goes to every Alertmanager.
+    let alert =
+        json!([{ "labels": { "alertname": "LogsFull", "instance": "h1:9100" } }]).to_string();
+    for (_, addr) in &ams {
+        let (status, body) = http(addr, "POST", "/api/v2/alerts", &alert).unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let received = wait_for(
+        "every replica to hear of the alert",
+        Duration::from_secs(30),
+        || {
+            let n: usize = pg
+                .sql("SELECT count(*) FROM runwarden_triggers")
+                .parse()
+                .unwrap();
+            (n >= 3).then_some(n)
+        },
+    );
+    wait_verdicts(&fleet, 1, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        pg.sql("SELECT count(*) FROM runwarden_triggers WHERE outcome = 'started'"),
+        "1",
+        "one run for {received} notification(s) received"
+    );
+    assert_eq!(verdicts_of(&fleet).len(), 1);
+    assert_eq!(site.rotations("h1").len(), 1);
 }
