@@ -1109,3 +1109,210 @@ fn two_clustered_alertmanagers_routing_to_three_replicas_start_one_run() {
     assert_eq!(verdicts_of(&fleet).len(), 1);
     assert_eq!(site.rotations("h1").len(), 1);
 }
+
+/// A network namespace with a veth to this one: its side 10.238.1.2, ours
+/// 10.238.1.1. Removed on drop.
+struct Netns {
+    name: String,
+    veth: String,
+}
+
+impl Netns {
+    fn new() -> Netns {
+        let n = Netns {
+            name: "rw-ha-cut".into(),
+            veth: "rwhcut".into(),
+        };
+        n.remove();
+        let ip = |args: &[&str]| sh("/usr/sbin/ip", args);
+        ip(&["netns", "add", &n.name]);
+        ip(&[
+            "link", "add", &n.veth, "type", "veth", "peer", "name", "eth0", "netns", &n.name,
+        ]);
+        ip(&["addr", "add", "10.238.1.1/24", "dev", &n.veth]);
+        ip(&["link", "set", &n.veth, "up"]);
+        ip(&["-n", &n.name, "addr", "add", "10.238.1.2/24", "dev", "eth0"]);
+        ip(&["-n", &n.name, "link", "set", "eth0", "up"]);
+        ip(&["-n", &n.name, "link", "set", "lo", "up"]);
+        n
+    }
+
+    fn link(&self, up: bool) {
+        sh(
+            "/usr/sbin/ip",
+            &["link", "set", &self.veth, if up { "up" } else { "down" }],
+        );
+        if up {
+            sh(
+                "/usr/sbin/ip",
+                &["addr", "replace", "10.238.1.1/24", "dev", &self.veth],
+            );
+        }
+    }
+
+    /// `curl` from inside: (status, body).
+    fn http(&self, addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+        let out = Command::new("/usr/sbin/ip")
+            .args([
+                "netns",
+                "exec",
+                &self.name,
+                "/usr/bin/curl",
+                "-s",
+                "-m",
+                "10",
+                "-X",
+                method,
+            ])
+            .args([
+                "-H",
+                "Content-Type: application/json",
+                "-w",
+                "\n%{http_code}",
+            ])
+            .args(["--data-binary", body, &format!("http://{addr}{path}")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    fn remove(&self) {
+        let _ = Command::new("/usr/sbin/ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("/bin/kill").args(["-9", pid]).output();
+                }
+            });
+        let _ = Command::new("/usr/sbin/ip")
+            .args(["netns", "del", &self.name])
+            .output();
+        let _ = Command::new("/usr/sbin/ip")
+            .args(["link", "del", &self.veth])
+            .output();
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+#[test]
+fn a_replica_cut_off_from_postgres_makes_no_call_past_its_lease_answers_503_and_recovers() {
+    let pg = Pg::start();
+    let ns = Netns::new();
+    pg.allow_network("10.238.1.0/24");
+    let site = Site::new();
+    // `ps` on the host records when each call ran, by the host's clock.
+    let calls = site.dir.path().join("ps-calls");
+    let ps = site.dir.path().join("recording-ps");
+    std::fs::write(
+        &ps,
+        format!(
+            "#!/bin/sh\ndate +%s.%N >> {}\nsleep 0.3\nexec /bin/ps \"$@\"\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&ps, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let setup = |e: &Estate| {
+        for h in ["h1", "h2"] {
+            e.host(
+                h,
+                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+            );
+        }
+        e.runbook("rot", &rot_runbook(&site, "h1, h2", 30));
+    };
+    let mut fleet = fleet(&pg, 2, SHORT, "", &setup);
+    // Replica a again, inside the namespace, reaching PostgreSQL over the veth.
+    fleet[0].d = None;
+    write_secret(&fleet[0].e.path().join("pg-url"), &pg.url_via("10.238.1.1"));
+    let mut cmd = Command::new("/usr/sbin/ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &ns.name,
+        bin(),
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+    ])
+    .arg(fleet[0].e.path());
+    let (child, addr) = start_serve(cmd);
+    fleet[0].d = Some(Proc(child));
+    let a = &fleet[0];
+    wait_for(
+        "replica a to reach the database",
+        Duration::from_secs(10),
+        || (ns.http(&addr, "GET", "/healthz", "").0 == 200).then_some(()),
+    );
+    let (status, body) = ns.http(
+        &addr,
+        "POST",
+        "/api/v1/runs",
+        r#"{"runbook": "rot", "hosts": ["h1"]}"#,
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    ns.link(false);
+    let cut = jiff::Timestamp::now();
+    // No call after the lease (3 s) could have expired, by the host's own clock.
+    let v = wait_for("replica a's verdict", Duration::from_secs(15), || {
+        a.verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "interrupted", "{v:#}");
+    let lease_end = cut.as_nanosecond() as f64 / 1e9 + 3.0;
+    let ran: Vec<f64> = std::fs::read_to_string(&calls)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(
+        ran.iter().all(|t| *t < lease_end),
+        "a call at {ran:?}, the lease ended by {lease_end}"
+    );
+    assert_eq!(
+        a.e.audit_phase("denied")[0]["detail"]["reason"],
+        "lease_lost"
+    );
+    // Its webhook says 503, so Alertmanager tries another replica...
+    let (status, body) = ns.http(&addr, "POST", "/api/v1/alerts", &notification(&["h2"]));
+    assert_eq!(status, 503, "{body}");
+    // ...and that replica closes the cut-off run once its lease is over.
+    let run_id = v["run_id"].as_str().unwrap();
+    wait_for(
+        "replica b to close the run",
+        Duration::from_secs(10),
+        || {
+            fleet[1]
+                .verdicts()
+                .into_iter()
+                .find(|l| l["run_id"] == run_id)
+        },
+    );
+    // The link comes back: replica a recovers with no manual step.
+    ns.link(true);
+    wait_for("replica a to recover", Duration::from_secs(20), || {
+        (ns.http(&addr, "GET", "/healthz", "").0 == 200).then_some(())
+    });
+    let (status, body) = ns.http(&addr, "POST", "/api/v1/alerts", &notification(&["h2"]));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"started\""), "{body}");
+    wait_for("h2's rotation", Duration::from_secs(15), || {
+        (site.rotations("h2").len() == 1).then_some(())
+    });
+    assert_eq!(
+        site.rotations("h1").len(),
+        1,
+        "nothing of the cut-off run ran again"
+    );
+}

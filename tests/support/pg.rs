@@ -97,8 +97,13 @@ impl Pg {
 
     /// Start (again) after [`Pg::stop`]: the same data, the same port.
     pub fn start_again(&self) {
+        self.start_listening("127.0.0.1");
+    }
+
+    /// Start on `addresses` (`*`: every interface, those made later too).
+    pub fn start_listening(&self, addresses: &str) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses={addresses} -c fsync=off",
             self.port,
             self.dir.path().display()
         );
@@ -109,12 +114,28 @@ impl Pg {
         );
     }
 
+    /// Let clients of `network` (CIDR) in with a password, and listen on
+    /// every interface: a restart.
+    pub fn allow_network(&self, network: &str) {
+        let hba = self.dir.path().join("data/pg_hba.conf");
+        let mut text = std::fs::read_to_string(&hba).unwrap();
+        text += &format!("host all all {network} scram-sha-256\n");
+        std::fs::write(&hba, text).unwrap();
+        self.stop();
+        self.start_listening("'*'");
+    }
+
     /// Stop it, as an outage would: connections are cut.
     pub fn stop(&self) {
         self.as_postgres(
             "pg_ctl",
             &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
         );
+    }
+
+    /// The URL through `host` (an address it listens on).
+    pub fn url_via(&self, host: &str) -> String {
+        self.url().replace("@127.0.0.1:", &format!("@{host}:"))
     }
 
     pub fn url(&self) -> String {
