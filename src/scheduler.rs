@@ -65,6 +65,14 @@ enum Admission {
     Fleet(Arc<Postgres>),
 }
 
+/// How long after a run ends a repeat of its own trigger (the same alert
+/// fingerprint or group, the same schedule fire) is still a duplicate,
+/// whatever the cooldown: Alertmanager in HA mode sends a notification
+/// twice now and then, and every replica fires the same schedule. Well
+/// under Alertmanager's shortest sensible `group_interval`, so a real
+/// repeat of a still-firing alert starts a run again.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
+
 /// The state of one (runbook, host) pair.
 #[derive(Default)]
 pub(crate) struct Slot {
@@ -88,8 +96,9 @@ impl Slot {
     }
 
     /// What a trigger with `keys` comes to against this slot, under the
-    /// runbook's `cooldown`: a run in flight or a repeat of its triggers is
-    /// deduplicated, another within the cooldown waits it out; `None`: it
+    /// runbook's `cooldown`: a run in flight, or a repeat of the last run's
+    /// triggers within [`DUPLICATE_WINDOW`] or the cooldown, is
+    /// deduplicated; another within the cooldown waits it out; `None`: it
     /// starts. How long ago the last run ended comes with a cooldown.
     pub(crate) fn refuses(
         &self,
@@ -99,12 +108,14 @@ impl Slot {
         if self.in_flight {
             return Some((TriggerResult::Deduplicated, None));
         }
-        let (ended, cooldown) = (self.ended?, cooldown?);
-        let ago = ended.elapsed();
-        if ago >= cooldown {
+        let ago = self.ended?.elapsed();
+        let repeat = keys.iter().any(|k| self.keys.contains(k));
+        if repeat && ago < DUPLICATE_WINDOW {
+            return Some((TriggerResult::Deduplicated, Some(ago)));
+        }
+        if ago >= cooldown? {
             return None;
         }
-        let repeat = keys.iter().any(|k| self.keys.contains(k));
         Some(match repeat {
             true => (TriggerResult::Deduplicated, Some(ago)),
             false => (TriggerResult::Cooldown, Some(ago)),
@@ -697,6 +708,33 @@ mod tests {
         assert_eq!(decide(&["fp3"]), TriggerResult::Cooldown, "a second early");
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(decide(&["fp3"]), TriggerResult::Started);
+    }
+
+    /// Alertmanager in HA mode sends a notification twice now and then, and
+    /// every replica's cron fires the same schedule: a repeat of the keys of
+    /// a run that ended moments ago is a duplicate even without a cooldown.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_of_the_last_runs_trigger_within_a_minute_is_a_duplicate_without_a_cooldown() {
+        let slot = |ago: u64| {
+            let mut s = Slot::from_log(jiff::Timestamp::now(), vec!["fp:a".into()]);
+            s.ended = Some(Instant::now() - Duration::from_secs(ago));
+            s
+        };
+        let keys = |k: &str| vec![k.to_string()];
+        assert_eq!(
+            slot(5).refuses(&keys("fp:a"), None).map(|r| r.0),
+            Some(TriggerResult::Deduplicated)
+        );
+        assert_eq!(
+            slot(5).refuses(&keys("fp:b"), None),
+            None,
+            "another alert starts"
+        );
+        assert_eq!(
+            slot(61).refuses(&keys("fp:a"), None),
+            None,
+            "a minute on, Alertmanager's repeat starts it again"
+        );
     }
 
     #[tokio::test(start_paused = true)]

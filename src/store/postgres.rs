@@ -26,6 +26,10 @@ use crate::config::SharedState;
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../migrations/0001_shared_state.sql")),
     (2, include_str!("../../migrations/0002_approvals.sql")),
+    (
+        3,
+        include_str!("../../migrations/0003_duplicate_window.sql"),
+    ),
 ];
 
 /// The notification channel of the fleet's kill switch.

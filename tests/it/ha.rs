@@ -743,7 +743,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1, 2]",
+        "applied migration(s) [1, 2, 3]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
@@ -973,7 +973,9 @@ fn a_storm_of_20000_alerts_over_200_hosts_across_three_replicas_never_overlaps_t
                         let mine: Vec<&str> = (0..100)
                             .map(|i| hosts[(n * 100 + i) % 200].as_str())
                             .collect();
-                        let body = notification(&mine).replace("fp-", &format!("fp-{n}-"));
+                        let body = notification(&mine)
+                            .replace("fp-", &format!("fp-{n}-"))
+                            .replace("{}:{alertname", &format!("{{}}:{{n={n},alertname"));
                         let (status, answer) = r.post("/api/v1/alerts", &body);
                         assert_eq!(status, 200, "{answer}");
                         outcomes += answer["outcomes"].as_array().unwrap().len();
@@ -1315,4 +1317,33 @@ fn a_replica_cut_off_from_postgres_makes_no_call_past_its_lease_answers_503_and_
         1,
         "nothing of the cut-off run ran again"
     );
+}
+
+#[test]
+fn a_notification_sent_again_after_its_run_ended_is_a_duplicate_on_any_replica_without_a_cooldown()
+{
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 2, LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook(
+            "rot",
+            &rot_runbook(&site, "h1", 0).replace("cooldown: 1h\n", ""),
+        );
+    });
+    let body = notification(&["h1"]);
+    let (_, first) = fleet[0].post("/api/v1/alerts", &body);
+    assert_eq!(first["outcomes"][0]["result"], "started", "{first}");
+    wait_verdicts(&fleet, 1, Duration::from_secs(10));
+    // The HA pair's second copy, to the other replica, after the run ended.
+    let (_, again) = fleet[1].post("/api/v1/alerts", &body);
+    assert_eq!(again["outcomes"][0]["result"], "deduplicated", "{again}");
+    // Another alert on the same host is no duplicate.
+    let other = body
+        .replace("fp-h1", "fp-h1-other")
+        .replace("{}:{alertname", "{}:{other");
+    let (_, other) = fleet[1].post("/api/v1/alerts", &other);
+    assert_eq!(other["outcomes"][0]["result"], "started", "{other}");
+    wait_verdicts(&fleet, 2, Duration::from_secs(10));
+    assert_eq!(site.rotations("h1").len(), 2);
 }
