@@ -414,6 +414,27 @@ impl Postgres {
         .await
     }
 
+    /// Forget triggers, ended runs and approval requests older than `age`
+    /// (the fleet's counters prune themselves in each fence).
+    pub async fn prune(&self, age: Duration) -> Result<(), StoreError> {
+        let ms = millis(age);
+        self.with("pruning old rows", |c| async move {
+            c.query_typed(
+                "WITH t AS (DELETE FROM runwarden_triggers
+                            WHERE received_at < clock_timestamp() - $1 * interval '1 millisecond'),
+                      r AS (DELETE FROM runwarden_runs WHERE status <> 'running'
+                            AND ended_at < clock_timestamp() - $1 * interval '1 millisecond'),
+                      a AS (DELETE FROM runwarden_approvals
+                            WHERE expires_at < clock_timestamp() - $1 * interval '1 millisecond')
+                 SELECT 1",
+                &[(&ms, Type::INT8)],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
     /// Engage the fleet's switch for `scope` (`global` or a runbook) and
     /// tell every replica at once.
     pub async fn engage(&self, scope: &str, by: &str, reason: &str) -> Result<(), StoreError> {

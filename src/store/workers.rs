@@ -50,7 +50,16 @@ pub(crate) async fn reap_worker(
 ) {
     let every = (store.lease / 3).min(Duration::from_secs(1));
     let up = metrics.store_up.with_label_values(&["postgres"]);
+    let mut pruned: Option<tokio::time::Instant> = None;
     loop {
+        // At start and every ten minutes, each replica forgets what is a
+        // month old; the audit logs keep the record.
+        if pruned.is_none_or(|at| at.elapsed() >= Duration::from_secs(600)) {
+            pruned = Some(tokio::time::Instant::now());
+            if let Err(e) = store.prune(Duration::from_secs(30 * 86_400)).await {
+                tracing::warn!("old rows not pruned: {e}");
+            }
+        }
         match store.reap().await {
             Ok(closed) => {
                 up.set(1.0);

@@ -1347,3 +1347,31 @@ fn a_notification_sent_again_after_its_run_ended_is_a_duplicate_on_any_replica_w
     wait_verdicts(&fleet, 2, Duration::from_secs(10));
     assert_eq!(site.rotations("h1").len(), 2);
 }
+
+#[test]
+fn a_replica_forgets_what_is_a_month_old_and_keeps_the_rest() {
+    let pg = Pg::start();
+    let mut r = Replica::prepare(&pg, "a", LONG, "", &|e| {
+        e.host("h", &local_host("h", "paths: [/tmp]"));
+    });
+    assert!(r.e.run(&["db", "migrate"]).status.success());
+    pg.sql(
+        "INSERT INTO runwarden_triggers (received_at, replica, runbook, host, trigger, keys, outcome)
+         VALUES (now() - interval '31 days', 'a', 'rb', 'h', 'alert', '{}', 'started'),
+                (now() - interval '29 days', 'a', 'rb', 'h', 'alert', '{}', 'cooldown')",
+    );
+    pg.sql(
+        "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, ended_at)
+         VALUES ('old', 'rb', 'h', 'a', 1, 'ended', now() - interval '31 days'),
+                ('running', 'rb', 'h', 'a', 2, 'running', NULL)",
+    );
+    r.start();
+    wait_for("the month-old rows to go", Duration::from_secs(10), || {
+        (pg.sql("SELECT count(*) FROM runwarden_triggers") == "1").then_some(())
+    });
+    assert_eq!(pg.sql("SELECT outcome FROM runwarden_triggers"), "cooldown");
+    assert_eq!(
+        pg.sql("SELECT run_id FROM runwarden_runs ORDER BY run_id"),
+        "running"
+    );
+}
