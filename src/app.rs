@@ -4,10 +4,13 @@
 //! close runs a killed process left open (verdict `interrupted`) and restore
 //! cooldowns, from one read of the audit log, then start
 //! the workers: the HTTP server, the cron worker, the kill-switch watcher and
-//! the config reloader, and with shared state those of [`crate::store::workers`]. Stop (the `shutdown` future: SIGTERM/SIGINT in the
+//! the config reloader, and with shared state those of `store::workers`. Stop (the `shutdown` future: SIGTERM/SIGINT in the
 //! binary, anything in tests): stop accepting triggers, let in-flight runs
 //! finish their current call and stop, bounded by `shutdown_grace`, then
 //! return.
+//!
+//! It runs a little past 500 lines because it is the one place every
+//! worker is wired; the workers that belong to a concept live with it.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -6,7 +6,9 @@
 //! recorded outcome, so the webhook can answer only once every alert has
 //! one; the run itself continues in its own task.
 //!
-//! About a sixth of its 570 lines are its unit tests (paused time).
+//! About a fifth of its 760 lines are its unit tests (paused time); the
+//! rest is one concept, what becomes of a trigger, decided on this machine
+//! alone or, with shared state, across replicas.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

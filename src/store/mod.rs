@@ -11,7 +11,7 @@
 //! PostgreSQL adds what several machines must agree on, each decision one
 //! SQL function call so no two replicas interleave between a check and its
 //! record:
-//! - **Admission** ([`Postgres::admit`]): every accepted trigger with its one
+//! - **Admission** (`runwarden_admit`): every accepted trigger with its one
 //!   outcome; a live lease deduplicates, a recent end holds off (cooldown).
 //! - **Leases and fencing** ([`Lease`]): a run holds its (runbook, host)
 //!   under a token that only grows, renews it every third of the lease, and
