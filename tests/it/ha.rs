@@ -1375,3 +1375,119 @@ fn a_replica_forgets_what_is_a_month_old_and_keeps_the_rest() {
         "running"
     );
 }
+
+/// What a trigger comes to, and what holds for runs, is the same on this
+/// machine's own state and on PostgreSQL: one body of checks, run against both.
+fn the_same_behaviour(pg: Option<&Pg>) {
+    let site = Site::new();
+    let ps = site.slow_ps(0.2);
+    let extra = "fleet_budget: { max_mutations: 2, per: 1h }\n";
+    let setup = |e: &Estate| {
+        for h in ["h1", "h2", "h3", "h4"] {
+            e.host(
+                h,
+                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+            );
+        }
+        e.runbook("rot", &rot_runbook(&site, "h1, h2, h3, h4", 0));
+        let mut slow = "name: slow\ndescription: t\nhosts: [h4]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n".to_string();
+        slow += &"  - call: list_processes\n".repeat(15);
+        e.runbook("slow", &slow);
+    };
+    let mut r = match pg {
+        Some(pg) => fleet(pg, 1, LONG, extra, &setup).remove(0),
+        None => {
+            let e = Estate::new();
+            std::fs::write(
+                e.path().join("runwarden.yaml"),
+                format!("audit_head: none\n{extra}"),
+            )
+            .unwrap();
+            setup(&e);
+            let mut r = Replica {
+                d: None,
+                e,
+                name: "embedded".into(),
+                addr: String::new(),
+            };
+            r.start();
+            r
+        }
+    };
+    let result = |r: &Replica, body: &str| {
+        let (status, answer) = r.post("/api/v1/alerts", body);
+        assert_eq!(status, 200, "{answer}");
+        answer["outcomes"][0]["result"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // One notification, twice at once: one run.
+    let h1 = notification(&["h1"]);
+    assert_eq!(result(&r, &h1), "started");
+    assert_eq!(result(&r, &h1), "deduplicated");
+    wait_verdicts(std::slice::from_ref(&r), 1, Duration::from_secs(10));
+    // After it ended: the same again is a duplicate; another alert waits out the cooldown.
+    assert_eq!(result(&r, &h1), "deduplicated");
+    let other = h1
+        .replace("fp-h1", "fp-h1-b")
+        .replace("{}:{alertname", "{}:{b,alertname");
+    assert_eq!(result(&r, &other), "cooldown");
+    // The fleet budget (2 an hour): h2's change runs, h3's is refused.
+    assert_eq!(result(&r, &notification(&["h2"])), "started");
+    wait_verdicts(std::slice::from_ref(&r), 2, Duration::from_secs(10));
+    assert_eq!(result(&r, &notification(&["h3"])), "started");
+    let v = wait_verdicts(std::slice::from_ref(&r), 3, Duration::from_secs(10));
+    let h3 = v.iter().find(|l| l["host"] == "h3").unwrap();
+    assert_eq!(h3["outcome"], "budget_exhausted", "{h3:#}");
+    assert_eq!(
+        (
+            site.rotations("h1").len(),
+            site.rotations("h2").len(),
+            site.rotations("h3").len()
+        ),
+        (1, 1, 0)
+    );
+    // A person's run while the daemon's run of the same runbook and host goes on: 75.
+    assert_eq!(r.start_runs("slow", &["h4"]), ["started"]);
+    wait_for("the slow run's first call", Duration::from_secs(10), || {
+        r.e.audit_phase("intent")
+            .into_iter()
+            .find(|l| l["host"] == "h4")
+    });
+    let out = r.e.run(&["run", "slow", "--host", "h4"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The kill switch refuses new triggers and stops the run in flight.
+    let engage =
+        r.e.run(&["kill-switch", "engage", "--reason", "same behaviour"]);
+    assert!(
+        engage.status.success(),
+        "{}",
+        String::from_utf8_lossy(&engage.stderr)
+    );
+    assert_eq!(result(&r, &notification(&["h2"])), "kill_switch");
+    let v = wait_verdicts(std::slice::from_ref(&r), 4, Duration::from_secs(10));
+    let slow = v.iter().find(|l| l["runbook"] == "slow").unwrap();
+    assert_eq!(slow["outcome"], "halted", "{slow:#}");
+    assert!(r.e.run(&["kill-switch", "release"]).status.success());
+    // A restart forgets nothing: h1 is still in its cooldown.
+    r.d = None;
+    r.start();
+    assert_eq!(result(&r, &other.replace("fp-h1-b", "fp-h1-c")), "cooldown");
+}
+
+#[test]
+fn the_same_behaviour_on_this_machines_own_state() {
+    the_same_behaviour(None);
+}
+
+#[test]
+fn the_same_behaviour_on_postgres() {
+    let pg = Pg::start();
+    the_same_behaviour(Some(&pg));
+}
