@@ -46,6 +46,7 @@ fn open_as(dir: &Path, url_file: Option<&Path>) -> Result<Arc<Postgres>, Failed>
         let mut shared = settings.postgres.unwrap_or(crate::config::SharedState {
             url_file: file.to_path_buf(),
             lease: std::time::Duration::from_secs(15),
+            ca_file: None,
         });
         shared.url_file = file.to_path_buf();
         return Postgres::open(&shared, &settings.replica)

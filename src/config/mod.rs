@@ -92,6 +92,9 @@ pub struct SharedState {
     pub url_file: PathBuf,
     /// How long a replica's claim on a (runbook, host) lives without renewal.
     pub lease: Duration,
+    /// The certificate authorities (PEM) a TLS connection trusts; `None`:
+    /// the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
@@ -281,6 +284,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .and_then(|s| s.postgres.as_ref())
         .map(|pg| SharedState {
             url_file: dir.join(&pg.url_file.value),
+            ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
             lease: pg
                 .lease
                 .as_ref()

@@ -59,6 +59,7 @@ pub struct State {
 pub struct Postgres {
     pub url_file: S<String>,
     pub lease: Option<S<String>>,
+    pub ca_file: Option<S<String>>,
 }
 
 /// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across

@@ -8,6 +8,11 @@
 //! fails, which the callers turn into "no call" (fencing) and 503
 //! (triggers).
 //!
+//! Connections use TLS when the URL asks for it (`sslmode=require`) or the
+//! server offers it (the default, `prefer`), verified against
+//! `state.postgres.ca_file` or the system's authorities; a certificate that
+//! does not verify is a failed connection, never a plain one.
+//!
 //! It runs past 500 lines because each operation carries its SQL text
 //! beside the code that binds it; split, a reader would page between them.
 
@@ -17,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{FleetSwitch, Reaped, StoreError};
 use crate::config::SharedState;
@@ -38,6 +44,7 @@ pub(crate) const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
 /// One daemon's (or one command's) connection to the shared state.
 pub struct Postgres {
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     /// How long a claim lives without renewal.
     pub lease: Duration,
     /// This daemon's name among the replicas.
@@ -57,6 +64,45 @@ impl std::fmt::Debug for Postgres {
             .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
+}
+
+/// The TLS a connection offers: the authorities of `ca_file` (PEM), or the
+/// system's.
+fn tls(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(file) => {
+            let say = |what: String| {
+                StoreError::Config(format!("state.postgres.ca_file {}: {what}", file.display()))
+            };
+            let certs = CertificateDer::pem_file_iter(file)
+                .map_err(|e| say(e.to_string()))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| say(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(say("no PEM certificate in it".into()));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| say(e.to_string()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                // One unreadable system certificate is no reason to trust none.
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| StoreError::Config(format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
 
 /// Read a libpq URL from its file, which only its owner may read.
@@ -90,6 +136,7 @@ impl Postgres {
         config.application_name(format!("runwarden {replica}"));
         Ok(Postgres {
             config,
+            tls: tls(shared.ca_file.as_deref())?,
             lease: shared.lease,
             replica: replica.to_string(),
             client: Default::default(),
@@ -116,11 +163,13 @@ impl Postgres {
             return Ok(c.clone());
         }
         *slot = None;
-        let (client, connection) =
-            tokio::time::timeout(op_timeout(self.lease), self.config.connect(NoTls))
-                .await
-                .map_err(|_| StoreError::Unreachable("connecting timed out".into()))?
-                .map_err(|e| StoreError::Unreachable(crate::error_chain(&e)))?;
+        let (client, connection) = tokio::time::timeout(
+            op_timeout(self.lease),
+            self.config.connect(self.tls.clone()),
+        )
+        .await
+        .map_err(|_| StoreError::Unreachable("connecting timed out".into()))?
+        .map_err(|e| StoreError::Unreachable(crate::error_chain(&e)))?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("PostgreSQL connection ended: {e}");
@@ -501,7 +550,11 @@ impl Postgres {
     ) -> Result<(), StoreError> {
         let unreachable =
             |e: tokio_postgres::Error| StoreError::Unreachable(crate::error_chain(&e));
-        let (client, mut connection) = self.config.connect(NoTls).await.map_err(unreachable)?;
+        let (client, mut connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(unreachable)?;
         let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
             while let Some(Ok(m)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {

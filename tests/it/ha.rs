@@ -1491,3 +1491,54 @@ fn the_same_behaviour_on_postgres() {
     let pg = Pg::start();
     the_same_behaviour(Some(&pg));
 }
+
+#[test]
+fn with_tls_required_a_replica_verifies_the_server_against_its_ca_file_and_never_falls_back() {
+    let pg = Pg::start();
+    let ca = pg.require_tls();
+    let site = Site::new();
+    let tls_url = format!("{}?sslmode=require", pg.url());
+    let mut r = Replica::prepare(&pg, "a", LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    write_secret(&r.e.path().join("pg-url"), &tls_url);
+    // The system's authorities do not know this server: no connection at all.
+    let out = r.e.run(&["db", "migrate"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.to_lowercase().contains("certificate"), "{said}");
+    // Plain TCP is refused by the server, so nothing can go around TLS.
+    write_secret(
+        &r.e.path().join("pg-url"),
+        &format!("{}?sslmode=disable", pg.url()),
+    );
+    let out = r.e.run(&["db", "migrate"]);
+    assert_eq!(out.status.code(), Some(1));
+    // Its own authority: TLS, verified.
+    write_secret(&r.e.path().join("pg-url"), &tls_url);
+    let yaml = std::fs::read_to_string(r.e.path().join("runwarden.yaml")).unwrap();
+    let yaml = yaml.replace(
+        "    lease:",
+        &format!("    ca_file: {}\n    lease:", ca.display()),
+    );
+    std::fs::write(r.e.path().join("runwarden.yaml"), yaml).unwrap();
+    let out = r.e.run(&["db", "migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r.start();
+    assert_eq!(r.start_runs("rot", &["h1"]), ["started"]);
+    let v = wait_for("the verdict", Duration::from_secs(10), || {
+        r.verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "ok", "{v:#}");
+    let encrypted = pg.psql(
+        "postgres",
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+         WHERE ssl AND application_name = 'runwarden a'",
+    );
+    assert_ne!(encrypted, "0", "the replica's connections are TLS");
+}

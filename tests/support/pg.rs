@@ -125,6 +125,96 @@ impl Pg {
         self.start_listening("'*'");
     }
 
+    /// Serve TLS only (over TCP) with a certificate for 127.0.0.1 from a
+    /// certificate authority of its own, whose certificate (PEM) it returns:
+    /// a restart.
+    pub fn require_tls(&self) -> PathBuf {
+        let dir = self.dir.path().join("tls");
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = |f: &str| dir.join(f).display().to_string();
+        let ssl = |args: &[&str]| sh("/usr/bin/openssl", args);
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        ssl(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                &d("ca.key"),
+                "-out",
+                &d("ca.pem"),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=runwarden test CA",
+            ],
+        ]
+        .concat());
+        ssl(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                &d("server.key"),
+                "-out",
+                &d("server.csr"),
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat());
+        std::fs::write(dir.join("san"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        ssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &d("server.csr"),
+            "-CA",
+            &d("ca.pem"),
+            "-CAkey",
+            &d("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &d("server.crt"),
+            "-days",
+            "2",
+            "-extfile",
+            &d("san"),
+        ]);
+        sh(
+            "/bin/chown",
+            &["-R", "postgres:postgres", &dir.display().to_string()],
+        );
+        sh("/bin/chmod", &["600", &d("server.key")]);
+        let conf = self.dir.path().join("data/postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).unwrap();
+        text += &format!(
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            d("server.crt"),
+            d("server.key")
+        );
+        std::fs::write(&conf, text).unwrap();
+        // TCP only with TLS: `host` lines become `hostssl`.
+        let hba = self.dir.path().join("data/pg_hba.conf");
+        let text = std::fs::read_to_string(&hba).unwrap();
+        let text: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, text).unwrap();
+        self.stop();
+        self.start_again();
+        dir.join("ca.pem")
+    }
+
     /// Stop it, as an outage would: connections are cut.
     pub fn stop(&self) {
         self.as_postgres(
