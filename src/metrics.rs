@@ -348,7 +348,15 @@ impl Metrics {
                     .with_label_values(&[name, v.as_str()])
                     .inc_by(0);
             }
-            for d in DENIALS {
+            // And those with alerts of their own that only some configs can
+            // give: the first refusal must be an increase too.
+            let fleet = config.settings.fleet_budget.is_some() || rb.fleet_budget.is_some();
+            let shared = config.settings.postgres.is_some();
+            let more = [
+                fleet.then_some(DenyReason::FleetBudget),
+                shared.then_some(DenyReason::LeaseLost),
+            ];
+            for d in DENIALS.into_iter().chain(more.into_iter().flatten()) {
                 self.gate_denials
                     .with_label_values(&[name, d.as_str()])
                     .inc_by(0);

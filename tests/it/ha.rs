@@ -1541,3 +1541,67 @@ fn with_tls_required_a_replica_verifies_the_server_against_its_ca_file_and_never
     );
     assert_ne!(encrypted, "0", "the replica's connections are TLS");
 }
+
+#[test]
+fn prometheus_sees_a_replica_lose_its_store_and_its_leases_on_the_dashboards_shared_state_panel() {
+    use crate::observability::query;
+    let pg = Pg::start();
+    let site = Site::new();
+    let ps = site.slow_ps(0.3);
+    let fleet = fleet(&pg, 1, SHORT, "", &|e| {
+        e.host(
+            "h1",
+            &site.host("h1", &format!("binaries: {{ ps: {} }}", ps.display())),
+        );
+        e.runbook("rot", &rot_runbook(&site, "h1", 30));
+    });
+    let work = tempfile::tempdir().unwrap();
+    let (_prom, prom) = prometheus(
+        work.path(),
+        &format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: runwarden\n    static_configs:\n      - targets: ['{}']\n",
+            fleet[0].addr
+        ),
+    );
+    let seen = |expr: &str| query(&prom, expr).filter(|r| !r.is_empty());
+    wait_for("runwarden_store_up 1", Duration::from_secs(60), || {
+        seen("runwarden_store_up{store=\"postgres\"} == 1")
+    });
+    assert_eq!(fleet[0].start_runs("rot", &["h1"]), ["started"]);
+    wait_for("the rotation", Duration::from_secs(10), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    pg.stop();
+    wait_for("runwarden_store_up 0", Duration::from_secs(30), || {
+        seen("runwarden_store_up{store=\"postgres\"} == 0")
+    });
+    // The dashboard's panel, as Grafana would ask it.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("dashboards/runwarden.json")).unwrap(),
+    )
+    .unwrap();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["title"].as_str().unwrap().starts_with("Shared state"))
+        .unwrap();
+    for target in panel["targets"].as_array().unwrap() {
+        let expr = target["expr"]
+            .as_str()
+            .unwrap()
+            .replace("$__rate_interval", "1m")
+            .replace("$job", "runwarden")
+            .replace("$instance", ".*");
+        wait_for(&format!("data for {expr}"), Duration::from_secs(30), || {
+            seen(&format!("({expr}) > 0"))
+                .or_else(|| seen(&expr).filter(|_| expr.contains("store_up")))
+        });
+    }
+    pg.start_again();
+    wait_for(
+        "runwarden_store_up 1 again",
+        Duration::from_secs(30),
+        || seen("runwarden_store_up{store=\"postgres\"} == 1"),
+    );
+}
