@@ -271,13 +271,26 @@ impl Scheduler {
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut results = Vec::with_capacity(reqs.len());
         let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
+        // With shared state: the outcomes decided here alone, for the fleet's record.
+        let mut alone = Vec::new();
         for req in reqs {
             let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
                 *self.shutdown.borrow() || self.killswitch(&config).check(&req.runbook).is_err()
             });
             let run_id = uuid::Uuid::now_v7().to_string();
             let (result, lease) = match self.decide(&config, &req, stopped) {
-                Admission::Decided(result) => (result, None),
+                Admission::Decided(result) => {
+                    if self.store.is_some() {
+                        alone.push((
+                            req.runbook.clone(),
+                            req.host.clone(),
+                            req.trigger.as_str().to_string(),
+                            req.keys.clone(),
+                            result.as_str().to_string(),
+                        ));
+                    }
+                    (result, None)
+                }
                 Admission::Fleet(store) => match self.admit(&store, &config, &req, &run_id).await {
                     Ok(admitted) => admitted,
                     Err(e) => {
@@ -295,6 +308,13 @@ impl Scheduler {
                 run_id
             });
             results.push((result, run_id));
+        }
+        if let (Some(store), false) = (&self.store, alone.is_empty())
+            && let Err(e) = store.record_triggers(&alone).await
+        {
+            self.abandon(&accepted).await;
+            tracing::error!("the shared state cannot record triggers, so none starts: {e}");
+            return Err(e.into());
         }
         if accepted.is_empty() {
             return Ok(results);

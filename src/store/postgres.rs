@@ -296,6 +296,44 @@ impl Postgres {
         Ok((row.get(0), row.get(1)))
     }
 
+    /// Record triggers this replica decided alone (the kill switch, out of
+    /// scope, no runbook), so the fleet's table holds every trigger's one
+    /// outcome: `(runbook, host, trigger, keys, outcome)`, in one round trip.
+    pub(crate) async fn record_triggers(
+        &self,
+        rows: &[(String, String, String, Vec<String>, String)],
+    ) -> Result<(), StoreError> {
+        let column = |f: fn(&(String, String, String, Vec<String>, String)) -> String| {
+            rows.iter().map(f).collect::<Vec<String>>()
+        };
+        let (runbooks, hosts, triggers, outcomes) = (
+            column(|r| r.0.clone()),
+            column(|r| r.1.clone()),
+            column(|r| r.2.clone()),
+            column(|r| r.4.clone()),
+        );
+        // Arrays of arrays must be rectangular: the keys go as JSON.
+        let keys = column(|r| serde_json::to_string(&r.3).unwrap_or_default());
+        self.with("recording triggers", |c| async move {
+            c.query_typed(
+                "INSERT INTO runwarden_triggers (replica, runbook, host, trigger, keys, outcome)
+                 SELECT $1, r, h, t, ARRAY(SELECT jsonb_array_elements_text(k::jsonb)), o
+                 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS x(r, h, t, k, o)",
+                &[
+                    (&self.replica, Type::TEXT),
+                    (&runbooks, Type::TEXT_ARRAY),
+                    (&hosts, Type::TEXT_ARRAY),
+                    (&triggers, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&outcomes, Type::TEXT_ARRAY),
+                ],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
     /// Give back the claims of runs that were accepted here but could not be
     /// recorded in this machine's audit log: they never start.
     pub(crate) async fn abandon(&self, run_ids: &[String]) -> Result<(), StoreError> {

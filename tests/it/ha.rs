@@ -1470,6 +1470,13 @@ fn the_same_behaviour(pg: Option<&Pg>) {
         String::from_utf8_lossy(&engage.stderr)
     );
     assert_eq!(result(&r, &notification(&["h2"])), "kill_switch");
+    if let Some(pg) = pg {
+        // Decided on the replica alone, recorded for the fleet all the same.
+        assert_eq!(
+            pg.sql("SELECT host, trigger, outcome, keys[1] FROM runwarden_triggers WHERE outcome = 'kill_switch'"),
+            "h2|alert|kill_switch|fp:fp-h2"
+        );
+    }
     let v = wait_verdicts(std::slice::from_ref(&r), 4, Duration::from_secs(10));
     let slow = v.iter().find(|l| l["runbook"] == "slow").unwrap();
     assert_eq!(slow["outcome"], "halted", "{slow:#}");
