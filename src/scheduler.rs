@@ -281,13 +281,13 @@ impl Scheduler {
             let (result, lease) = match self.decide(&config, &req, stopped) {
                 Admission::Decided(result) => {
                     if self.store.is_some() {
-                        alone.push((
-                            req.runbook.clone(),
-                            req.host.clone(),
-                            req.trigger.as_str().to_string(),
-                            req.keys.clone(),
-                            result.as_str().to_string(),
-                        ));
+                        alone.push(crate::store::Recorded {
+                            runbook: req.runbook.clone(),
+                            host: req.host.clone(),
+                            trigger: req.trigger.as_str(),
+                            keys: req.keys.clone(),
+                            outcome: result.as_str(),
+                        });
                     }
                     (result, None)
                 }

@@ -73,6 +73,21 @@ pub struct Reaped {
     pub replica: String,
 }
 
+/// A trigger a replica decided alone, for the fleet's record.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The runbook it named.
+    pub runbook: String,
+    /// The host it named.
+    pub host: String,
+    /// `alert`, `schedule`, `api`...
+    pub trigger: &'static str,
+    /// Its fingerprint and group keys.
+    pub keys: Vec<String>,
+    /// What became of it.
+    pub outcome: &'static str,
+}
+
 /// Which claim a run holds: its (runbook, host), its run id and token.
 #[derive(Debug, Clone)]
 pub struct LeaseId {

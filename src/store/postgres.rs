@@ -298,22 +298,17 @@ impl Postgres {
 
     /// Record triggers this replica decided alone (the kill switch, out of
     /// scope, no runbook), so the fleet's table holds every trigger's one
-    /// outcome: `(runbook, host, trigger, keys, outcome)`, in one round trip.
-    pub(crate) async fn record_triggers(
-        &self,
-        rows: &[(String, String, String, Vec<String>, String)],
-    ) -> Result<(), StoreError> {
-        let column = |f: fn(&(String, String, String, Vec<String>, String)) -> String| {
-            rows.iter().map(f).collect::<Vec<String>>()
-        };
+    /// outcome, in one round trip.
+    pub(crate) async fn record_triggers(&self, rows: &[super::Recorded]) -> Result<(), StoreError> {
+        let column = |f: fn(&super::Recorded) -> String| rows.iter().map(f).collect::<Vec<_>>();
         let (runbooks, hosts, triggers, outcomes) = (
-            column(|r| r.0.clone()),
-            column(|r| r.1.clone()),
-            column(|r| r.2.clone()),
-            column(|r| r.4.clone()),
+            column(|r| r.runbook.clone()),
+            column(|r| r.host.clone()),
+            column(|r| r.trigger.to_string()),
+            column(|r| r.outcome.to_string()),
         );
         // Arrays of arrays must be rectangular: the keys go as JSON.
-        let keys = column(|r| serde_json::to_string(&r.3).unwrap_or_default());
+        let keys = column(|r| serde_json::to_string(&r.keys).unwrap_or_default());
         self.with("recording triggers", |c| async move {
             c.query_typed(
                 "INSERT INTO runwarden_triggers (replica, runbook, host, trigger, keys, outcome)
