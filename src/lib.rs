@@ -11,10 +11,12 @@
 //! ```text
 //! cli ──[RunRequest]──────────────┐
 //! trigger (cron, webhook) ──> scheduler ──[RunRequest]──> run
-//!   (kill switch, locks, cooldown, queued line on disk)     │
+//!   (kill switch, locks, cooldown, queued line on disk;     │
+//!    with shared state: admission and a lease in store)     │
 //! run ── planner.next(&transcript, admit)  -> Call | Suggest | Turn | Finish
 //!     │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
 //!     │                             -> Allow(Permit)
+//!     │ lease.fence(..)             -> lease_lost | kill_switch | fleet_budget  (shared state only)
 //!     │ audit.intent(permit)        -> AuditTicket  (synced before the call; the permit is spent)
 //!     │ executor.dispatch(ticket)   -> (Dispatched, ToolResult)  (the ticket is spent)
 //!     └ audit.result(dispatched, &result); transcript += result
