@@ -64,7 +64,7 @@ enum Admission {
     /// The outcome.
     Decided(TriggerResult),
     /// In scope and not stopped here: the shared state decides the rest.
-    Fleet(Arc<Postgres>),
+    Fleet,
 }
 
 /// How long after a run ends a repeat of its own trigger (the same alert
@@ -269,16 +269,17 @@ impl Scheduler {
         let _one_batch_at_a_time = self.submitting.lock().await;
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
-        let mut results = Vec::with_capacity(reqs.len());
-        let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
+        // First what this daemon can say alone; then, with shared state, the
+        // rest of the notification in one round trip.
+        let mut decided: Vec<Option<TriggerResult>> = Vec::with_capacity(reqs.len());
+        let mut fleet = Vec::new();
         // With shared state: the outcomes decided here alone, for the fleet's record.
         let mut alone = Vec::new();
-        for req in reqs {
+        for req in &reqs {
             let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
                 *self.shutdown.borrow() || self.killswitch(&config).check(&req.runbook).is_err()
             });
-            let run_id = uuid::Uuid::now_v7().to_string();
-            let (result, lease) = match self.decide(&config, &req, stopped) {
+            match self.decide(&config, req, stopped) {
                 Admission::Decided(result) => {
                     if self.store.is_some() {
                         alone.push(crate::store::Recorded {
@@ -289,18 +290,54 @@ impl Scheduler {
                             outcome: result.as_str(),
                         });
                     }
-                    (result, None)
+                    decided.push(Some(result));
                 }
-                Admission::Fleet(store) => match self.admit(&store, &config, &req, &run_id).await {
-                    Ok(admitted) => admitted,
-                    Err(e) => {
-                        self.abandon(&accepted).await;
-                        tracing::error!(
-                            "the shared state cannot decide triggers, so none starts: {e}"
-                        );
-                        return Err(e.into());
+                Admission::Fleet => {
+                    fleet.push(crate::store::Admit {
+                        runbook: req.runbook.clone(),
+                        host: req.host.clone(),
+                        keys: req.keys.clone(),
+                        cooldown: config.runbooks.get(&req.runbook).and_then(|r| r.cooldown),
+                        run_id: uuid::Uuid::now_v7().to_string(),
+                        trigger: req.trigger.as_str(),
+                    });
+                    decided.push(None);
+                }
+            }
+        }
+        let mut admitted = match (&self.store, fleet.is_empty()) {
+            (Some(store), false) => match store.admit_all(&fleet).await {
+                Ok(outcomes) => fleet
+                    .into_iter()
+                    .zip(outcomes)
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+                Err(e) => {
+                    tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
+                    return Err(e.into());
+                }
+            },
+            _ => Vec::new().into_iter(),
+        };
+        let mut results = Vec::with_capacity(reqs.len());
+        let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
+        for (req, here) in reqs.into_iter().zip(decided) {
+            let (result, run_id, lease) = match (here, self.store.as_ref()) {
+                (Some(result), _) => (result, uuid::Uuid::now_v7().to_string(), None),
+                (None, Some(store)) => match admitted.next() {
+                    Some((item, (outcome, Some(token)))) if outcome == "started" => {
+                        let lease = store.lease(&item.runbook, &item.host, &item.run_id, token);
+                        (TriggerResult::Started, item.run_id, Some(lease))
                     }
+                    Some((item, (outcome, _))) if outcome == "cooldown" => {
+                        (TriggerResult::Cooldown, item.run_id, None)
+                    }
+                    Some((item, _)) => (TriggerResult::Deduplicated, item.run_id, None),
+                    // admit_all answers each trigger it was given, or fails.
+                    None => (TriggerResult::Deduplicated, String::new(), None),
                 },
+                // Only a daemon with shared state defers a trigger to it.
+                (None, None) => (TriggerResult::Deduplicated, String::new(), None),
             };
             self.count(&req, result);
             let run_id = (result == TriggerResult::Started).then(|| {
@@ -361,35 +398,6 @@ impl Scheduler {
             .with_fleet(self.store.as_ref().map(|s| s.switch.clone()))
     }
 
-    /// Decide one trigger in the shared state: the fleet's one outcome for it.
-    async fn admit(
-        &self,
-        store: &Arc<Postgres>,
-        config: &Config,
-        req: &RunRequest,
-        run_id: &str,
-    ) -> Result<(TriggerResult, Option<Lease>), StoreError> {
-        let cooldown = config.runbooks.get(&req.runbook).and_then(|r| r.cooldown);
-        let (outcome, token) = store
-            .admit(
-                &req.runbook,
-                &req.host,
-                &req.keys,
-                cooldown,
-                run_id,
-                req.trigger.as_str(),
-            )
-            .await?;
-        Ok(match (outcome.as_str(), token) {
-            ("started", Some(token)) => (
-                TriggerResult::Started,
-                Some(store.lease(&req.runbook, &req.host, run_id, token)),
-            ),
-            ("cooldown", _) => (TriggerResult::Cooldown, None),
-            _ => (TriggerResult::Deduplicated, None),
-        })
-    }
-
     /// Give back the fleet's claims of runs that will not start after all.
     async fn abandon(&self, accepted: &[(String, RunRequest, Option<Lease>)]) {
         let ids: Vec<String> = accepted
@@ -427,8 +435,8 @@ impl Scheduler {
         if stopped {
             return Admission::Decided(TriggerResult::KillSwitch);
         }
-        if let Some(store) = &self.store {
-            return Admission::Fleet(store.clone());
+        if self.store.is_some() {
+            return Admission::Fleet;
         }
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots
@@ -701,7 +709,7 @@ mod tests {
     fn decided(a: Admission) -> TriggerResult {
         match a {
             Admission::Decided(r) => r,
-            Admission::Fleet(_) => panic!("no shared state here"),
+            Admission::Fleet => panic!("no shared state here"),
         }
     }
 

@@ -73,6 +73,23 @@ pub struct Reaped {
     pub replica: String,
 }
 
+/// A trigger for the fleet to decide (see `runwarden_admit`).
+#[derive(Debug, Clone)]
+pub struct Admit {
+    /// The runbook it names.
+    pub runbook: String,
+    /// The host it names.
+    pub host: String,
+    /// Its fingerprint and group keys.
+    pub keys: Vec<String>,
+    /// The runbook's cooldown.
+    pub cooldown: Option<Duration>,
+    /// The run id it starts under, if it starts.
+    pub run_id: String,
+    /// `alert`, `schedule`, `api`...
+    pub trigger: &'static str,
+}
+
 /// A trigger a replica decided alone, for the fleet's record.
 #[derive(Debug, Clone)]
 pub struct Recorded {

@@ -36,6 +36,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         3,
         include_str!("../../migrations/0003_duplicate_window.sql"),
     ),
+    (4, include_str!("../../migrations/0004_admit_all.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -294,6 +295,70 @@ impl Postgres {
             .await?;
         let row = one(rows, "recording the trigger")?;
         Ok((row.get(0), row.get(1)))
+    }
+
+    /// Decide a notification's triggers across the fleet, in one round
+    /// trip and one transaction; see `runwarden_admit_all`. They go sorted
+    /// by (runbook, host), so two replicas lock rows in the same order; the
+    /// outcomes come back in the order given.
+    pub(crate) async fn admit_all(
+        &self,
+        items: &[super::Admit],
+    ) -> Result<Vec<(String, Option<i64>)>, StoreError> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| {
+            (&items[a].runbook, &items[a].host).cmp(&(&items[b].runbook, &items[b].host))
+        });
+        let column = |f: &dyn Fn(&super::Admit) -> String| {
+            order.iter().map(|&i| f(&items[i])).collect::<Vec<_>>()
+        };
+        let runbooks = column(&|a| a.runbook.clone());
+        let hosts = column(&|a| a.host.clone());
+        let keys = column(&|a| serde_json::to_string(&a.keys).unwrap_or_default());
+        let run_ids = column(&|a| a.run_id.clone());
+        let triggers = column(&|a| a.trigger.to_string());
+        let cooldowns: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| items[i].cooldown.map(millis))
+            .collect();
+        let lease = millis(self.lease);
+        let rows = self
+            .with("recording the triggers", |c| async move {
+                c.query_typed(
+                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8)",
+                    &[
+                        (&runbooks, Type::TEXT_ARRAY),
+                        (&hosts, Type::TEXT_ARRAY),
+                        (&keys, Type::TEXT_ARRAY),
+                        (&cooldowns, Type::INT8_ARRAY),
+                        (&run_ids, Type::TEXT_ARRAY),
+                        (&self.replica, Type::TEXT),
+                        (&lease, Type::INT8),
+                        (&triggers, Type::TEXT_ARRAY),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        if rows.len() != items.len() {
+            return Err(StoreError::Database(format!(
+                "recording the triggers: {} outcomes for {} triggers",
+                rows.len(),
+                items.len()
+            )));
+        }
+        let mut out = vec![(String::new(), None); items.len()];
+        for row in rows {
+            let n: i32 = row.get(0);
+            let i = usize::try_from(n - 1)
+                .ok()
+                .and_then(|k| order.get(k).copied())
+                .ok_or_else(|| {
+                    StoreError::Database(format!("recording the triggers: no trigger {n}"))
+                })?;
+            out[i] = (row.get(1), row.get(2));
+        }
+        Ok(out)
     }
 
     /// Record triggers this replica decided alone (the kill switch, out of
@@ -665,4 +730,31 @@ fn op_timeout(lease: Duration) -> Duration {
 
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// The list is written by hand: every file under migrations/ is in it,
+    /// in order, and records its own version.
+    #[test]
+    fn every_migration_file_is_applied_in_order_and_records_its_version() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), MIGRATIONS.len(), "{files:?}");
+        for (i, ((version, sql), file)) in MIGRATIONS.iter().zip(&files).enumerate() {
+            assert_eq!(*version, i as i32 + 1);
+            assert!(file.starts_with(&format!("{version:04}_")), "{file}");
+            assert_eq!(&std::fs::read_to_string(dir.join(file)).unwrap(), sql, "{file}");
+            assert!(
+                sql.contains(&format!("INSERT INTO runwarden_schema (version) VALUES ({version});")),
+                "{file} does not record its version"
+            );
+        }
+    }
 }
