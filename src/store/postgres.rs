@@ -750,9 +750,15 @@ mod tests {
         for (i, ((version, sql), file)) in MIGRATIONS.iter().zip(&files).enumerate() {
             assert_eq!(*version, i as i32 + 1);
             assert!(file.starts_with(&format!("{version:04}_")), "{file}");
-            assert_eq!(&std::fs::read_to_string(dir.join(file)).unwrap(), sql, "{file}");
+            assert_eq!(
+                &std::fs::read_to_string(dir.join(file)).unwrap(),
+                sql,
+                "{file}"
+            );
             assert!(
-                sql.contains(&format!("INSERT INTO runwarden_schema (version) VALUES ({version});")),
+                sql.contains(&format!(
+                    "INSERT INTO runwarden_schema (version) VALUES ({version});"
+                )),
                 "{file} does not record its version"
             );
         }

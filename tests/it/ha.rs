@@ -357,6 +357,20 @@ fn a_replica_killed_mid_run_is_closed_interrupted_by_another_within_its_lease_an
         .find(|v| v["run_id"] == run_id.as_str())
         .expect("the closing replica's audit log records it");
     assert_eq!(line["outcome"], "interrupted", "{line:#}");
+    // Its record reads like any other: the history lists the run, the chain holds.
+    let runs = closer.e.run(&["runs", "--json"]);
+    assert!(
+        runs.status.success(),
+        "{}",
+        String::from_utf8_lossy(&runs.stderr)
+    );
+    assert!(String::from_utf8_lossy(&runs.stdout).contains(&run_id));
+    let verify = closer.e.run(&["audit", "verify"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
     // Runs are not resumed: the rotation the dead run made is the only one.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(site.rotations("h1").len(), 1);
