@@ -172,7 +172,15 @@ impl Postgres {
         host: &str,
         run_id: &str,
     ) -> Result<Option<Lease>, StoreError> {
-        let (outcome, token) = self.admit(runbook, host, &[], None, run_id, "cli").await?;
+        let item = Admit {
+            runbook: runbook.to_string(),
+            host: host.to_string(),
+            keys: Vec::new(),
+            cooldown: None,
+            run_id: run_id.to_string(),
+            trigger: "cli",
+        };
+        let (outcome, token) = self.admit_all(&[item]).await?.pop().unwrap_or_default();
         Ok(match (outcome.as_str(), token) {
             ("started", Some(token)) => Some(self.lease(runbook, host, run_id, token)),
             _ => None,

@@ -262,41 +262,6 @@ impl Postgres {
         }
     }
 
-    /// Decide one trigger across the fleet and record it; see `runwarden_admit`.
-    pub(crate) async fn admit(
-        &self,
-        runbook: &str,
-        host: &str,
-        keys: &[String],
-        cooldown: Option<Duration>,
-        run_id: &str,
-        trigger: &str,
-    ) -> Result<(String, Option<i64>), StoreError> {
-        let cooldown = cooldown.map(millis);
-        let lease = millis(self.lease);
-        let keys = keys.to_vec();
-        let rows = self
-            .with("recording the trigger", |c| async move {
-                c.query_typed(
-                    "SELECT outcome, token FROM runwarden_admit($1, $2, $3, $4, $5, $6, $7, $8)",
-                    &[
-                        (&runbook, Type::TEXT),
-                        (&host, Type::TEXT),
-                        (&keys, Type::TEXT_ARRAY),
-                        (&cooldown, Type::INT8),
-                        (&run_id, Type::TEXT),
-                        (&self.replica, Type::TEXT),
-                        (&lease, Type::INT8),
-                        (&trigger, Type::TEXT),
-                    ],
-                )
-                .await
-            })
-            .await?;
-        let row = one(rows, "recording the trigger")?;
-        Ok((row.get(0), row.get(1)))
-    }
-
     /// Decide a notification's triggers across the fleet, in one round
     /// trip and one transaction; see `runwarden_admit_all`. They go sorted
     /// by (runbook, host), so two replicas lock rows in the same order; the
