@@ -142,6 +142,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/runs", get(runs).post(start_runs))
         .route("/api/v1/runs/{id}", get(run))
         .route("/api/v1/alerts", post(alerts))
+        .route("/api/v1/fleet/runs", get(fleet_runs))
         .route("/api/v1/approvals", get(approvals_list))
         .route("/api/v1/approvals/{id}", get(approval_show))
         .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
@@ -424,6 +425,41 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the runs could not be recorded, so none started; retry: {e}"),
         ),
+    }
+}
+
+/// `GET /api/v1/fleet/runs?runbook=&host=&limit=`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetRunsQuery {
+    runbook: Option<String>,
+    host: Option<String>,
+    limit: Option<i64>,
+}
+
+/// Every replica's runs, from the shared state, newest first (each
+/// replica's own audit log holds the detail).
+async fn fleet_runs(
+    State(s): State<AppState>,
+    query: Result<axum::extract::Query<FleetRunsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(q) => q.0,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let Some(store) = s.scheduler.store() else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "no shared state: runwarden.yaml sets no state.postgres, so this daemon's runs are all there is (GET /api/v1/runs)",
+        );
+    };
+    let limit = q.limit.unwrap_or(500).clamp(1, 10_000);
+    match store
+        .fleet_runs(q.runbook.as_deref(), q.host.as_deref(), limit)
+        .await
+    {
+        Ok(runs) => axum::Json(json!({ "runs": runs })).into_response(),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 

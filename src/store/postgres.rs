@@ -547,6 +547,33 @@ impl Postgres {
         .map(drop)
     }
 
+    /// The fleet's runs, newest first: which replica ran each, how it
+    /// stands or ended, who closed it.
+    pub async fn fleet_runs(
+        &self,
+        runbook: Option<&str>,
+        host: Option<&str>,
+        limit: i64,
+    ) -> Result<serde_json::Value, StoreError> {
+        let text: String = self
+            .with("listing the fleet's runs", |c| async move {
+                c.query_typed(
+                    "SELECT coalesce(json_agg(r)::text, '[]') FROM (
+                         SELECT run_id, runbook, host, replica, status, verdict, started_at,
+                                heartbeat_at, ended_at, closed_by, audit_head
+                         FROM runwarden_runs
+                         WHERE ($1::text IS NULL OR runbook = $1) AND ($2::text IS NULL OR host = $2)
+                         ORDER BY started_at DESC LIMIT $3) r",
+                    &[(&runbook, Type::TEXT), (&host, Type::TEXT), (&limit, Type::INT8)],
+                )
+                .await
+                .map(|rows| rows.first().map(|r| r.get(0)).unwrap_or_default())
+            })
+            .await?;
+        serde_json::from_str(&text)
+            .map_err(|e| StoreError::Database(format!("listing the fleet's runs: {e}")))
+    }
+
     /// Engage the fleet's switch for `scope` (`global` or a runbook) and
     /// tell every replica at once.
     pub async fn engage(&self, scope: &str, by: &str, reason: &str) -> Result<(), StoreError> {

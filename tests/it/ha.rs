@@ -304,6 +304,26 @@ fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
     // Every alert's one outcome, recorded once across the fleet.
     let recorded = pg.sql("SELECT outcome, count(*) FROM runwarden_triggers WHERE 'fp:fp-h1' = ANY(keys) GROUP BY outcome ORDER BY outcome");
     assert_eq!(recorded, "deduplicated|2\nstarted|1", "{recorded}");
+    // Any replica lists the fleet's runs: this one, who ran it, how it ended.
+    let run_id = verdicts[0]["run_id"].as_str().unwrap();
+    let ran_on = fleet
+        .iter()
+        .find(|r| !r.verdicts().is_empty())
+        .unwrap()
+        .name
+        .clone();
+    for r in &fleet {
+        let (status, text) = http(&r.addr, "GET", "/api/v1/fleet/runs?host=h1", "").unwrap();
+        assert_eq!(status, 200, "{text}");
+        let runs: Value = serde_json::from_str(&text).unwrap();
+        let run = &runs["runs"][0];
+        assert_eq!(run["run_id"], run_id, "{runs:#}");
+        assert_eq!(run["replica"], ran_on.as_str());
+        assert_eq!(
+            (run["status"].as_str(), run["verdict"].as_str()),
+            (Some("ended"), Some("ok"))
+        );
+    }
     // A repeat within the cooldown, to any replica, starts nothing.
     let (status, again) = fleet[2].post("/api/v1/alerts", &body);
     assert_eq!(status, 200);
@@ -1427,6 +1447,12 @@ fn the_same_behaviour(pg: Option<&Pg>) {
             r
         }
     };
+    if pg.is_none() {
+        // One machine's own state has no fleet to list.
+        let (status, text) = http(&r.addr, "GET", "/api/v1/fleet/runs", "").unwrap();
+        assert_eq!(status, 404, "{text}");
+        assert!(text.contains("state.postgres"), "{text}");
+    }
     let result = |r: &Replica, body: &str| {
         let (status, answer) = r.post("/api/v1/alerts", body);
         assert_eq!(status, 200, "{answer}");
