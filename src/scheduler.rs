@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
 use crate::run::{RunReport, RunRequest, Runner, Verdict};
-use crate::store::{Lease, Postgres, StoreError};
+use crate::store::{Admitted, Lease, Postgres, StoreError};
 
 /// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -305,42 +305,40 @@ impl Scheduler {
                 }
             }
         }
-        let mut admitted = match (&self.store, fleet.is_empty()) {
-            (Some(store), false) => match store.admit_all(&fleet).await {
-                Ok(outcomes) => fleet
-                    .into_iter()
-                    .zip(outcomes)
-                    .collect::<Vec<_>>()
-                    .into_iter(),
+        let admitted = match (&self.store, fleet.is_empty()) {
+            (Some(store), false) => match store.admit(&fleet).await {
+                Ok(outcomes) => outcomes,
                 Err(e) => {
                     tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
                     return Err(e.into());
                 }
             },
-            _ => Vec::new().into_iter(),
+            _ => Vec::new(),
         };
+        let mut admitted = admitted
+            .into_iter()
+            .zip(fleet.into_iter().map(|a| a.run_id));
         let mut results = Vec::with_capacity(reqs.len());
         let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
         for (req, here) in reqs.into_iter().zip(decided) {
-            let (result, run_id, lease) = match (here, self.store.as_ref()) {
-                (Some(result), _) => (result, uuid::Uuid::now_v7().to_string(), None),
-                (None, Some(store)) => match admitted.next() {
-                    Some((item, (outcome, Some(token)))) if outcome == "started" => {
-                        let lease = store.lease(&item.runbook, &item.host, &item.run_id, token);
-                        (TriggerResult::Started, item.run_id, Some(lease))
+            // A run started: its id, and its lease in the shared state.
+            let (result, started) = match here {
+                Some(TriggerResult::Started) => (
+                    TriggerResult::Started,
+                    Some((uuid::Uuid::now_v7().to_string(), None)),
+                ),
+                Some(result) => (result, None),
+                None => match admitted.next() {
+                    Some((Admitted::Started(lease), run_id)) => {
+                        (TriggerResult::Started, Some((run_id, Some(lease))))
                     }
-                    Some((item, (outcome, _))) if outcome == "cooldown" => {
-                        (TriggerResult::Cooldown, item.run_id, None)
-                    }
-                    Some((item, _)) => (TriggerResult::Deduplicated, item.run_id, None),
-                    // admit_all answers each trigger it was given, or fails.
-                    None => (TriggerResult::Deduplicated, String::new(), None),
+                    Some((Admitted::Cooldown, _)) => (TriggerResult::Cooldown, None),
+                    // The fleet answers every trigger it is given, or fails whole.
+                    Some((Admitted::Deduplicated, _)) | None => (TriggerResult::Deduplicated, None),
                 },
-                // Only a daemon with shared state defers a trigger to it.
-                (None, None) => (TriggerResult::Deduplicated, String::new(), None),
             };
             self.count(&req, result);
-            let run_id = (result == TriggerResult::Started).then(|| {
+            let run_id = started.map(|(run_id, lease)| {
                 accepted.push((run_id.clone(), req, lease));
                 run_id
             });

@@ -90,6 +90,17 @@ pub struct Admit {
     pub trigger: &'static str,
 }
 
+/// What the fleet made of one trigger.
+#[derive(Debug)]
+pub enum Admitted {
+    /// It starts a run, which holds this lease.
+    Started(Lease),
+    /// The runbook ran on the host too recently.
+    Cooldown,
+    /// A run for it is in flight, or it repeats the last run's trigger.
+    Deduplicated,
+}
+
 /// A trigger a replica decided alone, for the fleet's record.
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -180,21 +191,35 @@ impl Postgres {
             run_id: run_id.to_string(),
             trigger: "cli",
         };
-        let (outcome, token) = self.admit_all(&[item]).await?.pop().unwrap_or_default();
-        Ok(match (outcome.as_str(), token) {
-            ("started", Some(token)) => Some(self.lease(runbook, host, run_id, token)),
+        Ok(match self.admit(&[item]).await?.pop() {
+            Some(Admitted::Started(lease)) => Some(lease),
             _ => None,
         })
     }
 
-    /// The lease a run admitted under `token` holds, renewed from now on.
-    pub(crate) fn lease(
+    /// Decide a notification's triggers across the fleet (see
+    /// `runwarden_admit_all`): one outcome per trigger, in order, a started
+    /// one with its lease, renewed from now on.
+    pub(crate) async fn admit(
         self: &Arc<Self>,
-        runbook: &str,
-        host: &str,
-        run_id: &str,
-        token: i64,
-    ) -> Lease {
+        items: &[Admit],
+    ) -> Result<Vec<Admitted>, StoreError> {
+        let outcomes = self.admit_all(items).await?;
+        Ok(items
+            .iter()
+            .zip(outcomes)
+            .map(|(item, (outcome, token))| match (outcome.as_str(), token) {
+                ("started", Some(token)) => {
+                    Admitted::Started(self.lease(&item.runbook, &item.host, &item.run_id, token))
+                }
+                ("cooldown", _) => Admitted::Cooldown,
+                _ => Admitted::Deduplicated,
+            })
+            .collect())
+    }
+
+    /// The lease a run admitted under `token` holds, renewed from now on.
+    fn lease(self: &Arc<Self>, runbook: &str, host: &str, run_id: &str, token: i64) -> Lease {
         let id = LeaseId {
             runbook: runbook.to_string(),
             host: host.to_string(),

@@ -266,7 +266,7 @@ impl Postgres {
     /// trip and one transaction; see `runwarden_admit_all`. They go sorted
     /// by (runbook, host), so two replicas lock rows in the same order; the
     /// outcomes come back in the order given.
-    pub(crate) async fn admit_all(
+    pub(super) async fn admit_all(
         &self,
         items: &[super::Admit],
     ) -> Result<Vec<(String, Option<i64>)>, StoreError> {
