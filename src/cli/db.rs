@@ -41,33 +41,23 @@ pub(super) async fn db(command: DbCommand) -> Exit {
 /// The store runwarden.yaml names (through `url_file` instead, when
 /// given), or a usage error saying how to name one.
 fn open_as(dir: &Path, url_file: Option<&Path>) -> Result<Arc<Postgres>, Failed> {
-    if let Some(file) = url_file {
-        let settings = crate::config::Settings::load(dir).map_err(Failed::usage)?;
-        let mut shared = settings.postgres.unwrap_or(crate::config::SharedState {
-            url_file: file.to_path_buf(),
-            lease: std::time::Duration::from_secs(15),
-            ca_file: None,
-        });
-        shared.url_file = file.to_path_buf();
-        return Postgres::open(&shared, &settings.replica)
-            .map(Arc::new)
-            .map_err(Failed::usage);
-    }
-    shared(dir)?.ok_or_else(|| {
-        Failed::usage(format!(
+    let settings = crate::config::Settings::load(dir).map_err(Failed::usage)?;
+    let Some(mut shared) = settings.postgres.clone() else {
+        return Err(Failed::usage(format!(
             "{} sets no `state: postgres:`; each daemon keeps its own state, and there is no database to migrate",
             dir.join("runwarden.yaml").display()
-        ))
-    })
+        )));
+    };
+    if let Some(file) = url_file {
+        shared.url_file = file.to_path_buf();
+    }
+    Postgres::open(&shared, &settings.replica)
+        .map(Arc::new)
+        .map_err(Failed::usage)
 }
 
 /// The store runwarden.yaml names, if it names one.
 pub(super) fn shared(dir: &Path) -> Result<Option<Arc<Postgres>>, Failed> {
     let settings = crate::config::Settings::load(dir).map_err(Failed::usage)?;
-    match &settings.postgres {
-        None => Ok(None),
-        Some(shared) => Postgres::open(shared, &settings.replica)
-            .map(|s| Some(Arc::new(s)))
-            .map_err(Failed::usage),
-    }
+    Postgres::from_settings(&settings).map_err(Failed::usage)
 }

@@ -70,7 +70,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                     path.display()
                 );
                 let Some(store) = fleet else { return Ok(0) };
-                let by = format!("{}@{}", who(), settings.replica);
+                let by = format!("{}@{}", crate::gate::killswitch::who(), settings.replica);
                 match store
                     .engage(runbook.unwrap_or("global"), &by, &reason)
                     .await
@@ -96,39 +96,27 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                 ),
             )),
         },
-        KillSwitchCommand::Release { .. } => match ks.release(runbook) {
-            Ok(here) if fleet.is_some() => {
-                let store = fleet.as_ref().map(|s| s.as_ref());
-                let scope = runbook.unwrap_or("global");
-                match store.map(|s| s.release(scope)) {
-                    Some(f) => match f.await {
-                        Ok(fleet) => {
-                            println!(
-                                "released: this machine's switch ({}), the fleet's ({})",
-                                if here {
-                                    "was engaged"
-                                } else {
-                                    "was not engaged"
-                                },
-                                if fleet {
-                                    "was engaged"
-                                } else {
-                                    "was not engaged"
-                                }
-                            );
-                            Ok(0)
-                        }
-                        Err(e) => Err(Failed::code(
-                            1,
-                            format!(
-                                "released on this machine only: the fleet's switch was not reached ({e}); every replica stays stopped until it is released"
-                            ),
-                        )),
-                    },
-                    None => Ok(0),
+        KillSwitchCommand::Release { .. } => match (ks.release(runbook), &fleet) {
+            (Ok(here), Some(store)) => {
+                let was = |on: bool| if on { "was engaged" } else { "was not engaged" };
+                match store.release(runbook.unwrap_or("global")).await {
+                    Ok(fleet) => {
+                        println!(
+                            "released: this machine's switch ({}), the fleet's ({})",
+                            was(here),
+                            was(fleet)
+                        );
+                        Ok(0)
+                    }
+                    Err(e) => Err(Failed::code(
+                        1,
+                        format!(
+                            "released on this machine only: the fleet's switch was not reached ({e}); every replica stays stopped until it is released"
+                        ),
+                    )),
                 }
             }
-            Ok(true) => {
+            (Ok(true), None) => {
                 println!("released: {}", ks.file_of(runbook).display());
                 match ks.status() {
                     Ok(left) if !left.is_empty() => {
@@ -141,11 +129,11 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                 }
                 Ok(0)
             }
-            Ok(false) => {
+            (Ok(false), None) => {
                 println!("was not engaged: no {}", ks.file_of(runbook).display());
                 Ok(0)
             }
-            Err(e) => Err(Failed::code(
+            (Err(e), _) => Err(Failed::code(
                 1,
                 format!("cannot release {}: {e}", ks.file_of(runbook).display()),
             )),
@@ -186,13 +174,4 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             }
         },
     }
-}
-
-/// Who runs this command, for the fleet's record.
-fn who() -> String {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .unwrap_or_else(|| nix::unistd::getuid().to_string())
 }

@@ -18,12 +18,7 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
     let cfg = load(dir)?;
     let audit = AuditLog::open(&cfg.settings.audit_log)
         .map_err(|e| Failed::code(Verdict::Broken.exit_code(), e))?;
-    let store = match &cfg.settings.postgres {
-        Some(shared) => Some(Arc::new(
-            crate::store::Postgres::open(shared, &cfg.settings.replica).map_err(Failed::usage)?,
-        )),
-        None => None,
-    };
+    let store = crate::store::Postgres::from_settings(&cfg.settings).map_err(Failed::usage)?;
     let mut runner = Runner::new(Arc::new(cfg), Arc::new(audit));
     // With shared state, the run holds its lease like the daemon's runs do.
     runner.store = store;

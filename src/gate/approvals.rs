@@ -417,6 +417,16 @@ impl Approvals {
             .map(|e| e.request.clone())
     }
 
+    /// The ids of the requests still waiting for a person.
+    pub fn pending(&self) -> Vec<String> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .iter()
+            .filter(|(_, e)| e.request.state == State::Pending)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Recent requests, pending first.
     pub fn list(&self) -> Vec<Request> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());

@@ -45,6 +45,15 @@ impl FleetSwitch {
     }
 }
 
+/// Who engages a switch: this process's user name, or its uid.
+pub fn who() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| nix::unistd::getuid().to_string())
+}
+
 /// Why calls are stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Engaged {
@@ -181,13 +190,9 @@ impl KillSwitch {
         let tmp = self
             .dir
             .join(format!(".{}.tmp-{}", GLOBAL, std::process::id()));
-        let who = nix::unistd::User::from_uid(nix::unistd::getuid())
-            .ok()
-            .flatten()
-            .map(|u| u.name)
-            .unwrap_or_else(|| nix::unistd::getuid().to_string());
         let body = format!(
-            "engaged_by: {who}\nengaged_at: {}\nreason: {}\n",
+            "engaged_by: {}\nengaged_at: {}\nreason: {}\n",
+            who(),
             jiff::Timestamp::now(),
             reason.replace('\n', " ")
         );

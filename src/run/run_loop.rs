@@ -100,6 +100,8 @@ pub(super) struct Steps {
     unreachable: u32,
     /// Dry runs: the tier-2 calls shown instead of run.
     would_change: u32,
+    /// With shared state: the fleet budgets each call's fence counts against.
+    budgets: crate::store::Budgets,
 }
 
 impl RunLoop<'_> {
@@ -121,6 +123,11 @@ impl RunLoop<'_> {
             model_turns: 0,
             unreachable: 0,
             would_change: 0,
+            budgets: crate::store::Budgets::new(
+                self.runner.config.settings.fleet_budget,
+                &self.runbook.name,
+                self.runbook.fleet_budget,
+            ),
         };
         while s.tally.stop.is_none() {
             if self.shutting_down() {
@@ -323,23 +330,17 @@ impl RunLoop<'_> {
         // With shared state, the last word before the intent line: this run
         // still holds its lease, the fleet's switch is off, the fleet's
         // budget has room (counted here, in the same round trip).
-        if let Some(lease) = self.lease {
-            let budgets = crate::store::Budgets::new(
-                self.runner.config.settings.fleet_budget,
-                &self.runbook.name,
-                self.runbook.fleet_budget,
-            );
-            if let Err((reason, detail)) =
-                lease.fence(action.tier() == Tier::Change, &budgets).await
-            {
-                let denial = Denial {
-                    step: permit.step(),
-                    reason,
-                    detail,
-                    tool: Some(action.tool()),
-                };
-                return self.deny(s, id, call, &denial, r);
-            }
+        if let Some(lease) = self.lease
+            && let Err((reason, detail)) =
+                lease.fence(action.tier() == Tier::Change, &s.budgets).await
+        {
+            let denial = Denial {
+                step: permit.step(),
+                reason,
+                detail,
+                tool: Some(action.tool()),
+            };
+            return self.deny(s, id, call, &denial, r);
         }
         let tool = action.tool().name();
         r.tier = Some(action.tier().number());

@@ -40,7 +40,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
 ];
 
 /// The notification channel of the fleet's kill switch.
-pub(crate) const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
+const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
 
 /// One daemon's (or one command's) connection to the shared state.
 pub struct Postgres {
@@ -144,6 +144,17 @@ impl Postgres {
             health: Mutex::new(Err("not connected yet".into())),
             switch: Default::default(),
         })
+    }
+
+    /// The store `settings` name (`state.postgres`), if they name one.
+    pub fn from_settings(
+        settings: &crate::config::Settings,
+    ) -> Result<Option<Arc<Postgres>>, StoreError> {
+        settings
+            .postgres
+            .as_ref()
+            .map(|shared| Postgres::open(shared, &settings.replica).map(Arc::new))
+            .transpose()
     }
 
     /// `Ok` when the last operation reached the database.
@@ -582,8 +593,8 @@ impl Postgres {
                 "WITH s AS (INSERT INTO runwarden_kill_switch (scope, engaged_by, reason) VALUES ($1, $2, $3)
                      ON CONFLICT (scope) DO UPDATE SET engaged_by = $2, reason = $3, engaged_at = clock_timestamp()
                      RETURNING scope)
-                 SELECT pg_notify('runwarden_kill_switch', scope) FROM s",
-                &[&scope, &by, &reason],
+                 SELECT pg_notify($4, scope) FROM s",
+                &[&scope, &by, &reason, &KILL_SWITCH_CHANNEL],
             )
             .await
         })
@@ -596,8 +607,8 @@ impl Postgres {
         self.with("releasing the fleet's kill switch", |c| async move {
             c.query(
                 "WITH s AS (DELETE FROM runwarden_kill_switch WHERE scope = $1 RETURNING scope)
-                 SELECT pg_notify('runwarden_kill_switch', scope) FROM s",
-                &[&scope],
+                 SELECT pg_notify($2, scope) FROM s",
+                &[&scope, &KILL_SWITCH_CHANNEL],
             )
             .await
             .map(|rows| !rows.is_empty())

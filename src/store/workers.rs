@@ -19,10 +19,9 @@ use crate::scheduler::Scheduler;
 /// 503 and makes no call until it can (see [`reap_worker`]); a wrong schema
 /// or an unreadable URL file is.
 pub(crate) async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<Postgres>>> {
-    let Some(shared) = &config.settings.postgres else {
+    let Some(store) = Postgres::from_settings(&config.settings)? else {
         return Ok(None);
     };
-    let store = Arc::new(Postgres::open(shared, &config.settings.replica)?);
     match store.check_schema().await {
         Ok(()) => {
             tracing::info!(replica = %store.replica, "shared state: PostgreSQL, lease {:?}", store.lease)
@@ -86,14 +85,8 @@ pub(crate) async fn approval_sync_worker(
     approvals: Arc<crate::gate::approvals::Approvals>,
     mut stop: watch::Receiver<bool>,
 ) {
-    use crate::gate::approvals::State;
     loop {
-        let pending: Vec<String> = approvals
-            .list()
-            .into_iter()
-            .filter(|r| r.state == State::Pending)
-            .map(|r| r.id)
-            .collect();
+        let pending = approvals.pending();
         if !pending.is_empty() {
             match store.settled_approvals(&pending).await {
                 Ok(settled) => {
@@ -114,7 +107,7 @@ pub(crate) async fn approval_sync_worker(
 /// `(scope, used, limit)` of each fleet budget, counted in the shared
 /// state; a budget that cannot be counted now shows as full, as the fence
 /// would treat it.
-pub(crate) async fn fleet_usage(
+async fn fleet_usage(
     store: &Postgres,
     all: Option<crate::config::runbook::FleetBudget>,
     own: &[(String, crate::config::runbook::FleetBudget)],
