@@ -271,6 +271,13 @@ pub fn on_own_thread<R>(f: impl FnOnce() -> R) -> R {
 pub const TOOL_NICE: i32 = 10;
 
 fn lower_priority() {
+    thread_local! {
+        static NICED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    // Nothing raises a thread's priority again once lowered: ask once per thread.
+    if NICED.replace(true) {
+        return;
+    }
     // Linux nice values are per thread and inherited by children spawned from it.
     // SAFETY: getpriority/setpriority take plain integers; 0 means the calling thread.
     unsafe {
@@ -349,7 +356,12 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         Capped::new(limits.output_cap),
         Capped::new(limits.output_cap),
     ];
-    let mut chunk = vec![0u8; 64 * 1024];
+    thread_local! {
+        static CHUNK: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    // One read buffer per thread, kept between calls.
+    let mut chunk = CHUNK.take();
+    chunk.resize(64 * 1024, 0);
     let mut exited_at: Option<std::time::Instant> = None;
     let mut timed_out = false;
 
@@ -363,6 +375,11 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             timed_out = exited_at.is_none();
             break;
         }
+        // Shortly after the exit, wake to sweep whatever still holds a pipe.
+        let wake = match exited_at {
+            Some(t) if now < t + EOF_GRACE => (t + EOF_GRACE).min(limit),
+            _ => limit,
+        };
         let mut fds: Vec<PollFd> = Vec::with_capacity(3);
         for p in pipes.iter().flatten() {
             fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
@@ -370,7 +387,7 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         if exited_at.is_none() {
             fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
         }
-        let wait = PollTimeout::try_from(limit - now).unwrap_or(PollTimeout::MAX);
+        let wait = PollTimeout::try_from(wake - now).unwrap_or(PollTimeout::MAX);
         match poll(&mut fds, wait) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
@@ -397,13 +414,15 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             signal_group(Some(group), Signal::SIGKILL);
             exited_at = Some(std::time::Instant::now());
         }
-        if exited_at.is_some() && pipes.iter().any(Option::is_some) {
-            // A pipe still open after the group died: whatever holds it left the
-            // group (setsid, setpgid) and, orphaned, came to us.
+        if exited_at.is_some_and(|t| t.elapsed() >= EOF_GRACE) && pipes.iter().any(Option::is_some)
+        {
+            // A pipe still open well after the group died: whatever holds it
+            // left the group (setsid, setpgid) and, orphaned, came to us.
             escapees::sweep();
         }
     }
 
+    CHUNK.set(chunk);
     let status = if timed_out {
         signal_group(Some(group), Signal::SIGTERM);
         if !wait_readable(&pidfd, limits.kill_grace) {
@@ -411,7 +430,10 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         }
         child.wait().ok()
     } else {
-        signal_group(Some(group), Signal::SIGKILL);
+        if exited_at.is_none() {
+            // The loop ended without seeing the exit (poll failed).
+            signal_group(Some(group), Signal::SIGKILL);
+        }
         child.wait().ok()
     };
     let mut out = ProcessOutput {
@@ -431,6 +453,11 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
     out.duration = started.elapsed();
     Ok(out)
 }
+
+/// How long a pipe may stay open after its group died before whatever holds
+/// it is swept as an escapee. End of file usually comes a moment after the
+/// exit is seen; sweeping in that moment would walk `/proc` for nothing.
+const EOF_GRACE: Duration = Duration::from_millis(20);
 
 /// A descriptor that becomes readable when the process exits.
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -628,7 +655,7 @@ pub mod escapees {
     /// again, until none is left: killing an escaped process hands its own
     /// children to this subreaper, so a whole detached tree goes pass by pass.
     pub(crate) fn sweep() {
-        if !ADOPTING.load(std::sync::atomic::Ordering::SeqCst) {
+        if !ADOPTING.load(std::sync::atomic::Ordering::SeqCst) || !has_children() {
             return;
         }
         // A tree that forks as fast as it is killed still ends: each pass
@@ -644,6 +671,23 @@ pub mod escapees {
     }
 
     const MAX_PASSES: usize = 10_000;
+
+    /// Whether this process has a child at all, in any state: an escapee is
+    /// one, adopted. Asked of the kernel in one call, without reaping
+    /// anything (`WNOWAIT`), for every thread's children (waits see the
+    /// whole thread group's). The common case, a call whose processes are
+    /// all reaped and no other call running, ends the sweep here, before
+    /// the walk through `/proc`.
+    fn has_children() -> bool {
+        use nix::sys::wait::{Id, waitid};
+        let flags = WaitPidFlag::WEXITED
+            | WaitPidFlag::WNOHANG
+            | WaitPidFlag::WNOWAIT
+            | WaitPidFlag::__WALL;
+        // Only "no child at all" skips the walk; any other answer, an
+        // error included, walks.
+        !matches!(waitid(Id::All, flags), Err(nix::errno::Errno::ECHILD))
+    }
 
     /// One pass: how many escapees it killed.
     fn sweep_once() -> usize {
