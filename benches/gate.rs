@@ -244,7 +244,8 @@ fn main() {
         per(b)
     );
     println!(
-        "  the same, each call after a synced {per_call:>4} B line: {:>7.1} ms ({:.2} ms/call)",
+        "  {:<43}: {:>7.1} ms ({:.2} ms/call)",
+        format!("direct + a synced {per_call} B write per call"),
         ms(f),
         per(f)
     );
