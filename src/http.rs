@@ -35,8 +35,9 @@ use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::scheduler::{Scheduler, TriggerResult};
-use crate::trigger::RunRequest;
+use crate::store::Recorded;
 use crate::trigger::alerts::{Candidate, Notification, candidates};
+use crate::trigger::{RunRequest, Trigger};
 
 /// Largest webhook body accepted.
 pub const MAX_BODY: usize = 1 << 20;
@@ -520,7 +521,35 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             _ => None,
         })
         .collect();
-    let mut started = match s.scheduler.submit_all(runs).await {
+    // The others, for the fleet's record (with shared state).
+    let decided: Vec<Recorded> = candidates
+        .iter()
+        .filter_map(|c| {
+            let (runbook, host, keys, outcome) = match c {
+                Candidate::Run(_) => return None,
+                Candidate::OutOfScope {
+                    runbook,
+                    host,
+                    keys,
+                    ..
+                } => (
+                    runbook.as_str(),
+                    host.as_str(),
+                    keys,
+                    TriggerResult::OutOfScope,
+                ),
+                Candidate::NoMatch { keys, .. } => ("none", "", keys, TriggerResult::NoMatch),
+            };
+            Some(Recorded {
+                runbook: runbook.to_string(),
+                host: host.to_string(),
+                trigger: Trigger::Alert.as_str(),
+                keys: keys.clone(),
+                outcome: outcome.as_str(),
+            })
+        })
+        .collect();
+    let mut started = match s.scheduler.submit_notification(runs, decided).await {
         Ok(results) => results.into_iter(),
         // Nothing was recorded and nothing starts: Alertmanager retries a 5xx.
         Err(e) => {
@@ -551,6 +580,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                 runbook,
                 fingerprint,
                 why,
+                ..
             } => {
                 tracing::info!(%runbook, %fingerprint, result = "out_of_scope", "trigger: {why}");
                 whys.push((outcomes.len(), why));
@@ -560,7 +590,9 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                     .inc();
                 (runbook, fingerprint, (TriggerResult::OutOfScope, None))
             }
-            Candidate::NoMatch { fingerprint, why } => {
+            Candidate::NoMatch {
+                fingerprint, why, ..
+            } => {
                 tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook takes this alert; {why}");
                 whys.push((outcomes.len(), why));
                 s.metrics

@@ -266,6 +266,19 @@ impl Scheduler {
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
     ) -> Result<Vec<(TriggerResult, Option<String>)>, SubmitError> {
+        self.submit_notification(reqs, Vec::new()).await
+    }
+
+    /// [`submit_all`](Self::submit_all) for a notification whose
+    /// `unmatched` alerts were decided before they could become a run (no runbook takes
+    /// them, or not for the host they name): with shared state, their
+    /// outcomes are recorded with the rest, in the same round trip, so the
+    /// fleet's table holds every alert's one outcome.
+    pub async fn submit_notification(
+        self: &Arc<Self>,
+        reqs: Vec<RunRequest>,
+        unmatched: Vec<crate::store::Recorded>,
+    ) -> Result<Vec<(TriggerResult, Option<String>)>, SubmitError> {
         let _one_batch_at_a_time = self.submitting.lock().await;
         let config = self.config.borrow().clone();
         let mut engaged: HashMap<String, bool> = HashMap::new();
@@ -274,7 +287,11 @@ impl Scheduler {
         let mut decided: Vec<Option<TriggerResult>> = Vec::with_capacity(reqs.len());
         let mut fleet = Vec::new();
         // With shared state: the outcomes decided here alone, for the fleet's record.
-        let mut alone = Vec::new();
+        let mut alone = if self.store.is_some() {
+            unmatched
+        } else {
+            Vec::new()
+        };
         for req in &reqs {
             let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
                 *self.shutdown.borrow() || self.killswitch(&config).check(&req.runbook).is_err()

@@ -73,8 +73,12 @@ pub enum Candidate {
     OutOfScope {
         /// The runbook that matched.
         runbook: String,
+        /// The host the alert names (empty when it names none).
+        host: String,
         /// The alert's fingerprint.
         fingerprint: String,
+        /// Its deduplication keys, as a run's would be (for the fleet's record).
+        keys: Vec<String>,
         /// Which host, and why it is not one the runbook may touch.
         why: String,
     },
@@ -82,6 +86,8 @@ pub enum Candidate {
     NoMatch {
         /// The alert's fingerprint.
         fingerprint: String,
+        /// Its deduplication keys, as a run's would be (for the fleet's record).
+        keys: Vec<String>,
         /// The closest runbook and the first of its matchers that failed.
         why: String,
     },
@@ -146,6 +152,12 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
     }
     let mut out = Vec::new();
     for alert in n.alerts.iter().filter(|a| a.status == "firing") {
+        let keys = || {
+            vec![
+                format!("fp:{}", alert.fingerprint),
+                format!("group:{}", n.group_key),
+            ]
+        };
         let mut matched = false;
         let named = alert
             .labels
@@ -173,14 +185,13 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                         "fingerprint": alert.fingerprint,
                         "group_key": n.group_key,
                     })),
-                    keys: vec![
-                        format!("fp:{}", alert.fingerprint),
-                        format!("group:{}", n.group_key),
-                    ],
+                    keys: keys(),
                 })),
                 None => out.push(Candidate::OutOfScope {
                     runbook: rb.name.clone(),
+                    host: on.host_of(&alert.labels).unwrap_or_default(),
                     fingerprint: alert.fingerprint.clone(),
+                    keys: keys(),
                     why: match on.host_of(&alert.labels) {
                         None => format!("the alert has no {} label", on.host_label),
                         Some(h) if !rb.allows_host(&h) => {
@@ -194,6 +205,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
         if !matched {
             out.push(Candidate::NoMatch {
                 fingerprint: alert.fingerprint.clone(),
+                keys: keys(),
                 why: closest_miss(&alert.labels, config),
             });
         }

@@ -331,6 +331,48 @@ fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
 }
 
 #[test]
+fn alerts_no_runbook_takes_or_for_hosts_out_of_scope_are_in_the_fleets_table_too() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 1, LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.host("h3", &site.host("h3", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    // h1 starts a run; h2 has no host file; h3 is not one of the
+    // runbook's hosts; a fourth alert is one no runbook takes.
+    let mut body: Value = serde_json::from_str(&notification(&["h1", "h2", "h3", "h4"])).unwrap();
+    body["alerts"][3]["labels"]["alertname"] = "MemoryPressure".into();
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let results: Vec<&str> = answer["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        results,
+        ["started", "out_of_scope", "out_of_scope", "no_match"],
+        "{answer:#}"
+    );
+    // Every alert's one outcome is a row, whichever replica decided it and
+    // however: the fleet's table answers "what became of this alert".
+    let recorded = pg.sql(
+        "SELECT runbook, host, outcome, array_to_string(keys, ',') FROM runwarden_triggers ORDER BY keys[1]",
+    );
+    let group = "group:{}:{alertname=\"LogsFull\"}";
+    assert_eq!(
+        recorded,
+        format!(
+            "rot|h1|started|fp:fp-h1,{group}\nrot|h2|out_of_scope|fp:fp-h2,{group}\nrot|h3|out_of_scope|fp:fp-h3,{group}\nnone||no_match|fp:fp-h4,{group}"
+        ),
+        "{recorded}"
+    );
+    wait_verdicts(&fleet, 1, Duration::from_secs(20));
+}
+
+#[test]
 fn a_replica_killed_mid_run_is_closed_interrupted_by_another_within_its_lease_and_nothing_runs_twice()
  {
     let pg = Pg::start();
