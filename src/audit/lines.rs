@@ -92,6 +92,13 @@ impl AuditTicket {
         &self.permit
     }
 
+    /// The ticket spent without a dispatch (the run's lease could not be
+    /// shown to be current once the intent line was on disk): its result
+    /// line says the call was not sent.
+    pub(crate) fn unsent(self) -> Dispatched {
+        self.dispatched()
+    }
+
     /// The ticket spent by a dispatch; what the result line takes.
     pub(crate) fn dispatched(self) -> Dispatched {
         let action = self.permit.action();

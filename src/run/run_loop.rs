@@ -15,7 +15,7 @@ use crate::executor::Executor;
 use crate::gate::{ApprovedBy, Decision, Denial, Gate, Permit, Proposal, ProposedCall};
 use crate::planner::{ModelTurn, Next, Planner, Transcript};
 use crate::report::{RunReport, StepReport};
-use crate::tools::{Action, Tier, ToolId};
+use crate::tools::{Action, Tier, ToolId, ToolResult};
 use crate::trigger::RunRequest;
 
 /// Transport failures in a row to one host after which a run gives up on it.
@@ -361,6 +361,30 @@ impl RunLoop<'_> {
                 return;
             }
         };
+        // The intent line may have taken long (a stalled disk): a call goes
+        // out only while the fence's proof of the lease still holds.
+        if let Some(lease) = self.lease
+            && let Err((reason, detail)) = lease.still_proven()
+        {
+            let denial = Denial {
+                step: ticket.step(),
+                reason,
+                detail,
+                tool: Some(ticket.permit().action().tool()),
+            };
+            let unsent = ToolResult::failed(format!("not dispatched: {}", denial.detail));
+            if let Err(err) = self
+                .runner
+                .audit
+                .result(&self.info, ticket.unsent(), &unsent)
+            {
+                s.tally.stop(
+                    Verdict::Broken,
+                    format!("the result line could not be written: {err}"),
+                );
+            }
+            return self.deny(s, id, call, &denial, r);
+        }
         let deadline =
             tokio::time::Instant::now() + self.host.tool_timeout.min(s.gate.budget().remaining());
         let (done, result) = self

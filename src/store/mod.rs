@@ -18,7 +18,10 @@
 //!   proves it before every call in the same round trip that counts the
 //!   call against the fleet budget ([`Lease::fence`]). A replica that cannot
 //!   reach the database makes no call: the fence fails closed, and it is
-//!   the last step before the intent line and dispatch.
+//!   the last step before the intent line. Once that line is on disk the
+//!   run checks, without I/O, that the last fence or renewal still proves
+//!   the lease ([`Lease::still_proven`]): a sync that stalled past it is
+//!   not followed by the call.
 //! - **Failover** ([`Postgres::reap`]): any replica closes a run whose lease
 //!   expired as `interrupted`. Runs are not resumed; a still-firing alert
 //!   starts a new one through Alertmanager's repeat.
@@ -137,6 +140,30 @@ pub struct Lease {
     store: Arc<Postgres>,
     id: LeaseId,
     renewals: tokio::task::JoinHandle<()>,
+    proof: Arc<Proof>,
+}
+
+/// Until when a claim is known to be this run's, from the last fence or
+/// renewal the database answered. An answer proves the lease lives until at
+/// least a whole lease after the question was sent; two thirds of that are
+/// counted, so the proof runs out before the lease can, whatever the
+/// answer's own delay (at most a third of a lease, or it is a failure).
+#[derive(Debug)]
+struct Proof {
+    until: std::sync::Mutex<tokio::time::Instant>,
+    lasts: Duration,
+}
+
+impl Proof {
+    /// The database answered a question sent at `sent`: the claim was current.
+    fn answered(&self, sent: tokio::time::Instant) {
+        let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        *until = (*until).max(sent + self.lasts);
+    }
+
+    fn until(&self) -> tokio::time::Instant {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Drop for Lease {
@@ -226,13 +253,19 @@ impl Postgres {
             run_id: run_id.to_string(),
             token,
         };
-        let (store, renewing) = (self.clone(), id.clone());
+        let proof = Arc::new(Proof {
+            // Admission just claimed it.
+            until: std::sync::Mutex::new(tokio::time::Instant::now() + self.lease * 2 / 3),
+            lasts: self.lease * 2 / 3,
+        });
+        let (store, renewing, renewed) = (self.clone(), id.clone(), proof.clone());
         let renewals = tokio::spawn(async move {
             let every = store.lease / 3;
             loop {
                 tokio::time::sleep(every).await;
+                let sent = tokio::time::Instant::now();
                 match store.renew(&renewing).await {
-                    Ok(true) => {}
+                    Ok(true) => renewed.answered(sent),
                     Ok(false) => {
                         tracing::warn!(run_id = %renewing.run_id, "the run's lease was taken over or expired; its next call is refused");
                         return;
@@ -245,6 +278,7 @@ impl Postgres {
             store: self.clone(),
             id,
             renewals,
+            proof,
         }
     }
 }
@@ -264,6 +298,7 @@ impl Lease {
         mutating: bool,
         budgets: &Budgets,
     ) -> Result<(), (DenyReason, String)> {
+        let sent = tokio::time::Instant::now();
         let answer = self
             .store
             .fence(
@@ -286,11 +321,36 @@ impl Lease {
         };
         let detail = detail.unwrap_or_default();
         match verdict.as_str() {
-            "ok" => Ok(()),
+            "ok" => {
+                self.proof.answered(sent);
+                Ok(())
+            }
             "kill_switch" => Err((DenyReason::KillSwitch, detail)),
             "fleet_budget" => Err((DenyReason::FleetBudget, detail)),
             _ => Err((DenyReason::LeaseLost, detail)),
         }
+    }
+
+    /// Just before a call is sent, after its intent line is on disk: the
+    /// claim is still proven by the last fence or renewal. A sync that
+    /// stalled past the proof (a sick disk, a paused process) while the
+    /// database could not be reached means another replica may hold the
+    /// host by now: the call is not sent. A refusal is the gate's.
+    pub fn still_proven(&self) -> Result<(), (DenyReason, String)> {
+        let until = self.proof.until();
+        let now = tokio::time::Instant::now();
+        if now < until {
+            return Ok(());
+        }
+        Err((
+            DenyReason::LeaseLost,
+            format!(
+                "the lease (token {}) was last proven {} ago, longer than two thirds of a {} lease, and another replica may hold the host by now; the call was not sent",
+                self.id.token,
+                humantime::format_duration(round_ms(now - until + self.proof.lasts)),
+                humantime::format_duration(self.store.lease),
+            ),
+        ))
     }
 
     /// The run ended: record its verdict and free the claim. The database
@@ -308,4 +368,9 @@ impl Lease {
             }
         }
     }
+}
+
+/// A duration to the millisecond, for a message.
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
 }

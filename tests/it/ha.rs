@@ -1192,26 +1192,36 @@ fn two_clustered_alertmanagers_routing_to_three_replicas_start_one_run() {
 struct Netns {
     name: String,
     veth: String,
+    /// The third octet of its subnet, 10.238.N.0/24 (N.1 outside, N.2 inside).
+    net: u8,
 }
 
 impl Netns {
-    fn new() -> Netns {
+    /// Namespace `net`: tests that run at once take different ones.
+    fn new(net: u8) -> Netns {
         let n = Netns {
-            name: "rw-ha-cut".into(),
-            veth: "rwhcut".into(),
+            name: format!("rw-ha-cut{net}"),
+            veth: format!("rwhcut{net}"),
+            net,
         };
+        let (outside, inside) = (n.outside(), format!("10.238.{net}.2/24"));
         n.remove();
         let ip = |args: &[&str]| sh("/usr/sbin/ip", args);
         ip(&["netns", "add", &n.name]);
         ip(&[
             "link", "add", &n.veth, "type", "veth", "peer", "name", "eth0", "netns", &n.name,
         ]);
-        ip(&["addr", "add", "10.238.1.1/24", "dev", &n.veth]);
+        ip(&["addr", "add", &format!("{outside}/24"), "dev", &n.veth]);
         ip(&["link", "set", &n.veth, "up"]);
-        ip(&["-n", &n.name, "addr", "add", "10.238.1.2/24", "dev", "eth0"]);
+        ip(&["-n", &n.name, "addr", "add", &inside, "dev", "eth0"]);
         ip(&["-n", &n.name, "link", "set", "eth0", "up"]);
         ip(&["-n", &n.name, "link", "set", "lo", "up"]);
         n
+    }
+
+    /// The address of the outside end (where PostgreSQL is reached).
+    fn outside(&self) -> String {
+        format!("10.238.{}.1", self.net)
     }
 
     fn link(&self, up: bool) {
@@ -1222,7 +1232,13 @@ impl Netns {
         if up {
             sh(
                 "/usr/sbin/ip",
-                &["addr", "replace", "10.238.1.1/24", "dev", &self.veth],
+                &[
+                    "addr",
+                    "replace",
+                    &format!("{}/24", self.outside()),
+                    "dev",
+                    &self.veth,
+                ],
             );
         }
     }
@@ -1279,77 +1295,100 @@ impl Drop for Netns {
     }
 }
 
-#[test]
-fn a_replica_cut_off_from_postgres_makes_no_call_past_its_lease_answers_503_and_recovers() {
-    let pg = Pg::start();
-    let ns = Netns::new();
-    pg.allow_network("10.238.1.0/24");
-    let site = Site::new();
-    // `ps` on the host records when each call ran, by the host's clock.
-    let calls = site.dir.path().join("ps-calls");
-    let ps = site.dir.path().join("recording-ps");
-    std::fs::write(
-        &ps,
-        format!(
-            "#!/bin/sh\ndate +%s.%N >> {}\nsleep 0.3\nexec /bin/ps \"$@\"\n",
-            calls.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&ps, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let setup = |e: &Estate| {
-        for h in ["h1", "h2"] {
-            e.host(
-                h,
-                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
-            );
+/// Two replicas, a in a network namespace whose link to PostgreSQL can be
+/// cut, b outside; hosts h1 and h2 whose `ps` records, by the host's clock,
+/// when each call ran; and replica a running `rot` (30 slow calls) on h1,
+/// past its rotation.
+struct CutOff {
+    fleet: Vec<Replica>,
+    ns: Netns,
+    /// Replica a's address, inside the namespace.
+    addr: String,
+    site: Site,
+    /// When each `ps` ran, by the host's clock.
+    calls: std::path::PathBuf,
+    _pg: Pg,
+}
+
+impl CutOff {
+    fn start(net: u8) -> CutOff {
+        let pg = Pg::start();
+        let ns = Netns::new(net);
+        pg.allow_network(&format!("10.238.{net}.0/24"));
+        let site = Site::new();
+        let calls = site.dir.path().join("ps-calls");
+        let ps = site.dir.path().join("recording-ps");
+        std::fs::write(
+            &ps,
+            format!(
+                "#!/bin/sh\ndate +%s.%N >> {}\nsleep 0.3\nexec /bin/ps \"$@\"\n",
+                calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&ps, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let setup = |e: &Estate| {
+            for h in ["h1", "h2"] {
+                e.host(
+                    h,
+                    &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+                );
+            }
+            e.runbook("rot", &rot_runbook(&site, "h1, h2", 30));
+        };
+        let mut fleet = fleet(&pg, 2, SHORT, "", &setup);
+        // Replica a again, inside the namespace, reaching PostgreSQL over the veth.
+        fleet[0].d = None;
+        write_secret(
+            &fleet[0].e.path().join("pg-url"),
+            &pg.url_via(&ns.outside()),
+        );
+        let mut cmd = Command::new("/usr/sbin/ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &ns.name,
+            bin(),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(fleet[0].e.path());
+        let (child, addr) = start_serve(cmd);
+        fleet[0].d = Some(Proc(child));
+        wait_for(
+            "replica a to reach the database",
+            Duration::from_secs(10),
+            || (ns.http(&addr, "GET", "/healthz", "").0 == 200).then_some(()),
+        );
+        let (status, body) = ns.http(
+            &addr,
+            "POST",
+            "/api/v1/runs",
+            r#"{"runbook": "rot", "hosts": ["h1"]}"#,
+        );
+        assert_eq!(status, 202, "{body}");
+        wait_for("the rotation", Duration::from_secs(10), || {
+            (site.rotations("h1").len() == 1).then_some(())
+        });
+        CutOff {
+            fleet,
+            ns,
+            addr,
+            site,
+            calls,
+            _pg: pg,
         }
-        e.runbook("rot", &rot_runbook(&site, "h1, h2", 30));
-    };
-    let mut fleet = fleet(&pg, 2, SHORT, "", &setup);
-    // Replica a again, inside the namespace, reaching PostgreSQL over the veth.
-    fleet[0].d = None;
-    write_secret(&fleet[0].e.path().join("pg-url"), &pg.url_via("10.238.1.1"));
-    let mut cmd = Command::new("/usr/sbin/ip");
-    cmd.args([
-        "netns",
-        "exec",
-        &ns.name,
-        bin(),
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-    ])
-    .arg(fleet[0].e.path());
-    let (child, addr) = start_serve(cmd);
-    fleet[0].d = Some(Proc(child));
-    let a = &fleet[0];
-    wait_for(
-        "replica a to reach the database",
-        Duration::from_secs(10),
-        || (ns.http(&addr, "GET", "/healthz", "").0 == 200).then_some(()),
-    );
-    let (status, body) = ns.http(
-        &addr,
-        "POST",
-        "/api/v1/runs",
-        r#"{"runbook": "rot", "hosts": ["h1"]}"#,
-    );
-    assert_eq!(status, 202, "{body}");
-    wait_for("the rotation", Duration::from_secs(10), || {
-        (site.rotations("h1").len() == 1).then_some(())
-    });
-    ns.link(false);
-    let cut = jiff::Timestamp::now();
-    // No call after the lease (3 s) could have expired, by the host's own clock.
-    let v = wait_for("replica a's verdict", Duration::from_secs(15), || {
-        a.verdicts().into_iter().next()
-    });
-    assert_eq!(v["outcome"], "interrupted", "{v:#}");
+    }
+}
+
+/// No call on the hosts ran (by the host's own clock, `CutOff::calls`)
+/// after the 3 s lease could have expired, counted from the `cut`.
+fn no_call_after_the_lease(calls: &std::path::Path, cut: jiff::Timestamp) {
     let lease_end = cut.as_nanosecond() as f64 / 1e9 + 3.0;
-    let ran: Vec<f64> = std::fs::read_to_string(&calls)
-        .unwrap()
+    let ran: Vec<f64> = std::fs::read_to_string(calls)
+        .unwrap_or_default()
         .lines()
         .map(|l| l.trim().parse().unwrap())
         .collect();
@@ -1357,6 +1396,134 @@ fn a_replica_cut_off_from_postgres_makes_no_call_past_its_lease_answers_503_and_
         ran.iter().all(|t| *t < lease_end),
         "a call at {ran:?}, the lease ended by {lease_end}"
     );
+}
+
+/// A replica's disk made slow to sync: `strace` holds each fdatasync of
+/// the daemon on entry (a test double for a stalling disk, which cannot be
+/// made here on demand; the daemon and its syscalls are the real ones).
+struct StalledDisk {
+    strace: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl StalledDisk {
+    fn hold(r: &Replica, each: Duration, site: &Site) -> StalledDisk {
+        let pid = r.d.as_ref().unwrap().0.id();
+        let log = site.dir.path().join(format!("strace-{}.log", r.name));
+        let strace = Command::new("/usr/bin/strace")
+            .args(["-f", "-qq", "-e", "trace=fdatasync", "-e"])
+            .arg(format!(
+                "inject=fdatasync:delay_enter={}ms",
+                each.as_millis()
+            ))
+            .arg("-o")
+            .arg(&log)
+            .args(["-p", &pid.to_string()])
+            .spawn()
+            .unwrap();
+        StalledDisk { strace, log }
+    }
+
+    /// Let go; it held at least one sync.
+    fn release(mut self) {
+        let _ = self.strace.kill();
+        let _ = self.strace.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert!(log.contains("(DELAYED)"), "no sync was held: {log}");
+    }
+}
+
+#[test]
+fn a_stalled_disk_with_the_database_reachable_slows_calls_but_refuses_none() {
+    let CutOff {
+        fleet,
+        site,
+        ns: _ns,
+        _pg,
+        ..
+    } = CutOff::start(3);
+    let a = &fleet[0];
+    // Each sync held for longer than the lease: the renewals, which need no
+    // disk, keep proving it while the intent lines wait.
+    let stall = StalledDisk::hold(a, Duration::from_secs(4), &site);
+    std::thread::sleep(Duration::from_secs(9));
+    stall.release();
+    let v = wait_for("replica a's verdict", Duration::from_secs(30), || {
+        a.verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "ok", "{v:#}");
+    assert!(a.e.audit_phase("denied").is_empty());
+    let results = a.e.audit_phase("result");
+    assert_eq!(results.len(), 32, "every step ran");
+    assert!(
+        results.iter().all(|l| l["outcome"] != "error"),
+        "{results:#?}"
+    );
+}
+
+#[test]
+fn a_call_whose_intent_line_outlasts_the_proof_of_its_lease_is_not_sent() {
+    let CutOff {
+        fleet,
+        ns,
+        site,
+        calls,
+        _pg,
+        ..
+    } = CutOff::start(2);
+    let a = &fleet[0];
+    // A disk that stalls: every fdatasync of replica a is held 5 s, longer
+    // than its 3 s lease. Its calls now spend their time in the intent
+    // line's sync, after the fence answered and before dispatch.
+    let stall = StalledDisk::hold(a, Duration::from_secs(5), &site);
+    // A call is 0.3 s outside the sync: a second on, a is held in one.
+    std::thread::sleep(Duration::from_secs(1));
+    ns.link(false);
+    let cut = jiff::Timestamp::now();
+    let v = wait_for("replica a's verdict", Duration::from_secs(30), || {
+        a.verdicts().into_iter().next()
+    });
+    stall.release();
+    assert_eq!(v["outcome"], "interrupted", "{v:#}");
+    // Though the run's last fence answered before the cut.
+    no_call_after_the_lease(&calls, cut);
+    // The intent line is closed by a result that says the call was not
+    // sent, and the gate's refusal says why.
+    let unsent: Vec<Value> =
+        a.e.audit_phase("result")
+            .into_iter()
+            .filter(|l| {
+                l["detail"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("not dispatched"))
+            })
+            .collect();
+    assert_eq!(unsent.len(), 1, "{unsent:#?}");
+    let denied = a.e.audit_phase("denied");
+    assert_eq!(denied[0]["detail"]["reason"], "lease_lost", "{denied:#?}");
+    assert_eq!(denied[0]["step"], unsent[0]["step"]);
+    assert_eq!(site.rotations("h1").len(), 1);
+}
+
+#[test]
+fn a_replica_cut_off_from_postgres_makes_no_call_past_its_lease_answers_503_and_recovers() {
+    let CutOff {
+        fleet,
+        ns,
+        addr,
+        site,
+        calls,
+        _pg,
+    } = CutOff::start(1);
+    let a = &fleet[0];
+    ns.link(false);
+    let cut = jiff::Timestamp::now();
+    // No call after the lease (3 s) could have expired, by the host's own clock.
+    let v = wait_for("replica a's verdict", Duration::from_secs(15), || {
+        a.verdicts().into_iter().next()
+    });
+    assert_eq!(v["outcome"], "interrupted", "{v:#}");
+    no_call_after_the_lease(&calls, cut);
     assert_eq!(
         a.e.audit_phase("denied")[0]["detail"]["reason"],
         "lease_lost"
