@@ -473,6 +473,21 @@ impl Gate {
             .map_err(|(reason, detail)| deny(reason, detail))
     }
 
+    /// The last look before a permitted call goes out, once its intent
+    /// line is on disk (which a stalled disk can make take seconds): the
+    /// kill switch wins over everything, a permit granted before it was
+    /// engaged included.
+    pub fn last_look(&self, step: u32, tool: ToolId) -> Result<(), Denial> {
+        self.killswitch
+            .check(&self.runbook.name)
+            .map_err(|engaged| Denial {
+                step,
+                reason: DenyReason::KillSwitch,
+                detail: engaged.to_string(),
+                tool: Some(tool),
+            })
+    }
+
     /// A person approved a held call: the kill switch and the budget are
     /// checked again (time has passed), then the call is permitted.
     pub fn approved(&mut self, hold: Hold, by: String) -> Result<Permit, Denial> {

@@ -361,17 +361,20 @@ impl RunLoop<'_> {
                 return;
             }
         };
-        // The intent line may have taken long (a stalled disk): a call goes
-        // out only while the fence's proof of the lease still holds.
-        if let Some(lease) = self.lease
-            && let Err((reason, detail)) = lease.still_proven()
-        {
-            let denial = Denial {
-                step: ticket.step(),
+        // Writing the intent line can take long (a stalled disk): the call
+        // goes out only if the kill switch is still off and, with shared
+        // state, the last fence or renewal still proves the lease.
+        let (step, tool_id) = (ticket.step(), ticket.permit().action().tool());
+        let late = s.gate.last_look(step, tool_id).err().or_else(|| {
+            let (reason, detail) = self.lease?.still_proven().err()?;
+            Some(Denial {
+                step,
                 reason,
                 detail,
-                tool: Some(ticket.permit().action().tool()),
-            };
+                tool: Some(tool_id),
+            })
+        });
+        if let Some(denial) = late {
             let unsent = ToolResult::failed(format!("not dispatched: {}", denial.detail));
             if let Err(err) = self
                 .runner

@@ -291,6 +291,65 @@ fn kill_switch_engaged_during_a_run_stops_it_before_the_next_call() {
 }
 
 #[test]
+fn kill_switch_engaged_while_an_intent_line_syncs_stops_that_call_before_dispatch() {
+    let e = Estate::new();
+    let ran = e.work().join("ps-ran");
+    let ps = e.script(
+        "recording-ps",
+        &format!(
+            "date +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'",
+            ran.display()
+        ),
+    );
+    e.host(
+        "h",
+        &local_host("h", &format!("binaries: {{ ps: {} }}", ps.display())),
+    );
+    let mut rb = "name: many\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n".to_string();
+    for _ in 0..20 {
+        rb += "  - call: list_processes\n";
+    }
+    e.runbook("many", &rb);
+    let child = e
+        .cmd(&["run", "many", "--host", "h", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A stalling disk: each sync held 2 s, so the run spends its time in
+    // intent lines' syncs, after the gate's check and before dispatch.
+    let stall = StalledDisk::hold(
+        child.id(),
+        Duration::from_secs(2),
+        &e.work().join("strace.log"),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::write(e.path().join("kill-switch/ENGAGED"), "").unwrap();
+    let engaged = jiff::Timestamp::now().as_nanosecond() as f64 / 1e9;
+    let out = child.wait_with_output().unwrap();
+    stall.release();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "halted", "{report:#}");
+    no_call_after(&ran, engaged, "the switch engaged");
+    // The held intent is closed: not dispatched, refused by the kill switch.
+    let last_intent = e.audit_phase("intent").last().cloned().unwrap();
+    let closing: Vec<Value> = e
+        .audit_phase("result")
+        .into_iter()
+        .filter(|l| l["step"] == last_intent["step"])
+        .collect();
+    assert_eq!(closing.len(), 1, "{closing:#?}");
+    assert!(
+        closing[0]["detail"]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("not dispatched")),
+        "{closing:#?}"
+    );
+    let denied = e.audit_phase("denied");
+    assert_eq!(denied[0]["step"], last_intent["step"], "{denied:#?}");
+    assert_eq!(denied[0]["detail"]["reason"], "kill_switch");
+}
+
+#[test]
 fn unwritable_audit_log_means_no_call_runs() {
     let e = Estate::new();
     let (conf, state) = rotatable_log(&e);

@@ -1387,50 +1387,7 @@ impl CutOff {
 /// after the 3 s lease could have expired, counted from the `cut`.
 fn no_call_after_the_lease(calls: &std::path::Path, cut: jiff::Timestamp) {
     let lease_end = cut.as_nanosecond() as f64 / 1e9 + 3.0;
-    let ran: Vec<f64> = std::fs::read_to_string(calls)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
-    assert!(
-        ran.iter().all(|t| *t < lease_end),
-        "a call at {ran:?}, the lease ended by {lease_end}"
-    );
-}
-
-/// A replica's disk made slow to sync: `strace` holds each fdatasync of
-/// the daemon on entry (a test double for a stalling disk, which cannot be
-/// made here on demand; the daemon and its syscalls are the real ones).
-struct StalledDisk {
-    strace: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl StalledDisk {
-    fn hold(r: &Replica, each: Duration, site: &Site) -> StalledDisk {
-        let pid = r.d.as_ref().unwrap().0.id();
-        let log = site.dir.path().join(format!("strace-{}.log", r.name));
-        let strace = Command::new("/usr/bin/strace")
-            .args(["-f", "-qq", "-e", "trace=fdatasync", "-e"])
-            .arg(format!(
-                "inject=fdatasync:delay_enter={}ms",
-                each.as_millis()
-            ))
-            .arg("-o")
-            .arg(&log)
-            .args(["-p", &pid.to_string()])
-            .spawn()
-            .unwrap();
-        StalledDisk { strace, log }
-    }
-
-    /// Let go; it held at least one sync.
-    fn release(mut self) {
-        let _ = self.strace.kill();
-        let _ = self.strace.wait();
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        assert!(log.contains("(DELAYED)"), "no sync was held: {log}");
-    }
+    no_call_after(calls, lease_end, "the lease ended");
 }
 
 #[test]
@@ -1445,7 +1402,11 @@ fn a_stalled_disk_with_the_database_reachable_slows_calls_but_refuses_none() {
     let a = &fleet[0];
     // Each sync held for longer than the lease: the renewals, which need no
     // disk, keep proving it while the intent lines wait.
-    let stall = StalledDisk::hold(a, Duration::from_secs(4), &site);
+    let stall = StalledDisk::hold(
+        a.pid().as_raw() as u32,
+        Duration::from_secs(4),
+        &site.dir.path().join("strace.log"),
+    );
     std::thread::sleep(Duration::from_secs(9));
     stall.release();
     let v = wait_for("replica a's verdict", Duration::from_secs(30), || {
@@ -1475,7 +1436,11 @@ fn a_call_whose_intent_line_outlasts_the_proof_of_its_lease_is_not_sent() {
     // A disk that stalls: every fdatasync of replica a is held 5 s, longer
     // than its 3 s lease. Its calls now spend their time in the intent
     // line's sync, after the fence answered and before dispatch.
-    let stall = StalledDisk::hold(a, Duration::from_secs(5), &site);
+    let stall = StalledDisk::hold(
+        a.pid().as_raw() as u32,
+        Duration::from_secs(5),
+        &site.dir.path().join("strace.log"),
+    );
     // A call is 0.3 s outside the sync: a second on, a is held in one.
     std::thread::sleep(Duration::from_secs(1));
     ns.link(false);

@@ -443,3 +443,55 @@ pub fn keygen(path: &Path) {
         ],
     );
 }
+
+/// A disk made slow to sync for one process: `strace` holds each of its
+/// fdatasync calls on entry. A test double for a stalling disk, which
+/// cannot be made here on demand; the process and its syscalls are real.
+pub struct StalledDisk {
+    strace: std::process::Child,
+    log: PathBuf,
+}
+
+impl StalledDisk {
+    /// Hold every fdatasync of `pid` (all its threads) for `each`.
+    pub fn hold(pid: u32, each: std::time::Duration, log: &Path) -> StalledDisk {
+        let strace = Command::new("/usr/bin/strace")
+            .args(["-f", "-qq", "-e", "trace=fdatasync", "-e"])
+            .arg(format!(
+                "inject=fdatasync:delay_enter={}ms",
+                each.as_millis()
+            ))
+            .arg("-o")
+            .arg(log)
+            .args(["-p", &pid.to_string()])
+            .spawn()
+            .unwrap();
+        StalledDisk {
+            strace,
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// Let go; it held at least one sync.
+    pub fn release(mut self) {
+        let _ = self.strace.kill();
+        let _ = self.strace.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert!(log.contains("(DELAYED)"), "no sync was held: {log}");
+    }
+}
+
+/// No call ran at or after `limit` (seconds since the epoch), by the clock
+/// of the tool itself: `calls` holds one `date +%s.%N` line per run of a
+/// recording tool script.
+pub fn no_call_after(calls: &Path, limit: f64, what: &str) {
+    let ran: Vec<f64> = std::fs::read_to_string(calls)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(
+        ran.iter().all(|t| *t < limit),
+        "a call at {ran:?}, {what} at {limit}"
+    );
+}
