@@ -15,9 +15,11 @@
 //! as a metric label, never a panic. An allowed call is a [`Permit`], which
 //! only this module can make; the executor will not run anything without one.
 //! The audit intent line and the dispatch come after the gate, in
-//! [`crate::run`].
+//! [`crate::run`]; between them the kill switch gets a last look
+//! ([`Gate::last_look`]), since a stalled disk can hold an intent line for
+//! seconds.
 //!
-//! Why one file of about 740 lines: the gate's check reads top to bottom in
+//! Why one file of about 850 lines: the gate's check reads top to bottom in
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
 
