@@ -92,9 +92,10 @@ impl AuditTicket {
         &self.permit
     }
 
-    /// The ticket spent without a dispatch (the run's lease could not be
-    /// shown to be current once the intent line was on disk): its result
-    /// line says the call was not sent.
+    /// The ticket spent without a dispatch (once the intent line was on
+    /// disk, the kill switch was found engaged or the run's lease could no
+    /// longer be shown to be current): its result line says the call was
+    /// not sent.
     pub(crate) fn unsent(self) -> Dispatched {
         self.dispatched()
     }
