@@ -226,30 +226,7 @@ fn webhook_to_first_call() {
         .tempdir_in("/var/tmp")
         .unwrap();
     let root = dir.path();
-    let marks = root.join("marks");
-    let script = root.join("first-call");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
-            marks.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    write(root, "kill-switch/README", "");
-    let hosts: Vec<String> = (0..ALERTS).map(|i| format!("h{i:03}")).collect();
-    for h in &hosts {
-        write(
-            root,
-            &format!("hosts/{h}.yaml"),
-            &format!(
-                "name: {h}\nconnection: local\nbinaries: {{ ps: {} }}\n",
-                script.display()
-            ),
-        );
-    }
+    let (marks, hosts) = marking_hosts(root, ALERTS);
     write(
         root,
         "runbooks/first.yaml",
@@ -320,7 +297,7 @@ fn webhook_to_first_call() {
         "hooks.json",
         &format!(
             r#"[{{"id":"run","execute-command":"{}"}}]"#,
-            script.display()
+            root.join("first-call").display()
         ),
     );
     let mut hook = Command::new("/usr/bin/webhook")

@@ -43,40 +43,18 @@ fn estate(pg: Option<(&pg::Pg, &str)>, calls: usize) -> (tempfile::TempDir, Path
         .tempdir_in("/var/tmp")
         .unwrap();
     let root = dir.path();
-    let marks = root.join("marks");
-    let script = root.join("first-call");
-    write(
-        root,
-        "first-call",
-        &format!(
-            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
-            marks.display()
-        ),
-    );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    write(root, "kill-switch/README", "");
+    let (marks, hosts) = marking_hosts(root, HOSTS);
     let mut yaml = "audit_head: none\nmax_concurrent_runs: 8\n".to_string();
     if let Some((pg, replica)) = pg {
         let url = root.join("pg-url");
         std::fs::write(&url, pg.url()).unwrap();
-        std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         yaml += &format!(
             "replica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
         );
     }
     write(root, "runwarden.yaml", &yaml);
-    let hosts: Vec<String> = (0..HOSTS).map(|i| format!("h{i:03}")).collect();
-    for h in &hosts {
-        write(
-            root,
-            &format!("hosts/{h}.yaml"),
-            &format!(
-                "name: {h}\nconnection: local\nbinaries: {{ ps: {} }}\n",
-                script.display()
-            ),
-        );
-    }
     let steps = "  - call: list_processes\n".repeat(calls);
     write(
         root,

@@ -16,6 +16,38 @@ pub fn write(dir: &Path, rel: &str, text: &str) {
     std::fs::write(p, text).unwrap();
 }
 
+/// `n` local hosts `h000`, `h001`... in `root`, whose `ps` is the script
+/// `root/first-call`: it appends the time it ran to `root/marks` (so a bench
+/// sees a tool's first call). The kill switch directory too. The marks file
+/// and the host names.
+pub fn marking_hosts(root: &Path, n: usize) -> (std::path::PathBuf, Vec<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let marks = root.join("marks");
+    let script = root.join("first-call");
+    write(
+        root,
+        "first-call",
+        &format!(
+            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
+            marks.display()
+        ),
+    );
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write(root, "kill-switch/README", "");
+    let hosts: Vec<String> = (0..n).map(|i| format!("h{i:03}")).collect();
+    for h in &hosts {
+        write(
+            root,
+            &format!("hosts/{h}.yaml"),
+            &format!(
+                "name: {h}\nconnection: local\nbinaries: {{ ps: {} }}\n",
+                script.display()
+            ),
+        );
+    }
+    (marks, hosts)
+}
+
 pub struct Daemon {
     pub child: Child,
     pub addr: String,

@@ -253,10 +253,11 @@ impl Postgres {
             run_id: run_id.to_string(),
             token,
         };
+        let lasts = self.lease * 2 / 3;
         let proof = Arc::new(Proof {
             // Admission just claimed it.
-            until: std::sync::Mutex::new(tokio::time::Instant::now() + self.lease * 2 / 3),
-            lasts: self.lease * 2 / 3,
+            until: std::sync::Mutex::new(tokio::time::Instant::now() + lasts),
+            lasts,
         });
         let (store, renewing, renewed) = (self.clone(), id.clone(), proof.clone());
         let renewals = tokio::spawn(async move {
@@ -347,7 +348,9 @@ impl Lease {
             format!(
                 "the lease (token {}) was last proven {} ago, longer than two thirds of a {} lease, and another replica may hold the host by now; the call was not sent",
                 self.id.token,
-                humantime::format_duration(round_ms(now - until + self.proof.lasts)),
+                humantime::format_duration(Duration::from_millis(
+                    (now - until + self.proof.lasts).as_millis() as u64
+                )),
                 humantime::format_duration(self.store.lease),
             ),
         ))
@@ -368,9 +371,4 @@ impl Lease {
             }
         }
     }
-}
-
-/// A duration to the millisecond, for a message.
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
 }
