@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::gate::KillSwitch;
-use crate::http::{AppState, router};
+use crate::http::{AppState, WebhookToken, router};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 use crate::trigger::cron;
@@ -44,6 +44,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> anyhow::Result<()> {
+    // Resolved once: the watcher compares the paths inotify reports (real,
+    // absolute ones) with it, and a relative `--config .` must not miss them.
+    let opts = ServeOptions {
+        config_dir: std::fs::canonicalize(&opts.config_dir).unwrap_or(opts.config_dir),
+        ..opts
+    };
     let config = Arc::new(Config::load(&opts.config_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
     for w in config
         .serve_problems(opts.listen)
@@ -72,7 +78,10 @@ pub async fn serve(
     let (config_tx, config_rx) = watch::channel(config.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let token = Arc::new(std::sync::RwLock::new(token));
+    let token = Arc::new(std::sync::RwLock::new(match token {
+        Some(t) => WebhookToken::Bearer(t),
+        None => WebhookToken::None,
+    }));
     let approvals = match &config.settings.approvers_file {
         Some(f) => Some(Arc::new(
             crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)
@@ -322,43 +331,56 @@ async fn killswitch_worker(
 /// Reload on SIGHUP and when files under runbooks/ or hosts/ change. A valid
 /// config replaces the old one for the next run; an invalid one is rejected
 /// whole and the old one stays.
-/// The secrets `serve` holds that a SIGHUP re-reads.
+/// The secrets `serve` holds that a reload re-reads.
 struct Secrets {
-    token: Arc<std::sync::RwLock<Option<Vec<u8>>>>,
+    token: Arc<std::sync::RwLock<WebhookToken>>,
     approvals: Option<Arc<crate::gate::approvals::Approvals>>,
     /// Whether the daemon listens on loopback (where no token is allowed).
     loopback: bool,
 }
 
 impl Secrets {
-    /// Re-read the token and approvers files the new config names; on any
-    /// problem the old secret stays and the problem is logged by name.
-    fn reload(&self, config: &Config) {
-        match &config.settings.webhook_token_file {
+    /// Re-read the token and approvers files the new config names. A file
+    /// that cannot be accepted fails closed (no token is taken, nobody can
+    /// approve) rather than keeping an old secret its operator meant to
+    /// replace; each problem comes back by name, and the reload counts as
+    /// failed.
+    fn reload(&self, config: &Config) -> Vec<String> {
+        let mut problems = Vec::new();
+        let token = match &config.settings.webhook_token_file {
             Some(f) => match read_token(f) {
                 Ok(t) => {
-                    *self.token.write().unwrap_or_else(|p| p.into_inner()) = Some(t);
                     tracing::info!("webhook token re-read from {}", f.display());
+                    WebhookToken::Bearer(t)
                 }
-                Err(e) => tracing::error!("webhook token not reloaded, the old one stays: {e:#}"),
+                Err(e) => {
+                    problems.push(format!(
+                        "webhook token refused, no token is taken until it is fixed and runwarden reloads (the API answers 503): {e:#}"
+                    ));
+                    WebhookToken::Refused(format!("{e:#}"))
+                }
             },
-            None if self.loopback => {
-                *self.token.write().unwrap_or_else(|p| p.into_inner()) = None;
+            None if self.loopback => WebhookToken::None,
+            None => {
+                let why = "webhook_token_file was removed, but runwarden listens beyond loopback (restart to change `listen`)";
+                problems.push(format!("{why}; no token is taken until it is set again"));
+                WebhookToken::Refused(why.into())
             }
-            None => tracing::error!(
-                "webhook_token_file was removed, but runwarden listens beyond loopback: the old token stays (restart to change `listen`)"
-            ),
-        }
+        };
+        *self.token.write().unwrap_or_else(|p| p.into_inner()) = token;
         match (&self.approvals, &config.settings.approvers_file) {
             (Some(a), Some(f)) => match a.reload(f) {
                 Ok(n) => tracing::info!("approvers re-read from {}: {n} approver(s)", f.display()),
-                Err(e) => tracing::error!("approvers not reloaded, the old list stays: {e}"),
+                Err(e) => problems.push(format!(
+                    "approvers file refused, nobody can approve until it is fixed and runwarden reloads (systemctl reload runwarden): {e}"
+                )),
             },
             (None, Some(_)) | (Some(_), None) => tracing::warn!(
                 "approvers_file was added or removed: that takes a restart of runwarden serve"
             ),
             (None, None) => {}
         }
+        problems
     }
 }
 
@@ -384,7 +406,16 @@ async fn reload_worker(
         }
         let _ = w.watch(&dir, notify::RecursiveMode::NonRecursive);
     }
-    let mut in_force = fingerprint(&dir);
+    // Reading the files is blocking I/O: it never runs on a runtime worker.
+    let read = |dir: &PathBuf| {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || fingerprint(&dir))
+    };
+    let load = |dir: &PathBuf| {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || Config::load(&dir))
+    };
+    let mut in_force = read(&dir).await.unwrap_or_default();
     loop {
         let explicit = tokio::select! {
             _ = rx.recv() => {
@@ -401,21 +432,39 @@ async fn reload_worker(
             _ = hup.recv() => true,
             _ = stop.changed() => return,
         };
-        let now = fingerprint(&dir);
+        let now = read(&dir).await.unwrap_or_default();
         if !explicit && now == in_force {
             continue; // touched, not changed
         }
-        match Config::load(&dir) {
+        let loaded = match load(&dir).await {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::error!("configuration not reloaded: the loader failed: {e}");
+                continue;
+            }
+        };
+        match loaded {
             Ok(new) => {
                 in_force = now;
-                secrets.reload(&new);
+                let problems = secrets.reload(&new);
                 metrics.init_series(&new);
                 needs_restart(&config.borrow().settings, &new.settings);
                 config.send_replace(Arc::new(new));
-                metrics.config_reloads.with_label_values(&["success"]).inc();
-                metrics.config_last_reload_successful.set(1);
                 let why = if explicit { "SIGHUP" } else { "a file changed" };
-                tracing::info!("configuration reloaded from {} ({why})", dir.display());
+                if problems.is_empty() {
+                    metrics.config_reloads.with_label_values(&["success"]).inc();
+                    metrics.config_last_reload_successful.set(1);
+                    tracing::info!("configuration reloaded from {} ({why})", dir.display());
+                } else {
+                    metrics.config_reloads.with_label_values(&["failure"]).inc();
+                    metrics.config_last_reload_successful.set(0);
+                    for p in problems {
+                        tracing::error!(
+                            "configuration reloaded from {} ({why}), but {p}",
+                            dir.display()
+                        );
+                    }
+                }
             }
             Err(e) => {
                 // Not again until the files change once more.
@@ -468,9 +517,15 @@ fn fingerprint(dir: &Path) -> String {
     for f in files {
         h.update(f.as_os_str().as_encoded_bytes());
         h.update([0]);
-        if let Ok(bytes) = std::fs::read(&f) {
-            h.update((bytes.len() as u64).to_le_bytes());
-            h.update(&bytes);
+        // Never blocks on a FIFO or a device: what is not a regular file
+        // is hashed as its name alone, and the loader refuses it by name.
+        let mut bytes = Vec::new();
+        if let Ok(file) = crate::files::open_regular(&f, true) {
+            use std::io::Read;
+            if file.take(8 << 20).read_to_end(&mut bytes).is_ok() {
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(&bytes);
+            }
         }
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()

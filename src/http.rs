@@ -53,8 +53,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The audit log the runs API reads.
     pub audit: Arc<AuditLog>,
-    /// The bearer token the API requires, if one is configured (re-read on SIGHUP).
-    pub token: Arc<std::sync::RwLock<Option<Vec<u8>>>>,
+    /// The bearer token the API requires (re-read on SIGHUP).
+    pub token: Arc<std::sync::RwLock<WebhookToken>>,
 }
 
 /// Connections served at once; more wait in the kernel's backlog.
@@ -152,6 +152,20 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The webhook token in force.
+#[derive(Debug, Clone)]
+pub enum WebhookToken {
+    /// None configured: loopback only.
+    None,
+    /// Requests must carry it as `Authorization: Bearer`.
+    Bearer(Vec<u8>),
+    /// The token file was refused at the last reload (why): no token is
+    /// taken, old or new, until it is fixed. Every `/api/` request but an
+    /// approval is answered 503, which Alertmanager retries, so no
+    /// notification is lost meanwhile.
+    Refused(String),
+}
+
 /// What every `/api/` request must satisfy before its handler sees it.
 async fn guard(
     State(s): State<AppState>,
@@ -172,7 +186,19 @@ async fn guard(
             "requests from a web page are refused: call the API from Alertmanager, curl or the runwarden CLI",
         );
     }
-    let token = s.token.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let token = match s.token.read().unwrap_or_else(|p| p.into_inner()).clone() {
+        WebhookToken::None => None,
+        WebhookToken::Bearer(t) => Some(t),
+        WebhookToken::Refused(why) if !req.uri().path().starts_with("/api/v1/approvals") => {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the webhook token file was refused at the last reload ({why}); no token is taken until it is fixed and runwarden reloads"
+                ),
+            );
+        }
+        WebhookToken::Refused(_) => None,
+    };
     if token.is_none() {
         let host = headers
             .get(header::HOST)
@@ -635,6 +661,12 @@ fn approver_token(
             "approvals are not configured: set approvers_file in runwarden.yaml",
         ));
     };
+    if approvals.refused() {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the approvers file was refused at the last reload: nobody can approve until it is fixed and runwarden reloads",
+        ));
+    }
     let token = bearer(headers).map(|t| t.as_bytes().to_vec()).ok_or((
         StatusCode::UNAUTHORIZED,
         "missing `Authorization: Bearer` header with an approver token",

@@ -30,7 +30,10 @@
 //!   ([`executor::process`] spawns argv safely), on a host over SSH
 //!   ([`executor::ssh`]), or through this machine's own root agent on a unix
 //!   socket ([`executor::socket`], the privileged path of an unprivileged
-//!   daemon); [`executor::agent`] is the host's side of the last two.
+//!   daemon).
+//! - [`agent`]: the host's side of the last two, the last line of defence:
+//!   its own policy check, its own permit type, a permit spent once across
+//!   every agent process, its own audit log.
 //! - [`planner`]: picks the next call (the runbook's steps, or a model toward
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
@@ -50,19 +53,22 @@
 //! [`executor::Executor::dispatch`] consumes in turn, so no call runs without
 //! its intent line, nor twice on one; the result line takes what dispatch
 //! returns. Audit lines come only from the audit module's typed
-//! constructors, and the host agent mints its own permit
-//! ([`gate::host::check`]) and takes the same path. Spawning a process is
+//! constructors. The host agent mints a permit of its own type, which only
+//! its own dispatch takes (`tests/compile-fail/host_permit_outside.rs`), and
+//! takes the same intent-then-dispatch path ([`audit::Permitted`] is sealed). Spawning a process is
 //! crate-private.
 
 #![warn(missing_docs)]
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod agent;
 pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod executor;
+pub mod files;
 pub mod gate;
 pub mod http;
 pub mod install;

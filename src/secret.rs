@@ -14,7 +14,7 @@ pub const REDACTED: &str = "[redacted]";
 
 /// Read a secret file, refusing one that its group or others can read or write.
 pub fn read_file(path: &Path, what: &str) -> Result<String, String> {
-    let file = std::fs::File::open(path)
+    let file = crate::files::open_regular(path, true)
         .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
     let meta = file
         .metadata()

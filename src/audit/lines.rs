@@ -72,23 +72,56 @@ impl RunInfo {
     }
 }
 
-/// A permitted call whose intent line is on disk: the one value the
-/// executor dispatches. Only [`AuditLog::intent`] makes one, from the
-/// [`Permit`] it consumes, and dispatch consumes it in turn, so a call
-/// cannot run without its line, nor twice on one line.
-#[derive(Debug)]
-pub struct AuditTicket {
-    permit: Permit,
+/// A call some check allowed: what an intent line records and a ticket
+/// carries. Sealed: the runner's [`Permit`] (only its gate makes one) and
+/// the host agent's own permit (only the agent's policy check makes one)
+/// are the only kinds, and neither can stand in for the other.
+pub trait Permitted: permitted::Sealed {
+    /// The step it was checked for.
+    fn step(&self) -> u32;
+    /// The call it allows, resolved against the host.
+    fn action(&self) -> &Action;
+    /// Who allowed it.
+    fn approved_by(&self) -> &ApprovedBy;
 }
 
-impl AuditTicket {
+/// The seal of [`Permitted`]: implemented only inside this crate.
+pub(crate) mod permitted {
+    /// Only the crate's permit types carry it.
+    pub trait Sealed {}
+}
+
+impl Permitted for Permit {
+    fn step(&self) -> u32 {
+        Permit::step(self)
+    }
+    fn action(&self) -> &Action {
+        Permit::action(self)
+    }
+    fn approved_by(&self) -> &ApprovedBy {
+        Permit::approved_by(self)
+    }
+}
+impl permitted::Sealed for Permit {}
+
+/// A permitted call whose intent line is on disk: the one value a dispatch
+/// takes. Only [`AuditLog::intent`] makes one, from the permit it consumes,
+/// and dispatch consumes it in turn, so a call cannot run without its line,
+/// nor twice on one line. The runner's executor takes a ticket for the
+/// runner's [`Permit`] only.
+#[derive(Debug)]
+pub struct AuditTicket<P: Permitted = Permit> {
+    permit: P,
+}
+
+impl<P: Permitted> AuditTicket<P> {
     /// The step the call is.
     pub fn step(&self) -> u32 {
         self.permit.step()
     }
 
     /// The call it allows.
-    pub fn permit(&self) -> &Permit {
+    pub fn permit(&self) -> &P {
         &self.permit
     }
 
@@ -144,39 +177,6 @@ pub struct RunEnd {
     pub suggestions: Vec<String>,
 }
 
-/// Why the host agent refused a request, as its audit line names it
-/// (`detail.reason`). A permit that fails or comes back a second time is
-/// worth a look of its own: the runner never sends either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostRefusal {
-    /// The host's own policy refused the call: no such tool, or arguments
-    /// its allowlists do not allow.
-    HostPolicy,
-    /// A tier-2 call without a permit this host accepts: none, signed by
-    /// another key, for another call, expired, or the policy takes none.
-    PermitInvalid,
-    /// The permit was already spent on an earlier call.
-    PermitReused,
-    /// The host's audit log could not be read to tell whether the permit
-    /// was spent, so it is not taken.
-    AuditUnreadable,
-    /// The line was not a request at all.
-    MalformedRequest,
-}
-
-impl HostRefusal {
-    /// The reason as the audit line spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostRefusal::HostPolicy => "host_policy",
-            HostRefusal::PermitInvalid => "permit_invalid",
-            HostRefusal::PermitReused => "permit_reused",
-            HostRefusal::AuditUnreadable => "audit_unreadable",
-            HostRefusal::MalformedRequest => "malformed_request",
-        }
-    }
-}
-
 impl AuditLog {
     /// Accepted triggers, one write and one fsync for all of them.
     pub fn queued(&self, runs: &[Queued<'_>]) -> Result<(), AuditError> {
@@ -214,7 +214,11 @@ impl AuditLog {
 
     /// Write and sync the intent of a permitted call; the ticket lets the
     /// executor run it, once. The permit is spent either way.
-    pub fn intent(&self, run: &RunInfo, permit: Permit) -> Result<AuditTicket, AuditError> {
+    pub fn intent<P: Permitted>(
+        &self,
+        run: &RunInfo,
+        permit: P,
+    ) -> Result<AuditTicket<P>, AuditError> {
         let mut e = run.call(Phase::Intent, permit.step(), permit.action());
         e.approved_by = Some(permit.approved_by().to_string());
         self.append(e, true)?;
@@ -262,13 +266,13 @@ impl AuditLog {
         run: &RunInfo,
         step: Option<u32>,
         tool: Option<&str>,
-        why: HostRefusal,
+        reason: &str,
         message: &str,
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Denied, step);
         e.tool = tool.map(|t| t.chars().take(64).collect());
         e.outcome = Some("denied".into());
-        e.detail = Some(json!({ "reason": why.as_str(), "message": message }));
+        e.detail = Some(json!({ "reason": reason, "message": message }));
         self.append(e, true)
     }
 

@@ -171,6 +171,13 @@ pub enum Command {
         /// The host's own append-only audit log.
         #[arg(long, default_value = "/var/lib/runwarden/agent-audit.jsonl")]
         audit: PathBuf,
+        /// How long a connection may take to send its first request line.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        request_timeout: std::time::Duration,
+        /// How long a connection may stay silent after a reply (default: no
+        /// limit, for SSH sessions that stay open for a whole run).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        idle_timeout: Option<std::time::Duration>,
     },
     /// Named hosts: `check` connects, verifies the host key, and compares the host's policy with the host file.
     Host {

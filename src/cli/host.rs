@@ -22,21 +22,14 @@ fn host_named<'a>(
 }
 
 pub(super) async fn host_check(name: &str, dir: &Path) -> Exit {
-    use crate::executor::agent::{AgentRequest, HELLO, allowlists, policy_digest};
+    use crate::agent::{allowlists, policy_digest, wire::Request};
     let cfg = load(dir)?;
     let host = host_named(&cfg, name)?;
     let Connection::Ssh(ssh) = &host.connection else {
         println!("host {name} is local: nothing to check");
         return Ok(0);
     };
-    let request = AgentRequest {
-        run_id: "host-check".into(),
-        step: 0,
-        runbook: String::new(),
-        tool: HELLO.into(),
-        args: Value::Null,
-        permit: None,
-    };
+    let request = Request::Hello;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
     let mut once = ssh.clone();
     once.multiplex = false;
@@ -104,13 +97,18 @@ pub(super) fn install_print(host: &str, dir: &Path) -> Exit {
 
 /// The agent answers on stdout, in its protocol, even when it cannot start:
 /// the runner reads a refusal there (its codes are results, not failures).
-pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> Exit {
+pub(super) async fn agent(
+    stdio: bool,
+    policy: &Path,
+    audit_file: &Path,
+    timeouts: crate::agent::Timeouts,
+) -> Exit {
     if !stdio {
         return Err(Failed::usage(
             "the agent only speaks on stdio: `runwarden agent --stdio` (as an authorized_keys forced command)",
         ));
     }
-    let policy = match crate::executor::agent::load_policy(policy) {
+    let policy = match crate::agent::load_policy(policy) {
         Ok(p) => p,
         Err(e) => {
             println!(
@@ -130,5 +128,5 @@ pub(super) async fn agent(stdio: bool, policy: &Path, audit_file: &Path) -> Exit
             return Ok(Verdict::Broken.exit_code());
         }
     };
-    Ok(crate::executor::agent::serve_stdio(&policy, &log).await)
+    Ok(crate::agent::serve_stdio(&policy, &log, timeouts).await)
 }

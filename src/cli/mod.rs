@@ -206,7 +206,15 @@ async fn dispatch(cli: Cli) -> Exit {
             stdio,
             policy,
             audit,
-        } => agent(stdio, &policy, &audit).await,
+            request_timeout,
+            idle_timeout,
+        } => {
+            let timeouts = crate::agent::Timeouts {
+                first_request: request_timeout,
+                idle: idle_timeout,
+            };
+            agent(stdio, &policy, &audit, timeouts).await
+        }
         Command::Install {
             command: InstallCommand::Print { host, config },
         } => install_print(&host, &config),

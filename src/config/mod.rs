@@ -559,7 +559,10 @@ fn read_file(
     optional: bool,
 ) -> Option<(String, String)> {
     use std::io::Read;
-    match std::fs::symlink_metadata(file) {
+    // What is opened: the file itself, or the target of a symlink that
+    // stays inside the configuration directory (opened by its real path,
+    // with no link followed on the way).
+    let target = match std::fs::symlink_metadata(file) {
         Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
             diags.file(file, format!("cannot read: {e}"));
@@ -571,33 +574,35 @@ fn read_file(
                 .ok()
                 .zip(target.as_ref().ok())
                 .is_some_and(|(r, t)| t.starts_with(r));
-            if !inside {
-                let to = target.map_or_else(|e| e.to_string(), |t| t.display().to_string());
-                diags.file(
-                    file,
-                    format!(
-                        "is a symlink to {to}, outside the configuration directory {}; refused (copy the file in, or link to one inside)",
-                        root.display()
-                    ),
-                );
-                return None;
+            match target {
+                Ok(t) if inside => t,
+                target => {
+                    let to = target.map_or_else(|e| e.to_string(), |t| t.display().to_string());
+                    diags.file(
+                        file,
+                        format!(
+                            "is a symlink to {to}, outside the configuration directory {}; refused (copy the file in, or link to one inside)",
+                            root.display()
+                        ),
+                    );
+                    return None;
+                }
             }
         }
-        Ok(_) => {}
-    }
-    let mut f = match std::fs::File::open(file) {
+        Ok(_) => file.to_path_buf(),
+    };
+    let mut f = match crate::files::open_regular(&target, false) {
         Ok(f) => f,
+        Err(e @ crate::files::OpenError::NotRegular(_)) => {
+            diags.file(file, format!("{e}; refused (config files are YAML files)"));
+            return None;
+        }
         Err(e) => {
             diags.file(file, format!("cannot read: {e}"));
             return None;
         }
     };
-    // Checked on the open file, so a file swapped after the check cannot slip by.
     match f.metadata() {
-        Ok(m) if !m.is_file() => {
-            diags.file(file, "not a regular file");
-            return None;
-        }
         Ok(m) if m.len() > MAX_FILE_BYTES => {
             diags.file(
                 file,

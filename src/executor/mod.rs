@@ -4,18 +4,18 @@
 //! [`AuditTicket`] (only the audit log makes one, after the intent line is on
 //! disk): a call that skipped either does not compile.
 
-pub mod agent;
 pub mod process;
 pub mod socket;
 pub mod ssh;
 
+use crate::agent::wire;
 use crate::audit::{AuditTicket, Dispatched, RunInfo};
 use crate::config::{Connection, Host};
 use std::path::Path;
 
 use crate::gate::Permit;
 use crate::gate::signed::{CallId, PermitKey};
-use crate::tools::{self, Ctx, Tier, ToolResult};
+use crate::tools::{self, Tier, ToolResult};
 
 /// How calls reach a host, for one run.
 pub enum Executor {
@@ -80,15 +80,7 @@ impl Executor {
     ) -> ToolResult {
         let permits = match self {
             Executor::Ssh { permits, .. } | Executor::Agent { permits, .. } => permits,
-            Executor::Local => {
-                if let Err(e) = std::fs::create_dir_all(&host.jail) {
-                    return ToolResult::failed(format!(
-                        "cannot create the jail directory {}: {e}",
-                        host.jail.display()
-                    ));
-                }
-                return tools::execute(permit.action(), &Ctx::new(host, deadline)).await;
-            }
+            Executor::Local => return tools::execute_here(permit.action(), host, deadline).await,
         };
         // A host's agent: the same request and signed permit on either transport.
         let request = match request(permit, run, host, permits) {
@@ -128,7 +120,7 @@ fn request(
     run: &RunInfo,
     host: &Host,
     permits: &Result<PermitKey, String>,
-) -> Result<agent::AgentRequest, ToolResult> {
+) -> Result<wire::Call, ToolResult> {
     let action = permit.action();
     let mut args = action.args_json();
     if let Some(reason) = action.reason() {
@@ -153,7 +145,7 @@ fn request(
             )));
         }
     };
-    Ok(agent::AgentRequest {
+    Ok(wire::Call {
         run_id: run.run_id.clone(),
         step: permit.step(),
         runbook: run.runbook.clone(),

@@ -21,7 +21,7 @@ use std::path::Path;
 
 use tokio::io::AsyncWriteExt;
 
-use super::agent::{AgentReply, AgentRequest, ReplyError, read_reply};
+use crate::agent::wire::{Call, Reply, ReplyError, Request, read_reply};
 use crate::config::Host;
 use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
 
@@ -38,7 +38,7 @@ enum Broken {
 pub async fn dispatch(
     socket: &Path,
     host: &Host,
-    request: &AgentRequest,
+    request: &Call,
     tier: Tier,
     deadline: tokio::time::Instant,
 ) -> ToolResult {
@@ -50,7 +50,7 @@ pub async fn dispatch(
         Ok(line) => line,
         Err(broken) => return failure(socket, host, tier, broken),
     };
-    match serde_json::from_slice::<AgentReply>(&line) {
+    match serde_json::from_slice::<Reply>(&line) {
         Ok(reply) => reply.into_result(host),
         Err(e) => failure(
             socket,
@@ -63,10 +63,10 @@ pub async fn dispatch(
 
 async fn exchange(
     socket: &Path,
-    request: &AgentRequest,
+    request: &Call,
     deadline: tokio::time::Instant,
 ) -> Result<Vec<u8>, Broken> {
-    let mut line = serde_json::to_vec(request)
+    let mut line = serde_json::to_vec(&Request::Call(Box::new(request.clone())))
         .map_err(|e| Broken::NotSent(Unreachable::Other, e.to_string()))?;
     line.push(b'\n');
     let cap = crate::tools::OUTPUT_CAP * 2;

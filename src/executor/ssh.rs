@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::agent::{AgentReply, AgentRequest, ReplyError, STATUS, read_reply};
 use super::process::{self, Argv};
+use crate::agent::wire::{Call, Reply, ReplyError, Request, read_reply};
 use crate::config::Host;
 use crate::config::host::Ssh;
 use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
@@ -208,7 +208,7 @@ impl Session {
     pub async fn call(
         &self,
         host: &Host,
-        request: &AgentRequest,
+        request: &Request,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
         let mut channel = self.channel.lock().await;
@@ -236,7 +236,7 @@ impl Session {
         }
         match exchanged {
             Ok(line) => {
-                let reply = serde_json::from_slice::<AgentReply>(&line);
+                let reply = serde_json::from_slice::<Reply>(&line);
                 match reply {
                     Ok(reply) => reply.into_result(host),
                     Err(e) => {
@@ -299,17 +299,18 @@ impl Session {
     pub async fn dispatch(
         &self,
         host: &Host,
-        request: &AgentRequest,
+        call: &Call,
         tier: Tier,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
-        let result = self.call(host, request, deadline).await;
+        let request = Request::Call(Box::new(call.clone()));
+        let result = self.call(host, &request, deadline).await;
         if !is_transport_error(&result) {
             return result;
         }
         match tier {
-            Tier::Observe => self.call(host, request, deadline).await,
-            Tier::Change => self.recover(host, request, result, deadline).await,
+            Tier::Observe => self.call(host, &request, deadline).await,
+            Tier::Change => self.recover(host, call, result, deadline).await,
         }
     }
 
@@ -318,18 +319,14 @@ impl Session {
     async fn recover(
         &self,
         host: &Host,
-        request: &AgentRequest,
+        request: &Call,
         failure: ToolResult,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
         let first = failure.error.clone().unwrap_or_default();
-        let status = AgentRequest {
+        let status = Request::Status {
             run_id: request.run_id.clone(),
             step: request.step,
-            runbook: request.runbook.clone(),
-            tool: STATUS.into(),
-            args: json!({ "tool": request.tool }),
-            permit: None,
         };
         let mut last = first.clone();
         let mut backoff = Duration::from_millis(500);
@@ -510,7 +507,7 @@ impl Channel {
     /// One request line out, one reply line back, by the deadline and under the cap.
     async fn exchange(
         &mut self,
-        request: &AgentRequest,
+        request: &Request,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, Broken> {
         use tokio::io::AsyncWriteExt;

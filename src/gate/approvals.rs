@@ -164,6 +164,8 @@ pub struct Approvals {
     /// token -> approver name; replaced whole on SIGHUP, so a revoked
     /// approver's token stops working at once.
     approvers: std::sync::RwLock<HashMap<Vec<u8>, String>>,
+    /// Whether the last reload refused the file (the list is then empty).
+    refused: std::sync::atomic::AtomicBool,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
 }
@@ -238,6 +240,7 @@ impl Approvals {
     pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, String> {
         Ok(Approvals {
             approvers: std::sync::RwLock::new(read_approvers(file)?),
+            refused: Default::default(),
             timeout,
             entries: Mutex::default(),
         })
@@ -245,11 +248,31 @@ impl Approvals {
 
     /// Read the approvers file again (SIGHUP); on error the old list stays.
     /// Returns how many approvers it names.
+    ///
+    /// A file that cannot be accepted fails closed: the old list is dropped
+    /// too (a revocation must never be undone by a mistake in the new
+    /// file), and nobody can approve until a reload accepts a file.
     pub fn reload(&self, file: &Path) -> Result<usize, String> {
-        let approvers = read_approvers(file)?;
-        let n = approvers.len();
-        *self.approvers.write().unwrap_or_else(|p| p.into_inner()) = approvers;
-        Ok(n)
+        let read = read_approvers(file);
+        let mut approvers = self.approvers.write().unwrap_or_else(|p| p.into_inner());
+        self.refused
+            .store(read.is_err(), std::sync::atomic::Ordering::Relaxed);
+        match read {
+            Ok(list) => {
+                let n = list.len();
+                *approvers = list;
+                Ok(n)
+            }
+            Err(e) => {
+                approvers.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the last reload refused the approvers file (nobody can approve).
+    pub fn refused(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The approver a token belongs to (compared without timing leaks).

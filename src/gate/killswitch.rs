@@ -242,7 +242,8 @@ impl KillSwitch {
 /// The switch file's content (who, when, why), cut short; a bare `touch` says so.
 fn describe(file: &Path) -> String {
     let mut text = String::new();
-    if let Ok(f) = std::fs::File::open(file) {
+    // Never blocks: a FIFO named ENGAGED still engages, it is just not read.
+    if let Ok(f) = crate::files::open_regular(file, false) {
         let _ = f.take(2048).read_to_string(&mut text);
     }
     let text: Vec<&str> = text

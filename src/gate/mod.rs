@@ -26,7 +26,6 @@
 pub mod approvals;
 pub mod budget;
 pub mod fleet;
-pub mod host;
 pub mod killswitch;
 pub mod signed;
 

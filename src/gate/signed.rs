@@ -153,6 +153,12 @@ impl SignedPermit {
         .unwrap_or_default()
     }
 
+    /// sha256 of everything the signature covers, in hex: the permit's whole
+    /// identity, whatever its run id holds (a host spends a permit under it).
+    pub fn identity_digest(&self) -> String {
+        hex(&Sha256::digest(self.message()))
+    }
+
     /// Whether this permit, signed by `public_hex`, allows exactly `call` now.
     pub fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), String> {
         let key = decode_hex::<32>(public_hex)

@@ -122,7 +122,13 @@ fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
             file.display()
         )));
     }
-    let text = std::fs::read_to_string(file).map_err(|e| say(e.to_string()))?;
+    let mut text = String::new();
+    crate::files::open_regular(file, true)
+        .map_err(|e| say(e.to_string()))
+        .and_then(|f| {
+            std::io::Read::read_to_string(&mut std::io::Read::take(f, 64 << 10), &mut text)
+                .map_err(|e| say(e.to_string()))
+        })?;
     // The error names what is wrong, never the text (it may hold a password).
     tokio_postgres::Config::from_str(text.trim())
         .map_err(|e| say(format!("not a PostgreSQL URL or key=value string: {e}")))

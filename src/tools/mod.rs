@@ -44,6 +44,22 @@ pub(crate) use context::poll;
 use registry::*;
 pub(crate) use result::from_process;
 
+/// Run a resolved action on this machine, in `host`'s jail directory
+/// (made if missing), by `deadline`.
+pub(crate) async fn execute_here(
+    action: &Action,
+    host: &crate::config::Host,
+    deadline: tokio::time::Instant,
+) -> ToolResult {
+    if let Err(e) = std::fs::create_dir_all(&host.jail) {
+        return ToolResult::failed(format!(
+            "cannot create the jail directory {}: {e}",
+            host.jail.display()
+        ));
+    }
+    execute(action, &Ctx::new(host, deadline)).await
+}
+
 /// Run a resolved action on this machine and report what happened.
 pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     let started = Instant::now();

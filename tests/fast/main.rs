@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod agent;
+
 const TOKEN: &str = "fast-tier-token-0123456789";
 
 /// A config directory: runbook `disk` (alert `DiskAlmostFull`, tier 1 only)
@@ -514,15 +516,19 @@ fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::P
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let fd = OwnedFd::from(stream);
-            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+            // Each connection's agent runs alongside the others, as
+            // systemd's Accept=yes starts them.
+            let child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
                 .args(["agent", "--stdio", "--policy"])
                 .arg(&policy_path)
                 .arg("--audit")
                 .arg(&audit)
                 .stdin(fd.try_clone().unwrap())
                 .stdout(fd)
-                .spawn()
-                .map(|mut c| c.wait());
+                .spawn();
+            if let Ok(mut child) = child {
+                std::thread::spawn(move || child.wait());
+            }
         }
     });
     policy

@@ -255,14 +255,14 @@ proptest! {
             let e = Estate::new();
             let policy = e.work().join("agent.yaml");
             std::fs::write(&policy, format!("name: h\nconnection: local\njail: {}/jail\npaths: [{}]\n", e.work().display(), e.work().display())).unwrap();
-            let host = runwarden::executor::agent::load_policy(&policy).unwrap();
+            let host = runwarden::agent::load_policy(&policy).unwrap();
             let audit = runwarden::audit::AuditLog::open(&e.work().join("audit.jsonl")).unwrap();
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             (e, host, audit, rt)
         });
         let text = String::from_utf8_lossy(&line).into_owned();
         AGENT.with(|(e, host, audit, rt)| {
-            let reply = rt.block_on(runwarden::executor::agent::handle(host, audit, text.trim_end()));
+            let reply = rt.block_on(runwarden::agent::handle(host, audit, text.trim_end()));
             let v = serde_json::to_value(&reply).unwrap();
             // Anything that ran was a tool the policy allows, on an allowed path.
             if let Some(p) = v.get("result").and_then(|r| r["data"]["path"].as_str()) {

@@ -922,7 +922,7 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
             "permit_invalid",
             "permit_invalid",
             "permit_invalid",
-            "permit_reused"
+            "permit_replayed"
         ],
         "{host_audit}"
     );

@@ -1,0 +1,325 @@
+//! The host's side of the gate: what the agent checks before it writes a
+//! call's intent line on a managed host.
+//!
+//! The agent does not trust the runner, so it makes its own permit here:
+//! a [`HostPermit`], a type of its own that only this module makes and only
+//! the agent's own dispatch takes. The runner's [`crate::gate::Permit`]
+//! comes only from the runner's gate, with a runbook's scope, budget and
+//! kill switch behind it; nothing here can make one. The host's policy
+//! resolves the call against its allowlists, and a tier-2 call must carry
+//! the runner's signed permit for exactly this call, spent once
+//! ([`super::replay`]).
+
+use serde_json::Value;
+
+use super::replay::Spent;
+use crate::config::Host;
+use crate::gate::ApprovedBy;
+use crate::gate::signed::{CallId, SignedPermit};
+use crate::tools::{self, Action, PathMode, Tier, ToolId};
+
+/// One call as it reached the host.
+pub(crate) struct HostCall<'a> {
+    /// The run, as the runner named it.
+    pub run_id: &'a str,
+    /// Its step.
+    pub step: u32,
+    /// The tool's name, as sent.
+    pub tool: &'a str,
+    /// The arguments as sent (a tier-2 call's `reason` among them).
+    pub args: &'a Value,
+    /// The runner's signed permit (tier 2).
+    pub signed: Option<&'a SignedPermit>,
+}
+
+/// Permission to run one call on this host, from the host's own policy.
+/// Only [`check`] makes one; the audit log spends it on the intent line.
+#[derive(Debug)]
+pub(crate) struct HostPermit {
+    step: u32,
+    action: Action,
+    approved_by: ApprovedBy,
+}
+
+impl crate::audit::Permitted for HostPermit {
+    fn step(&self) -> u32 {
+        self.step
+    }
+    fn action(&self) -> &Action {
+        &self.action
+    }
+    fn approved_by(&self) -> &ApprovedBy {
+        &self.approved_by
+    }
+}
+impl crate::audit::permitted::Sealed for HostPermit {}
+
+/// Why the host refused a request: the message for the runner, and the
+/// kind its audit line records ([`Refusal::kind`]). A permit that fails or
+/// comes back a second time is worth a look of its own: the runner never
+/// sends either.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// No such tool, or arguments the host's allowlists do not allow.
+    #[error("{0}")]
+    Policy(String),
+    /// A tier-2 call without a permit this host accepts: none, signed by
+    /// another key, for another call, expired, or the policy takes none.
+    #[error("{0}")]
+    Permit(String),
+    /// The permit was spent on an earlier call (or on this very call, sent
+    /// again on another connection).
+    #[error("the permit for run {run_id} step {step} was already used")]
+    Replayed {
+        /// The run the permit was signed for.
+        run_id: String,
+        /// Its step.
+        step: u32,
+    },
+    /// The host's record of spent permits could not be written or read, so
+    /// the permit is not taken.
+    #[error("{0}")]
+    Unrecorded(String),
+    /// The line was not a request at all.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+impl Refusal {
+    /// The kind of refusal, as the host's audit line names it (`detail.reason`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Policy(_) => "host_policy",
+            Refusal::Permit(_) => "permit_invalid",
+            Refusal::Replayed { .. } => "permit_replayed",
+            Refusal::Unrecorded(_) => "audit_unreadable",
+            Refusal::Malformed(_) => "malformed_request",
+        }
+    }
+}
+
+/// Check `call` against the host's policy. A tier-2 call whose signed permit
+/// holds is marked spent in `spent` before this returns: of any number of
+/// connections carrying the same permit at the same moment, one gets the
+/// [`HostPermit`] and every other is refused [`Refusal::Replayed`].
+pub(crate) fn check(
+    policy: &Host,
+    call: &HostCall<'_>,
+    spent: &Spent,
+) -> Result<HostPermit, Refusal> {
+    let Some(tool) = ToolId::from_name(call.tool) else {
+        return Err(Refusal::Policy(format!(
+            "there is no tool {}",
+            tools::args::shown(call.tool)
+        )));
+    };
+    let action = tools::resolve(tool, call.args, policy, PathMode::Resolve)
+        .map_err(|e| Refusal::Policy(format!("host policy refuses it: {e}")))?;
+    let approved_by = match tool.tier() {
+        Tier::Observe => ApprovedBy::Auto,
+        Tier::Change => signed_approval(policy, call, spent)?,
+    };
+    Ok(HostPermit {
+        step: call.step,
+        action,
+        approved_by,
+    })
+}
+
+/// A tier-2 call runs only with the runner's signed permit for exactly this
+/// call, once: holding the SSH key is not enough to change this host.
+fn signed_approval(
+    policy: &Host,
+    call: &HostCall<'_>,
+    spent: &Spent,
+) -> Result<ApprovedBy, Refusal> {
+    let Some(public) = &policy.permit_public_key else {
+        return Err(Refusal::Permit(
+            "this host's policy names no permit_public_key, so it takes no tier-2 call: add the line `runwarden install print` gives".into(),
+        ));
+    };
+    let Some(permit) = call.signed else {
+        return Err(Refusal::Permit(
+            "a tier-2 call without the runner's signed permit".into(),
+        ));
+    };
+    permit
+        .check(
+            public,
+            &CallId {
+                run_id: call.run_id,
+                step: call.step,
+                host: &policy.name,
+                tool: call.tool,
+                args: call.args,
+            },
+        )
+        .map_err(Refusal::Permit)?;
+    let by = match permit.approved_by.parse::<ApprovedBy>() {
+        Ok(by @ (ApprovedBy::Standing(_) | ApprovedBy::Person(_))) => by,
+        _ => {
+            return Err(Refusal::Permit(format!(
+                "the permit names no standing approval or person ({:?})",
+                permit.approved_by
+            )));
+        }
+    };
+    match spent.spend(permit) {
+        Ok(true) => Ok(by),
+        Ok(false) => Err(Refusal::Replayed {
+            run_id: call.run_id.to_string(),
+            step: call.step,
+        }),
+        Err(e) => Err(Refusal::Unrecorded(format!(
+            "cannot record the permit as spent in {}, so it is not taken: {e}",
+            spent.dir().display()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::signed::PermitKey;
+    use serde_json::json;
+
+    /// Each way a call can fail the host's check is recorded as its own
+    /// kind, and a permit is spent once, whatever its run id looks like.
+    #[test]
+    fn each_refusal_names_its_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = PermitKey::load_or_create(&dir.path().join("permit.key")).unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "name: web\nconnection: local\nunits: [nginx.service]\npermit_public_key: {}\n",
+                key.public_hex()
+            ),
+        )
+        .unwrap();
+        let policy = super::super::load_policy(&file).unwrap();
+        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let args = json!({ "unit": "nginx.service", "reason": "stuck" });
+        let sign = |run_id: &str| {
+            key.sign(
+                &CallId {
+                    run_id,
+                    step: 2,
+                    host: "web",
+                    tool: "restart_service",
+                    args: &args,
+                },
+                "standing:rb",
+            )
+        };
+        let signed = sign("r1");
+        let call = |run_id, tool, args, signed| HostCall {
+            run_id,
+            step: 2,
+            tool,
+            args,
+            signed,
+        };
+        let kind = |r: Result<HostPermit, Refusal>| r.map(|_| ()).map_err(|e| e.kind());
+
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r1", "rm_rf", &args, Some(&signed)),
+                &spent
+            )),
+            Err("host_policy")
+        );
+        let other = json!({ "unit": "sshd.service", "reason": "stuck" });
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r1", "restart_service", &other, Some(&signed)),
+                &spent
+            )),
+            Err("host_policy")
+        );
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r1", "restart_service", &args, None),
+                &spent
+            )),
+            Err("permit_invalid")
+        );
+        let stranger = PermitKey::load_or_create(&dir.path().join("other.key")).unwrap();
+        let theirs = stranger.sign(
+            &CallId {
+                run_id: "r1",
+                step: 2,
+                host: "web",
+                tool: "restart_service",
+                args: &args,
+            },
+            "standing:rb",
+        );
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r1", "restart_service", &args, Some(&theirs)),
+                &spent
+            )),
+            Err("permit_invalid")
+        );
+        // Refusals before the signature holds spend nothing: the real permit runs once.
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r1", "restart_service", &args, Some(&signed)),
+                &spent
+            )),
+            Ok(())
+        );
+        let again = check(
+            &policy,
+            &call("r1", "restart_service", &args, Some(&signed)),
+            &spent,
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert_eq!(again.kind(), "permit_replayed");
+        assert_eq!(
+            again.to_string(),
+            "the permit for run r1 step 2 was already used"
+        );
+        // Run ids that differ only past their 64th character, or that hold
+        // quotes, are two permits, each spent once.
+        let long = format!("{}a", "x".repeat(80));
+        let long_too = format!("{}b", "x".repeat(80));
+        for run_id in [long.as_str(), long_too.as_str(), "r\"2"] {
+            let p = sign(run_id);
+            let c = HostCall {
+                run_id,
+                step: 2,
+                tool: "restart_service",
+                args: &args,
+                signed: Some(&p),
+            };
+            assert_eq!(kind(check(&policy, &c, &spent)), Ok(()), "{run_id}");
+            assert_eq!(
+                kind(check(&policy, &c, &spent)),
+                Err("permit_replayed"),
+                "{run_id}"
+            );
+        }
+        // A record that cannot be written refuses the permit (fail closed).
+        let blocked = dir.path().join("blocked");
+        std::fs::write(&blocked, "").unwrap();
+        let unwritable = Spent::beside(&blocked.join("audit.jsonl"));
+        let fresh = sign("r3");
+        assert_eq!(
+            kind(check(
+                &policy,
+                &call("r3", "restart_service", &args, Some(&fresh)),
+                &unwritable
+            )),
+            Err("audit_unreadable")
+        );
+    }
+}

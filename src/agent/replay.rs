@@ -1,0 +1,154 @@
+//! One permit, one call: the host's record of the tier-2 permits it spent.
+//!
+//! Why not the audit log: "not used before" and "intent recorded" must be
+//! one atomic step across every agent process on the host (systemd starts
+//! one per socket connection, sshd one per SSH session), and a scan of the
+//! log followed by an append is two. Here a permit is spent by creating a
+//! file named after the digest of its whole signed identity with
+//! `O_CREAT|O_EXCL`: the kernel lets exactly one of any number of racing
+//! processes create it. The file is made (and its directory synced) before
+//! the intent line, and never removed while the permit could still be
+//! accepted, so a crash between the two burns the permit rather than
+//! freeing it.
+//!
+//! The files live in one directory per day of the permits' expiry, beside
+//! the agent's audit log (`AUDIT.permits/YYYY-MM-DD/`). A permit is good for
+//! two minutes ([`crate::gate::signed::PERMIT_TTL_SECS`]), so a day's
+//! directory is removed once its day ended two days ago: its permits are
+//! refused as expired long before that (unless the host's clock is set back
+//! by days).
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::gate::signed::SignedPermit;
+
+/// Days a spent permit's record is kept past its expiry day.
+const KEEP_DAYS: i64 = 2;
+
+/// The record of spent permits of one agent.
+pub(crate) struct Spent {
+    dir: PathBuf,
+}
+
+impl Spent {
+    /// The record that belongs to the agent audit log at `audit`.
+    pub(crate) fn beside(audit: &Path) -> Spent {
+        let mut dir = audit.as_os_str().to_owned();
+        dir.push(".permits");
+        Spent { dir: dir.into() }
+    }
+
+    /// Where the record lives.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Mark `permit` spent: `true` when this call marked it, `false` when it
+    /// was spent before (by this process or any other).
+    pub(crate) fn spend(&self, permit: &SignedPermit) -> std::io::Result<bool> {
+        let day = day_of(permit.expires_at);
+        let dir = self.dir.join(&day);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        let marker = dir.join(permit.identity_digest());
+        let mut file = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&marker)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // What the file is for, for a person reading the directory.
+        let _ = writeln!(
+            file,
+            "{}",
+            serde_json::json!({ "run_id": permit.run_id, "step": permit.step, "tool": permit.tool, "expires_at": permit.expires_at })
+        );
+        std::fs::File::open(&dir)?.sync_all()?;
+        self.forget_old();
+        Ok(true)
+    }
+
+    /// Remove the days whose permits can no longer be accepted.
+    fn forget_old(&self) {
+        let now = jiff::Timestamp::now().as_second();
+        let oldest_kept = day_of(now - KEEP_DAYS * 86_400);
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(day) = name.to_str() else { continue };
+            // Only what this module names: YYYY-MM-DD (which sorts as dates do).
+            if day.len() == 10 && day.as_bytes()[4] == b'-' && *day < *oldest_kept.as_str() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// The UTC day of a Unix time, as `YYYY-MM-DD`.
+fn day_of(secs: i64) -> String {
+    jiff::Timestamp::from_second(secs)
+        .map(|t| t.strftime("%Y-%m-%d").to_string())
+        .unwrap_or_else(|_| "invalid-time".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::signed::{CallId, PermitKey};
+
+    /// Of many threads spending one permit at once, exactly one wins; a
+    /// record whose day is long past is forgotten, today's is kept.
+    #[test]
+    fn one_of_many_racing_spenders_wins_and_old_days_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = PermitKey::load_or_create(&dir.path().join("k")).unwrap();
+        let args = serde_json::json!({ "unit": "a.service" });
+        let permit = key.sign(
+            &CallId {
+                run_id: "r",
+                step: 1,
+                host: "h",
+                tool: "restart_service",
+                args: &args,
+            },
+            "standing:x",
+        );
+        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let won: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|_| s.spawn(|| spent.spend(&permit).unwrap()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap() as usize)
+                .sum()
+        });
+        assert_eq!(won, 1);
+        let stale = spent.dir().join("2001-01-01");
+        std::fs::create_dir_all(&stale).unwrap();
+        let other = key.sign(
+            &CallId {
+                run_id: "r",
+                step: 2,
+                host: "h",
+                tool: "restart_service",
+                args: &args,
+            },
+            "standing:x",
+        );
+        assert!(spent.spend(&other).unwrap());
+        assert!(!stale.exists());
+        assert!(spent.dir().join(day_of(permit.expires_at)).exists());
+    }
+}

@@ -1,0 +1,10 @@
+// The host agent's permit comes only from the agent's own policy check,
+// inside the crate: no caller can mint one from a host policy it supplies.
+use runwarden::config::Host;
+
+fn mint(policy: &Host, spent: &std::path::Path) {
+    let spent = runwarden::agent::replay::Spent::beside(spent);
+    let _ = runwarden::agent::policy::check(policy, todo!(), &spent);
+}
+
+fn main() {}

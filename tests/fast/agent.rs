@@ -1,0 +1,97 @@
+//! The host agent as the last line of defence, on this machine's agent
+//! socket: one signed permit spent once however many connections carry it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use runwarden::gate::signed::{CallId, PermitKey};
+use serde_json::{Value, json};
+
+use super::{agent_config, agent_socket, install_print};
+
+/// The agent's audit lines of one run: (intents, results, refusal reasons).
+fn host_record(audit: &Path, run_id: &str) -> (usize, usize, Vec<String>) {
+    let text = std::fs::read_to_string(audit).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|l: &Value| l["run_id"] == run_id)
+        .collect();
+    let count = |phase: &str| lines.iter().filter(|l| l["phase"] == phase).count();
+    let reasons = lines
+        .iter()
+        .filter(|l| l["phase"] == "denied")
+        .map(|l| l["detail"]["reason"].as_str().unwrap_or("").to_string())
+        .collect();
+    (count("intent"), count("result"), reasons)
+}
+
+/// 16 connections to the agent socket send one signed tier-2 permit at the
+/// same moment, 50 times over: each time exactly one agent process
+/// dispatches it (one intent and one result line on the host) and the 15
+/// others are refused `permit_replayed`, with a line each.
+#[test]
+fn one_permit_sent_on_sixteen_connections_at_once_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = agent_config(dir.path());
+    install_print(dir.path());
+    agent_socket(dir.path(), &socket, &dir.path().join("data"));
+    let key = PermitKey::load(&dir.path().join("state/permit.key")).unwrap();
+    let args = json!({ "unit": "demo.service", "reason": "t" });
+    let mut replay_kinds = Vec::new();
+    for trial in 0..50 {
+        let run_id = format!("trial-{trial}");
+        let permit = key.sign(
+            &CallId {
+                run_id: &run_id,
+                step: 1,
+                host: "me",
+                tool: "restart_service",
+                args: &args,
+            },
+            "standing:fix",
+        );
+        let mut line = serde_json::to_vec(&json!({
+            "run_id": run_id, "step": 1, "runbook": "fix", "tool": "restart_service",
+            "args": args, "permit": permit,
+        }))
+        .unwrap();
+        line.push(b'\n');
+        let start = std::sync::Barrier::new(16);
+        let replies: Vec<Value> = std::thread::scope(|s| {
+            let senders: Vec<_> = (0..16)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+                        start.wait();
+                        conn.write_all(&line).unwrap();
+                        conn.shutdown(std::net::Shutdown::Write).unwrap();
+                        let mut reply = String::new();
+                        BufReader::new(conn).read_line(&mut reply).unwrap();
+                        serde_json::from_str::<Value>(&reply).unwrap()
+                    })
+                })
+                .collect();
+            senders.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ran = replies.iter().filter(|r| r["result"].is_object()).count();
+        let replayed = replies
+            .iter()
+            .filter(|r| {
+                r["refused"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("already used"))
+            })
+            .count();
+        assert_eq!((ran, replayed), (1, 15), "trial {trial}: {replies:#?}");
+        let (intents, results, reasons) =
+            host_record(&dir.path().join("agent-audit.jsonl"), &run_id);
+        assert_eq!((intents, results), (1, 1), "trial {trial}");
+        assert_eq!(reasons.len(), 15, "trial {trial}: {reasons:?}");
+        replay_kinds.extend(reasons);
+    }
+    assert!(
+        replay_kinds.iter().all(|k| k == "permit_replayed"),
+        "{replay_kinds:?}"
+    );
+}
