@@ -50,6 +50,7 @@ pub async fn serve(
         config_dir: std::fs::canonicalize(&opts.config_dir).unwrap_or(opts.config_dir),
         ..opts
     };
+    let config_watch = ConfigWatch::start(&opts.config_dir);
     let config = Arc::new(Config::load(&opts.config_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
     for w in config
         .serve_problems(opts.listen)
@@ -165,6 +166,7 @@ pub async fn serve(
         metrics.clone(),
         hup,
         stop_rx.clone(),
+        config_watch,
     ));
 
     let state = AppState {
@@ -384,6 +386,39 @@ impl Secrets {
     }
 }
 
+/// The configuration directory under watch: set up before the config is
+/// first loaded, so no change made after that load is missed.
+struct ConfigWatch {
+    _watcher: Option<notify::RecommendedWatcher>,
+    changed: mpsc::Receiver<()>,
+    /// The files' fingerprint when the config in force was read.
+    in_force: String,
+}
+
+impl ConfigWatch {
+    fn start(dir: &Path) -> ConfigWatch {
+        let (tx, changed) = mpsc::channel::<()>(1);
+        let watched = dir.to_path_buf();
+        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            if e.is_ok_and(|e| is_config_change(&watched, &e)) {
+                let _ = tx.try_send(());
+            }
+        })
+        .ok();
+        if let Some(w) = watcher.as_mut() {
+            for sub in ["runbooks", "hosts"] {
+                let _ = w.watch(&dir.join(sub), notify::RecursiveMode::NonRecursive);
+            }
+            let _ = w.watch(dir, notify::RecursiveMode::NonRecursive);
+        }
+        ConfigWatch {
+            _watcher: watcher,
+            changed,
+            in_force: fingerprint(dir),
+        }
+    }
+}
+
 async fn reload_worker(
     dir: PathBuf,
     config: watch::Sender<Arc<Config>>,
@@ -391,21 +426,13 @@ async fn reload_worker(
     metrics: Arc<Metrics>,
     mut hup: tokio::signal::unix::Signal,
     mut stop: watch::Receiver<bool>,
+    watch: ConfigWatch,
 ) {
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let watched = dir.clone();
-    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-        if e.is_ok_and(|e| is_config_change(&watched, &e)) {
-            let _ = tx.try_send(());
-        }
-    })
-    .ok();
-    if let Some(w) = watcher.as_mut() {
-        for sub in ["runbooks", "hosts"] {
-            let _ = w.watch(&dir.join(sub), notify::RecursiveMode::NonRecursive);
-        }
-        let _ = w.watch(&dir, notify::RecursiveMode::NonRecursive);
-    }
+    let ConfigWatch {
+        _watcher,
+        changed: mut rx,
+        mut in_force,
+    } = watch;
     // Reading the files is blocking I/O: it never runs on a runtime worker.
     let read = |dir: &PathBuf| {
         let dir = dir.clone();
@@ -415,7 +442,6 @@ async fn reload_worker(
         let dir = dir.clone();
         tokio::task::spawn_blocking(move || Config::load(&dir))
     };
-    let mut in_force = read(&dir).await.unwrap_or_default();
     loop {
         let explicit = tokio::select! {
             _ = rx.recv() => {
