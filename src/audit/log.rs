@@ -11,7 +11,9 @@
 //! it would stop every later run and trigger on the machine. The next
 //! writer, holding the `flock` (so no live writer is mid-write), moves the
 //! fragment to `FILE.torn` beside the log and goes on from the last whole
-//! line; `audit verify` names that file. Whole lines are never cut.
+//! line; `audit verify` names that file. Whole lines are never cut: a last
+//! line that parses and chains but lost its newline gets the newline back.
+//! The `.torn` file is opened owner-only and never through a symlink.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -258,21 +260,33 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Hash of the file's last whole line and the file's length, after setting
-/// aside a fragment a killed writer left after it (see the module doc).
-/// The caller holds the file's `flock`.
+/// Hash of the file's last whole line and the file's length, after mending
+/// the tail (see the module doc). The caller holds the file's `flock`.
+///
+/// What follows the last newline is one of two things. A line that parses
+/// and chains to the line before it is whole: it lost only its newline (a
+/// person's editor, a truncation by one byte), and gets it back. Anything
+/// else is a fragment a killed writer left: it is set aside.
 fn mend(file: &File, path: &Path) -> std::io::Result<(String, u64)> {
     if let Some(tail) = last_hash(file)? {
         return Ok(tail);
     }
     let len = file.metadata()?.len();
     let cut = last_newline(file, len)?.map_or(0, |i| i + 1);
+    if chains(file, cut, len)? {
+        // Appended (the file is opened for appending), then synced: the
+        // line was synced before, now its newline is too.
+        (&mut &*file).write_all(b"\n")?;
+        file.sync_data()?;
+        tracing::warn!(
+            "audit log {}: its last line had lost its newline; the newline is back and the chain goes on",
+            path.display()
+        );
+        return last_hash(file)?
+            .ok_or_else(|| std::io::Error::other("the log changed while it was mended"));
+    }
     let aside = torn_path(path);
-    let mut out = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o640)
-        .open(&aside)?;
+    let mut out = open_aside(&aside)?;
     // Streamed, not held: whatever its size, the fragment is kept whole.
     let mut f = file.try_clone()?;
     f.seek(SeekFrom::Start(cut))?;
@@ -289,6 +303,64 @@ fn mend(file: &File, path: &Path) -> std::io::Result<(String, u64)> {
         count_lines(file, 0, cut)?
     );
     last_hash(file)?.ok_or_else(|| std::io::Error::other("the log changed while it was mended"))
+}
+
+/// The longest tail that is read to see whether it is a whole line.
+const MAX_WHOLE_TAIL: u64 = 16 << 20;
+
+/// Whether the bytes from `cut` to `len` are one whole line that chains to
+/// the line before `cut` (or starts the chain).
+fn chains(file: &File, cut: u64, len: u64) -> std::io::Result<bool> {
+    if len - cut > MAX_WHOLE_TAIL {
+        return Ok(false);
+    }
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(cut))?;
+    let mut tail = Vec::with_capacity((len - cut) as usize);
+    (&mut f).take(len - cut).read_to_end(&mut tail)?;
+    let Ok(line) = serde_json::from_slice::<Value>(&tail) else {
+        return Ok(false);
+    };
+    let before = match cut {
+        0 => GENESIS.to_string(),
+        _ => {
+            let start = last_newline(file, cut - 1)?.map_or(0, |i| i + 1);
+            let mut prev = Vec::with_capacity((cut - 1 - start) as usize);
+            f.seek(SeekFrom::Start(start))?;
+            (&mut f).take(cut - 1 - start).read_to_end(&mut prev)?;
+            hex(&Sha256::digest(&prev))
+        }
+    };
+    Ok(line.get("prev").and_then(Value::as_str) == Some(before.as_str()))
+}
+
+/// The file fragments are set aside in: appended to, owner-only, never
+/// through a symlink, and only if it is a regular file.
+fn open_aside(aside: &Path) -> std::io::Result<File> {
+    let out = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(aside)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => std::io::Error::other(format!(
+                "{} is a symlink; refused (move it away: fragments are never written through a link)",
+                aside.display()
+            )),
+            Some(nix::libc::ENXIO) => std::io::Error::other(format!(
+                "{} is not a regular file; refused (move it away)",
+                aside.display()
+            )),
+            _ => std::io::Error::new(e.kind(), format!("{}: {e}", aside.display())),
+        })?;
+    if !out.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file; refused (move it away)",
+            aside.display()
+        )));
+    }
+    Ok(out)
 }
 
 /// The offset of the last `\n` before `len`, if any.

@@ -267,6 +267,76 @@ mod tests {
         }
     }
 
+    /// A whole, chained line that lost only its newline is not a fragment:
+    /// it gets its newline back, nothing is set aside, and the chain goes
+    /// on from it (one line or several before it). A tail that parses but
+    /// does not chain (an earlier line pasted again) is still set aside.
+    #[test]
+    fn a_whole_last_line_missing_its_newline_gets_it_back() {
+        for whole in [3, 1] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("audit.jsonl");
+            write_lines(&path, whole);
+            let before = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &before[..before.len() - 1]).unwrap();
+            write_lines(&path, 2);
+            let after = std::fs::read(&path).unwrap();
+            assert!(
+                after.starts_with(&before),
+                "the line is kept, with its newline"
+            );
+            assert!(!torn_path(&path).exists(), "nothing set aside");
+            let v = verify(&path).unwrap();
+            assert_eq!(v.lines, whole as usize + 2);
+            assert!(v.problems.is_empty(), "{:?}", v.problems);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        write_lines(&path, 2);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first = text.lines().next().unwrap().to_string();
+        std::fs::write(&path, format!("{text}{first}")).unwrap();
+        write_lines(&path, 1);
+        assert_eq!(
+            std::fs::read_to_string(torn_path(&path)).unwrap(),
+            format!("{first}\n")
+        );
+        assert!(verify(&path).unwrap().problems.is_empty());
+    }
+
+    /// The file fragments go to is never a planted symlink or FIFO: the
+    /// writer refuses it (the append fails, naming it), writes nothing
+    /// through it, and does not block.
+    #[test]
+    fn a_planted_torn_file_is_refused() {
+        for planted in ["symlink", "fifo"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("audit.jsonl");
+            let target = dir.path().join("elsewhere");
+            std::fs::write(&target, "theirs\n").unwrap();
+            match planted {
+                "symlink" => std::os::unix::fs::symlink(&target, torn_path(&path)).unwrap(),
+                _ => nix::unistd::mkfifo(&torn_path(&path), nix::sys::stat::Mode::S_IRWXU).unwrap(),
+            }
+            write_lines(&path, 2);
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap()
+                .write_all(b"{\"half")
+                .unwrap();
+            let err = match AuditLog::open(&path) {
+                Err(e) => e.to_string(),
+                Ok(log) => log
+                    .append(info().entry(Phase::Start, Some(9)), true)
+                    .unwrap_err()
+                    .to_string(),
+            };
+            assert!(err.contains("audit.jsonl.torn"), "{planted}: {err}");
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), "theirs\n");
+        }
+    }
+
     #[test]
     fn two_writers_keep_one_chain() {
         let dir = tempfile::tempdir().unwrap();
