@@ -278,7 +278,7 @@ async fn killswitch_worker(
             dir.display()
         );
     }
-    let ks = KillSwitch::new(dir).with_fleet(fleet);
+    let ks = KillSwitch::new(dir).with_fleet(fleet.clone());
     let mut was: std::collections::HashMap<String, bool> = Default::default();
     let mut log_change = |scope: &str, on: bool, why: &dyn Fn() -> String| {
         // Every change, and a switch already engaged when the daemon starts.
@@ -308,9 +308,32 @@ async fn killswitch_worker(
             .kill_switch_since
             .with_label_values(&["global"])
             .set(engaged_at(&ks, None, engaged_global));
+        // The fleet's own switch (shared state), on every replica whichever
+        // one engaged it: `fleet` for all runs, `fleet:RUNBOOK` for one runbook.
+        if let Some(fleet) = &fleet {
+            let on = fleet.engaged("global");
+            log_change("fleet", on, &|| {
+                "engaged for the fleet (shared state)".into()
+            });
+            metrics
+                .kill_switch_engaged
+                .with_label_values(&["fleet"])
+                .set(on as i64);
+        }
         // The runbooks of the config in force now, not of the one at start-up.
         let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
         for rb in &runbooks {
+            if let Some(fleet) = &fleet {
+                let scope = format!("fleet:{rb}");
+                let on = fleet.engaged(rb);
+                log_change(&scope, on, &|| {
+                    "engaged for the fleet (shared state)".into()
+                });
+                metrics
+                    .kill_switch_engaged
+                    .with_label_values(&[&scope])
+                    .set(on as i64);
+            }
             let on = ks.runbook_file_engaged(rb);
             log_change(rb, on, &|| ks.file_of(Some(rb)).display().to_string());
             metrics

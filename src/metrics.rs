@@ -130,7 +130,7 @@ impl Metrics {
         let kill_switch_engaged = IntGaugeVec::new(
             Opts::new(
                 "runwarden_kill_switch_engaged",
-                "1 while a kill switch is engaged (scope: global or a runbook).",
+                "1 while a kill switch is engaged (scope: global or a runbook; with shared state also fleet and fleet:RUNBOOK, the fleet's own switch, on every replica).",
             ),
             &["scope"],
         )

@@ -85,15 +85,34 @@ pub fn ship(log: &Path, head: &Head, run_id: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Every head the journal holds for the log at `log`, oldest first.
-pub fn journal_heads(log: &Path) -> Result<Vec<Head>, String> {
+/// What the journal holds for one log: the heads trusted, and the records
+/// ignored because a user other than the log's writer sent them.
+#[derive(Debug, Default)]
+pub struct JournalHeads {
+    /// Heads sent by the log's owner (the daemon's user) or root, oldest first.
+    pub trusted: Vec<Head>,
+    /// Records from anyone else: (their uid, how many).
+    pub ignored: Vec<(u32, usize)>,
+}
+
+/// Every head the journal holds for the log at `log`, oldest first. Any
+/// local user can send a record that names the log (journald takes
+/// datagrams from everyone), so only records whose `_UID` (set by journald,
+/// not by the sender) is the log file's owner or root count: a head from
+/// anyone else could only make `verify` fail for good or bury a real edit
+/// in noise.
+pub fn journal_heads(log: &Path) -> Result<JournalHeads, String> {
+    use std::os::unix::fs::MetadataExt;
     let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
+    let owner = std::fs::metadata(&log)
+        .map_err(|e| format!("cannot read {}: {e}", log.display()))?
+        .uid();
     let out = std::process::Command::new(JOURNALCTL)
         .args([
             "--no-pager",
             "-o",
             "json",
-            "--output-fields=RUNWARDEN_AUDIT_HEAD,RUNWARDEN_AUDIT_LINES",
+            "--output-fields=RUNWARDEN_AUDIT_HEAD,RUNWARDEN_AUDIT_LINES,_UID",
         ])
         .arg("SYSLOG_IDENTIFIER=runwarden")
         .arg(format!("RUNWARDEN_AUDIT_LOG={}", log.display()))
@@ -105,13 +124,29 @@ pub fn journal_heads(log: &Path) -> Result<Vec<Head>, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    let mut found = JournalHeads::default();
+    for v in String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            let hash = v["RUNWARDEN_AUDIT_HEAD"].as_str()?;
-            let lines = v["RUNWARDEN_AUDIT_LINES"].as_str()?;
-            format!("{hash}:{lines}").parse().ok()
-        })
-        .collect())
+    {
+        let Some(head) = v["RUNWARDEN_AUDIT_HEAD"]
+            .as_str()
+            .zip(v["RUNWARDEN_AUDIT_LINES"].as_str())
+            .and_then(|(hash, lines)| format!("{hash}:{lines}").parse::<Head>().ok())
+        else {
+            continue;
+        };
+        let uid = v["_UID"].as_str().and_then(|u| u.parse::<u32>().ok());
+        match uid {
+            Some(uid) if uid == owner || uid == 0 => found.trusted.push(head),
+            other => {
+                let uid = other.unwrap_or(u32::MAX);
+                match found.ignored.iter_mut().find(|(u, _)| *u == uid) {
+                    Some((_, n)) => *n += 1,
+                    None => found.ignored.push((uid, 1)),
+                }
+            }
+        }
+    }
+    Ok(found)
 }

@@ -36,8 +36,20 @@ pub(super) fn audit_verify(
     if audit::head::journal_available() {
         match audit::head::journal_heads(&path) {
             Ok(found) => {
-                from_journal = Some(found.len());
-                heads.extend(found);
+                from_journal = Some(found.trusted.len());
+                heads.extend(found.trusted);
+                for (uid, n) in found.ignored {
+                    let who = nix::unistd::User::from_uid(uid.into())
+                        .ok()
+                        .flatten()
+                        .map_or_else(
+                            || format!("uid {uid}"),
+                            |u| format!("{} (uid {uid})", u.name),
+                        );
+                    println!(
+                        "ignored {n} head record(s) in the journal from {who}: only heads sent by the log's owner or root are trusted"
+                    );
+                }
             }
             Err(e) => eprintln!("runwarden: {e}; only the chain is checked"),
         }

@@ -124,6 +124,11 @@ impl Budget {
         self.started + self.limits.max_duration
     }
 
+    /// The run's `max_duration`.
+    pub fn max_duration(&self) -> Duration {
+        self.limits.max_duration
+    }
+
     /// Time left before `max_duration`.
     pub fn remaining(&self) -> Duration {
         self.limits

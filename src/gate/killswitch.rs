@@ -36,6 +36,11 @@ impl FleetSwitch {
         *self.engaged.write().unwrap_or_else(|p| p.into_inner()) = engaged;
     }
 
+    /// Whether the fleet's switch for `scope` (`global` or a runbook) is engaged.
+    pub fn engaged(&self, scope: &str) -> bool {
+        self.find(scope).is_some()
+    }
+
     fn find(&self, scope: &str) -> Option<String> {
         let engaged = self.engaged.read().unwrap_or_else(|p| p.into_inner());
         engaged

@@ -138,8 +138,26 @@ impl RunLoop<'_> {
                 break;
             }
             let n = s.reports.len() as u32 + 1;
+            // A model request still in flight when max_duration ends is
+            // cancelled there (dropped), not waited for.
+            let budget_ends = s.gate.budget().deadline();
+            let max_duration = s.gate.budget().max_duration();
             let mut admit = || s.gate.admit_model_request();
-            let next = self.planner.next(&s.transcript, &mut admit).await;
+            let Ok(next) = tokio::time::timeout_at(
+                budget_ends,
+                self.planner.next(&s.transcript, &mut admit),
+            )
+            .await
+            else {
+                s.tally.stop(
+                    Verdict::BudgetExhausted,
+                    format!(
+                        "max_duration {} spent while the model was being asked; its request was cancelled",
+                        humantime::format_duration(max_duration)
+                    ),
+                );
+                break;
+            };
             if let Some(more) = self.planner.take_step_limit() {
                 s.gate.limit_steps(more);
             }

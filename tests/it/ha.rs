@@ -681,6 +681,26 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
         );
         assert!(last_result < at);
     }
+    // Every replica shows the fleet's switch on /metrics, not only the one
+    // it was engaged through (the dashboard and the alert read it there).
+    let fleet_series = |r: &Replica| {
+        http(&r.addr, "GET", "/metrics", "").and_then(|(_, text)| {
+            text.lines()
+                .find(|l| l.starts_with("runwarden_kill_switch_engaged{scope=\"fleet\"}"))
+                .map(str::to_string)
+        })
+    };
+    for r in &fleet {
+        wait_for(
+            "the fleet switch on /metrics",
+            Duration::from_secs(10),
+            || {
+                (fleet_series(r).as_deref()
+                    == Some("runwarden_kill_switch_engaged{scope=\"fleet\"} 1"))
+                .then_some(())
+            },
+        );
+    }
     // Released through another replica: the fleet runs again.
     let release = fleet[2].e.run(&["kill-switch", "release"]);
     assert!(
@@ -695,6 +715,17 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
         "{}",
         String::from_utf8_lossy(&status.stdout)
     );
+    for r in &fleet {
+        wait_for(
+            "the fleet switch released on /metrics",
+            Duration::from_secs(10),
+            || {
+                (fleet_series(r).as_deref()
+                    == Some("runwarden_kill_switch_engaged{scope=\"fleet\"} 0"))
+                .then_some(())
+            },
+        );
+    }
     // Replica b's own file, written when it engaged, stays until released there.
     let status = fleet[1].e.run(&["kill-switch", "status"]);
     assert_eq!(status.status.code(), Some(1));

@@ -1024,3 +1024,46 @@ fn an_endpoint_that_echoes_the_api_key_never_gets_it_printed_logged_or_audited()
         assert!(e.run(&["audit", "verify"]).status.success());
     }
 }
+
+/// A model request still in flight when `max_duration` ends is cancelled
+/// there: the run ends `budget_exhausted` within 100 ms of its budget, not
+/// when the model finally answers (the endpoint here takes 20 s).
+#[test]
+fn a_model_request_in_flight_at_max_duration_is_cancelled() {
+    let server = ModelServer::start(|n, _| match n {
+        0 => call("disk_usage", json!({ "path": "/tmp" })),
+        _ => Turn::Sleep(Duration::from_secs(20), Box::new(answer("too late"))),
+    });
+    let (e, _) = injection_estate(&server, "L3", &server.settings_with("60s", 0, ""));
+    let runbook = std::fs::read_to_string(e.path().join("runbooks/inj.yaml")).unwrap();
+    e.runbook(
+        "inj",
+        &runbook.replace("max_duration: 2m", "max_duration: 3s"),
+    );
+    let started = std::time::Instant::now();
+    let (code, report, _) = run_model(&e, "inj", "h");
+    let took = started.elapsed();
+    assert_eq!(report["verdict"], "budget_exhausted", "{report:#}");
+    assert_eq!(code, 5);
+    assert!(
+        report["verdict_detail"]
+            .as_str()
+            .unwrap()
+            .contains("while the model was being asked"),
+        "{report:#}"
+    );
+    assert!(took < Duration::from_secs(10), "the run waited {took:?}");
+    let at = |phase: &str| -> jiff::Timestamp {
+        e.audit_phase(phase)[0]["ts"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let ran = at("verdict").duration_since(at("start"));
+    assert!(
+        ran < jiff::SignedDuration::from_millis(3100),
+        "the run ended {ran} after its start, past max_duration 3s"
+    );
+    assert_eq!(server.requests().len(), 2);
+}

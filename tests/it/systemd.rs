@@ -486,6 +486,35 @@ fn audit_heads_in_the_journal_catch_an_edited_verdict_and_a_cut() {
     let records =
         host.setup("journalctl -o json SYSLOG_IDENTIFIER=runwarden | grep -c RUNWARDEN_AUDIT_HEAD");
     assert_eq!(records.trim(), "2", "one head per run");
+    // Any local user can send a record naming the log: heads from `nobody`
+    // (a forged one, and a true one it copied) are ignored and said to be.
+    let head = out
+        .lines()
+        .find_map(|l| l.strip_prefix("head: "))
+        .unwrap()
+        .split_once(':')
+        .unwrap()
+        .0
+        .to_string();
+    for (hash, lines) in [("a".repeat(64), "1".to_string()), (head, "2".into())] {
+        host.setup_ok(&format!(
+            "printf 'MESSAGE=forged\\nSYSLOG_IDENTIFIER=runwarden\\nRUNWARDEN_AUDIT_LOG=%s\\nRUNWARDEN_AUDIT_HEAD={hash}\\nRUNWARDEN_AUDIT_LINES={lines}\\n' \
+               \"$(readlink -f /srv/runwarden/state/audit.jsonl)\" > /tmp/forged && chmod 644 /tmp/forged \
+             && setpriv --reuid=65534 --regid=65534 --clear-groups logger --journald=/tmp/forged"
+        ));
+    }
+    host.setup("journalctl --sync");
+    let (code, out) = verify();
+    assert_eq!(
+        code,
+        Some(0),
+        "a stranger's heads do not break verify: {out}"
+    );
+    assert!(
+        out.contains("ignored 2 head record(s) in the journal from nobody (uid 65534)")
+            && out.contains("2 from the journal"),
+        "{out}"
+    );
     let file = host.config().join("state/audit.jsonl");
     let original = std::fs::read_to_string(&file).unwrap();
     let mut lines: Vec<String> = original.lines().map(String::from).collect();
