@@ -565,6 +565,7 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                     TriggerResult::OutOfScope,
                 ),
                 Candidate::NoMatch { keys, .. } => ("none", "", keys, TriggerResult::NoMatch),
+                Candidate::Invalid { keys, .. } => ("none", "", keys, TriggerResult::Invalid),
             };
             Some(Recorded {
                 runbook: runbook.to_string(),
@@ -615,6 +616,21 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
                     .with_label_values(&[&runbook, TriggerResult::OutOfScope.as_str()])
                     .inc();
                 (runbook, fingerprint, (TriggerResult::OutOfScope, None))
+            }
+            Candidate::Invalid {
+                fingerprint, why, ..
+            } => {
+                tracing::warn!(%fingerprint, result = "invalid", "trigger: the alert cannot be kept and starts nothing: {why}");
+                whys.push((outcomes.len(), why));
+                s.metrics
+                    .alert_triggers
+                    .with_label_values(&["none", TriggerResult::Invalid.as_str()])
+                    .inc();
+                (
+                    "none".to_string(),
+                    fingerprint,
+                    (TriggerResult::Invalid, None),
+                )
             }
             Candidate::NoMatch {
                 fingerprint, why, ..

@@ -261,7 +261,7 @@ impl Metrics {
             alert_triggers: counter(
                 r,
                 "runwarden_alert_triggers_total",
-                "What became of each alert: started, deduplicated, cooldown, out_of_scope, kill_switch, no_match.",
+                "What became of each alert: started, deduplicated, cooldown, out_of_scope, kill_switch, no_match, invalid.",
                 &["runbook", "result"],
             ),
             audit_write_failures,
@@ -372,9 +372,11 @@ impl Metrics {
                 }
             }
         }
-        self.alert_triggers
-            .with_label_values(&["none", "no_match"])
-            .inc_by(0);
+        for outcome in ["no_match", "invalid"] {
+            self.alert_triggers
+                .with_label_values(&["none", outcome])
+                .inc_by(0);
+        }
         for status in ["firing", "resolved"] {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }

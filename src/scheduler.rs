@@ -42,6 +42,8 @@ pub enum TriggerResult {
     KillSwitch,
     /// No runbook matched the alert.
     NoMatch,
+    /// The alert holds what cannot be kept (a NUL byte); it starts nothing.
+    Invalid,
 }
 
 impl TriggerResult {
@@ -54,6 +56,7 @@ impl TriggerResult {
             TriggerResult::OutOfScope => "out_of_scope",
             TriggerResult::KillSwitch => "kill_switch",
             TriggerResult::NoMatch => "no_match",
+            TriggerResult::Invalid => "invalid",
         }
     }
 }

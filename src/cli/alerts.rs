@@ -123,6 +123,7 @@ fn outcome(
 ) -> Value {
     match c {
         Candidate::NoMatch { why, .. } => json!({ "result": "no_match", "why": why }),
+        Candidate::Invalid { why, .. } => json!({ "result": "invalid", "why": why }),
         Candidate::OutOfScope { runbook, why, .. } => {
             json!({ "result": "out_of_scope", "runbook": runbook, "why": why })
         }

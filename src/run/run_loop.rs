@@ -143,11 +143,9 @@ impl RunLoop<'_> {
             let budget_ends = s.gate.budget().deadline();
             let max_duration = s.gate.budget().max_duration();
             let mut admit = || s.gate.admit_model_request();
-            let Ok(next) = tokio::time::timeout_at(
-                budget_ends,
-                self.planner.next(&s.transcript, &mut admit),
-            )
-            .await
+            let Ok(next) =
+                tokio::time::timeout_at(budget_ends, self.planner.next(&s.transcript, &mut admit))
+                    .await
             else {
                 s.tally.stop(
                     Verdict::BudgetExhausted,

@@ -82,6 +82,16 @@ pub enum Candidate {
         /// Which host, and why it is not one the runbook may touch.
         why: String,
     },
+    /// The alert holds what no store can keep (a NUL byte): it starts
+    /// nothing, and its record shows the bytes escaped.
+    Invalid {
+        /// The alert's fingerprint, escaped.
+        fingerprint: String,
+        /// Its deduplication keys, escaped (for the fleet's record).
+        keys: Vec<String>,
+        /// Which field, and why.
+        why: String,
+    },
     /// No runbook matched this firing alert.
     NoMatch {
         /// The alert's fingerprint.
@@ -136,6 +146,31 @@ fn closest_miss(labels: &std::collections::BTreeMap<String, String>, config: &Co
     }
 }
 
+/// Why an alert cannot be kept as it is, if it cannot: a NUL byte in any
+/// string of it (PostgreSQL's text and jsonb refuse it, so one such alert
+/// once made a whole notification fail for good, and Alertmanager resent
+/// it forever). Checked on either store, so both say the same.
+fn unkeepable(n: &Notification, alert: &Alert) -> Option<String> {
+    let nul = |s: &str| s.contains('\0');
+    if nul(&n.group_key) {
+        return Some("the notification's groupKey holds a NUL byte".into());
+    }
+    if nul(&alert.fingerprint) {
+        return Some("its fingerprint holds a NUL byte".into());
+    }
+    for (what, map) in [("label", &alert.labels), ("annotation", &alert.annotations)] {
+        if let Some((k, _)) = map.iter().find(|(k, v)| nul(k) || nul(v)) {
+            return Some(format!("its {what} {} holds a NUL byte", escaped(k)));
+        }
+    }
+    None
+}
+
+/// `s` with NUL bytes shown as `\0`, as an invalid alert's record keeps it.
+fn escaped(s: &str) -> String {
+    s.replace('\0', "\\0")
+}
+
 /// The candidates of one notification, in alert order.
 pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
     // Most runbooks name the alert they handle (`alertname="..."`): look only
@@ -158,6 +193,14 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                 format!("group:{}", n.group_key),
             ]
         };
+        if let Some(why) = unkeepable(n, alert) {
+            out.push(Candidate::Invalid {
+                fingerprint: escaped(&alert.fingerprint),
+                keys: keys().iter().map(|k| escaped(k)).collect(),
+                why,
+            });
+            continue;
+        }
         let mut matched = false;
         let named = alert
             .labels

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod agent;
+mod alerts;
 mod reload;
 
 const TOKEN: &str = "fast-tier-token-0123456789";

@@ -372,6 +372,66 @@ fn alerts_no_runbook_takes_or_for_hosts_out_of_scope_are_in_the_fleets_table_too
     wait_verdicts(&fleet, 1, Duration::from_secs(20));
 }
 
+/// A poison alert: a NUL byte in an alert's fingerprint, host label or an
+/// annotation, or in the notification's groupKey. Each such alert gets its
+/// own recorded outcome `invalid` (its row shows the byte escaped), the
+/// good alerts beside it start, and the answer is 200, so Alertmanager does
+/// not resend it forever (it was a 503 for the whole notification).
+#[test]
+fn an_alert_with_a_nul_byte_is_recorded_invalid_and_its_neighbours_start() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 1, LONG, "", &|e| {
+        for h in ["h1", "h5"] {
+            e.host(h, &site.host(h, ""));
+        }
+        e.runbook("rot", &rot_runbook(&site, "h1, h5", 0));
+    });
+    let mut body: Value = serde_json::from_str(&notification(&["h1", "h2", "h3", "h4"])).unwrap();
+    body["alerts"][1]["fingerprint"] = "fp-h2\u{0}x".into();
+    body["alerts"][2]["labels"]["instance"] = "h3\u{0}:9100".into();
+    body["alerts"][3]["annotations"]["summary"] = "disk \u{0} full".into();
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let results: Vec<&str> = answer["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        results,
+        ["started", "invalid", "invalid", "invalid"],
+        "{answer:#}"
+    );
+    assert!(
+        answer["outcomes"][1]["why"]
+            .as_str()
+            .unwrap()
+            .contains("fingerprint holds a NUL byte"),
+        "{answer:#}"
+    );
+    let recorded =
+        pg.sql("SELECT runbook, outcome, keys[1] FROM runwarden_triggers ORDER BY keys[1]");
+    assert_eq!(
+        recorded,
+        "rot|started|fp:fp-h1\nnone|invalid|fp:fp-h2\\0x\nnone|invalid|fp:fp-h3\nnone|invalid|fp:fp-h4",
+        "{recorded}"
+    );
+    // A NUL in the group key: every alert of it is invalid, and still 200.
+    let mut body: Value = serde_json::from_str(&notification(&["h5"])).unwrap();
+    body["groupKey"] = "{}:{alertname=\"Logs\u{0}Full\"}".into();
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "invalid", "{answer:#}");
+    let (_, metrics) = http(&fleet[0].addr, "GET", "/metrics", "").unwrap();
+    assert!(
+        metrics.contains("runwarden_alert_triggers_total{result=\"invalid\",runbook=\"none\"} 4"),
+        "{metrics}"
+    );
+    wait_verdicts(&fleet, 1, Duration::from_secs(20));
+}
+
 #[test]
 fn a_replica_killed_mid_run_is_closed_interrupted_by_another_within_its_lease_and_nothing_runs_twice()
  {
