@@ -320,6 +320,7 @@ mod tests {
                 .map(|c| match c {
                     Candidate::NoMatch { why, .. } => format!("no_match: {why}"),
                     Candidate::OutOfScope { why, .. } => format!("out_of_scope: {why}"),
+                    Candidate::Invalid { why, .. } => format!("invalid: {why}"),
                     Candidate::Run(r) => format!("run {}", r.runbook),
                 })
                 .collect()
