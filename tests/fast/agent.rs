@@ -95,3 +95,61 @@ fn one_permit_sent_on_sixteen_connections_at_once_runs_once() {
         "{replay_kinds:?}"
     );
 }
+
+/// An agent whose connection sends nothing is not kept waiting: it says so
+/// and ends after its request timeout; with an idle timeout, the same after
+/// a reply. A connection that keeps sending is served.
+#[test]
+fn an_agent_ends_a_connection_that_sends_nothing() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    agent_config(dir.path());
+    let policy = dir.path().join("agent.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "name: me\nconnection: local\npaths: [{}]\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let agent = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_runwarden"))
+            .args(["agent", "--stdio", "--policy"])
+            .arg(&policy)
+            .arg("--audit")
+            .arg(dir.path().join("agent-audit.jsonl"))
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Nothing sent: the stdin pipe stays open and silent.
+    let started = Instant::now();
+    let mut silent = agent(&["--request-timeout", "1s"]);
+    let _hold = silent.stdin.take();
+    let out = silent.wait_with_output().unwrap();
+    let took = started.elapsed();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("no request within 1s"), "{said}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // One request, then silence: answered, then ended after the idle timeout.
+    let mut once = agent(&["--request-timeout", "5s", "--idle-timeout", "1s"]);
+    let mut stdin = once.stdin.take().unwrap();
+    let data = dir.path().join("data");
+    writeln!(
+        stdin,
+        "{}",
+        json!({ "run_id": "r1", "step": 1, "runbook": "look", "tool": "disk_usage", "args": { "path": data } })
+    )
+    .unwrap();
+    let out = once.wait_with_output().unwrap();
+    drop(stdin);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert!(lines[0].contains("\"result\""), "{said}");
+    assert!(lines[1].contains("no request within 1s"), "{said}");
+}
