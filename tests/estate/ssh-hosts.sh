@@ -43,6 +43,9 @@ up() {
   fi
   chown -R "$USER_NAME" "$dir/jail"
   touch "$dir/agent-audit.jsonl" && chown "$USER_NAME" "$dir/agent-audit.jsonl"
+  # Where the agent records the permits it spent (beside its audit log; the
+  # directory here is root's, as /var/lib/runwarden is the agent's own).
+  install -d -o "$USER_NAME" -m 0700 "$dir/agent-audit.jsonl.permits"
   chmod 755 "$dir"; chmod 644 "$dir"/authorized_keys.* "$dir/agent.yaml"
   cat > "$dir/sshd_config" <<CONF
 ListenAddress 10.239.$i.2
@@ -56,6 +59,7 @@ KbdInteractiveAuthentication no
 PermitRootLogin no
 UsePAM no
 StrictModes no
+MaxStartups 100
 CONF
   ip netns add "$ns"
   ip link add "$veth" type veth peer name eth0 netns "$ns"

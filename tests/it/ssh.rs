@@ -555,3 +555,117 @@ fn a_change_to_an_unreachable_host_is_never_retried_blindly() {
         "it never reached the host"
     );
 }
+
+/// One signed tier-2 permit sent on 16 SSH connections at the same moment
+/// (16 agent processes, as sshd starts them), 50 times over: each time
+/// exactly one agent dispatches it (one intent line on the host) and the 15
+/// others are refused `permit_replayed`.
+#[test]
+fn one_permit_sent_on_sixteen_ssh_connections_at_once_runs_once() {
+    use runwarden::gate::signed::{CallId, PermitKey};
+    let e = Estate::new();
+    let logs = e.work().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("app.log"), "x\n".repeat(100)).unwrap();
+    let conf = e.work().join("lr.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/app.log {{\n  rotate 3\n  missingok\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(e.work().join("host-state")).unwrap();
+    let (h, key) = ssh_host(
+        &e,
+        &format!(
+            "paths: [/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}",
+            conf.display(),
+            e.work().join("host-state/lr.state").display()
+        ),
+    );
+    sh(
+        "/bin/chown",
+        &[
+            "-R",
+            "rw-agent",
+            logs.to_str().unwrap(),
+            e.work().join("host-state").to_str().unwrap(),
+        ],
+    );
+    let permits = PermitKey::load(&e.path().join("state/permit.key")).unwrap();
+    let args = serde_json::json!({ "config": conf, "reason": "the log is large" });
+    let agent_audit = h.dir.join("agent-audit.jsonl");
+    let mut replayed = Vec::new();
+    for trial in 0..50 {
+        let run_id = format!("ssh-trial-{trial}");
+        let permit = permits.sign(
+            &CallId {
+                run_id: &run_id,
+                step: 1,
+                host: "web",
+                tool: "rotate_logs",
+                args: &args,
+            },
+            "standing:rotate",
+        );
+        let line = serde_json::json!({
+            "run_id": run_id, "step": 1, "runbook": "rotate", "tool": "rotate_logs",
+            "args": args, "permit": permit,
+        })
+        .to_string();
+        let clients: Vec<std::process::Child> = (0..16)
+            .map(|_| {
+                let mut c = Command::new("/usr/bin/ssh")
+                    .args(["-i", key.to_str().unwrap()])
+                    .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+                    .args(["-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+                    .arg(format!("rw-agent@10.239.{}.2", h.index))
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                use std::io::Write;
+                let mut stdin = c.stdin.take().unwrap();
+                writeln!(stdin, "{line}").unwrap();
+                drop(stdin);
+                c
+            })
+            .collect();
+        let replies: Vec<String> = clients
+            .into_iter()
+            .map(|c| {
+                let out = c.wait_with_output().unwrap();
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr)
+            })
+            .collect();
+        let ran = replies.iter().filter(|r| r.contains("\"result\"")).count();
+        let refused = replies
+            .iter()
+            .filter(|r| r.contains("already used"))
+            .count();
+        assert_eq!((ran, refused), (1, 15), "trial {trial}: {replies:#?}");
+        let host_audit = std::fs::read_to_string(&agent_audit).unwrap();
+        let of_trial: Vec<serde_json::Value> = host_audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["run_id"] == run_id.as_str())
+            .collect();
+        let intents = of_trial.iter().filter(|l| l["phase"] == "intent").count();
+        assert_eq!(intents, 1, "trial {trial}");
+        replayed.extend(
+            of_trial
+                .iter()
+                .filter(|l| l["phase"] == "denied")
+                .map(|l| l["detail"]["reason"].as_str().unwrap_or("").to_string()),
+        );
+    }
+    assert_eq!(replayed.len(), 50 * 15);
+    assert!(
+        replayed.iter().all(|r| r == "permit_replayed"),
+        "{replayed:?}"
+    );
+}
