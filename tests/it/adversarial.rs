@@ -334,8 +334,11 @@ fn the_agent_refuses_what_its_own_policy_does_not_allow() {
         input.push_str(l);
         input.push('\n');
     }
-    // A run id that tries to forge a second audit line, then one allowed call.
+    // A run id that tries to forge a second audit line (refused: not a run
+    // id a runner makes), then one allowed call.
     input.push_str(&json!({ "run_id": "r1\n{\"phase\":\"intent\",\"tool\":\"restart_service\"}", "step": 2, "runbook": "p", "tool": "disk_usage", "args": { "path": a } }).to_string());
+    input.push('\n');
+    input.push_str(&json!({ "run_id": "r1", "step": 3, "runbook": "p", "tool": "disk_usage", "args": { "path": a } }).to_string());
     input.push('\n');
     let mut child = Command::new(bin())
         .args(["agent", "--stdio", "--policy"])
@@ -357,10 +360,17 @@ fn the_agent_refuses_what_its_own_policy_does_not_allow() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(replies.len(), lines.len() + 1, "one answer per line");
+    assert_eq!(replies.len(), lines.len() + 2, "one answer per line");
     for ((what, _), reply) in lines.iter().zip(&replies) {
         assert!(reply.get("refused").is_some(), "{what}: {reply}");
     }
+    let forged = &replies[lines.len()];
+    assert!(
+        forged["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("is not one a runner makes")),
+        "{forged}"
+    );
     assert_eq!(replies.last().unwrap()["result"]["outcome"], "ok");
     let log = std::fs::read_to_string(&audit).unwrap();
     let intents: Vec<Value> = log
