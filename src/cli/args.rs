@@ -64,9 +64,9 @@ pub enum Command {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell), generated
     /// from these very definitions; the package installs them.
@@ -102,9 +102,9 @@ pub enum Command {
         /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
         #[arg(long)]
         dry_run: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -138,24 +138,24 @@ pub enum Command {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Print a run from the audit log as a person reads it: each model turn
     /// (what it was sent, what it answered), each call with the gate's decision, each result.
     Transcript {
         /// The run id (a unique prefix will do).
         run_id: String,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Run the daemon: cron schedules, the Alertmanager webhook, the kill-switch watcher, metrics.
     Serve {
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Address to listen on (default: `listen` in runwarden.yaml, else 127.0.0.1:9731).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
@@ -202,9 +202,9 @@ pub enum Command {
         /// File holding your approver token (default: $RUNWARDEN_APPROVER_TOKEN_FILE).
         #[arg(long, global = true)]
         token_file: Option<PathBuf>,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, global = true, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
     },
     /// What a person needs before raising a runbook's autonomy: runs, proposals, approvals, denials, failed verifications.
     PromoteReport {
@@ -216,9 +216,9 @@ pub enum Command {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Read the audit log.
     Audit {
@@ -252,9 +252,9 @@ pub enum DbCommand {
     /// Bring the database's schema to this runwarden's (tables and functions);
     /// safe to run again. Exit 0 when done, 1 when the database refused.
     Migrate {
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Connect with this URL file instead of `state.postgres.url_file`
         /// (the owner's, when the daemons' role may not change the schema).
         #[arg(long)]
@@ -263,9 +263,9 @@ pub enum DbCommand {
     /// Say whether the database can be reached and its schema is this
     /// runwarden's. Exit 0 when it is, 1 when not.
     Status {
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -281,17 +281,17 @@ pub enum AuditCommand {
         /// A head recorded elsewhere, as `HASH:LINES` (printed by this command); may repeat.
         #[arg(long, value_parser = clap::value_parser!(crate::audit::head::Head))]
         head: Vec<crate::audit::head::Head>,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Print one run's lines in order; an intent without a result is marked.
     Show {
         /// The run id (a unique prefix will do).
         run_id: String,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -305,9 +305,9 @@ pub enum HostCommand {
     Check {
         /// The host, by name (its file in hosts/).
         host: String,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -324,9 +324,9 @@ pub enum AlertsCommand {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -338,9 +338,9 @@ pub enum InstallCommand {
         /// The host, by name (its file in hosts/).
         #[arg(long)]
         host: String,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -387,18 +387,18 @@ pub enum KillSwitchCommand {
         /// Stop only this runbook.
         #[arg(long)]
         runbook: Option<String>,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Release the switch.
     Release {
         /// Release only this runbook's switch.
         #[arg(long)]
         runbook: Option<String>,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Print the state and what each engaged switch file says. Exit 0 when
     /// released, 1 when any switch is engaged, 2 when runwarden.yaml does not load.
@@ -406,8 +406,8 @@ pub enum KillSwitchCommand {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
-        /// The configuration directory: runwarden.yaml, hosts/, runbooks/.
-        #[arg(long, default_value = ".")]
-        config: PathBuf,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }

@@ -9,7 +9,7 @@ use crate::store::Postgres;
 pub(super) async fn db(command: DbCommand) -> Exit {
     match command {
         DbCommand::Migrate { config, url_file } => {
-            let store = open_as(&config, url_file.as_deref())?;
+            let store = open_as(&super::config_dir(config)?, url_file.as_deref())?;
             let applied = store.migrate().await.map_err(|e| {
                 Failed::code(
                     1,
@@ -23,7 +23,7 @@ pub(super) async fn db(command: DbCommand) -> Exit {
             Ok(0)
         }
         DbCommand::Status { config } => {
-            let store = open_as(&config, None)?;
+            let store = open_as(&super::config_dir(config)?, None)?;
             match store.check_schema().await {
                 Ok(()) => {
                     println!(

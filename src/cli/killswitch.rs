@@ -11,7 +11,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
     let dir = match &command {
         KillSwitchCommand::Engage { config, .. }
         | KillSwitchCommand::Release { config, .. }
-        | KillSwitchCommand::Status { config, .. } => config.clone(),
+        | KillSwitchCommand::Status { config, .. } => super::config_dir(config.clone())?,
     };
     // The directory `serve` uses, read from runwarden.yaml alone: the switch
     // must work while a runbook or host file is half edited, and must never

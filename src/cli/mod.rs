@@ -109,6 +109,36 @@ impl From<anyhow::Error> for Failed {
 /// What a command comes to: its exit code, or why it could not do its work.
 pub type Exit = Result<i32, Failed>;
 
+/// The configuration directory a command works on: `--config`, else
+/// `RUNWARDEN_CONFIG`, else the current directory if it holds a
+/// `runwarden.yaml`, else `/etc/runwarden` (the package's). With none of
+/// these the command refuses (exit 2), naming what it looked for: a command
+/// typed from the wrong directory must never act on a directory no daemon
+/// reads (a kill switch engaged in `./kill-switch` stops nothing).
+pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
+    if let Some(dir) = given {
+        return Ok(dir);
+    }
+    if let Some(dir) = std::env::var_os("RUNWARDEN_CONFIG").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    if here.join("runwarden.yaml").is_file() {
+        return Ok(PathBuf::from("."));
+    }
+    let packaged = std::path::Path::new(PACKAGED_CONFIG);
+    if packaged.is_dir() {
+        return Ok(packaged.to_path_buf());
+    }
+    Err(Failed::usage(format!(
+        "which configuration? No --config, no RUNWARDEN_CONFIG, no runwarden.yaml in {} and no {PACKAGED_CONFIG}: give --config DIR (the directory the daemon runs with)",
+        here.display()
+    )))
+}
+
+/// Where the package puts the configuration.
+pub const PACKAGED_CONFIG: &str = "/etc/runwarden";
+
 /// Run a parsed command; returns the process exit code. Every failure is
 /// said here, once.
 pub async fn main(cli: Cli) -> i32 {
@@ -120,8 +150,8 @@ async fn dispatch(cli: Cli) -> Exit {
         Command::Check {
             config,
             json: false,
-        } => check(&config),
-        Command::Check { config, json: true } => check::check_json(&config),
+        } => check(&config_dir(config)?),
+        Command::Check { config, json: true } => check::check_json(&config_dir(config)?),
         Command::Tools { json } => tools(json),
         // Both are written to memory first, then printed the way every other
         // output is (a closed stdout ends the command quietly, as 141).
@@ -178,9 +208,9 @@ async fn dispatch(cli: Cli) -> Exit {
             if let Some(file) = alert {
                 req.alert = Some(read_alert(&file).map_err(Failed::usage)?);
             }
-            run(&config, req, json).await
+            run(&config_dir(config)?, req, json).await
         }
-        Command::Transcript { run_id, config } => transcript(&run_id, &config),
+        Command::Transcript { run_id, config } => transcript(&run_id, &config_dir(config)?),
         Command::Runs {
             runbook,
             host,
@@ -199,9 +229,9 @@ async fn dispatch(cli: Cli) -> Exit {
             },
             since.as_deref(),
             json,
-            &config,
+            &config_dir(config)?,
         ),
-        Command::Serve { config, listen } => serve(config, listen).await,
+        Command::Serve { config, listen } => serve(config_dir(config)?, listen).await,
         Command::Agent {
             stdio,
             policy,
@@ -217,25 +247,25 @@ async fn dispatch(cli: Cli) -> Exit {
         }
         Command::Install {
             command: InstallCommand::Print { host, config },
-        } => install_print(&host, &config),
+        } => install_print(&host, &config_dir(config)?),
         Command::Host {
             command: HostCommand::Check { host, config },
-        } => host_check(&host, &config).await,
+        } => host_check(&host, &config_dir(config)?).await,
         Command::Approvals {
             command,
             daemon,
             token_file,
             config,
-        } => approvals(command, daemon, token_file, &config).await,
+        } => approvals(command, daemon, token_file, &config_dir(config)?).await,
         Command::PromoteReport {
             runbook,
             since,
             json,
             config,
-        } => promote_report(&runbook, &since, json, &config),
+        } => promote_report(&runbook, &since, json, &config_dir(config)?),
         Command::Audit {
             command: AuditCommand::Verify { file, config, head },
-        } => audit_verify(file, &config, head),
+        } => audit_verify(file, &config_dir(config)?, head),
         Command::Audit {
             command:
                 AuditCommand::Show {
@@ -243,12 +273,12 @@ async fn dispatch(cli: Cli) -> Exit {
                     config,
                     json,
                 },
-        } => audit_show(&run_id, &config, json),
+        } => audit_show(&run_id, &config_dir(config)?, json),
         Command::KillSwitch { command } => kill_switch(command).await,
         Command::Db { command } => db::db(command).await,
         Command::Alerts {
             command: AlertsCommand::Test { file, json, config },
-        } => alerts::alerts_test(&file, &config, json),
+        } => alerts::alerts_test(&file, &config_dir(config)?, json),
     }
 }
 

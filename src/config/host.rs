@@ -23,6 +23,8 @@ pub struct Host {
     pub name: String,
     /// How tools reach it.
     pub connection: Connection,
+    /// Shipped as an example: its missing SSH files are a note, not a warning.
+    pub example: bool,
     /// Run mutating commands through `sudo -n` (never through a shell).
     pub sudo: bool,
     /// Working directory of every spawned tool: a directory with nothing in it.
@@ -461,6 +463,7 @@ pub(super) fn validate(
     Some(Host {
         name,
         connection,
+        example: raw.example,
         sudo: raw.sudo,
         jail,
         tool_timeout,

@@ -450,15 +450,22 @@ impl Config {
                     ("ssh.identity", &ssh.identity),
                     ("ssh.known_hosts", &ssh.known_hosts),
                 ] {
-                    if let Err(e) = std::fs::File::open(path) {
-                        warnings.file(
+                    match std::fs::File::open(path) {
+                        Err(e) if h.example => tracing::info!(
+                            "host \"{}\" is an example (example: true in {}): {field} {}: {e}; calls to it fail until you set it up",
+                            h.name,
+                            h.source.display(),
+                            path.display()
+                        ),
+                        Err(e) => warnings.file(
                             &h.source,
                             format!(
                                 "{field} {}: {e}; every call to host \"{}\" fails until it is there",
                                 path.display(),
                                 h.name
                             ),
-                        );
+                        ),
+                        Ok(_) => {}
                     }
                 }
             }

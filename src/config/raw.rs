@@ -159,6 +159,9 @@ pub struct Step {
 pub struct Host {
     pub name: S<String>,
     pub connection: S<Connection>,
+    /// A host file shipped as an example (its SSH files are not expected here).
+    #[serde(default)]
+    pub example: bool,
     #[serde(default)]
     pub sudo: bool,
     pub jail: Option<S<String>>,

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 mod agent;
 mod alerts;
+mod oncall;
 mod reload;
 
 const TOKEN: &str = "fast-tier-token-0123456789";

@@ -1131,6 +1131,37 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
                 && l.ends_with(" 1")),
         "{metrics}"
     );
+    // On-call's kill switch typed as the README shows it, from root's home
+    // and as the daemon's own user from /: it acts on /etc/runwarden, the
+    // directory the daemon reads, and the daemon's gauge shows it.
+    h.setup_ok("cd ~ && runwarden kill-switch engage --reason INC-123");
+    let status = h.setup("cd / && runuser -u runwarden -- runwarden kill-switch status");
+    assert!(
+        status.contains("ENGAGED global") && status.contains("INC-123"),
+        "{status}"
+    );
+    let gauge = || {
+        String::from_utf8_lossy(
+            &h.exec(&[
+                "/bin/bash",
+                "-c",
+                "exec 3<>/dev/tcp/127.0.0.1/9731; printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3; cat <&3",
+            ])
+            .stdout,
+        )
+        .lines()
+        .find(|l| l.starts_with("runwarden_kill_switch_engaged{scope=\"global\"}"))
+        .map(str::to_string)
+    };
+    wait_for(
+        "the daemon sees the switch",
+        Duration::from_secs(10),
+        || {
+            (gauge().as_deref() == Some("runwarden_kill_switch_engaged{scope=\"global\"} 1"))
+                .then_some(())
+        },
+    );
+    h.setup_ok("cd ~ && runwarden kill-switch release");
     // The daemon is not root and cannot become root; the change ran in root's agent.
     let status = h.setup(
         "grep -E '^(Uid|NoNewPrivs|CapEff)' /proc/$(systemctl show -P MainPID runwarden.service)/status",
