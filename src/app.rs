@@ -125,7 +125,8 @@ pub async fn serve(
     ));
     workers.spawn(killswitch_worker(
         config_rx.clone(),
-        store.as_ref().map(|s| s.switch.clone()),
+        store.clone(),
+        audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
     ));
@@ -258,12 +259,20 @@ fn engaged_at(ks: &KillSwitch, runbook: Option<&str>, on: bool) -> f64 {
 /// Keep `runwarden_kill_switch_engaged` current. inotify events can be
 /// dropped, so every event (and a slow timer) means "look again"; the gate's
 /// own check before every call stays the backstop.
+///
+/// It also ends timed switches whose time has come (this machine's files,
+/// and with shared state the fleet's rows), with an audit line naming who
+/// engaged each and why, and publishes this replica's own switch files to
+/// the shared state, so `status` and `release` on any replica can say what
+/// still stops runs here.
 async fn killswitch_worker(
     config: watch::Receiver<Arc<Config>>,
-    fleet: Option<Arc<crate::gate::killswitch::FleetSwitch>>,
+    store: Option<Arc<crate::store::Postgres>>,
+    audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let fleet = store.as_ref().map(|s| s.switch.clone());
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let dir = config.borrow().settings.kill_switch_dir.clone();
     let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
@@ -288,7 +297,39 @@ async fn killswitch_worker(
             _ => {}
         }
     };
+    let ended = |ended: crate::gate::killswitch::Expired, source: &str| {
+        tracing::warn!(
+            scope = %ended.scope,
+            "kill switch released itself at its time ({}): engaged by {} ({}: {})",
+            ended.until,
+            ended.engaged_by,
+            source,
+            ended.reason
+        );
+        if let Err(e) = audit.kill_switch_ended(&ended, source) {
+            tracing::error!("the kill switch's end could not be audited: {e}");
+        }
+    };
     loop {
+        let dir = ks.dir().to_path_buf();
+        let files = KillSwitch::new(dir);
+        for e in tokio::task::spawn_blocking(move || files.sweep_expired())
+            .await
+            .unwrap_or_default()
+        {
+            ended(e, "file");
+        }
+        if let Some(store) = &store {
+            match store.sweep_expired().await {
+                Ok(list) => list.into_iter().for_each(|e| ended(e, "fleet")),
+                Err(e) => tracing::debug!("timed fleet switches not looked at: {e}"),
+            }
+            if let Ok(mine) = ks.status()
+                && let Err(e) = store.publish_switches(&mine).await
+            {
+                tracing::debug!("this replica's switch files not published: {e}");
+            }
+        }
         // The gate's own checks, so the gauge and the gate never disagree
         // (a dangling `ENGAGED` link stops every call, and shows as 1).
         let global = ks.check_global();
@@ -308,6 +349,14 @@ async fn killswitch_worker(
             .kill_switch_since
             .with_label_values(&["global"])
             .set(engaged_at(&ks, None, engaged_global));
+        metrics
+            .kill_switch_until
+            .with_label_values(&["global"])
+            .set(
+                ks.until(None)
+                    .filter(|_| engaged_global)
+                    .map_or(0.0, |t| t.as_second() as f64),
+            );
         // The fleet's own switch (shared state), on every replica whichever
         // one engaged it: `fleet` for all runs, `fleet:RUNBOOK` for one runbook.
         if let Some(fleet) = &fleet {
@@ -319,6 +368,10 @@ async fn killswitch_worker(
                 .kill_switch_engaged
                 .with_label_values(&["fleet"])
                 .set(on as i64);
+            metrics
+                .kill_switch_until
+                .with_label_values(&["fleet"])
+                .set(fleet.until("global").filter(|_| on).unwrap_or(0.0));
         }
         // The runbooks of the config in force now, not of the one at start-up.
         let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();

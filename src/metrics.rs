@@ -58,6 +58,8 @@ pub struct Metrics {
     pub run_last_finished: GaugeVec,
     /// Since when each kill switch is engaged (its file's time), 0 while released.
     pub kill_switch_since: GaugeVec,
+    /// When each timed kill switch releases itself, 0 while released or untimed.
+    pub kill_switch_until: GaugeVec,
     /// `runwarden_fleet_budget_used`: tier-2 calls in each fleet budget's window now.
     pub fleet_budget_used: GaugeVec,
     /// `runwarden_fleet_budget_limit`: what each fleet budget allows per window.
@@ -307,6 +309,12 @@ impl Metrics {
                 "runwarden_store_up",
                 "1 when the shared state answered this daemon's last round trip, 0 when it did not: then no trigger is accepted (503) and no call runs here. Absent without state.postgres.",
                 &["store"],
+            ),
+            kill_switch_until: gauge_vec(
+                r,
+                "runwarden_kill_switch_until_timestamp_seconds",
+                "When a timed kill switch releases itself (Unix time); 0 while released or untimed (scope: as runwarden_kill_switch_engaged).",
+                &["scope"],
             ),
             kill_switch_since: gauge_vec(
                 r,

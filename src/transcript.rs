@@ -128,7 +128,7 @@ pub fn render(lines: &[Entry]) -> String {
                     detail["detail"].as_str().unwrap_or("")
                 );
             }
-            None => {}
+            Some(Phase::KillSwitch) | None => {}
         }
     }
     if !lines.iter().any(|e| e.phase == Some(Phase::Verdict)) {

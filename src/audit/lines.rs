@@ -276,6 +276,35 @@ impl AuditLog {
         self.append(e, true)
     }
 
+    /// A timed kill switch released itself at its time (`source`: `file`
+    /// or `fleet`): who engaged it, why, and until when.
+    pub fn kill_switch_ended(
+        &self,
+        ended: &crate::gate::killswitch::Expired,
+        source: &str,
+    ) -> Result<(), AuditError> {
+        let run = RunInfo {
+            run_id: "-".into(),
+            runbook: ended.scope.clone(),
+            runbook_version: String::new(),
+            host: String::new(),
+            planner: String::new(),
+            model: None,
+            prompt: None,
+        };
+        let mut e = run.entry(Phase::KillSwitch, None);
+        e.outcome = Some("released".into());
+        e.detail = Some(json!({
+            "scope": ended.scope,
+            "source": source,
+            "engaged_by": ended.engaged_by,
+            "reason": ended.reason,
+            "until": ended.until.to_string(),
+            "message": "the timed kill switch released itself at its time",
+        }));
+        self.append(e, true)
+    }
+
     /// L1: a tier-2 call recorded for a person, with the argv it would run.
     pub fn proposal(&self, run: &RunInfo, p: &Proposal, argv: &[String]) -> Result<(), AuditError> {
         let mut e = run.call(Phase::Proposal, p.step(), p.action());

@@ -77,6 +77,8 @@ pub enum Phase {
     Model,
     /// The run's one verdict.
     Verdict,
+    /// A timed kill switch released itself (no run: `run_id` is `-`).
+    KillSwitch,
 }
 
 /// One line of the log.

@@ -387,6 +387,13 @@ pub enum KillSwitchCommand {
         /// Stop only this runbook.
         #[arg(long)]
         runbook: Option<String>,
+        /// Release itself after this long (`2h`, `30m`); without it (or
+        /// --until) the switch holds until a person releases it.
+        #[arg(long = "for", value_parser = humantime::parse_duration, conflicts_with = "until")]
+        for_: Option<std::time::Duration>,
+        /// Release itself at this time (RFC 3339, e.g. `2026-12-03T06:00:00Z`).
+        #[arg(long)]
+        until: Option<jiff::Timestamp>,
         /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
         #[arg(long)]
         config: Option<PathBuf>,

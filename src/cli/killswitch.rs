@@ -1,8 +1,10 @@
 //! `runwarden kill-switch engage|release|status`, on the directory `serve`
-//! uses, and with shared state on the fleet's switch too: engaged once, it
-//! reaches every replica within a second. This machine's file is always
-//! written first, so the switch holds here even when the database cannot
-//! be reached.
+//! uses, or with shared state on the fleet's switch: engaged once, it
+//! reaches every replica within a second, and a release from any replica
+//! ends it everywhere. With shared state no file is written (a file would
+//! keep one replica stopped after the fleet's release), unless the database
+//! cannot be reached: then this machine's file is the fallback, and the
+//! command says so. A release says what stays engaged, and where.
 
 use super::{Exit, Failed, KillSwitchCommand};
 use crate::gate::KillSwitch;
@@ -46,8 +48,21 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
         (KillSwitchCommand::Status { .. }, Some(store)) => Some(store.switches().await),
         _ => None,
     };
+    // Every other replica's own switch files, as each last published them.
+    let elsewhere = match (&command, &fleet) {
+        (KillSwitchCommand::Status { .. }, Some(store)) => store
+            .replica_switches()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.replica != settings.replica)
+            .map(|r| (format!("{} on replica {}", r.scope, r.replica), r.detail))
+            .collect(),
+        _ => Vec::new(),
+    };
     let status = || -> Result<Vec<(String, String)>, String> {
         let mut list = ks.status().map_err(|e| e.to_string())?;
+        list.extend(elsewhere.iter().cloned());
         match &heard {
             Some(Ok(fleet)) => list.extend(
                 fleet
@@ -63,81 +78,117 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
         Ok(list)
     };
     match command {
-        KillSwitchCommand::Engage { reason, .. } => match ks.engage(runbook, &reason) {
-            Ok(path) => {
-                println!(
-                    "engaged: {} (runs stop before their next call)",
-                    path.display()
-                );
-                let Some(store) = fleet else { return Ok(0) };
+        KillSwitchCommand::Engage {
+            reason,
+            for_,
+            until,
+            ..
+        } => {
+            let until = match (for_, until) {
+                (Some(d), _) => Some(
+                    jiff::Timestamp::now()
+                        + jiff::SignedDuration::try_from(d).map_err(Failed::usage)?,
+                ),
+                (None, Some(t)) if t <= jiff::Timestamp::now() => {
+                    return Err(Failed::usage(format!("--until {t} is in the past")));
+                }
+                (None, t) => t,
+            };
+            let timed = until.map_or(String::new(), |t| {
+                format!(
+                    "; it releases itself at {t} ({})",
+                    crate::gate::killswitch::time_left(t)
+                )
+            });
+            if let Some(store) = &fleet {
                 let by = format!("{}@{}", crate::gate::killswitch::who(), settings.replica);
                 match store
-                    .engage(runbook.unwrap_or("global"), &by, &reason)
+                    .engage(runbook.unwrap_or("global"), &by, &reason, until)
                     .await
                 {
                     Ok(()) => {
                         println!(
-                            "engaged for the fleet: every replica's runs stop before their next call"
+                            "engaged for the fleet: every replica's runs stop before their next call{timed}"
                         );
-                        Ok(0)
+                        return Ok(0);
                     }
-                    Err(e) => Err(Failed::code(
-                        1,
-                        format!(
-                            "engaged on this machine only: the fleet's switch was not reached ({e}); engage it on each replica, or retry when the database answers"
-                        ),
-                    )),
+                    Err(e) => eprintln!(
+                        "runwarden: the fleet's switch was not reached ({e}); engaging this machine's file instead"
+                    ),
                 }
             }
-            Err(e) => Err(Failed::code(
-                1,
-                format!(
-                    "cannot engage the kill switch in {shown}: {e}; as a fallback, `touch {shown}/ENGAGED` or remove the directory (both stop everything)"
-                ),
-            )),
-        },
-        KillSwitchCommand::Release { .. } => match (ks.release(runbook), &fleet) {
-            (Ok(here), Some(store)) => {
-                let was = |on: bool| if on { "was engaged" } else { "was not engaged" };
-                match store.release(runbook.unwrap_or("global")).await {
-                    Ok(fleet) => {
-                        println!(
-                            "released: this machine's switch ({}), the fleet's ({})",
-                            was(here),
-                            was(fleet)
-                        );
-                        Ok(0)
+            match ks.engage(runbook, &reason, until) {
+                Ok(path) => {
+                    println!(
+                        "engaged: {} (runs stop before their next call){timed}",
+                        path.display()
+                    );
+                    match fleet {
+                        Some(_) => Err(Failed::code(
+                            1,
+                            "engaged on this machine only: engage it on each replica, or again when the database answers",
+                        )),
+                        None => Ok(0),
                     }
-                    Err(e) => Err(Failed::code(
+                }
+                Err(e) => Err(Failed::code(
+                    1,
+                    format!(
+                        "cannot engage the kill switch in {shown}: {e}; as a fallback, `touch {shown}/ENGAGED` or remove the directory (both stop everything)"
+                    ),
+                )),
+            }
+        }
+        KillSwitchCommand::Release { .. } => {
+            let here = ks.release(runbook).map_err(|e| {
+                Failed::code(
+                    1,
+                    format!("cannot release {}: {e}", ks.file_of(runbook).display()),
+                )
+            })?;
+            let was = |on: bool| if on { "was engaged" } else { "was not engaged" };
+            let mut said = vec![format!("{} {}", ks.file_of(runbook).display(), was(here))];
+            let mut left: Vec<(String, String)> = Vec::new();
+            if let Some(store) = &fleet {
+                let scope = runbook.unwrap_or("global");
+                let released = store.release(scope).await.map_err(|e| {
+                    Failed::code(
                         1,
                         format!(
                             "released on this machine only: the fleet's switch was not reached ({e}); every replica stays stopped until it is released"
                         ),
-                    )),
+                    )
+                })?;
+                said.push(format!("the fleet's switch ({scope}) {}", was(released)));
+                if let Ok(fleet_left) = store.switches().await {
+                    left.extend(
+                        fleet_left
+                            .into_iter()
+                            .map(|(s, d)| (format!("fleet:{s}"), d)),
+                    );
+                }
+                if let Ok(others) = store.replica_switches().await {
+                    left.extend(
+                        others
+                            .into_iter()
+                            .filter(|r| r.replica != settings.replica)
+                            .map(|r| (format!("{} on replica {}", r.scope, r.replica), format!("{} (release it there: runwarden kill-switch release on {})", r.detail, r.replica))),
+                    );
                 }
             }
-            (Ok(true), None) => {
-                println!("released: {}", ks.file_of(runbook).display());
-                match ks.status() {
-                    Ok(left) if !left.is_empty() => {
-                        for (scope, detail) in left {
-                            println!("still ENGAGED {scope}: {detail}");
-                        }
-                    }
-                    Err(e) => println!("still ENGAGED {e}"),
-                    Ok(_) => {}
-                }
-                Ok(0)
+            match ks.status() {
+                Ok(files) => left.extend(files),
+                Err(e) => left.push(("global".into(), e.to_string())),
             }
-            (Ok(false), None) => {
-                println!("was not engaged: no {}", ks.file_of(runbook).display());
-                Ok(0)
+            println!("released: {}", said.join("; "));
+            if left.is_empty() {
+                println!("nothing stays engaged: runs may proceed");
             }
-            (Err(e), _) => Err(Failed::code(
-                1,
-                format!("cannot release {}: {e}", ks.file_of(runbook).display()),
-            )),
-        },
+            for (scope, detail) in left {
+                println!("still ENGAGED {scope}: {detail}");
+            }
+            Ok(0)
+        }
         // Exit 0: released (calls may run); 1: engaged (something is stopped).
         KillSwitchCommand::Status { json: true, .. } => {
             let engaged: Vec<serde_json::Value> = match status() {

@@ -46,7 +46,8 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
 }
 
 /// `run --via-daemon`: start the runs through the daemon, wait for each
-/// verdict, exit with the worst one's code (75 when a run was refused as busy).
+/// verdict, exit with the worst one's code (75 when a run was refused as
+/// busy, 7 when the kill switch refused it).
 pub(super) async fn via_daemon(
     base: &str,
     runbook: &str,
@@ -103,7 +104,12 @@ pub(super) async fn via_daemon(
         let Some(id) = o["run_id"].as_str() else {
             let result = o["result"].as_str().unwrap_or("?");
             println!("{host}: not started ({result})");
-            worst = worst.max(EXIT_BUSY);
+            // A switch engaged is not "busy, try again": a retrying script
+            // must not loop on it.
+            worst = worst.max(match result {
+                "kill_switch" => Verdict::Halted.exit_code(),
+                _ => EXIT_BUSY,
+            });
             continue;
         };
         println!("{host}: run {id} started");

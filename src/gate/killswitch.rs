@@ -6,6 +6,12 @@
 //! `touch`, a config-management tool). Anything unexpected about the
 //! directory (missing, unreadable, not a directory) counts as engaged: the
 //! switch fails closed.
+//!
+//! A switch may be timed (`engage --for 2h`, `--until TIME`): its file says
+//! `until: TIME`, and from then on it stops nothing; the daemon removes it
+//! and writes an audit line naming who engaged it and why. A file that says
+//! no `until` (or one that cannot be read) is untimed: it holds until a
+//! person releases it.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -28,12 +34,25 @@ pub struct KillSwitch {
 #[derive(Debug, Default)]
 pub struct FleetSwitch {
     engaged: std::sync::RwLock<Vec<(String, String)>>,
+    /// When each timed switch ends (Unix seconds), by scope.
+    untils: std::sync::RwLock<Vec<(String, f64)>>,
 }
 
 impl FleetSwitch {
     /// What the database says now.
     pub fn set(&self, engaged: Vec<(String, String)>) {
         *self.engaged.write().unwrap_or_else(|p| p.into_inner()) = engaged;
+    }
+
+    /// When the timed switches end, as the database says now.
+    pub fn set_untils(&self, untils: Vec<(String, f64)>) {
+        *self.untils.write().unwrap_or_else(|p| p.into_inner()) = untils;
+    }
+
+    /// When the fleet's switch for `scope` ends (Unix seconds), if it is timed.
+    pub fn until(&self, scope: &str) -> Option<f64> {
+        let untils = self.untils.read().unwrap_or_else(|p| p.into_inner());
+        untils.iter().find(|(s, _)| s == scope).map(|(_, t)| *t)
     }
 
     /// Whether the fleet's switch for `scope` (`global` or a runbook) is engaged.
@@ -157,6 +176,7 @@ impl KillSwitch {
         ];
         for (scope, file) in files.into_iter().flatten() {
             match std::fs::symlink_metadata(&file) {
+                Ok(_) if until_of(&file).is_some_and(|t| t <= jiff::Timestamp::now()) => {}
                 Ok(_) => {
                     return Err(Engaged {
                         scope: scope.to_string(),
@@ -188,19 +208,28 @@ impl KillSwitch {
         Ok(())
     }
 
-    /// Engage atomically (write a temporary file, then rename): who, when, why.
-    pub fn engage(&self, runbook: Option<&str>, reason: &str) -> std::io::Result<PathBuf> {
+    /// Engage atomically (write a temporary file, then rename): who, when,
+    /// why, and until when (`None`: until a person releases it).
+    pub fn engage(
+        &self,
+        runbook: Option<&str>,
+        reason: &str,
+        until: Option<jiff::Timestamp>,
+    ) -> std::io::Result<PathBuf> {
         std::fs::create_dir_all(&self.dir)?;
         let target = self.file(runbook);
         let tmp = self
             .dir
             .join(format!(".{}.tmp-{}", GLOBAL, std::process::id()));
-        let body = format!(
+        let mut body = format!(
             "engaged_by: {}\nengaged_at: {}\nreason: {}\n",
             who(),
             jiff::Timestamp::now(),
             reason.replace('\n', " ")
         );
+        if let Some(t) = until {
+            body.push_str(&format!("until: {t}\n"));
+        }
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(body.as_bytes())?;
         f.sync_all()?;
@@ -244,22 +273,111 @@ impl KillSwitch {
     }
 }
 
-/// The switch file's content (who, when, why), cut short; a bare `touch` says so.
-fn describe(file: &Path) -> String {
+/// The switch file's text, cut short ("" when it cannot be read).
+fn read_switch(file: &Path) -> String {
     let mut text = String::new();
     // Never blocks: a FIFO named ENGAGED still engages, it is just not read.
     if let Ok(f) = crate::files::open_regular(file, false) {
         let _ = f.take(2048).read_to_string(&mut text);
     }
-    let text: Vec<&str> = text
+    text
+}
+
+/// The `until:` a switch file names, if it names a readable one.
+fn until_of(file: &Path) -> Option<jiff::Timestamp> {
+    field(&read_switch(file), "until")?.parse().ok()
+}
+
+/// One `key: value` line of a switch file.
+fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// How long until `t`, as a person reads it (`1h 59m left`).
+pub fn time_left(t: jiff::Timestamp) -> String {
+    let secs = t.as_second() - jiff::Timestamp::now().as_second();
+    if secs <= 0 {
+        return "expired".into();
+    }
+    let left =
+        std::time::Duration::from_secs(if secs >= 120 { secs / 60 * 60 } else { secs } as u64);
+    format!("{} left", humantime::format_duration(left))
+}
+
+/// The switch file's content (who, when, why, until when and how long is
+/// left), cut short; a bare `touch` says so.
+fn describe(file: &Path) -> String {
+    let text = read_switch(file);
+    let mut lines: Vec<String> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
+        .map(String::from)
         .collect();
-    if text.is_empty() {
+    if let Some(t) = field(&text, "until").and_then(|u| u.parse().ok()) {
+        lines.push(time_left(t));
+    }
+    if lines.is_empty() {
         format!("{} exists (no reason given)", file.display())
     } else {
-        format!("{} ({})", file.display(), text.join("; "))
+        format!("{} ({})", file.display(), lines.join("; "))
+    }
+}
+
+/// A timed switch whose time has come, as the daemon removes it.
+#[derive(Debug, Clone)]
+pub struct Expired {
+    /// `global`, or the runbook.
+    pub scope: String,
+    /// Who engaged it.
+    pub engaged_by: String,
+    /// Why.
+    pub reason: String,
+    /// Until when it held.
+    pub until: jiff::Timestamp,
+}
+
+impl KillSwitch {
+    /// Remove every timed switch file whose time has come, and say which.
+    pub fn sweep_expired(&self) -> Vec<Expired> {
+        let now = jiff::Timestamp::now();
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let scope = if name == GLOBAL {
+                "global".to_string()
+            } else if let Some(rb) = name.strip_suffix(&format!(".{GLOBAL}")) {
+                rb.to_string()
+            } else {
+                continue;
+            };
+            let text = read_switch(&e.path());
+            let Some(until) = field(&text, "until").and_then(|u| u.parse::<jiff::Timestamp>().ok())
+            else {
+                continue;
+            };
+            if until > now || std::fs::remove_file(e.path()).is_err() {
+                continue;
+            }
+            out.push(Expired {
+                scope,
+                engaged_by: field(&text, "engaged_by").unwrap_or("?").to_string(),
+                reason: field(&text, "reason").unwrap_or("").to_string(),
+                until,
+            });
+        }
+        out
+    }
+
+    /// When the switch of `runbook` (`None`: the global one) ends, if it is
+    /// engaged and timed.
+    pub fn until(&self, runbook: Option<&str>) -> Option<jiff::Timestamp> {
+        until_of(&self.file(runbook))
     }
 }
 
@@ -275,7 +393,7 @@ mod tests {
         assert!(missing.detail.contains("fail closed"), "{missing}");
         std::fs::create_dir(ks.dir()).unwrap();
         assert!(ks.check("disk").is_ok());
-        ks.engage(Some("disk"), "investigating").unwrap();
+        ks.engage(Some("disk"), "investigating", None).unwrap();
         let e = ks.check("disk").unwrap_err();
         assert_eq!(e.scope, "disk");
         assert!(e.detail.contains("investigating"));
@@ -296,5 +414,34 @@ mod tests {
                 .detail
                 .contains("not a directory")
         );
+    }
+
+    /// A timed switch stops runs until its time, then stops nothing and is
+    /// swept with who engaged it and why; an untimed one stays.
+    #[test]
+    fn a_timed_switch_ends_at_its_time_and_an_untimed_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = KillSwitch::new(dir.path());
+        let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+        ks.engage(None, "INC-123", Some(soon)).unwrap();
+        let e = ks.check("disk").unwrap_err();
+        assert!(
+            e.detail.contains("INC-123") && e.detail.contains("left"),
+            "{e}"
+        );
+        assert!(ks.sweep_expired().is_empty());
+        let past = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1);
+        ks.engage(None, "INC-124", Some(past)).unwrap();
+        ks.engage(Some("disk"), "no end", None).unwrap();
+        assert!(ks.check("other").is_ok(), "an expired switch stops nothing");
+        let swept = ks.sweep_expired();
+        assert_eq!(swept.len(), 1);
+        assert_eq!(
+            (swept[0].scope.as_str(), swept[0].reason.as_str()),
+            ("global", "INC-124")
+        );
+        assert!(!ks.file_of(None).exists());
+        assert_eq!(ks.check("disk").unwrap_err().scope, "disk");
+        assert!(ks.until(Some("disk")).is_none());
     }
 }

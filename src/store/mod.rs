@@ -104,6 +104,17 @@ pub enum Admitted {
     Deduplicated,
 }
 
+/// One replica's own switch file, as it last published it.
+#[derive(Debug, Clone)]
+pub struct ReplicaSwitch {
+    /// The replica.
+    pub replica: String,
+    /// `global`, or a runbook.
+    pub scope: String,
+    /// What the file says, and when the replica last said so.
+    pub detail: String,
+}
+
 /// A trigger a replica decided alone, for the fleet's record.
 #[derive(Debug, Clone)]
 pub struct Recorded {

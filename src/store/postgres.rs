@@ -37,6 +37,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../migrations/0003_duplicate_window.sql"),
     ),
     (4, include_str!("../../migrations/0004_admit_all.sql")),
+    (5, include_str!("../../migrations/0005_timed_switch.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -591,21 +592,104 @@ impl Postgres {
             .map_err(|e| StoreError::Database(format!("listing the fleet's runs: {e}")))
     }
 
-    /// Engage the fleet's switch for `scope` (`global` or a runbook) and
-    /// tell every replica at once.
-    pub async fn engage(&self, scope: &str, by: &str, reason: &str) -> Result<(), StoreError> {
-        self.with("engaging the fleet's kill switch", |c| async move {
-            c.execute(
-                "WITH s AS (INSERT INTO runwarden_kill_switch (scope, engaged_by, reason) VALUES ($1, $2, $3)
-                     ON CONFLICT (scope) DO UPDATE SET engaged_by = $2, reason = $3, engaged_at = clock_timestamp()
-                     RETURNING scope)
-                 SELECT pg_notify($4, scope) FROM s",
-                &[&scope, &by, &reason, &KILL_SWITCH_CHANNEL],
+    /// Engage the fleet's switch for `scope` (`global` or a runbook), until
+    /// `until` if given, and tell every replica at once.
+    pub async fn engage(
+        &self,
+        scope: &str,
+        by: &str,
+        reason: &str,
+        until: Option<jiff::Timestamp>,
+    ) -> Result<(), StoreError> {
+        let until = until.map(|t| t.to_string());
+        self.with("engaging the fleet's kill switch", |c| {
+            let until = until.clone();
+            async move {
+                c.execute(
+                    "WITH s AS (INSERT INTO runwarden_kill_switch (scope, engaged_by, reason, until)
+                         VALUES ($1, $2, $3, $5::text::timestamptz)
+                         ON CONFLICT (scope) DO UPDATE SET engaged_by = $2, reason = $3,
+                             engaged_at = clock_timestamp(), until = $5::text::timestamptz
+                         RETURNING scope)
+                     SELECT pg_notify($4, scope) FROM s",
+                    &[&scope, &by, &reason, &KILL_SWITCH_CHANNEL, &until],
+                )
+                .await
+            }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Remove the fleet's timed switches whose time has come; what was
+    /// removed (by this replica: of racing replicas, one removes each).
+    pub async fn sweep_expired(&self) -> Result<Vec<crate::gate::killswitch::Expired>, StoreError> {
+        self.with("ending the fleet's timed kill switches", |c| async move {
+            c.query(
+                "WITH s AS (DELETE FROM runwarden_kill_switch WHERE until <= clock_timestamp()
+                     RETURNING scope, engaged_by, reason, until::text)
+                 SELECT s.*, pg_notify($1, s.scope) FROM s",
+                &[&KILL_SWITCH_CHANNEL],
             )
             .await
         })
         .await
+        .map(|rows| {
+            rows.iter()
+                .filter_map(|r| {
+                    Some(crate::gate::killswitch::Expired {
+                        scope: r.get(0),
+                        engaged_by: r.get(1),
+                        reason: r.get(2),
+                        until: r.get::<_, String>(3).replace(' ', "T").parse().ok()?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Publish this replica's own switch files (scope, what they say), so
+    /// the others can say what still stops runs here.
+    pub async fn publish_switches(&self, engaged: &[(String, String)]) -> Result<(), StoreError> {
+        let replica = self.replica.clone();
+        let scopes: Vec<String> = engaged.iter().map(|(s, _)| s.clone()).collect();
+        let details: Vec<String> = engaged.iter().map(|(_, d)| d.clone()).collect();
+        self.with("publishing this replica's kill switch", |c| {
+            let (replica, scopes, details) = (replica.clone(), scopes.clone(), details.clone());
+            async move {
+                c.execute(
+                    "WITH gone AS (DELETE FROM runwarden_replica_switches WHERE replica = $1)
+                     INSERT INTO runwarden_replica_switches (replica, scope, detail)
+                     SELECT $1, s, d FROM unnest($2::text[], $3::text[]) AS u(s, d)
+                     ON CONFLICT (replica, scope) DO UPDATE SET detail = excluded.detail, seen_at = clock_timestamp()",
+                    &[&replica, &scopes, &details],
+                )
+                .await
+            }
+        })
+        .await
         .map(drop)
+    }
+
+    /// Every replica's own switch files, as each last published them.
+    pub async fn replica_switches(&self) -> Result<Vec<super::ReplicaSwitch>, StoreError> {
+        self.with("reading the replicas' kill switches", |c| async move {
+            c.query(
+                "SELECT replica, scope, detail, seen_at::text FROM runwarden_replica_switches ORDER BY replica, scope",
+                &[],
+            )
+            .await
+        })
+        .await
+        .map(|rows| {
+            rows.iter()
+                .map(|r| super::ReplicaSwitch {
+                    replica: r.get(0),
+                    scope: r.get(1),
+                    detail: format!("{} (as of {})", r.get::<_, String>(2), r.get::<_, String>(3)),
+                })
+                .collect()
+        })
     }
 
     /// Release the fleet's switch for `scope`; `false`: it was not engaged.
@@ -628,6 +712,11 @@ impl Postgres {
             switches_on(&c).await
         })
         .await
+        .map(|list| {
+            list.into_iter()
+                .map(|(scope, detail, _)| (scope, detail))
+                .collect()
+        })
     }
 
     /// Keep [`Postgres::switch`] current: LISTEN on its own connection,
@@ -677,7 +766,18 @@ impl Postgres {
             .map_err(unreachable)?;
         loop {
             let engaged = switches_on(&client).await.map_err(unreachable)?;
-            self.switch.set(engaged);
+            self.switch.set_untils(
+                engaged
+                    .iter()
+                    .filter_map(|(scope, _, until)| Some((scope.clone(), (*until)?)))
+                    .collect(),
+            );
+            self.switch.set(
+                engaged
+                    .into_iter()
+                    .map(|(scope, detail, _)| (scope, detail))
+                    .collect(),
+            );
             tokio::select! {
                 n = heard.recv() => if n.is_none() {
                     return Err(StoreError::Unreachable("the listening connection closed".into()));
@@ -689,15 +789,26 @@ impl Postgres {
     }
 }
 
-async fn switches_on(c: &Client) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+/// The fleet's engaged switches: scope, what a person reads, and when a
+/// timed one ends (Unix seconds). One whose time has come is not engaged,
+/// though its row stays until a replica removes it.
+async fn switches_on(
+    c: &Client,
+) -> Result<Vec<(String, String, Option<f64>)>, tokio_postgres::Error> {
     let rows = c
         .query(
-            "SELECT scope, format('engaged for the fleet by %s at %s: %s', engaged_by, engaged_at, reason)
-             FROM runwarden_kill_switch ORDER BY scope",
+            "SELECT scope, format('engaged for the fleet by %s at %s: %s%s', engaged_by, engaged_at, reason,
+                    CASE WHEN until IS NULL THEN '' ELSE format('; until %s (%s left)', until,
+                         date_trunc('second', until - clock_timestamp())) END),
+                    extract(epoch FROM until)::float8
+             FROM runwarden_kill_switch WHERE until IS NULL OR until > clock_timestamp() ORDER BY scope",
             &[],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -69,3 +69,93 @@ fn the_kill_switch_acts_only_on_a_configuration_a_daemon_reads() {
     assert_eq!(code, Some(0), "{said}");
     assert!(!conf.path().join("kill-switch/ENGAGED").exists(), "{said}");
 }
+
+/// A timed switch: `engage --for 2s` stops runs, `status` says how long is
+/// left, the daemon shows when it ends; at its time the daemon removes it,
+/// with an audit line naming who engaged it and why, and runs go on. An
+/// untimed one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_kill_switch_releases_itself_with_an_audit_line() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = super::Daemon::start(dir.path()).await;
+    let cli = |args: &[&str]| runwarden_in(dir.path(), args, None);
+    let (code, said) = cli(&["kill-switch", "engage", "--reason", "INC-9", "--for", "3s"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("releases itself at"), "{said}");
+    let (code, said) = cli(&["kill-switch", "status"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("INC-9") && said.contains("left"), "{said}");
+    let metric = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let scrape = || async {
+        super::client()
+            .get(d.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = scrape().await;
+        if metric(
+            &text,
+            "runwarden_kill_switch_until_timestamp_seconds{scope=\"global\"}",
+        )
+        .is_some_and(|t| t > 0.0)
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Its time comes; the daemon looks at least every 5 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while dir.path().join("kill-switch/ENGAGED").exists() {
+        assert!(std::time::Instant::now() < deadline, "never released");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (code, said) = cli(&["kill-switch", "status"]);
+    assert_eq!(code, Some(0), "{said}");
+    let audit = std::fs::read_to_string(dir.path().join("state/audit.jsonl")).unwrap();
+    let line: serde_json::Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["phase"] == "kill_switch")
+        .unwrap_or_else(|| panic!("no kill_switch line: {audit}"));
+    assert_eq!(line["detail"]["reason"], "INC-9", "{line}");
+    assert_eq!(line["detail"]["source"], "file", "{line}");
+    assert!(
+        line["detail"]["engaged_by"]
+            .as_str()
+            .is_some_and(|w| !w.is_empty())
+    );
+    // The run the switch held off now starts.
+    let (status, body) = super::post_alerts(&d, &super::notification()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcomes"][0]["result"], "started", "{body}");
+    // An untimed switch stays, and a run refused through the daemon exits
+    // 7 (the kill switch), not 75 (busy, try again).
+    let (code, said) = cli(&["kill-switch", "engage", "--reason", "INC-10"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains("releases itself"), "{said}");
+    let (code, said) = cli(&[
+        "run",
+        "disk",
+        "--host",
+        "web-02",
+        "--via-daemon",
+        &d.url(""),
+        "--token-file",
+        dir.path().join("token").to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(7), "{said}");
+    assert!(said.contains("kill_switch"), "{said}");
+    d.shutdown().await.unwrap();
+}

@@ -786,13 +786,98 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
             },
         );
     }
-    // Replica b's own file, written when it engaged, stays until released there.
+    // Engaging for the fleet wrote no file on replica b: released through
+    // c, nothing stays engaged anywhere.
     let status = fleet[1].e.run(&["kill-switch", "status"]);
-    assert_eq!(status.status.code(), Some(1));
-    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    assert!(String::from_utf8_lossy(&release.stdout).contains("nothing stays engaged"));
+
+    // A replica's own file (engaged by hand on a) is named by status and
+    // by a release on another replica, with where to release it.
+    std::fs::write(
+        fleet[0].e.path().join("kill-switch/ENGAGED"),
+        "reason: disk work on a\n",
+    )
+    .unwrap();
+    let a = fleet[0].name.clone();
+    wait_for(
+        "replica a's file in the shared state",
+        Duration::from_secs(10),
+        || {
+            let out = fleet[2].e.run(&["kill-switch", "status"]);
+            String::from_utf8_lossy(&out.stdout)
+                .contains(&format!("ENGAGED global on replica {a}"))
+                .then_some(())
+        },
+    );
+    let release = fleet[1].e.run(&["kill-switch", "release"]);
+    let said = String::from_utf8_lossy(&release.stdout).to_string();
     assert!(
-        said.contains("ENGAGED global") && !said.contains("fleet:"),
+        said.contains(&format!("still ENGAGED global on replica {a}"))
+            && said.contains("disk work on a")
+            && said.contains(&format!(
+                "release it there: runwarden kill-switch release on {a}"
+            )),
         "{said}"
+    );
+    std::fs::remove_file(fleet[0].e.path().join("kill-switch/ENGAGED")).unwrap();
+
+    // A timed fleet switch: every replica stops, and at its time it ends
+    // everywhere, with one audit line (the replica that removed it) naming
+    // who engaged it and why.
+    let engage = fleet[0]
+        .e
+        .run(&["kill-switch", "engage", "--reason", "INC-77", "--for", "3s"]);
+    assert!(
+        engage.status.success(),
+        "{}",
+        String::from_utf8_lossy(&engage.stderr)
+    );
+    assert!(String::from_utf8_lossy(&engage.stdout).contains("releases itself at"));
+    for r in &fleet {
+        wait_for("the timed fleet switch", Duration::from_secs(10), || {
+            (fleet_series(r).as_deref() == Some("runwarden_kill_switch_engaged{scope=\"fleet\"} 1"))
+                .then_some(())
+        });
+    }
+    for r in &fleet {
+        wait_for(
+            "the timed fleet switch ended",
+            Duration::from_secs(15),
+            || {
+                (fleet_series(r).as_deref()
+                    == Some("runwarden_kill_switch_engaged{scope=\"fleet\"} 0"))
+                .then_some(())
+            },
+        );
+    }
+    wait_for("its end audited", Duration::from_secs(10), || {
+        let lines: Vec<Value> = fleet
+            .iter()
+            .flat_map(|r| r.e.audit_phase("kill_switch"))
+            .collect();
+        (!lines.is_empty()).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let lines: Vec<Value> = fleet
+        .iter()
+        .flat_map(|r| r.e.audit_phase("kill_switch"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["detail"]["reason"], "INC-77");
+    assert_eq!(lines[0]["detail"]["source"], "fleet");
+    assert!(
+        lines[0]["detail"]["engaged_by"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("@{}", fleet[0].name)),
+        "{:#}",
+        lines[0]
     );
 }
 
