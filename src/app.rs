@@ -180,7 +180,8 @@ pub async fn serve(
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
     println!(
-        "runwarden: listening on {bound}; {} runbook(s), {} host(s)",
+        "{}runwarden: listening on {bound}; {} runbook(s), {} host(s)",
+        crate::logging::prefix(crate::logging::Priority::Info),
         config.runbooks.len(),
         config.hosts.len()
     );

@@ -72,6 +72,7 @@ pub mod files;
 pub mod gate;
 pub mod http;
 pub mod install;
+pub mod logging;
 pub mod metrics;
 pub mod planner;
 pub mod report;

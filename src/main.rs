@@ -30,15 +30,7 @@ fn main() {
         eprintln!("runwarden: log level {:?}: {e}", cli.log_filter());
         std::process::exit(2);
     });
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // journald and log files get plain text, a terminal gets colour.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match cli.log_format {
-        runwarden::cli::LogFormat::Json => logs.json().init(),
-        runwarden::cli::LogFormat::Text => logs.init(),
-    }
+    runwarden::logging::init(filter, cli.log_format == runwarden::cli::LogFormat::Json);
     // Before any thread or child exists: processes that escape a tool's
     // process group are adopted by runwarden and killed when the call ends.
     runwarden::executor::process::escapees::adopt_orphans();

@@ -86,11 +86,14 @@ impl Failed {
 
     /// Say it, once, and give the exit code.
     fn report(self) -> i32 {
+        let err = crate::logging::prefix(crate::logging::Priority::Err);
         if let Some(listing) = self.listing {
-            eprintln!("{listing}");
+            for line in listing.lines() {
+                eprintln!("{err}{line}");
+            }
         }
         if let Some(error) = self.error {
-            eprintln!("runwarden: {error:#}");
+            eprintln!("{err}runwarden: {error:#}");
         }
         self.code
     }

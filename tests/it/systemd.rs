@@ -1105,13 +1105,36 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
         conn.read_to_string(&mut said).unwrap();
         assert!(said.contains("no request within 5s"), "{said:?}");
     }
-    let journal = h.setup("journalctl -u runwarden.service --no-pager -o cat");
+    // The daemon's lines reach the journal natively: each with its
+    // priority and fields, and no timestamp of runwarden's own.
+    let journal = h.setup("journalctl -u runwarden.service --no-pager -o json");
+    let entries: Vec<Value> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let ended = entries
+        .iter()
+        .find(|e| {
+            e["MESSAGE"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("run ended"))
+        })
+        .unwrap_or_else(|| panic!("{journal}"));
+    assert_eq!(ended["PRIORITY"], "6", "{ended:#}");
+    assert_eq!(ended["RUNBOOK"], "demo-fix", "{ended:#}");
     assert!(
-        journal.lines().any(|l| l.contains("run ended")
-            && l.contains("runbook=demo-fix")
-            && l.contains("verdict=\"ok\"")),
-        "{journal}"
+        ended["VERDICT"].as_str().is_some_and(|v| v.contains("ok")),
+        "{ended:#}"
     );
+    assert!(
+        !entries.iter().any(|e| e["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("20") && m.contains("Z  INFO"))),
+        "no second timestamp: {journal}"
+    );
+    let listening =
+        h.setup("journalctl -u runwarden.service --no-pager -o cat -p info --grep 'listening on'");
+    assert!(listening.contains("runwarden: listening on"), "{listening}");
     // bash's /dev/tcp: the host has no HTTP client.
     let metrics = String::from_utf8_lossy(
         &h.exec(&[
@@ -1158,6 +1181,16 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
         Duration::from_secs(10),
         || {
             (gauge().as_deref() == Some("runwarden_kill_switch_engaged{scope=\"global\"} 1"))
+                .then_some(())
+        },
+    );
+    // A warning is a warning in the journal: `-p warning` finds it.
+    wait_for(
+        "the warning in the journal",
+        Duration::from_secs(10),
+        || {
+            h.setup("journalctl -u runwarden.service --no-pager -o cat -p warning")
+                .contains("kill switch engaged")
                 .then_some(())
         },
     );
