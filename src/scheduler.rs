@@ -384,6 +384,7 @@ impl Scheduler {
                 run: run_info(&config, id, req),
                 trigger: req.trigger,
                 keys: &req.keys,
+                alert: req.alert.as_ref(),
             })
             .collect();
         if let Err(e) = self.audit.queued(&lines) {

@@ -54,7 +54,15 @@ pub fn render(lines: &[Entry]) -> String {
                 let _ = writeln!(out, "accepted {} (queued)", e.ts);
             }
             Some(Phase::Start) => {
-                let _ = writeln!(out, "trigger {}", detail["trigger"]);
+                let dry = if detail["dry_run"].as_bool() == Some(true) {
+                    " (dry run: tier-2 calls shown, not made)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(out, "trigger {}{dry}", detail["trigger"]);
+                if !detail["alert"].is_null() {
+                    let _ = write!(out, "{}", alert_text(&detail["alert"]));
+                }
             }
             Some(Phase::Model) => model_turn(&mut out, detail),
             Some(Phase::Intent) => {
@@ -185,4 +193,30 @@ fn quote(out: &mut String, text: &str) {
     for line in text.lines() {
         let _ = writeln!(out, "     | {line}");
     }
+}
+
+/// The alert that started a run, as its start line records it: labels,
+/// then summary and description, one per line.
+pub fn alert_text(alert: &Value) -> String {
+    let mut out = String::new();
+    let labels = |l: &Value| -> String {
+        l.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let _ = writeln!(out, "alert {}", labels(&alert["labels"]));
+    for key in ["summary", "description"] {
+        if let Some(t) = alert[key].as_str() {
+            let _ = writeln!(out, "   {key}: {t}");
+        }
+    }
+    for other in alert["alerts"].as_array().into_iter().flatten().skip(1) {
+        let _ = writeln!(out, "   with alert {}", labels(other));
+    }
+    out
 }

@@ -160,6 +160,56 @@ pub struct Queued<'a> {
     pub trigger: Trigger,
     /// Its deduplication keys (read back at start-up).
     pub keys: &'a [String],
+    /// The alert that started it, if an alert did.
+    pub alert: Option<&'a Value>,
+}
+
+/// What the history keeps of the alert that started a run: its labels and
+/// its `summary` and `description` annotations (every alert of the
+/// notification's labels for this run, when there were several), bounded
+/// and with control characters escaped, so a line stays readable whatever
+/// Alertmanager was sent.
+pub fn alert_record(alert: &Value) -> Value {
+    fn clean(s: &str, max: usize) -> String {
+        let mut out: String = s
+            .chars()
+            .flat_map(|c| match c {
+                c if c.is_control() => c.escape_default().collect::<Vec<_>>(),
+                c => vec![c],
+            })
+            .take(max)
+            .collect();
+        if s.chars().count() > max {
+            out.push('…');
+        }
+        out
+    }
+    let labels = |a: &Value| -> Value {
+        a["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .take(32)
+                    .map(|(k, v)| {
+                        (
+                            clean(k, 64),
+                            Value::String(clean(v.as_str().unwrap_or(""), 200)),
+                        )
+                    })
+                    .collect::<serde_json::Map<_, _>>()
+            })
+            .map_or(Value::Null, Value::Object)
+    };
+    let mut out = json!({ "labels": labels(alert) });
+    for key in ["summary", "description"] {
+        if let Some(text) = alert["annotations"][key].as_str() {
+            out[key] = clean(text, 500).into();
+        }
+    }
+    if let Some(all) = alert["alerts"].as_array().filter(|a| a.len() > 1) {
+        out["alerts"] = all.iter().take(10).map(labels).collect();
+    }
+    out
 }
 
 /// How a run ended, beyond its verdict: what its verdict line tallies.
@@ -184,9 +234,12 @@ impl AuditLog {
             .iter()
             .map(|q| {
                 let mut e = q.run.entry(Phase::Queued, None);
-                e.detail = Some(
-                    json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() }),
-                );
+                let mut detail =
+                    json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() });
+                if let Some(a) = q.alert {
+                    detail["alert"] = alert_record(a);
+                }
+                e.detail = Some(detail);
                 e
             })
             .collect();
@@ -201,14 +254,19 @@ impl AuditLog {
         trigger: Trigger,
         dry_run: bool,
         autonomy: Autonomy,
+        alert: Option<&Value>,
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Start, None);
-        e.detail = Some(json!({
+        let mut detail = json!({
             "trigger": trigger,
             "dry_run": dry_run,
             "autonomy": autonomy.as_str(),
             "process": this_process(),
-        }));
+        });
+        if let Some(a) = alert {
+            detail["alert"] = alert_record(a);
+        }
+        e.detail = Some(detail);
         self.append(e, false)
     }
 

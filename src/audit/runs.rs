@@ -37,6 +37,12 @@ pub struct RunSummary {
     /// Why that verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// A dry run: tier-2 calls were shown, not made.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// The alert that started it (labels, summary, description).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alert: Option<serde_json::Value>,
 }
 
 /// Which runs to list.
@@ -123,6 +129,8 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
                     status: "queued".into(),
                     ended_at: None,
                     detail: None,
+                    dry_run: false,
+                    alert: None,
                 },
                 None,
             )
@@ -131,6 +139,12 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
             Some(Phase::Queued | Phase::Start) => {
                 if let Some(t) = e.detail.as_ref().and_then(|d| d["trigger"].as_str()) {
                     run.trigger = t.to_string();
+                }
+                if let Some(d) = e.detail.as_ref() {
+                    run.dry_run |= d["dry_run"].as_bool().unwrap_or(false);
+                    if !d["alert"].is_null() {
+                        run.alert = Some(d["alert"].clone());
+                    }
                 }
                 if e.phase == Some(Phase::Start) {
                     run.status = "running".into();

@@ -124,10 +124,20 @@ pub(super) fn runs(
         "STARTED", "RUN", "RUNBOOK", "HOST", "TRIGGER"
     );
     for r in &list {
-        let line = format!(
+        let mut line = format!(
             "{:<30} {:<36} {:<rb$} {:<host$} {:<8} {}",
             r.started_at, r.run_id, r.runbook, r.host, r.trigger, r.status
         );
+        if r.dry_run {
+            line += " (dry run)";
+        }
+        if let Some(a) = &r.alert {
+            let name = a["labels"]["alertname"].as_str().unwrap_or("?");
+            line += &format!("  alert {name}");
+            if let Some(s) = a["summary"].as_str() {
+                line += &format!(": {s}");
+            }
+        }
         println!("{}", crate::text::printable(&line));
     }
     Ok(0)
@@ -223,6 +233,38 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
         }
         if interrupted {
             line += "  INTERRUPTED: no result line (the process stopped during this call)";
+        }
+        // What the line says in words, as `transcript` shows it: the
+        // error, the verdict's detail, the suggestion, the alert.
+        let detail = e.detail.as_ref().unwrap_or(&Value::Null);
+        match e.phase {
+            Some(Phase::Result) => {
+                if let Some(err) = detail["error"].as_str() {
+                    line += &format!("\n{:<30} error: {err}", "");
+                }
+            }
+            Some(Phase::Verdict) => {
+                if let Some(d) = detail["detail"].as_str() {
+                    line += &format!("\n{:<30} {d}", "");
+                }
+            }
+            Some(Phase::Suggestion) => {
+                if let Some(t) = detail["suggestion"].as_str() {
+                    line += &format!(
+                        "\n{:<30} suggestion for a person (tier 3, never run): {t}",
+                        ""
+                    );
+                }
+            }
+            Some(Phase::Start) if detail["dry_run"].as_bool() == Some(true) => {
+                line += " DRY RUN";
+            }
+            _ => {}
+        }
+        if matches!(e.phase, Some(Phase::Start | Phase::Queued)) && !detail["alert"].is_null() {
+            for l in crate::transcript::alert_text(&detail["alert"]).lines() {
+                line += &format!("\n{:<30} {l}", "");
+            }
         }
         println!("{}", crate::text::printable(&line));
     }

@@ -159,3 +159,76 @@ async fn a_timed_kill_switch_releases_itself_with_an_audit_line() {
     assert!(said.contains("kill_switch"), "{said}");
     d.shutdown().await.unwrap();
 }
+
+/// "What ran last night, and why": the alert that started a run (its labels
+/// and summary, escaped) is in its start line and shows in `runs`, the runs
+/// API, `transcript` and `audit show`; `audit show` prints the verdict's
+/// detail as `transcript` does; a dry run is marked as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_says_which_alert_started_a_run_and_marks_dry_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = super::Daemon::start(dir.path()).await;
+    let mut n = super::notification();
+    n["alerts"][0]["annotations"]["summary"] = "Disk / is 93% full \u{1b}[31m(red)".into();
+    n["alerts"][0]["annotations"]["description"] = "Clean it up".into();
+    let run = super::run_to_its_verdict(&d, &n).await;
+    let run_id = run["run_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        run["alert"]["labels"]["alertname"], "DiskAlmostFull",
+        "{run:#}"
+    );
+    assert_eq!(
+        run["alert"]["summary"], "Disk / is 93% full \\u{1b}[31m(red)",
+        "{run:#}"
+    );
+    assert_eq!(run["alert"]["description"], "Clean it up", "{run:#}");
+    let cli = |args: &[&str]| runwarden_in(dir.path(), args, None);
+    let (code, said) = cli(&["runs"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("alert DiskAlmostFull: Disk / is 93% full"),
+        "{said}"
+    );
+    assert!(!said.contains('\u{1b}'), "escaped: {said:?}");
+    let (_, said) = cli(&["transcript", &run_id]);
+    assert!(
+        said.contains("alert alertname=DiskAlmostFull")
+            && said.contains("summary: Disk / is 93% full"),
+        "{said}"
+    );
+    let (_, said) = cli(&["audit", "show", &run_id]);
+    assert!(said.contains("alert alertname=DiskAlmostFull"), "{said}");
+    assert!(
+        said.contains("every call succeeded"),
+        "the verdict's detail: {said}"
+    );
+    // A dry run through the API is marked as one in both listings.
+    let r = super::client()
+        .post(d.url("/api/v1/runs"))
+        .bearer_auth(super::TOKEN)
+        .header("content-type", "application/json")
+        .body(
+            serde_json::json!({ "runbook": "disk", "hosts": ["web-02"], "dry_run": true })
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let answer: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    let dry_id = answer["outcomes"][0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dry = super::verdict_of(&d, &dry_id).await;
+    assert_eq!(dry["dry_run"], true, "{dry:#}");
+    assert!(run.get("dry_run").is_none(), "{run:#}");
+    let (_, said) = cli(&["runs"]);
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&dry_id) && l.contains("(dry run)")),
+        "{said}"
+    );
+    d.shutdown().await.unwrap();
+}
