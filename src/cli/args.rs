@@ -135,6 +135,10 @@ pub enum Command {
         /// The newest this many.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Every replica's runs, from the shared state (state.postgres), as
+        /// `GET /api/v1/fleet/runs` lists them.
+        #[arg(long)]
+        fleet: bool,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,

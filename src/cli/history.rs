@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::path::PathBuf;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::check::load;
 use super::{EXIT_USAGE, Exit, Failed};
@@ -138,6 +138,56 @@ pub(super) fn runs(
                 line += &format!(": {s}");
             }
         }
+        println!("{}", crate::text::printable(&line));
+    }
+    Ok(0)
+}
+
+/// `runs --fleet`: every replica's runs, from the shared state.
+pub(super) async fn fleet_runs(
+    runbook: Option<String>,
+    host: Option<String>,
+    limit: usize,
+    json: bool,
+    dir: &Path,
+) -> Exit {
+    let Some(store) = super::db::shared(dir)? else {
+        return Err(Failed::usage(format!(
+            "--fleet needs shared state: {}/runwarden.yaml sets no state.postgres (`runwarden runs` lists this machine's runs)",
+            dir.display()
+        )));
+    };
+    let runs = store
+        .fleet_runs(runbook.as_deref(), host.as_deref(), limit as i64)
+        .await
+        .map_err(|e| Failed::code(1, e))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default());
+        return Ok(0);
+    }
+    let list = runs.as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        println!("no runs in the shared state");
+        return Ok(0);
+    }
+    let text = |r: &Value, k: &str| r[k].as_str().unwrap_or("").to_string();
+    println!(
+        "{:<32} {:<36} {:<20} {:<16} {:<12} STATUS",
+        "STARTED", "RUN", "RUNBOOK", "HOST", "REPLICA"
+    );
+    for r in &list {
+        let status = r["verdict"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| text(r, "status"));
+        let line = format!(
+            "{:<32} {:<36} {:<20} {:<16} {:<12} {status}",
+            text(r, "started_at"),
+            text(r, "run_id"),
+            text(r, "runbook"),
+            text(r, "host"),
+            text(r, "replica"),
+        );
         println!("{}", crate::text::printable(&line));
     }
     Ok(0)

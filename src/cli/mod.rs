@@ -217,11 +217,21 @@ async fn dispatch(cli: Cli) -> Exit {
         Command::Runs {
             runbook,
             host,
+            limit,
+            json,
+            config,
+            fleet: true,
+            ..
+        } => history::fleet_runs(runbook, host, limit, json, &config_dir(config)?).await,
+        Command::Runs {
+            runbook,
+            host,
             status,
             since,
             limit,
             json,
             config,
+            fleet: false,
         } => runs(
             audit::runs::Filter {
                 runbook,

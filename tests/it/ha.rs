@@ -323,6 +323,15 @@ fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
             (run["status"].as_str(), run["verdict"].as_str()),
             (Some("ended"), Some("ok"))
         );
+        // On-call's command lists the same from any replica's machine.
+        let out = r.e.run(&["runs", "--fleet", "--host", "h1"]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.lines()
+                .any(|l| l.contains(run_id) && l.contains(ran_on.as_str()) && l.ends_with(" ok")),
+            "{said}"
+        );
     }
     // A repeat within the cooldown, to any replica, starts nothing.
     let (status, again) = fleet[2].post("/api/v1/alerts", &body);
