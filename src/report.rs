@@ -1,7 +1,7 @@
 //! What a run reports: one line per step and the verdict, as `runwarden
 //! run` prints it, the API serves it and the daemon keeps the recent ones.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::run::Verdict;
@@ -9,7 +9,7 @@ use crate::tools::{ToolId, ToolResult};
 use crate::trigger::Trigger;
 
 /// One line of the report: what was asked, what the gate said, what happened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepReport {
     /// The step's number in the run (1-based).
     pub step: u32,
@@ -24,7 +24,7 @@ pub struct StepReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<u8>,
     /// The arguments (bounded).
-    #[serde(skip_serializing_if = "Value::is_null")]
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub args: Value,
     /// Who allowed the call.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,7 +62,7 @@ impl StepReport {
 }
 
 /// What one run came to: the report `run` prints and the API serves.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     /// The run's id (a UUIDv7).
     pub run_id: String,
@@ -73,9 +73,9 @@ pub struct RunReport {
     /// The host.
     pub host: String,
     /// `L1`, `L2` or `L3`.
-    pub autonomy: &'static str,
+    pub autonomy: std::borrow::Cow<'static, str>,
     /// `steps` or `model`.
-    pub planner: &'static str,
+    pub planner: std::borrow::Cow<'static, str>,
     /// The model that planned the run, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -95,7 +95,7 @@ pub struct RunReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_answer: Option<String>,
     /// Requests the model answered.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub model_turns: u32,
     /// Tier-2 calls made.
     pub mutations: u32,

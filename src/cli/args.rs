@@ -99,6 +99,10 @@ pub enum Command {
         /// The webhook token for `--via-daemon`, when the daemon requires one.
         #[arg(long, requires = "via_daemon")]
         token_file: Option<PathBuf>,
+        /// With `--via-daemon`: print each started run's id and return at
+        /// once, instead of waiting for its report.
+        #[arg(long, requires = "via_daemon")]
+        no_wait: bool,
         /// Run tier-1 calls for real; show tier-2 calls as the argv they would run.
         #[arg(long)]
         dry_run: bool,

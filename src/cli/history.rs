@@ -162,7 +162,10 @@ pub(super) async fn fleet_runs(
         .await
         .map_err(|e| Failed::code(1, e))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "runs": runs })).unwrap_or_default()
+        );
         return Ok(0);
     }
     let list = runs.as_array().cloned().unwrap_or_default();

@@ -181,17 +181,17 @@ async fn dispatch(cli: Cli) -> Exit {
             via_daemon: Some(daemon),
             token_file,
             dry_run,
+            no_wait,
+            json,
             ..
         } => {
-            via_daemon(
-                &daemon,
-                &runbook,
-                &host,
-                all_hosts,
-                dry_run,
-                token_file.as_deref(),
-            )
-            .await
+            let ask = run::ViaDaemon {
+                base: &daemon,
+                token_file: token_file.as_deref(),
+                wait: !no_wait,
+                json,
+            };
+            via_daemon(ask, &runbook, &host, all_hosts, dry_run).await
         }
         Command::Run {
             runbook,

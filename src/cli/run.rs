@@ -45,22 +45,37 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
     }
 }
 
+/// How `run --via-daemon` talks to the daemon and what it prints.
+pub(super) struct ViaDaemon<'a> {
+    /// The daemon's URL.
+    pub base: &'a str,
+    /// The webhook token's file, when the daemon requires one.
+    pub token_file: Option<&'a Path>,
+    /// Wait for each run's report (else print its id and return).
+    pub wait: bool,
+    /// Print each report as JSON.
+    pub json: bool,
+}
+
 /// `run --via-daemon`: start the runs through the daemon, wait for each
-/// verdict, exit with the worst one's code (75 when a run was refused as
-/// busy, 7 when the kill switch refused it).
+/// run and print its report as a local run does (verdict detail included),
+/// exit with the worst verdict's code (75 when a run was refused as busy, 7
+/// when the kill switch refused it).
 pub(super) async fn via_daemon(
-    base: &str,
+    ask: ViaDaemon<'_>,
     runbook: &str,
     hosts: &[String],
     all_hosts: bool,
     dry_run: bool,
-    token_file: Option<&Path>,
 ) -> Exit {
-    let token = match token_file.map(|f| crate::secret::read_file(f, "webhook token file")) {
+    let token = match ask
+        .token_file
+        .map(|f| crate::secret::read_file(f, "webhook token file"))
+    {
         Some(t) => Some(t.map_err(Failed::usage)?.trim().to_string()),
         None => None,
     };
-    let base = base.trim_end_matches('/');
+    let base = ask.base.trim_end_matches('/');
     let client = reqwest::Client::new();
     let auth = |r: reqwest::RequestBuilder| match &token {
         Some(t) => r.bearer_auth(t),
@@ -113,28 +128,45 @@ pub(super) async fn via_daemon(
             continue;
         };
         println!("{host}: run {id} started");
-        let verdict = loop {
+        if !ask.wait {
+            continue;
+        }
+        let run = loop {
             let run = auth(client.get(format!("{base}/api/v1/runs/{id}")))
                 .send()
                 .await
                 .ok();
-            let status = match run {
+            let run = match run {
                 Some(r) => r
                     .bytes()
                     .await
                     .ok()
-                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                    .and_then(|v| v["status"].as_str().map(String::from)),
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok()),
                 None => None,
             };
-            match status.as_deref() {
+            match run.as_ref().and_then(|v| v["status"].as_str()) {
                 Some("queued" | "running") | None => {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await
                 }
-                Some(v) => break v.to_string(),
+                Some(_) => break run.unwrap_or_default(),
             }
         };
-        println!("{host}: run {id}: {verdict}");
+        let verdict = run["status"].as_str().unwrap_or("broken").to_string();
+        // The daemon keeps recent reports: the same report as a local run.
+        match serde_json::from_value::<crate::report::RunReport>(run["report"].clone()) {
+            Ok(report) if ask.json => println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            ),
+            Ok(report) => print!("{}", crate::text::printable(&render(&report))),
+            Err(_) => println!(
+                "{host}: run {id}: {verdict}{}",
+                run["detail"]
+                    .as_str()
+                    .map(|d| format!(" ({})", crate::text::printable(d)))
+                    .unwrap_or_default()
+            ),
+        }
         let code = verdict
             .parse::<Verdict>()
             .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);

@@ -5,7 +5,9 @@ use serde::Serialize;
 use crate::gate::DenyReason;
 
 /// How a run ended. Ordered from best to worst; the worst event decides.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Every call succeeded and every change verified.

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// What started a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
     /// `runwarden run` on the command line.

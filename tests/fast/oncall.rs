@@ -232,3 +232,57 @@ async fn the_history_says_which_alert_started_a_run_and_marks_dry_runs() {
     );
     d.shutdown().await.unwrap();
 }
+
+/// `run --via-daemon` waits for the run and prints the same report as a
+/// local run (each step, the verdict and its detail); `--no-wait` prints
+/// the run's id and returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_through_the_daemon_prints_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = super::Daemon::start(dir.path()).await;
+    let token = dir.path().join("token");
+    let url = d.url("");
+    let args = |host: &str, extra: &[&'static str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "run",
+            "disk",
+            "--host",
+            host,
+            "--via-daemon",
+            &url,
+            "--token-file",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(token.display().to_string());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let a = args("web-01", &[]);
+    let (code, said) = runwarden_in(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        None,
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("disk_usage")
+            && said.contains("verdict: ok")
+            && said.contains("every call succeeded"),
+        "{said}"
+    );
+    let a = args("web-02", &["--no-wait", "--dry-run"]);
+    let (code, said) = runwarden_in(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        None,
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("started") && !said.contains("verdict:"),
+        "{said}"
+    );
+    d.shutdown().await.unwrap();
+}
