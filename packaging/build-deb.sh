@@ -11,7 +11,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 binary=${1:?usage: build-deb.sh BINARY [OUTDIR]}
-out=${2:-$here/../target/debian}
+out=${2:-$(cd "$here/.." && pwd)/target/debian}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/../Cargo.toml" | head -1)
 arch=$(dpkg --print-architecture)
 root=$(mktemp -d)
@@ -29,8 +29,10 @@ CONF
 "$binary" completions bash | install -D -m 0644 /dev/stdin "$root/usr/share/bash-completion/completions/runwarden"
 "$binary" completions zsh | install -D -m 0644 /dev/stdin "$root/usr/share/zsh/vendor-completions/_runwarden"
 "$binary" completions fish | install -D -m 0644 /dev/stdin "$root/usr/share/fish/vendor_completions.d/runwarden.fish"
+# One page per subcommand (runwarden-check(1), ...), as the main page lists them.
 mkdir -p "$root/usr/share/man/man1"
-"$binary" man | gzip -9n >"$root/usr/share/man/man1/runwarden.1.gz"
+"$binary" man --dir "$root/usr/share/man/man1" >/dev/null
+gzip -9n "$root"/usr/share/man/man1/*.1
 (cd "$here/etc" && find . -type f) | while read -r f; do
   install -D -m 0640 "$here/etc/$f" "$root/etc/$f"
 done

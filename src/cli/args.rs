@@ -75,7 +75,12 @@ pub enum Command {
         shell: clap_complete::Shell,
     },
     /// Print the manual page (roff), generated from these very definitions.
-    Man,
+    Man {
+        /// Write every page (the main one and one per subcommand) into this
+        /// directory and list them, instead of printing the main page.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// List every tool with its tier, description and argument schema.
     Tools {
         /// Print one JSON document instead of text.

@@ -16,6 +16,7 @@ mod db;
 mod history;
 mod host;
 mod killswitch;
+mod man;
 mod run;
 
 use std::path::PathBuf;
@@ -165,15 +166,7 @@ async fn dispatch(cli: Cli) -> Exit {
             print!("{}", String::from_utf8_lossy(&text));
             Ok(0)
         }
-        Command::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            let mut text = Vec::new();
-            clap_mangen::Man::new(cmd)
-                .render(&mut text)
-                .map_err(|e| Failed::code(1, format!("cannot render the manual page: {e}")))?;
-            print!("{}", String::from_utf8_lossy(&text));
-            Ok(0)
-        }
+        Command::Man { dir } => man::man(dir.as_deref()),
         Command::Run {
             runbook,
             host,

@@ -987,6 +987,26 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
     let name = deb.file_name().unwrap().to_str().unwrap().to_string();
     h.setup_ok(&format!("dpkg -i /srv/runwarden/{name}"));
     h.setup_ok("test -s /usr/share/man/man1/runwarden.1.gz && grep -q _runwarden /usr/share/bash-completion/completions/runwarden && test -s /usr/share/zsh/vendor-completions/_runwarden");
+    // Every page the main page lists (`runwarden\-check(1)`) is installed.
+    let main = h.setup_ok("zcat /usr/share/man/man1/runwarden.1.gz");
+    let listed: std::collections::BTreeSet<String> = main
+        .split("runwarden\\-")
+        .skip(1)
+        .filter_map(|rest| {
+            let name = rest.split_once("(1)")?.0.replace("\\-", "-");
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '-')
+                .then(|| format!("runwarden-{name}"))
+        })
+        .collect();
+    assert!(listed.contains("runwarden-kill-switch"), "{listed:?}");
+    for page in &listed {
+        h.setup_ok(&format!("test -s /usr/share/man/man1/{page}.1.gz"));
+    }
+    assert!(
+        main.contains("EXIT STATUS") && main.contains("FILES") && main.contains("ON\\-CALL"),
+        "{main}"
+    );
     assert!(
         h.setup("id -u runwarden")
             .trim()
