@@ -118,11 +118,22 @@ pub fn journal_heads(log: &Path) -> Result<JournalHeads, String> {
         .arg(format!("RUNWARDEN_AUDIT_LOG={}", log.display()))
         .output()
         .map_err(|e| format!("cannot read the journal ({JOURNALCTL}): {e}"))?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    // journalctl run by a user who may read only their own part of the
+    // journal says so on stderr and still exits 0.
+    let partial = said.contains("insufficient permissions")
+        || said.contains("not seeing messages from other users");
+    let unreadable = || {
+        format!(
+            "cannot read the journal as {}: no head runwarden recorded there is visible to this account; run `audit verify` as root or as a member of the systemd-journal group",
+            crate::gate::killswitch::who()
+        )
+    };
     if !out.status.success() {
-        return Err(format!(
-            "{JOURNALCTL} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(match partial {
+            true => unreadable(),
+            false => format!("{JOURNALCTL} failed: {}", said.trim()),
+        });
     }
     let mut found = JournalHeads::default();
     for v in String::from_utf8_lossy(&out.stdout)
@@ -147,6 +158,9 @@ pub fn journal_heads(log: &Path) -> Result<JournalHeads, String> {
                 }
             }
         }
+    }
+    if partial && found.trusted.is_empty() {
+        return Err(unreadable());
     }
     Ok(found)
 }

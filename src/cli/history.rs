@@ -33,6 +33,7 @@ pub(super) fn audit_verify(
     let path = audit_path(file, dir)?;
     let pinned = heads.len();
     let mut from_journal = None;
+    let mut journal_problem = None;
     if audit::head::journal_available() {
         match audit::head::journal_heads(&path) {
             Ok(found) => {
@@ -51,14 +52,18 @@ pub(super) fn audit_verify(
                     );
                 }
             }
-            Err(e) => eprintln!("runwarden: {e}; only the chain is checked"),
+            Err(e) => {
+                eprintln!("runwarden: {e}; only the chain is checked");
+                journal_problem = Some(e);
+            }
         }
     }
     let against = match (pinned, from_journal) {
-        (0, None) => {
-            "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
-                .to_string()
-        }
+        (0, None) => match &journal_problem {
+            Some(e) => format!("no head recorded elsewhere was checked ({e})"),
+            None => "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
+                .to_string(),
+        },
         (p, j) => format!(
             "matches {} head(s) recorded elsewhere ({p} pinned, {} from the journal)",
             p + j.unwrap_or(0),

@@ -1204,6 +1204,24 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
                 .then_some(())
         },
     );
+    // `audit verify` as the daemon's own user, who may not read the
+    // system journal: it says so, rather than "no journal here".
+    let out = h.exec(&[
+        "/usr/sbin/runuser",
+        "-u",
+        "runwarden",
+        "--",
+        "/usr/bin/runwarden",
+        "audit",
+        "verify",
+    ]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cannot read the journal as runwarden"),
+        "{said}"
+    );
+    assert!(!said.contains("no journal here"), "{said}");
     // A warning is a warning in the journal: `-p warning` finds it.
     wait_for(
         "the warning in the journal",
