@@ -268,8 +268,9 @@ pub const AGENT_SERVICE_UNIT: &str = include_str!("../packaging/systemd/runwarde
 /// ran on: the package's layout (`/etc/runwarden`, `/var/lib/runwarden`);
 /// a config elsewhere is a drop-in that overrides `ExecStart=`.
 pub fn systemd_unit(config: &Config) -> String {
-    let mut unit =
-        format!("# /etc/systemd/system/runwarden.service (the management host)\n{SERVE_UNIT}");
+    let mut unit = format!(
+        "# /etc/systemd/system/runwarden.service (the management host). The Debian package\n# already installs this very unit as /lib/systemd/system/runwarden.service: copy it\n# only where runwarden was installed without the package.\n{SERVE_UNIT}"
+    );
     let packaged = std::path::Path::new("/etc/runwarden");
     if std::path::absolute(&config.dir).ok().as_deref() != Some(packaged) {
         let _ = write!(
@@ -307,7 +308,7 @@ pub fn print(config: &Config, host: &Host) -> String {
         Connection::Agent(socket) => {
             // Root runs this agent: no account, no sudo.
             return format!(
-                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
+                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
                 policy(host, public.as_deref(), false, LOCAL_AGENT_JAIL),
                 socket.display(),
                 systemd_unit(config)

@@ -336,6 +336,32 @@ pub fn allowlists(h: &Host) -> Value {
     })
 }
 
+/// Where a host file and a host's policy disagree: (field, entry, whether
+/// the entry is in the host file only; else in the policy only).
+pub fn policy_differences(ours: &Value, theirs: &Value) -> Vec<(String, String, bool)> {
+    let set = |v: &Value| -> std::collections::BTreeSet<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str().map(String::from))
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (field, mine) in ours.as_object().into_iter().flatten() {
+        let (mine, host_side) = (set(mine), set(&theirs[field]));
+        out.extend(
+            mine.difference(&host_side)
+                .map(|e| (field.clone(), e.clone(), true)),
+        );
+        out.extend(
+            host_side
+                .difference(&mine)
+                .map(|e| (field.clone(), e.clone(), false)),
+        );
+    }
+    out
+}
+
 /// sha256 of the allowlists: equal digests mean the two sides agree.
 pub fn policy_digest(h: &Host) -> String {
     use sha2::Digest;

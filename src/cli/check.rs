@@ -44,6 +44,13 @@ pub(super) fn check(dir: &Path) -> Exit {
         };
         println!("host {:<24} {conn:<28} {}", h.name, h.source.display());
     }
+    for h in cfg.hosts.values() {
+        if let Connection::Agent(_) = h.connection {
+            for line in agent_policy_differences(h, &dir.join("agent.yaml")) {
+                eprintln!("warning: {line}");
+            }
+        }
+    }
     for r in cfg.runbooks.values() {
         println!(
             "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{} {}",
@@ -223,4 +230,42 @@ pub(super) fn tools(json: bool) -> Exit {
         );
     }
     Ok(0)
+}
+
+/// Where this machine's agent policy (`agent.yaml` beside the config, as
+/// the package installs it) disagrees with a host file that sends calls to
+/// that agent: each difference, or why the policy was not compared. A unit
+/// missing from the policy otherwise fails only when a call names it.
+fn agent_policy_differences(h: &crate::config::Host, policy: &Path) -> Vec<String> {
+    if !policy.exists() {
+        return Vec::new();
+    }
+    let theirs = match crate::agent::load_policy(policy) {
+        Ok(p) => p,
+        Err(e) => {
+            return vec![format!(
+                "host {}: the agent's policy {} was not compared: {e}",
+                h.name,
+                policy.display()
+            )];
+        }
+    };
+    let ours = crate::agent::allowlists(h);
+    crate::agent::policy_differences(&ours, &crate::agent::allowlists(&theirs))
+        .into_iter()
+        .map(|(field, entry, in_host_file)| match in_host_file {
+            true => format!(
+                "host {}: {field}: {entry:?} is in {} but not in the agent's policy {}: the agent will refuse every call naming it",
+                h.name,
+                h.source.display(),
+                policy.display()
+            ),
+            false => format!(
+                "host {}: {field}: {entry:?} is allowed by the agent's policy {} but not by {}",
+                h.name,
+                policy.display(),
+                h.source.display()
+            ),
+        })
+        .collect()
 }

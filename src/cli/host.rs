@@ -2,8 +2,6 @@
 
 use std::path::Path;
 
-use serde_json::Value;
-
 use super::check::load;
 use super::{EXIT_USAGE, Exit, Failed};
 use crate::audit::AuditLog;
@@ -52,29 +50,18 @@ pub(super) async fn host_check(name: &str, dir: &Path) -> Exit {
     );
     let theirs = &reply.data["policy"];
     let ours = allowlists(host);
-    let mut differ = false;
-    for (field, mine) in ours.as_object().into_iter().flatten() {
-        let set = |v: &Value| -> std::collections::BTreeSet<String> {
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|x| x.as_str().map(String::from))
-                .collect()
-        };
-        let (mine, host_side) = (set(mine), set(&theirs[field]));
-        for only in mine.difference(&host_side) {
-            differ = true;
-            println!(
-                "  {field}: {only:?} is in the host file but not in the host's policy: the host will refuse it"
-            );
-        }
-        for only in host_side.difference(&mine) {
-            differ = true;
-            println!(
-                "  {field}: {only:?} is allowed by the host's policy but not by the host file"
-            );
+    let differences = crate::agent::policy_differences(&ours, theirs);
+    for (field, entry, in_host_file) in &differences {
+        match in_host_file {
+            true => println!(
+                "  {field}: {entry:?} is in the host file but not in the host's policy: the host will refuse it"
+            ),
+            false => println!(
+                "  {field}: {entry:?} is allowed by the host's policy but not by the host file"
+            ),
         }
     }
+    let differ = !differences.is_empty();
     let digest = policy_digest(host);
     if differ || reply.data["policy_digest"].as_str() != Some(digest.as_str()) {
         println!(

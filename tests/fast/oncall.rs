@@ -286,3 +286,34 @@ async fn a_run_through_the_daemon_prints_its_report() {
     );
     d.shutdown().await.unwrap();
 }
+
+/// `check` compares a host that goes through this machine's agent with the
+/// agent's own policy (agent.yaml beside the config) and names each entry
+/// the agent would refuse; `install print` says which units the package
+/// already installs.
+#[test]
+fn check_names_what_the_local_agent_policy_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    super::agent_config(dir.path());
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        format!(
+            "name: me\nconnection: local\npaths: [{}]\nunits: [other.service]\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let (code, said) = runwarden_in(dir.path(), &["check"], None);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("units: \"demo.service\" is in")
+            && said.contains("but not in the agent's policy")
+            && said.contains("units: \"other.service\" is allowed by the agent's policy"),
+        "{said}"
+    );
+    let printed = super::install_print(dir.path());
+    assert!(
+        printed.contains("The Debian package installs both agent units"),
+        "{printed}"
+    );
+}
