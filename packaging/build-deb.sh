@@ -12,13 +12,21 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 binary=${1:?usage: build-deb.sh BINARY [OUTDIR]}
 out=${2:-$(cd "$here/.." && pwd)/target/debian}
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/../Cargo.toml" | head -1)
+version=${RUNWARDEN_DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$here/../Cargo.toml" | head -1)}
 arch=$(dpkg --print-architecture)
 root=$(mktemp -d)
 chmod 0755 "$root"
 trap 'rm -rf "$root"' EXIT
 
+# Shipped stripped; the debug information is kept beside the .deb
+# (runwarden_VERSION_ARCH.debug, linked from the binary by build id and
+# gnu-debuglink) for whoever reads a core dump.
+mkdir -p "$out"
+debug="$out/runwarden_${version}_${arch}.debug"
+objcopy --only-keep-debug "$binary" "$debug"
 install -D -m 0755 "$binary" "$root/usr/bin/runwarden"
+strip --strip-unneeded "$root/usr/bin/runwarden"
+objcopy --add-gnu-debuglink="$debug" "$root/usr/bin/runwarden"
 for unit in runwarden.service runwarden-agent.socket runwarden-agent@.service; do
   install -D -m 0644 "$here/systemd/$unit" "$root/lib/systemd/system/$unit"
 done
@@ -55,12 +63,25 @@ Description: runbook-scoped autonomous remediation runner
 CONTROL
 cat >"$root/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
+# Ownership and modes are set only on what this package ships or creates,
+# and only while they are still as dpkg left them (group root): never on a
+# file the operator made (the webhook token, the approvers, the PostgreSQL
+# URL, which belong to the runwarden account) or changed. An upgrade
+# restarts a running daemon on the new binary.
 set -e
+shipped="/etc/runwarden /etc/runwarden/hosts /etc/runwarden/runbooks /etc/runwarden/kill-switch
+/etc/runwarden/runwarden.yaml /etc/runwarden/hosts/local.yaml
+/etc/runwarden/runbooks/local-health.yaml /etc/runwarden/kill-switch/README.md"
 if [ "$1" = configure ]; then
   systemd-sysusers runwarden.conf
-  chown -R root:runwarden /etc/runwarden
-  find /etc/runwarden -type d -exec chmod 0750 {} +
-  install -d -o runwarden -g runwarden -m 0750 /var/lib/runwarden
+  for f in $shipped; do
+    [ -e "$f" ] || continue
+    if [ "$(stat -c %G "$f")" = root ]; then
+      chgrp runwarden "$f"
+      if [ -d "$f" ]; then chmod 0750 "$f"; fi
+    fi
+  done
+  [ -d /var/lib/runwarden ] || install -d -o runwarden -g runwarden -m 0750 /var/lib/runwarden
   # Root's agent on this machine takes a tier-2 call only with a permit the
   # daemon signs: make the daemon's key, and the agent's policy with its
   # public half, once.
@@ -72,14 +93,33 @@ if [ "$1" = configure ]; then
   fi
   if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
+    # An upgrade ($2: the version it replaces): a running daemon restarts on
+    # the new binary (a run in flight ends `interrupted`, see the README);
+    # the agent socket keeps listening, and new connections get the new agent.
+    if [ -n "$2" ]; then
+      systemctl try-restart runwarden.service || true
+    fi
   fi
 fi
 SCRIPT
 cat >"$root/DEBIAN/postrm" <<'SCRIPT'
 #!/bin/sh
+# purge removes what the package made (the permit key, run locks, the
+# agent's permit record and policy) and keeps the audit logs, the record of
+# what ran, unless RUNWARDEN_PURGE_AUDIT=yes is set for dpkg --purge.
 set -e
 if [ "$1" = purge ]; then
-  rm -rf /var/lib/runwarden /var/lib/runwarden-agent /etc/runwarden/agent.yaml
+  rm -f /etc/runwarden/agent.yaml
+  for dir in /var/lib/runwarden /var/lib/runwarden-agent; do
+    [ -d "$dir" ] || continue
+    if [ "${RUNWARDEN_PURGE_AUDIT:-}" = yes ]; then
+      rm -rf "$dir"
+    else
+      find "$dir" -mindepth 1 -maxdepth 1 ! -name 'audit.jsonl*' ! -name 'agent-audit.jsonl' \
+        -exec rm -rf {} + 2>/dev/null || true
+      find "$dir" -maxdepth 1 -name '*.permits' -exec rm -rf {} + 2>/dev/null || true
+    fi
+  done
 fi
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload || true

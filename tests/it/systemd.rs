@@ -1264,3 +1264,110 @@ steps:
     args: { config: /etc/logrotate.d/app }
     reason: the app log is large
 "#;
+
+/// Build the package from the test binary into the host's shared directory,
+/// as version `version` (None: Cargo.toml's); its path inside the host.
+fn build_deb(h: &SystemdHost, version: Option<&str>) -> String {
+    let mut cmd = Command::new(repo().join("packaging/build-deb.sh"));
+    cmd.arg(bin()).arg(h.config()).env("DEB_COMPRESSION", "none");
+    if let Some(v) = version {
+        cmd.env("RUNWARDEN_DEB_VERSION", v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deb = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    format!("/srv/runwarden/{}", deb.file_name().unwrap().to_str().unwrap())
+}
+
+/// An upgrade an SRE can trust, in a systemd host: version N installed and
+/// configured (a webhook token and approvers that belong to the daemon's
+/// account, an L3 runbook, a run), then N+1 of the same code installed over
+/// it. Every secret and config file keeps its owner and mode, the running
+/// daemon is restarted on the new binary, the old token starts a run, and
+/// the audit chain goes on and verifies. Then remove and purge: what the
+/// package made is gone, the audit log stays.
+#[test]
+fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
+    let h = SystemdHost::boot("upg", 90);
+    let old = build_deb(&h, None);
+    let new = build_deb(&h, Some("0.1.0+upgrade1"));
+    h.setup_ok(&format!("dpkg -i {old}"));
+    std::fs::write(h.config().join("demo-fix.yaml"), DEMO_FIX).unwrap();
+    h.setup_ok(
+        "for f in /etc/runwarden/hosts/local.yaml /etc/runwarden/agent.yaml; do \
+           sed -i '/^units: \\[\\]$/d; /^logrotate_configs: \\[\\]$/d' $f && \
+           printf 'units: [demo.service]\\nlogrotate_configs: [/etc/logrotate.d/app]\\n' >> $f; \
+         done && \
+         install -m 0640 -g runwarden /srv/runwarden/demo-fix.yaml /etc/runwarden/runbooks/ && \
+         echo 'GET /health 200' > /var/log/app/api.log && \
+         (umask 077 && echo upgrade-test-token-0123456789 > /etc/runwarden/webhook-token && \
+          echo 'alice alice-token-0123456789abc' > /etc/runwarden/approvers) && \
+         chown runwarden:runwarden /etc/runwarden/webhook-token /etc/runwarden/approvers && \
+         printf 'webhook_token_file: /etc/runwarden/webhook-token\\napprovers_file: /etc/runwarden/approvers\\n' >> /etc/runwarden/runwarden.yaml && \
+         systemctl enable --now runwarden-agent.socket runwarden.service",
+    );
+    let files = "/etc/runwarden /etc/runwarden/runwarden.yaml /etc/runwarden/hosts/local.yaml \
+                 /etc/runwarden/agent.yaml /etc/runwarden/webhook-token /etc/runwarden/approvers \
+                 /etc/runwarden/runbooks/demo-fix.yaml /var/lib/runwarden /var/lib/runwarden/permit.key";
+    let modes = || h.setup_ok(&format!("stat -c '%n %U:%G %a' {files}"));
+    let before = modes();
+    let run = || {
+        let out = h.exec(&[
+            "/usr/bin/runwarden",
+            "run",
+            "demo-fix",
+            "--host",
+            "local",
+            "--via-daemon",
+            "http://127.0.0.1:9731",
+            "--token-file",
+            "/etc/runwarden/webhook-token",
+        ]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{said}");
+        assert!(said.contains("verdict: ok"), "{said}");
+    };
+    run();
+    let pid = h.setup_ok("systemctl show -P MainPID runwarden.service");
+    let lines = h.setup_ok("wc -l < /var/lib/runwarden/audit.jsonl");
+
+    h.setup_ok(&format!("dpkg -i {new}"));
+    assert_eq!(
+        h.setup_ok("dpkg-query -W -f '${Version}' runwarden"),
+        "0.1.0+upgrade1"
+    );
+    assert_eq!(modes(), before, "the upgrade kept every owner and mode");
+    wait_for("the daemon restarted", Duration::from_secs(20), || {
+        let now = h.setup("systemctl show -P MainPID runwarden.service");
+        (now.trim() != pid.trim()
+            && now.trim() != "0"
+            && h.setup("systemctl is-active runwarden.service").trim() == "active")
+            .then_some(())
+    });
+    let exe = h.setup_ok("readlink /proc/$(systemctl show -P MainPID runwarden.service)/exe");
+    assert_eq!(exe.trim(), "/usr/bin/runwarden", "the new binary, not a deleted one");
+    // The old token starts a run on the new version, and the chain goes on.
+    run();
+    let after: u64 = h.setup_ok("wc -l < /var/lib/runwarden/audit.jsonl").trim().parse().unwrap();
+    assert!(after > lines.trim().parse::<u64>().unwrap());
+    let verify = h.setup_ok("runwarden audit verify");
+    assert!(verify.contains("chain intact"), "{verify}");
+
+    // Remove, then purge: the package's own things go, the audit log stays.
+    h.setup_ok("systemctl disable --now runwarden.service runwarden-agent.socket && dpkg -r runwarden");
+    assert!(h.setup("test -e /var/lib/runwarden/permit.key && echo kept").contains("kept"));
+    h.setup_ok("dpkg --purge runwarden");
+    let left = h.setup("ls -a /var/lib/runwarden /var/lib/runwarden-agent 2>&1; ls /etc/runwarden 2>&1");
+    assert!(left.contains("audit.jsonl"), "the audit log stays: {left}");
+    assert!(!left.contains("permit.key"), "{left}");
+    assert!(!left.contains("agent.yaml"), "{left}");
+    assert!(!left.contains("runwarden.yaml"), "conffiles purged: {left}");
+    assert!(
+        h.setup("runwarden audit verify /var/lib/runwarden/audit.jsonl 2>&1; test -e /usr/bin/runwarden || echo gone")
+            .contains("gone")
+    );
+}
