@@ -41,6 +41,21 @@ CONF
 mkdir -p "$root/usr/share/man/man1"
 "$binary" man --dir "$root/usr/share/man/man1" >/dev/null
 gzip -9n "$root"/usr/share/man/man1/*.1
+# What Debian policy asks of every package: its copyright and a changelog.
+install -D -m 0644 /dev/stdin "$root/usr/share/doc/runwarden/copyright" <<'COPYRIGHT'
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: runwarden
+Source: https://runwarden.example.org/
+
+Files: *
+Copyright: 2026 runwarden maintainers
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License 2.0 is in
+ /usr/share/common-licenses/Apache-2.0.
+COPYRIGHT
+printf 'runwarden (%s) unstable; urgency=medium\n\n  * Release %s.\n\n -- runwarden maintainers <maintainers@runwarden.example.org>  %s\n' \
+  "$version" "$version" "$(date -R -d @"${SOURCE_DATE_EPOCH:-$(date +%s)}")" \
+  | gzip -9n | install -D -m 0644 /dev/stdin "$root/usr/share/doc/runwarden/changelog.gz"
 (cd "$here/etc" && find . -type f) | while read -r f; do
   install -D -m 0640 "$here/etc/$f" "$root/etc/$f"
 done
@@ -51,8 +66,8 @@ cat >"$root/DEBIAN/control" <<CONTROL
 Package: runwarden
 Version: $version
 Architecture: $arch
-Maintainer: runwarden maintainers <runwarden@localhost>
-Depends: systemd, util-linux, libc6
+Maintainer: runwarden maintainers <maintainers@runwarden.example.org>
+Depends: systemd, libc6
 Recommends: openssh-client, logrotate
 Section: admin
 Priority: optional
@@ -88,6 +103,8 @@ if [ "$1" = configure ]; then
   if [ ! -e /etc/runwarden/agent.yaml ]; then
     runuser -u runwarden -- /usr/bin/runwarden install print --host local --config /etc/runwarden \
       | awk '/^### /{p=($2=="/etc/runwarden/agent.yaml"); next} p' >/etc/runwarden/agent.yaml.new
+    # Readable by the daemon's group: `runwarden check` compares it with hosts/local.yaml.
+    chgrp runwarden /etc/runwarden/agent.yaml.new
     chmod 0640 /etc/runwarden/agent.yaml.new
     mv /etc/runwarden/agent.yaml.new /etc/runwarden/agent.yaml
   fi

@@ -30,6 +30,7 @@ declare -A need=(
   [/usr/lib/postgresql/15/bin/pg_ctl]=postgresql
   [/usr/sbin/runuser]=util-linux
   [/usr/bin/strace]=strace
+  [/usr/bin/lintian]=lintian
 )
 # (PostgreSQL: the tests start clusters of their own, initdb and pg_ctl as
 # the postgres user in a temporary directory, on free ports.)
