@@ -25,9 +25,16 @@ pub(super) async fn db(command: DbCommand) -> Exit {
         DbCommand::Status { config } => {
             let store = open_as(&super::config_dir(config)?, None)?;
             match store.check_schema().await {
-                Ok(()) => {
+                Ok(crate::store::Schema::Current(v)) => {
                     println!(
-                        "reachable; the schema is this runwarden's (replica {})",
+                        "reachable; the schema is this runwarden's, version {v} (replica {})",
+                        store.replica
+                    );
+                    Ok(0)
+                }
+                Ok(crate::store::Schema::OneAhead(v)) => {
+                    println!(
+                        "reachable; the schema is version {v}, one ahead of this runwarden's: it works on it during a rolling upgrade; upgrade this machine (replica {})",
                         store.replica
                     );
                     Ok(0)

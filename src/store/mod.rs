@@ -42,7 +42,7 @@ pub(crate) mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use postgres::Postgres;
+pub use postgres::{Postgres, Schema};
 
 use crate::config::runbook::FleetBudget;
 use crate::gate::DenyReason;

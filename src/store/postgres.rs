@@ -28,6 +28,15 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::{FleetSwitch, Reaped, StoreError};
 use crate::config::SharedState;
 
+/// What [`Postgres::check_schema`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    /// This build's own schema version.
+    Current(i32),
+    /// One version ahead (a rolling upgrade in progress): usable.
+    OneAhead(i32),
+}
+
 /// The schema this build needs, with the files that bring a database to it.
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../migrations/0001_shared_state.sql")),
@@ -267,15 +276,23 @@ impl Postgres {
     }
 
     /// Refuse a database this build cannot work with, saying what to run.
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
+    ///
+    /// Migrations are additive for one version: a schema one version newer
+    /// than this build's only adds what this build never reads, so a
+    /// replica keeps working (and starts) while its peers are upgraded
+    /// after `db migrate`; it says so. Two versions newer, or older, it
+    /// refuses, naming what to do. The result is the schema's version.
+    pub async fn check_schema(&self) -> Result<Schema, StoreError> {
         let want = MIGRATIONS.last().map_or(0, |(v, _)| *v);
         match self.version().await? {
-            v if v == want => Ok(()),
+            v if v == want => Ok(Schema::Current(v)),
+            v if v == want + 1 => Ok(Schema::OneAhead(v)),
             v if v < want => Err(StoreError::Config(format!(
                 "the database's schema is version {v}, this runwarden needs {want}: run `runwarden db migrate` (as a role that may create tables)"
             ))),
             v => Err(StoreError::Config(format!(
-                "the database's schema is version {v}, newer than this runwarden knows ({want}): upgrade runwarden on this machine"
+                "the database's schema is version {v}, two or more ahead of this runwarden's ({want}): upgrade runwarden on this machine to a version that knows schema {}",
+                v - 1
             ))),
         }
     }

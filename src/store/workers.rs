@@ -23,9 +23,13 @@ pub(crate) async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<P
         return Ok(None);
     };
     match store.check_schema().await {
-        Ok(()) => {
+        Ok(crate::store::Schema::Current(_)) => {
             tracing::info!(replica = %store.replica, "shared state: PostgreSQL, lease {:?}", store.lease)
         }
+        Ok(crate::store::Schema::OneAhead(v)) => tracing::warn!(
+            replica = %store.replica,
+            "shared state: the schema is version {v}, one ahead of this runwarden's: fine while the replicas are upgraded one at a time; upgrade this one too"
+        ),
         Err(e @ StoreError::Unreachable(_)) => {
             tracing::warn!(
                 "{e}; triggers are answered 503 and no call runs until it can be reached"

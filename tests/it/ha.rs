@@ -2011,3 +2011,130 @@ fn prometheus_sees_a_replica_lose_its_store_and_its_leases_on_the_dashboards_sha
         || seen("runwarden_store_up{store=\"postgres\"} == 1"),
     );
 }
+
+/// A rolling upgrade: the schema is migrated one version ahead of the
+/// replicas first (an additive migration, as the next version's `db
+/// migrate` brings), then each replica in turn is stopped as systemd stops
+/// it (SIGTERM) and started again, while alerts keep arriving (each sent,
+/// as Alertmanager does, to a replica that answers). Every replica works on
+/// the newer schema, every alert answered 200 has exactly one recorded
+/// outcome, every host's alert started one run, and no host ran twice. A
+/// schema two versions ahead is refused, naming the version to upgrade to.
+#[test]
+fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let hosts: Vec<String> = (0..24).map(|i| format!("h{i:02}")).collect();
+    let list = hosts.join(", ");
+    let mut fleet = fleet(&pg, 3, SHORT, "", &|e| {
+        for h in &hosts {
+            e.host(h, &site.host(h, ""));
+        }
+        e.runbook("rot", &rot_runbook(&site, &list, 0));
+    });
+    // The next version's migration: additive, as every migration must be.
+    let next = pg.sql("SELECT max(version) + 1 FROM runwarden_schema");
+    pg.sql(&format!(
+        "BEGIN; ALTER TABLE runwarden_runs ADD COLUMN upgrade_note text; INSERT INTO runwarden_schema (version) VALUES ({}); COMMIT;",
+        next.trim()
+    ));
+    let status = fleet[0].e.run(&["db", "status"]);
+    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert_eq!(status.status.code(), Some(0), "{said}");
+    assert!(said.contains("one ahead of this runwarden's"), "{said}");
+
+    let addrs: Vec<std::sync::Arc<std::sync::Mutex<String>>> = fleet
+        .iter()
+        .map(|r| std::sync::Arc::new(std::sync::Mutex::new(r.addr.clone())))
+        .collect();
+    let sender = {
+        let addrs = addrs.clone();
+        let hosts = hosts.clone();
+        std::thread::spawn(move || {
+            let mut answered = Vec::new();
+            for (i, h) in hosts.iter().enumerate() {
+                let body = notification(&[h]);
+                // Alertmanager's way: another replica when one does not answer.
+                let mut tries = 0;
+                loop {
+                    let addr = addrs[(i + tries) % addrs.len()].lock().unwrap().clone();
+                    match http(&addr, "POST", "/api/v1/alerts", &body) {
+                        Some((200, text)) => {
+                            answered.push((h.clone(), text));
+                            break;
+                        }
+                        _ => {
+                            tries += 1;
+                            assert!(tries < 200, "no replica took {h}'s alert");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            answered
+        })
+    };
+    for (i, r) in fleet.iter_mut().enumerate() {
+        std::thread::sleep(Duration::from_millis(700));
+        r.signal(nix::sys::signal::Signal::SIGTERM);
+        let exited = r.d.as_mut().unwrap().0.wait().unwrap();
+        assert!(exited.success(), "replica {} stopped: {exited:?}", r.name);
+        r.d = None;
+        r.start();
+        *addrs[i].lock().unwrap() = r.addr.clone();
+        assert_eq!(
+            r.healthz(),
+            200,
+            "replica {} is back on the newer schema",
+            r.name
+        );
+    }
+    let answered = sender.join().unwrap();
+    assert_eq!(answered.len(), hosts.len());
+    // Every run ends: `ok`, or `interrupted` when its replica was stopped
+    // under it (runs are not resumed; Alertmanager's repeat starts anew).
+    wait_for("every run ended", Duration::from_secs(60), || {
+        (pg.sql("SELECT count(*) FROM runwarden_runs WHERE status <> 'ended'")
+            .trim()
+            == "0")
+            .then_some(())
+    });
+    let verdicts = pg.sql("SELECT host, verdict FROM runwarden_runs ORDER BY host");
+    for h in &hosts {
+        let rotated = site.rotations(h).len();
+        assert!(rotated <= 1, "{h} rotated {rotated} times");
+        if verdicts.contains(&format!("{h}|ok")) {
+            assert_eq!(rotated, 1, "{h}: {verdicts}");
+        }
+    }
+    // A run its replica's stop cut short ends halted (the stop reached it
+    // between calls) or interrupted; none ends any other way.
+    assert!(
+        verdicts
+            .lines()
+            .all(|l| l.ends_with("|ok") || l.ends_with("|halted") || l.ends_with("|interrupted")),
+        "{verdicts}"
+    );
+    let ok = verdicts.lines().filter(|l| l.ends_with("|ok")).count();
+    assert!(ok >= hosts.len() / 2, "{verdicts}");
+    // Each alert answered 200 has one row; one of them started its run.
+    let rows = pg.sql(
+        "SELECT keys[1], count(*), count(*) FILTER (WHERE outcome = 'started') FROM runwarden_triggers GROUP BY keys[1] ORDER BY keys[1]",
+    );
+    for h in &hosts {
+        assert!(rows.contains(&format!("fp:fp-{h}|1|1")), "{h}: {rows}");
+    }
+    // Two versions ahead: refused, naming the version to upgrade to.
+    pg.sql(&format!(
+        "INSERT INTO runwarden_schema (version) VALUES ({})",
+        next.trim().parse::<i32>().unwrap() + 1
+    ));
+    let status = fleet[0].e.run(&["db", "status"]);
+    let said = String::from_utf8_lossy(&status.stderr).to_string();
+    assert_eq!(status.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("upgrade runwarden on this machine to a version that knows schema"),
+        "{said}"
+    );
+}
