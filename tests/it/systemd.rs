@@ -1371,6 +1371,9 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
         "/usr/bin/runwarden",
         "the new binary, not a deleted one"
     );
+    // The README's checks after an upgrade, as written there.
+    h.setup_ok("systemctl status runwarden --no-pager >/dev/null");
+    h.setup_ok("sudo runuser -u runwarden -- runwarden check >/dev/null");
     // The old token starts a run on the new version, and the chain goes on.
     run();
     let after: u64 = h
