@@ -233,7 +233,13 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .timezone
         .as_ref()
         .map_or("UTC".to_string(), |t| t.value.clone());
-    let timezone = jiff::tz::TimeZone::get(&timezone_name).unwrap_or_else(|e| {
+    // UTC (the default) needs no look into the time-zone database, which
+    // costs every command a walk of its directories.
+    let timezone = match timezone_name.as_str() {
+        "UTC" | "Etc/UTC" => Ok(jiff::tz::TimeZone::UTC),
+        name => jiff::tz::TimeZone::get(name),
+    };
+    let timezone = timezone.unwrap_or_else(|e| {
             if let Some(t) = &settings.timezone {
                 diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
             }
