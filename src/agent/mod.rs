@@ -318,7 +318,7 @@ fn unrecorded(why: String, written: Result<(), crate::audit::AuditError>) -> Str
 }
 
 /// The recorded state of one call, as the status answer carries it
-/// (the runner reads `state` and `result`, see [`crate::executor::ssh`]).
+/// (the runner's SSH transport reads `state` and `result` after a lost connection).
 fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
     ToolResult::observed(json!({ "state": state, "result": result }))
 }
