@@ -387,6 +387,10 @@ async fn killswitch_worker(
                     .kill_switch_engaged
                     .with_label_values(&[&scope])
                     .set(on as i64);
+                metrics
+                    .kill_switch_until
+                    .with_label_values(&[&scope])
+                    .set(fleet.until(rb).filter(|_| on).unwrap_or(0.0));
             }
             let on = ks.runbook_file_engaged(rb);
             log_change(rb, on, &|| ks.file_of(Some(rb)).display().to_string());
@@ -398,6 +402,11 @@ async fn killswitch_worker(
                 .kill_switch_since
                 .with_label_values(&[rb])
                 .set(engaged_at(&ks, Some(rb), on));
+            metrics.kill_switch_until.with_label_values(&[rb]).set(
+                ks.until(Some(rb))
+                    .filter(|_| on)
+                    .map_or(0.0, |t| t.as_second() as f64),
+            );
         }
         tokio::select! {
             _ = rx.recv() => {}

@@ -317,3 +317,50 @@ fn check_names_what_the_local_agent_policy_would_refuse() {
         "{printed}"
     );
 }
+
+/// A timed switch for one runbook shows when it ends on its own series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_runbook_switch_shows_when_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = super::Daemon::start(dir.path()).await;
+    let (code, said) = runwarden_in(
+        dir.path(),
+        &[
+            "kill-switch",
+            "engage",
+            "--runbook",
+            "disk",
+            "--reason",
+            "INC-11",
+            "--for",
+            "1h",
+        ],
+        None,
+    );
+    assert_eq!(code, Some(0), "{said}");
+    let soon = jiff::Timestamp::now().as_second() as f64 + 3600.0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = super::client()
+            .get(d.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let until = text
+            .lines()
+            .find(|l| {
+                l.starts_with("runwarden_kill_switch_until_timestamp_seconds{scope=\"disk\"}")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if until.is_some_and(|t| (t - soon).abs() < 30.0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    d.shutdown().await.unwrap();
+}
