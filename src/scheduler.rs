@@ -353,6 +353,7 @@ impl Scheduler {
                         (TriggerResult::Started, Some((run_id, Some(lease))))
                     }
                     Some((Admitted::Cooldown, _)) => (TriggerResult::Cooldown, None),
+                    Some((Admitted::KillSwitch, _)) => (TriggerResult::KillSwitch, None),
                     // The fleet answers every trigger it is given, or fails whole.
                     Some((Admitted::Deduplicated, _)) | None => (TriggerResult::Deduplicated, None),
                 },

@@ -41,6 +41,7 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
             EXIT_BUSY,
             format!("{e}; try again when it has ended"),
         )),
+        Err(e @ StartError::KillSwitch(_)) => Err(Failed::code(Verdict::Halted.exit_code(), e)),
         Err(e) => Err(Failed::usage(e)),
     }
 }

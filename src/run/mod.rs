@@ -60,6 +60,10 @@ pub enum StartError {
     /// Another process runs this runbook on this host (`runwarden run` exits 75).
     #[error("{0}; nothing ran")]
     Busy(String),
+    /// The fleet's kill switch refused the run at admission (`runwarden run`
+    /// exits 7, as for a run the switch halts).
+    #[error("{0}")]
+    KillSwitch(String),
     /// The run lock could not be taken (the state directory is unusable): broken.
     #[error("{0}")]
     Lock(String),
@@ -244,8 +248,14 @@ impl Runner {
             (Some(lease), _) => Some(lease),
             (None, Some(store)) if !req.dry_run => {
                 match store.claim(&req.runbook, &req.host, &run_id).await {
-                    Ok(Some(lease)) => Some(lease),
-                    Ok(None) => {
+                    Ok(crate::store::Admitted::Started(lease)) => Some(lease),
+                    Ok(crate::store::Admitted::KillSwitch) => {
+                        return Err(StartError::KillSwitch(format!(
+                            "the fleet's kill switch is engaged for {}: nothing ran",
+                            req.runbook
+                        )));
+                    }
+                    Ok(_) => {
                         return Err(StartError::Busy(format!(
                             "another run of {} on {} holds its lease in the shared state",
                             req.runbook, req.host

@@ -102,6 +102,8 @@ pub enum Admitted {
     Cooldown,
     /// A run for it is in flight, or it repeats the last run's trigger.
     Deduplicated,
+    /// The fleet's kill switch is engaged (admission saw it).
+    KillSwitch,
 }
 
 /// One replica's own switch file, as it last published it.
@@ -214,13 +216,13 @@ impl Budgets {
 
 impl Postgres {
     /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
-    /// no dedupe keys; `Ok(None)`: another run holds it.
+    /// no dedupe keys; anything but `Started` says why it did not start.
     pub async fn claim(
         self: &Arc<Self>,
         runbook: &str,
         host: &str,
         run_id: &str,
-    ) -> Result<Option<Lease>, StoreError> {
+    ) -> Result<Admitted, StoreError> {
         let item = Admit {
             runbook: runbook.to_string(),
             host: host.to_string(),
@@ -229,10 +231,11 @@ impl Postgres {
             run_id: run_id.to_string(),
             trigger: "cli",
         };
-        Ok(match self.admit(&[item]).await?.pop() {
-            Some(Admitted::Started(lease)) => Some(lease),
-            _ => None,
-        })
+        Ok(self
+            .admit(&[item])
+            .await?
+            .pop()
+            .unwrap_or(Admitted::Deduplicated))
     }
 
     /// Decide a notification's triggers across the fleet (see
@@ -251,6 +254,7 @@ impl Postgres {
                     Admitted::Started(self.lease(&item.runbook, &item.host, &item.run_id, token))
                 }
                 ("cooldown", _) => Admitted::Cooldown,
+                ("kill_switch", _) => Admitted::KillSwitch,
                 _ => Admitted::Deduplicated,
             })
             .collect())

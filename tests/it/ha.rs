@@ -717,6 +717,18 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
         String::from_utf8_lossy(&engage.stderr)
     );
     assert!(String::from_utf8_lossy(&engage.stdout).contains("engaged for the fleet"));
+    // At once, on a replica that may not have heard yet: admission itself
+    // sees the fleet's switch, and a person's run exits 7 (not 75, busy).
+    let (status, answer) = fleet[2].post("/api/v1/alerts", &notification(&["h1"]));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "kill_switch", "{answer}");
+    let person = fleet[2].e.run(&["run", "rot", "--host", "h3"]);
+    assert_eq!(
+        person.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&person.stderr)
+    );
     let verdicts = wait_verdicts(&fleet, 3, Duration::from_secs(10));
     for v in &verdicts {
         assert_eq!(v["outcome"], "halted", "{v:#}");
