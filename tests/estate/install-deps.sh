@@ -31,6 +31,8 @@ declare -A need=(
   [/usr/sbin/runuser]=util-linux
   [/usr/bin/strace]=strace
   [/usr/bin/lintian]=lintian
+  [/usr/bin/objcopy]=binutils
+  [/usr/bin/strip]=binutils
 )
 # (PostgreSQL: the tests start clusters of their own, initdb and pg_ctl as
 # the postgres user in a temporary directory, on free ports.)
