@@ -311,9 +311,11 @@ async fn killswitch_worker(
             tracing::error!("the kill switch's end could not be audited: {e}");
         }
     };
+    // What this replica last published of its own switch files: written
+    // again only when it changes (not a database write every few seconds).
+    let mut published: Option<Vec<(String, String)>> = None;
     loop {
-        let dir = ks.dir().to_path_buf();
-        let files = KillSwitch::new(dir);
+        let files = ks.clone();
         for e in tokio::task::spawn_blocking(move || files.sweep_expired())
             .await
             .unwrap_or_default()
@@ -326,9 +328,12 @@ async fn killswitch_worker(
                 Err(e) => tracing::debug!("timed fleet switches not looked at: {e}"),
             }
             if let Ok(mine) = ks.status()
-                && let Err(e) = store.publish_switches(&mine).await
+                && published.as_ref() != Some(&mine)
             {
-                tracing::debug!("this replica's switch files not published: {e}");
+                match store.publish_switches(&mine).await {
+                    Ok(()) => published = Some(mine),
+                    Err(e) => tracing::debug!("this replica's switch files not published: {e}"),
+                }
             }
         }
         // The gate's own checks, so the gauge and the gate never disagree
@@ -445,14 +450,14 @@ impl Secrets {
                     problems.push(format!(
                         "webhook token refused, no token is taken until it is fixed and runwarden reloads (the API answers 503): {e:#}"
                     ));
-                    WebhookToken::Refused(format!("{e:#}"))
+                    WebhookToken::Refused
                 }
             },
             None if self.loopback => WebhookToken::None,
             None => {
                 let why = "webhook_token_file was removed, but runwarden listens beyond loopback (restart to change `listen`)";
                 problems.push(format!("{why}; no token is taken until it is set again"));
-                WebhookToken::Refused(why.into())
+                WebhookToken::Refused
             }
         };
         *self.token.write().unwrap_or_else(|p| p.into_inner()) = token;

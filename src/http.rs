@@ -159,11 +159,11 @@ pub enum WebhookToken {
     None,
     /// Requests must carry it as `Authorization: Bearer`.
     Bearer(Vec<u8>),
-    /// The token file was refused at the last reload (why): no token is
-    /// taken, old or new, until it is fixed. Every `/api/` request but an
+    /// The token file was refused at the last reload: no token is taken,
+    /// old or new, until it is fixed. Every `/api/` request but an
     /// approval is answered 503, which Alertmanager retries, so no
     /// notification is lost meanwhile.
-    Refused(String),
+    Refused,
 }
 
 /// What every `/api/` request must satisfy before its handler sees it.
@@ -189,15 +189,14 @@ async fn guard(
     let token = match s.token.read().unwrap_or_else(|p| p.into_inner()).clone() {
         WebhookToken::None => None,
         WebhookToken::Bearer(t) => Some(t),
-        WebhookToken::Refused(why) if !req.uri().path().starts_with("/api/v1/approvals") => {
+        // Why is in the daemon's log, not told to whoever asks.
+        WebhookToken::Refused if !req.uri().path().starts_with("/api/v1/approvals") => {
             return problem(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "the webhook token file was refused at the last reload ({why}); no token is taken until it is fixed and runwarden reloads"
-                ),
+                "the webhook token file was refused at the last reload (the daemon's log says why); no token is taken until it is fixed and runwarden reloads",
             );
         }
-        WebhookToken::Refused(_) => None,
+        WebhookToken::Refused => None,
     };
     if token.is_none() {
         let host = headers

@@ -79,11 +79,17 @@ pub async fn serve_stdio(policy: &Host, audit: &AuditLog, timeouts: Timeouts) ->
     // the wait (the thread dies with the process).
     std::thread::spawn(move || read_lines(tx));
     let mut out = std::io::stdout();
-    let mut wait = timeouts.first_request;
+    // How long the next line may take; `None`: no limit.
+    let mut wait = Some(timeouts.first_request);
     loop {
-        let next = tokio::time::timeout(wait, rx.recv()).await;
+        let next = match wait {
+            Some(wait) => tokio::time::timeout(wait, rx.recv())
+                .await
+                .map_err(|_| wait),
+            None => Ok(rx.recv().await),
+        };
         let reply = match next {
-            Err(_) => {
+            Err(wait) => {
                 tracing::warn!(
                     "no request within {}: connection closed",
                     humantime::format_duration(wait)
@@ -120,10 +126,7 @@ pub async fn serve_stdio(policy: &Host, audit: &AuditLog, timeouts: Timeouts) ->
         };
         let _ = writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default());
         let _ = out.flush();
-        match timeouts.idle {
-            Some(idle) => wait = idle,
-            None => wait = Duration::from_secs(u32::MAX as u64),
-        }
+        wait = timeouts.idle;
     }
 }
 

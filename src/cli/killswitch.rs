@@ -44,39 +44,6 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
     }
     let fleet = super::db::shared(&dir)?;
     let shown = ks.dir().display();
-    let heard = match (&command, &fleet) {
-        (KillSwitchCommand::Status { .. }, Some(store)) => Some(store.switches().await),
-        _ => None,
-    };
-    // Every other replica's own switch files, as each last published them.
-    let elsewhere = match (&command, &fleet) {
-        (KillSwitchCommand::Status { .. }, Some(store)) => store
-            .replica_switches()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r.replica != settings.replica)
-            .map(|r| (format!("{} on replica {}", r.scope, r.replica), r.detail))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let status = || -> Result<Vec<(String, String)>, String> {
-        let mut list = ks.status().map_err(|e| e.to_string())?;
-        list.extend(elsewhere.iter().cloned());
-        match &heard {
-            Some(Ok(fleet)) => list.extend(
-                fleet
-                    .iter()
-                    .map(|(scope, d)| (format!("fleet:{scope}"), d.clone())),
-            ),
-            Some(Err(e)) => list.push((
-                "fleet".into(),
-                format!("unknown, {e} (each replica still fences its calls against it)"),
-            )),
-            None => {}
-        }
-        Ok(list)
-    };
     match command {
         KillSwitchCommand::Engage {
             reason,
@@ -148,7 +115,6 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             })?;
             let was = |on: bool| if on { "was engaged" } else { "was not engaged" };
             let mut said = vec![format!("{} {}", ks.file_of(runbook).display(), was(here))];
-            let mut left: Vec<(String, String)> = Vec::new();
             if let Some(store) = &fleet {
                 let scope = runbook.unwrap_or("global");
                 let released = store.release(scope).await.map_err(|e| {
@@ -160,26 +126,10 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                     )
                 })?;
                 said.push(format!("the fleet's switch ({scope}) {}", was(released)));
-                if let Ok(fleet_left) = store.switches().await {
-                    left.extend(
-                        fleet_left
-                            .into_iter()
-                            .map(|(s, d)| (format!("fleet:{s}"), d)),
-                    );
-                }
-                if let Ok(others) = store.replica_switches().await {
-                    left.extend(
-                        others
-                            .into_iter()
-                            .filter(|r| r.replica != settings.replica)
-                            .map(|r| (format!("{} on replica {}", r.scope, r.replica), format!("{} (release it there: runwarden kill-switch release on {})", r.detail, r.replica))),
-                    );
-                }
             }
-            match ks.status() {
-                Ok(files) => left.extend(files),
-                Err(e) => left.push(("global".into(), e.to_string())),
-            }
+            let left = engaged(&ks, fleet.as_deref(), &settings.replica)
+                .await
+                .unwrap_or_else(|e| vec![("global".into(), e)]);
             println!("released: {}", said.join("; "));
             if left.is_empty() {
                 println!("nothing stays engaged: runs may proceed");
@@ -191,7 +141,13 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
         }
         // Exit 0: released (calls may run); 1: engaged (something is stopped).
         KillSwitchCommand::Status { json: true, .. } => {
-            let engaged: Vec<serde_json::Value> = match status() {
+            let engaged: Vec<serde_json::Value> = match engaged(
+                &ks,
+                fleet.as_deref(),
+                &settings.replica,
+            )
+            .await
+            {
                 Ok(list) => list
                     .into_iter()
                     .map(|(scope, detail)| serde_json::json!({ "scope": scope, "detail": detail }))
@@ -208,21 +164,59 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             );
             Ok(i32::from(!engaged.is_empty()))
         }
-        KillSwitchCommand::Status { .. } => match status() {
-            Ok(list) if list.is_empty() => {
-                println!("released: no switch file in {shown}");
-                Ok(0)
-            }
-            Ok(list) => {
-                for (scope, detail) in list {
-                    println!("ENGAGED {scope}: {detail}");
+        KillSwitchCommand::Status { .. } => {
+            match engaged(&ks, fleet.as_deref(), &settings.replica).await {
+                Ok(list) if list.is_empty() => {
+                    println!("released: no switch file in {shown}");
+                    Ok(0)
                 }
-                Ok(1)
+                Ok(list) => {
+                    for (scope, detail) in list {
+                        println!("ENGAGED {scope}: {detail}");
+                    }
+                    Ok(1)
+                }
+                Err(e) => {
+                    println!("ENGAGED {e}");
+                    Ok(1)
+                }
             }
-            Err(e) => {
-                println!("ENGAGED {e}");
-                Ok(1)
-            }
-        },
+        }
     }
+}
+
+/// What stops runs now: this machine's switch files and, with shared state,
+/// the fleet's switch and every other replica's own files as each last
+/// published them (with where to release them); `status` lists it and
+/// `release` says it stays engaged.
+async fn engaged(
+    ks: &KillSwitch,
+    fleet: Option<&crate::store::Postgres>,
+    me: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let mut list = ks.status().map_err(|e| e.to_string())?;
+    let Some(store) = fleet else {
+        return Ok(list);
+    };
+    match store.switches().await {
+        Ok(on) => list.extend(
+            on.into_iter()
+                .map(|(scope, d)| (format!("fleet:{scope}"), d)),
+        ),
+        Err(e) => list.push((
+            "fleet".into(),
+            format!("unknown, {e} (each replica still fences its calls against it)"),
+        )),
+    }
+    let others = store.replica_switches().await.unwrap_or_default();
+    list.extend(others.into_iter().filter(|r| r.replica != me).map(|r| {
+        (
+            format!("{} on replica {}", r.scope, r.replica),
+            format!(
+                "{} (release it there: runwarden kill-switch release on {})",
+                r.detail, r.replica
+            ),
+        )
+    }));
+    Ok(list)
 }

@@ -257,19 +257,32 @@ impl KillSwitch {
                 detail,
             });
         }
-        let mut out = Vec::new();
-        if let Ok(dir) = std::fs::read_dir(&self.dir) {
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name == GLOBAL {
-                    out.push(("global".to_string(), describe(&e.path())));
-                } else if let Some(rb) = name.strip_suffix(&format!(".{GLOBAL}")) {
-                    out.push((rb.to_string(), describe(&e.path())));
-                }
-            }
-        }
+        let mut out: Vec<(String, String)> = self
+            .switch_files()
+            .into_iter()
+            .map(|(scope, file)| (scope, describe(&file)))
+            .collect();
         out.sort();
         Ok(out)
+    }
+
+    /// Every switch file in the directory: its scope (`global` or the
+    /// runbook) and its path.
+    fn switch_files(&self) -> Vec<(String, PathBuf)> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let scope = match name.strip_suffix(&format!(".{GLOBAL}")) {
+                    _ if name == GLOBAL => "global".to_string(),
+                    Some(rb) => rb.to_string(),
+                    None => return None,
+                };
+                Some((scope, e.path()))
+            })
+            .collect()
     }
 }
 
@@ -344,24 +357,13 @@ impl KillSwitch {
     pub fn sweep_expired(&self) -> Vec<Expired> {
         let now = jiff::Timestamp::now();
         let mut out = Vec::new();
-        let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return out;
-        };
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let scope = if name == GLOBAL {
-                "global".to_string()
-            } else if let Some(rb) = name.strip_suffix(&format!(".{GLOBAL}")) {
-                rb.to_string()
-            } else {
-                continue;
-            };
-            let text = read_switch(&e.path());
+        for (scope, file) in self.switch_files() {
+            let text = read_switch(&file);
             let Some(until) = field(&text, "until").and_then(|u| u.parse::<jiff::Timestamp>().ok())
             else {
                 continue;
             };
-            if until > now || std::fs::remove_file(e.path()).is_err() {
+            if until > now || std::fs::remove_file(&file).is_err() {
                 continue;
             }
             out.push(Expired {

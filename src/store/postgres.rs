@@ -118,27 +118,16 @@ fn tls(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError> {
 
 /// Read a libpq URL from its file, which only its owner may read.
 fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
-    use std::os::unix::fs::MetadataExt;
     let say = |what: String| StoreError::Config(format!("{}: {what}", file.display()));
-    let meta = std::fs::metadata(file).map_err(|e| {
-        say(format!(
+    // Owner-only, a regular file, checked on the open file: as every secret.
+    let text = crate::secret::read_file(file, "state.postgres.url_file").map_err(|e| match file
+        .exists()
+    {
+        true => StoreError::Config(e),
+        false => say(format!(
             "{e}; write the PostgreSQL URL (postgresql://runwarden:...@host/db) into it, mode 0600"
-        ))
+        )),
     })?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(say(format!(
-            "mode {:o} lets others read the database password; run `chmod 600 {}`",
-            meta.mode() & 0o777,
-            file.display()
-        )));
-    }
-    let mut text = String::new();
-    crate::files::open_regular(file, true)
-        .map_err(|e| say(e.to_string()))
-        .and_then(|f| {
-            std::io::Read::read_to_string(&mut std::io::Read::take(f, 64 << 10), &mut text)
-                .map_err(|e| say(e.to_string()))
-        })?;
     // The error names what is wrong, never the text (it may hold a password).
     tokio_postgres::Config::from_str(text.trim())
         .map_err(|e| say(format!("not a PostgreSQL URL or key=value string: {e}")))
@@ -703,7 +692,7 @@ impl Postgres {
                 .map(|r| super::ReplicaSwitch {
                     replica: r.get(0),
                     scope: r.get(1),
-                    detail: format!("{} (as of {})", r.get::<_, String>(2), r.get::<_, String>(3)),
+                    detail: format!("{} (published {})", r.get::<_, String>(2), r.get::<_, String>(3)),
                 })
                 .collect()
         })
