@@ -1,7 +1,7 @@
 //! Alerts that cannot be kept, on this machine's own state: the same
 //! outcome as with PostgreSQL (`tests/it/ha.rs`).
 
-use super::{Daemon, client, config, notification, post_alerts};
+use super::{Daemon, config, notification, post_alerts};
 
 /// A NUL byte in one alert's fingerprint or labels, or in the group key:
 /// each such alert is `invalid`, counted, and named in the answer; the
@@ -40,17 +40,13 @@ async fn an_alert_with_a_nul_byte_is_invalid_and_its_neighbour_starts() {
             .all(|o| o["result"] == "invalid"),
         "{answer:#}"
     );
-    let metrics = client()
-        .get(d.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("runwarden_alert_triggers_total{result=\"invalid\",runbook=\"none\"} 3"),
-        "{metrics}"
+    assert_eq!(
+        super::metric(
+            &d,
+            "runwarden_alert_triggers_total{result=\"invalid\",runbook=\"none\"}"
+        )
+        .await,
+        Some(3.0)
     );
     d.shutdown().await.unwrap();
 }

@@ -98,6 +98,37 @@ impl Daemon {
     }
 }
 
+/// One series of the daemon's `/metrics` (the first line that starts with `name`).
+async fn metric(d: &Daemon, name: &str) -> Option<f64> {
+    let text = client()
+        .get(d.url("/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Wait (20 s at most) until the series reads a value `ok` accepts; that value.
+async fn wait_metric(d: &Daemon, name: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match metric(d, name).await {
+            Some(v) if ok(v) => return v,
+            got => assert!(
+                std::time::Instant::now() < deadline,
+                "{name} never read what was waited for: {got:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))

@@ -86,35 +86,12 @@ async fn a_timed_kill_switch_releases_itself_with_an_audit_line() {
     let (code, said) = cli(&["kill-switch", "status"]);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("INC-9") && said.contains("left"), "{said}");
-    let metric = |text: &str, name: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    };
-    let scrape = || async {
-        super::client()
-            .get(d.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let text = scrape().await;
-        if metric(
-            &text,
-            "runwarden_kill_switch_until_timestamp_seconds{scope=\"global\"}",
-        )
-        .is_some_and(|t| t > 0.0)
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{text}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    super::wait_metric(
+        &d,
+        "runwarden_kill_switch_until_timestamp_seconds{scope=\"global\"}",
+        |t| t > 0.0,
+    )
+    .await;
     // Its time comes; the daemon looks at least every 5 s.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while dir.path().join("kill-switch/ENGAGED").exists() {
@@ -340,27 +317,11 @@ async fn a_timed_runbook_switch_shows_when_it_ends() {
     );
     assert_eq!(code, Some(0), "{said}");
     let soon = jiff::Timestamp::now().as_second() as f64 + 3600.0;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let text = super::client()
-            .get(d.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let until = text
-            .lines()
-            .find(|l| {
-                l.starts_with("runwarden_kill_switch_until_timestamp_seconds{scope=\"disk\"}")
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if until.is_some_and(|t| (t - soon).abs() < 30.0) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{text}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    super::wait_metric(
+        &d,
+        "runwarden_kill_switch_until_timestamp_seconds{scope=\"disk\"}",
+        |t| (t - soon).abs() < 30.0,
+    )
+    .await;
     d.shutdown().await.unwrap();
 }

@@ -89,32 +89,9 @@ fn check_and_serve_refuse_a_config_file_that_is_not_a_file_without_blocking() {
     }
 }
 
-async fn metric(d: &Daemon, name: &str) -> Option<f64> {
-    let text = client()
-        .get(d.url("/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Wait until the metric reads `want` (a reload is inotify's and 300 ms of quiet away).
 async fn until_metric(d: &Daemon, name: &str, want: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(d, name).await != Some(want) {
-        assert!(
-            Instant::now() < deadline,
-            "{name} never read {want}: {:?}",
-            metric(d, name).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::wait_metric(d, name, |v| v == want).await;
 }
 
 /// Change a runbook (its description says `n`), so the watcher reloads.
