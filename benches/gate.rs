@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use runwarden::audit::AuditLog;
 use runwarden::config::Config;
-use runwarden::executor::process;
-use runwarden::run::{RunRequest, Runner, Verdict};
+use runwarden::process;
+use runwarden::run::{RunRequest, Runner};
+use runwarden::verdict::Verdict;
 
 const CALLS: usize = 50;
 /// Rounds, each measuring every variant once, in turn: a ratio is taken
@@ -48,7 +49,7 @@ fn write(dir: &Path, rel: &str, text: &str) {
 
 fn main() {
     // As the runwarden binary does: escaped processes are swept after each call.
-    runwarden::executor::process::escapees::adopt_orphans();
+    runwarden::process::escapees::adopt_orphans();
     // Tools run at TOOL_NICE, niced by the thread that waits on them (this
     // one, once a run has started here): the baseline spawns at the same
     // niceness from the start, so both sides compete alike for the CPU.
@@ -119,7 +120,7 @@ fn main() {
         let out = Command::new(program)
             .args(args)
             .env_clear()
-            .envs(runwarden::executor::process::STUB_ENV)
+            .envs(runwarden::process::STUB_ENV)
             .current_dir(&jail)
             .stdin(std::process::Stdio::null())
             .output()
@@ -153,19 +154,19 @@ fn main() {
         t.elapsed()
     };
     // The same two argv through runwarden's process runner alone (no gate, no audit).
-    let limits = || runwarden::executor::process::Limits {
+    let limits = || runwarden::process::Limits {
         deadline: tokio::time::Instant::now() + Duration::from_secs(30),
         output_cap: 1 << 20,
         kill_grace: Duration::from_secs(2),
         jail: root.to_path_buf(),
     };
-    let df_argv = runwarden::executor::process::Argv::new(Path::new("/usr/bin/df")).args([
+    let df_argv = runwarden::process::Argv::new(Path::new("/usr/bin/df")).args([
         "-B1",
         "--output=source,fstype,size,used,avail,pcent,target",
         "--",
         &d,
     ]);
-    let du_argv = runwarden::executor::process::Argv::new(Path::new("/usr/bin/du")).args([
+    let du_argv = runwarden::process::Argv::new(Path::new("/usr/bin/du")).args([
         "-x",
         "-B1",
         "--max-depth=1",
@@ -177,10 +178,10 @@ fn main() {
         process::on_own_thread(|| {
             rt.block_on(async {
                 for _ in 0..CALLS {
-                    runwarden::executor::process::run_for_bench(&df_argv, &limits())
+                    runwarden::process::run_for_bench(&df_argv, &limits())
                         .await
                         .unwrap();
-                    runwarden::executor::process::run_for_bench(&du_argv, &limits())
+                    runwarden::process::run_for_bench(&du_argv, &limits())
                         .await
                         .unwrap();
                 }

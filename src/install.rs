@@ -8,10 +8,10 @@
 use std::fmt::Write;
 
 use crate::config::Host;
-use crate::config::host::{PoolMaster, Recycle};
 use crate::config::runbook::{Autonomy, Runbook, StepAction, is_template};
 use crate::config::{Config, Connection};
-use crate::executor::process::Argv;
+use crate::host::{PoolMaster, Recycle};
+use crate::process::Argv;
 use crate::tools::ToolId;
 
 /// Where the agent binary is expected on a managed host.
@@ -285,8 +285,7 @@ pub fn systemd_unit(config: &Config) -> String {
 /// The runner's permit key is made here (`permit_key_file`, mode 0600) if
 /// there is none yet: its public half goes into the host's policy.
 pub fn print(config: &Config, host: &Host) -> String {
-    let permit_key =
-        crate::gate::signed::PermitKey::load_or_create(&config.settings.permit_key_file);
+    let permit_key = crate::signing::PermitKey::load_or_create(&config.settings.permit_key_file);
     let public = match &permit_key {
         Ok(k) => Some(k.public_hex()),
         Err(e) => {

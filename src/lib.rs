@@ -27,7 +27,7 @@
 //! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget, fleet budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
 //! - [`executor`]: runs a permitted, audited call: on this machine
-//!   ([`executor::process`] spawns argv safely), on a host over SSH
+//!   ([`process`] spawns argv safely), on a host over SSH
 //!   ([`executor::ssh`]), or through this machine's own root agent on a unix
 //!   socket ([`executor::socket`], the privileged path of an unprivileged
 //!   daemon).
@@ -70,21 +70,25 @@ pub mod config;
 pub mod executor;
 pub mod files;
 pub mod gate;
+pub mod host;
 pub mod http;
 pub mod install;
 pub mod logging;
 pub mod metrics;
 pub mod planner;
+pub mod process;
 pub mod report;
 pub mod run;
 pub mod runlock;
 pub mod scheduler;
 pub mod secret;
+pub mod signing;
 pub mod store;
 pub mod text;
 pub mod tools;
 pub mod transcript;
 pub mod trigger;
+pub mod verdict;
 
 /// An error and all its sources on one line ("a: b: c"), for messages that
 /// must say what went wrong underneath (a template, an HTTP client).

@@ -33,7 +33,7 @@ fn main() {
     runwarden::logging::init(filter, cli.log_format == runwarden::cli::LogFormat::Json);
     // Before any thread or child exists: processes that escape a tool's
     // process group are adopted by runwarden and killed when the call ends.
-    runwarden::executor::process::escapees::adopt_orphans();
+    runwarden::process::escapees::adopt_orphans();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -48,9 +48,7 @@ fn main() {
     let code = match cli.is_daemon() {
         true => runtime.block_on(runwarden::cli::main(cli)),
         // One command, one run at a time: its tools are waited on here.
-        false => runwarden::executor::process::on_own_thread(|| {
-            runtime.block_on(runwarden::cli::main(cli))
-        }),
+        false => runwarden::process::on_own_thread(|| runtime.block_on(runwarden::cli::main(cli))),
     };
     std::process::exit(code);
 }

@@ -351,7 +351,7 @@ impl Metrics {
         ];
         for rb in config.runbooks.values() {
             let name = rb.name.as_str();
-            for v in crate::run::Verdict::ALL {
+            for v in crate::verdict::Verdict::ALL {
                 self.runs_finished
                     .with_label_values(&[name, v.as_str()])
                     .inc_by(0);

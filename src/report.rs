@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::run::Verdict;
 use crate::tools::{ToolId, ToolResult};
 use crate::trigger::Trigger;
+use crate::verdict::Verdict;
 
 /// One line of the report: what was asked, what the gate said, what happened.
 #[derive(Debug, Clone, Serialize, Deserialize)]

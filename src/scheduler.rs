@@ -23,8 +23,9 @@ use crate::audit::{AuditError, AuditLog, Phase, Queued, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
-use crate::run::{RunReport, RunRequest, Runner, Verdict};
+use crate::run::{RunReport, RunRequest, Runner};
 use crate::store::{Admitted, Lease, Postgres, StoreError};
+use crate::verdict::Verdict;
 
 /// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -528,7 +529,7 @@ impl Scheduler {
             let runtime = tokio::runtime::Handle::current();
             let (run_req, id) = (req.clone(), run_id.clone());
             let outcome = tokio::task::spawn_blocking(move || {
-                crate::executor::process::on_own_thread(|| {
+                crate::process::on_own_thread(|| {
                     runtime.block_on(runner.run_as(&run_req, id, lease))
                 })
             })

@@ -6,6 +6,7 @@
 //! endpoint echoing the `Authorization` header in an error body) has them
 //! cut out before it is logged, audited or printed.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -48,6 +49,43 @@ pub fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
     }
     out.extend_from_slice(rest);
     out
+}
+
+/// The approvers file: `NAME TOKEN` lines (`#` comments), each token at
+/// least 16 characters, keyed by token. Read by the gate and checked by the
+/// configuration loader.
+pub fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, String> {
+    let text = read_file(file, "approvers file")?;
+    let mut approvers = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!(
+                "{}:{}: expected `NAME TOKEN`",
+                file.display(),
+                i + 1
+            ));
+        };
+        if token.len() < 16 {
+            return Err(format!(
+                "{}:{}: the token of {name} is shorter than 16 characters",
+                file.display(),
+                i + 1
+            ));
+        }
+        approvers.insert(token.as_bytes().to_vec(), name.to_string());
+    }
+    if approvers.is_empty() {
+        return Err(format!(
+            "approvers file {} names no approver",
+            file.display()
+        ));
+    }
+    Ok(approvers)
 }
 
 #[cfg(test)]

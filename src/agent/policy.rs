@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::replay::Spent;
 use crate::config::Host;
 use crate::gate::ApprovedBy;
-use crate::gate::signed::{CallId, SignedPermit};
+use crate::signing::{CallId, SignedPermit};
 use crate::tools::{self, Action, PathMode, Tier, ToolId};
 
 /// One call as it reached the host.
@@ -180,7 +180,7 @@ fn signed_approval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::signed::PermitKey;
+    use crate::signing::PermitKey;
     use serde_json::json;
 
     /// Each way a call can fail the host's check is recorded as its own

@@ -13,7 +13,7 @@
 //!
 //! The files live in one directory per day of the permits' expiry, beside
 //! the agent's audit log (`AUDIT.permits/YYYY-MM-DD/`). A permit is good for
-//! two minutes ([`crate::gate::signed::PERMIT_TTL_SECS`]), so a day's
+//! two minutes ([`crate::signing::PERMIT_TTL_SECS`]), so a day's
 //! directory is removed once its day ended two days ago: its permits are
 //! refused as expired long before that (unless the host's clock is set back
 //! by days).
@@ -22,7 +22,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::gate::signed::SignedPermit;
+use crate::signing::SignedPermit;
 
 /// Days a spent permit's record is kept past its expiry day.
 const KEEP_DAYS: i64 = 2;
@@ -105,7 +105,7 @@ fn day_of(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::signed::{CallId, PermitKey};
+    use crate::signing::{CallId, PermitKey};
 
     /// Of many threads spending one permit at once, exactly one wins; a
     /// record whose day is long past is forgotten, today's is kept.

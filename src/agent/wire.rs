@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::config::Host;
-use crate::gate::signed::SignedPermit;
+use crate::signing::SignedPermit;
 use crate::tools::ToolResult;
 
 /// One tool call, as the runner sends it.

@@ -9,9 +9,9 @@ use super::{AuditError, AuditLog, Entry, Phase, bounded, this_process};
 use crate::config::Autonomy;
 use crate::gate::{ApprovedBy, Denial, Hold, Permit, Proposal};
 use crate::planner::model::ModelTurn;
-use crate::run::Verdict;
 use crate::tools::{Action, ToolResult};
 use crate::trigger::Trigger;
+use crate::verdict::Verdict;
 
 /// What every line of one run carries.
 #[derive(Debug, Clone, serde::Serialize)]

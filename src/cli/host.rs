@@ -6,7 +6,7 @@ use super::check::load;
 use super::{EXIT_USAGE, Exit, Failed};
 use crate::audit::AuditLog;
 use crate::config::Connection;
-use crate::run::Verdict;
+use crate::verdict::Verdict;
 
 /// The host `name`, or why there is none.
 fn host_named<'a>(

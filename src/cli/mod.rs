@@ -5,7 +5,7 @@
 //! [`main`] says once (`runwarden: ...` on stderr) before it exits with
 //! that failure's code.
 //!
-//! Exit codes: 0 success; 1 a run failed (see [`crate::run::Verdict::exit_code`] for the
+//! Exit codes: 0 success; 1 a run failed (see [`crate::verdict::Verdict::exit_code`] for the
 //! others of `run`); 2 usage or configuration error, or a broken audit chain.
 
 mod alerts;

@@ -12,7 +12,7 @@ use crate::report::render;
 use crate::run::RunRequest;
 use crate::run::Runner;
 use crate::run::StartError;
-use crate::run::Verdict;
+use crate::verdict::Verdict;
 
 pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
     let cfg = load(dir)?;

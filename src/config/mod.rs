@@ -22,6 +22,7 @@
 
 mod diag;
 pub mod host;
+pub mod matchers;
 pub mod model;
 mod raw;
 pub mod runbook;
@@ -34,8 +35,9 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
 
+use crate::host::safe_name;
+pub use crate::host::{Connection, Host};
 pub use diag::{ConfigError, Diagnostic, did_you_mean};
-pub use host::{Connection, Host};
 pub use model::{ApiKey, ModelEndpoint};
 pub use runbook::{Autonomy, Runbook, Step, StepAction};
 
@@ -432,7 +434,7 @@ impl Config {
         }
         match &s.approvers_file {
             Some(f) => {
-                if let Err(e) = crate::gate::approvals::Approvals::load(f, s.approval_timeout) {
+                if let Err(e) = crate::secret::read_approvers(f) {
                     diags.file(&settings_file, e);
                 }
             }
@@ -715,17 +717,6 @@ fn strip_location(msg: &str) -> String {
         Some(i) => first[..i].to_string(),
         None => first.to_string(),
     }
-}
-
-/// Names that end up in metric labels, file names and audit lines.
-pub(crate) fn safe_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 
 fn abs_path(v: &Spanned<String>, field: &str, file: &Path, diags: &mut Diagnostics) -> PathBuf {

@@ -13,8 +13,9 @@ use serde::Serialize;
 use serde_saphyr::Spanned;
 
 use super::diag::{Diagnostics, did_you_mean};
+use super::duration;
 use super::raw;
-use super::{duration, safe_name};
+use crate::host::safe_name;
 use crate::tools::{self, Tier, ToolId};
 
 /// How much a runbook may change on its own.
@@ -107,7 +108,7 @@ impl Default for Budget {
 #[derive(Debug, Clone)]
 pub struct OnAlert {
     /// Every matcher must hold for an alert to match (Alertmanager's syntax).
-    pub matchers: Vec<crate::trigger::matchers::Matcher>,
+    pub matchers: Vec<super::matchers::Matcher>,
     /// The label naming the host (default `instance`).
     pub host_label: String,
     /// Label values mapped to host names, where they differ.
@@ -374,7 +375,7 @@ pub(super) fn validate(
     let on_alert = raw.on_alert.as_ref().map(|a| {
         let mut matchers = Vec::new();
         for m in &a.matchers {
-            match crate::trigger::matchers::Matcher::parse(&m.value) {
+            match super::matchers::Matcher::parse(&m.value) {
                 Ok(m) => matchers.push(m),
                 Err(e) => diags.at(file, m.referenced, e),
             }

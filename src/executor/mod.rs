@@ -4,7 +4,6 @@
 //! [`AuditTicket`] (only the audit log makes one, after the intent line is on
 //! disk): a call that skipped either does not compile.
 
-pub mod process;
 pub mod socket;
 pub mod ssh;
 
@@ -14,7 +13,7 @@ use crate::config::{Connection, Host};
 use std::path::Path;
 
 use crate::gate::Permit;
-use crate::gate::signed::{CallId, PermitKey};
+use crate::signing::{CallId, PermitKey};
 use crate::tools::{self, Tier, ToolResult};
 
 /// How calls reach a host, for one run.

@@ -36,10 +36,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::process::{self, Argv};
 use crate::agent::wire::{Call, Reply, ReplyError, Request, read_reply};
 use crate::config::Host;
-use crate::config::host::Ssh;
+use crate::host::Ssh;
+use crate::process::{self, Argv};
 use crate::tools::{Failure, Outcome, Tier, ToolResult, Unreachable};
 
 /// OpenSSH's exit status for its own failures (connection, authentication, host key).

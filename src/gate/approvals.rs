@@ -200,46 +200,11 @@ pub fn digest(
         .collect()
 }
 
-/// `NAME TOKEN` lines (`#` comments) from a file only its owner can read.
-fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, String> {
-    let text = crate::secret::read_file(file, "approvers file")?;
-    let mut approvers = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!(
-                "{}:{}: expected `NAME TOKEN`",
-                file.display(),
-                i + 1
-            ));
-        };
-        if token.len() < 16 {
-            return Err(format!(
-                "{}:{}: the token of {name} is shorter than 16 characters",
-                file.display(),
-                i + 1
-            ));
-        }
-        approvers.insert(token.as_bytes().to_vec(), name.to_string());
-    }
-    if approvers.is_empty() {
-        return Err(format!(
-            "approvers file {} names no approver",
-            file.display()
-        ));
-    }
-    Ok(approvers)
-}
-
 impl Approvals {
     /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
     pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, String> {
         Ok(Approvals {
-            approvers: std::sync::RwLock::new(read_approvers(file)?),
+            approvers: std::sync::RwLock::new(crate::secret::read_approvers(file)?),
             refused: Default::default(),
             timeout,
             entries: Mutex::default(),
@@ -253,7 +218,7 @@ impl Approvals {
     /// too (a revocation must never be undone by a mistake in the new
     /// file), and nobody can approve until a reload accepts a file.
     pub fn reload(&self, file: &Path) -> Result<usize, String> {
-        let read = read_approvers(file);
+        let read = crate::secret::read_approvers(file);
         let mut approvers = self.approvers.write().unwrap_or_else(|p| p.into_inner());
         self.refused
             .store(read.is_err(), std::sync::atomic::Ordering::Relaxed);

@@ -27,7 +27,6 @@ pub mod approvals;
 pub mod budget;
 pub mod fleet;
 pub mod killswitch;
-pub mod signed;
 
 use std::fmt;
 use std::sync::Arc;
@@ -217,6 +216,24 @@ impl DenyReason {
                 | DenyReason::Shutdown
                 | DenyReason::LeaseLost
         )
+    }
+}
+
+impl From<DenyReason> for crate::verdict::Verdict {
+    /// What a refusal makes of the run, when it is the worst thing that happened.
+    fn from(reason: DenyReason) -> crate::verdict::Verdict {
+        use crate::verdict::Verdict;
+        match reason {
+            DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
+            DenyReason::StepLimit => Verdict::StepLimit,
+            // Another replica may hold the run now: this one ends as a
+            // replica that stopped does.
+            DenyReason::LeaseLost => Verdict::Interrupted,
+            DenyReason::TimeBudget | DenyReason::MutationBudget | DenyReason::FleetBudget => {
+                Verdict::BudgetExhausted
+            }
+            _ => Verdict::Denied,
+        }
     }
 }
 

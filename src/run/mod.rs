@@ -9,7 +9,6 @@
 
 mod ask;
 mod run_loop;
-mod verdict;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,11 +23,11 @@ use crate::gate::KillSwitch;
 use crate::gate::approvals::Approvals;
 use crate::metrics::Metrics;
 use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
+use crate::verdict::Verdict;
 use run_loop::RunLoop;
 
 pub use crate::report::{RunReport, StepReport};
 pub use crate::trigger::{RunRequest, Trigger};
-pub use verdict::Verdict;
 
 /// Problems that keep a run from starting at all (nothing was called or audited).
 #[derive(Debug, thiserror::Error)]

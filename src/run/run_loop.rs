@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{Runner, Verdict};
+use super::Runner;
 use crate::audit::{AuditError, RunEnd, RunInfo};
 use crate::config::{Host, Runbook};
 use crate::executor::Executor;
@@ -17,6 +17,7 @@ use crate::planner::{ModelTurn, Next, Planner, Transcript};
 use crate::report::{RunReport, StepReport};
 use crate::tools::{Action, Tier, ToolId, ToolResult};
 use crate::trigger::RunRequest;
+use crate::verdict::Verdict;
 
 /// Transport failures in a row to one host after which a run gives up on it.
 const MAX_UNREACHABLE: u32 = 2;

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use super::args::*;
 use super::*;
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 /// How paths are checked: on the machine that will run the call, or by their text only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::args::*;
 use super::*;
-use crate::config::Host;
+use crate::host::Host;
 
 pub(super) fn allowed_unit(unit: &UnitName, host: &Host, journal: bool) -> Result<String, String> {
     let u = unit.as_str();

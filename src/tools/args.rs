@@ -97,7 +97,7 @@ checked_string!(
     UnitName,
     |s| {
         clean(s, "unit", 255)?;
-        if crate::config::host::is_unit_name(s) {
+        if crate::host::is_unit_name(s) {
             Ok(())
         } else {
             Err(format!("{} is not a unit name: use the full name with its suffix (e.g. nginx.service); letters, digits and . _ - @ : only", shown(s)))
@@ -135,7 +135,7 @@ checked_string!(
     EntryName,
     |s| {
         clean(s, "name", 64)?;
-        if crate::config::safe_name(s) {
+        if crate::host::safe_name(s) {
             Ok(())
         } else {
             Err(format!("{} is not a name: a-z, 0-9, '-' and '_' only", shown(s)))

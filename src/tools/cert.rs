@@ -5,8 +5,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{Ctx, Outcome, ToolResult, from_process, privileged};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 /// Certificate files larger than this are not read.
 const MAX_CERT_BYTES: u64 = 1 << 20;

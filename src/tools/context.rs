@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::config::Host;
-use crate::executor::process::{Argv, Limits, ProcessOutput};
+use crate::host::Host;
+use crate::process::{Argv, Limits, ProcessOutput};
 
 /// Everything a tool needs to run on this machine.
 pub struct Ctx<'a> {
@@ -58,7 +58,7 @@ impl<'a> Ctx<'a> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(argv.to_vec());
-        crate::executor::process::run(argv, &self.limits(deadline))
+        crate::process::run(argv, &self.limits(deadline))
             .await
             .map_err(|e| e.to_string())
     }

@@ -5,8 +5,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{Ctx, Outcome, ToolResult, from_process};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 /// How many of the largest entries to report.
 const LARGEST: usize = 10;

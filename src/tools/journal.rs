@@ -4,8 +4,8 @@ use serde_json::{Value, json};
 
 use super::args::{Priority, Since};
 use super::{Ctx, Outcome, ToolResult, from_process};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 /// Lines handed back at most; one more is asked for to know whether any were cut.
 pub const MAX_LINES: usize = 80;

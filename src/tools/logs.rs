@@ -10,8 +10,8 @@ use std::time::SystemTime;
 use serde_json::json;
 
 use super::{Ctx, Outcome, ToolResult, from_process, privileged};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 const DEFAULT_STATE: &str = "/var/lib/logrotate/status";
 

@@ -48,7 +48,7 @@ pub(crate) use result::from_process;
 /// (made if missing), by `deadline`.
 pub(crate) async fn execute_here(
     action: &Action,
-    host: &crate::config::Host,
+    host: &crate::host::Host,
     deadline: tokio::time::Instant,
 ) -> ToolResult {
     if let Err(e) = std::fs::create_dir_all(&host.jail) {
@@ -82,7 +82,7 @@ pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     };
     // Whatever left its process group and outlived the call's processes
     // dies with the call.
-    crate::executor::process::escapees::sweep();
+    crate::process::escapees::sweep();
     result.duration_ms = started.elapsed().as_millis() as u64;
     result.argv = ctx.take_argv();
     if action.tier() == Tier::Change && result.verified.is_none() {
@@ -146,7 +146,7 @@ mod tests {
     use serde_json::json;
 
     /// Host `h` of a config in `dir` from the YAML after its name, with its jail made.
-    fn local_host(dir: &std::path::Path, rest: &str) -> std::sync::Arc<crate::config::Host> {
+    fn local_host(dir: &std::path::Path, rest: &str) -> std::sync::Arc<crate::host::Host> {
         std::fs::create_dir_all(dir.join("hosts")).unwrap();
         std::fs::write(
             dir.join("hosts/h.yaml"),
@@ -160,7 +160,7 @@ mod tests {
     }
 
     /// Resolve and run one call of `tool` on `host`, here and now.
-    fn call(host: &crate::config::Host, tool: ToolId, args: serde_json::Value) -> ToolResult {
+    fn call(host: &crate::host::Host, tool: ToolId, args: serde_json::Value) -> ToolResult {
         let action = resolve(tool, &args, host, PathMode::Resolve).expect("the gate allows it");
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         tokio::runtime::Builder::new_current_thread()
@@ -280,7 +280,7 @@ mod tests {
             )
         };
         let measure =
-            |host: &crate::config::Host| call(host, ToolId::DiskUsage, json!({ "path": data }));
+            |host: &crate::host::Host| call(host, ToolId::DiskUsage, json!({ "path": data }));
         let cut = measure(&host_file("300ms", &slow));
         assert_eq!(cut.outcome, Outcome::Ok, "{cut:?}");
         assert_eq!(cut.data["partial"], true, "{cut:?}");

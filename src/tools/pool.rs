@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{Ctx, Outcome, ToolResult, from_process, http, poll, privileged, service};
-use crate::config::Host;
-use crate::config::host::{PoolMaster, Recycle};
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::host::{PoolMaster, Recycle};
+use crate::process::Argv;
 
 /// Longest wait for old workers to leave after the recycle.
 const VERIFY_WAIT: Duration = Duration::from_secs(15);

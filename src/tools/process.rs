@@ -4,8 +4,8 @@ use serde_json::{Value, json};
 
 use super::args::ProcessSort;
 use super::{Ctx, Outcome, ToolResult, from_process};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 pub fn argv(host: &Host, sort: ProcessSort) -> Argv {
     let key = match sort {

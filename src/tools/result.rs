@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::executor::process::ProcessOutput;
+use crate::process::ProcessOutput;
 
 /// How a call ended, as far as the tool is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

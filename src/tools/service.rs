@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{Ctx, Outcome, ToolResult, from_process, poll, privileged};
-use crate::config::Host;
-use crate::executor::process::Argv;
+use crate::host::Host;
+use crate::process::Argv;
 
 const PROPERTIES: &str = "Id,LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,Result,ExecMainStatus,NRestarts,UnitFileState";
 /// How long a changed unit must stay active before the change counts as verified.

@@ -4,7 +4,6 @@
 
 pub mod alerts;
 pub mod cron;
-pub mod matchers;
 
 use serde::Serialize;
 use serde_json::Value;

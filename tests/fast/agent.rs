@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
-use runwarden::gate::signed::{CallId, PermitKey};
+use runwarden::signing::{CallId, PermitKey};
 use serde_json::{Value, json};
 
 use super::{agent_config, agent_socket, install_print};

@@ -16,9 +16,9 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use runwarden::config::Config;
+use runwarden::config::matchers::Matcher;
 use runwarden::tools::{self, PathMode, ToolId};
 use runwarden::trigger::alerts::Notification;
-use runwarden::trigger::matchers::Matcher;
 
 use crate::util::*;
 

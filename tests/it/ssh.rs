@@ -54,8 +54,7 @@ fn ssh_host_with(e: &Estate, policy: &str, command: Option<&str>) -> (SshHost, P
     // The host knows the runner's permit key, as `install print` would set it
     // up, and its own name is the runner's name for it (permits name the host).
     let permit =
-        runwarden::gate::signed::PermitKey::load_or_create(&e.path().join("state/permit.key"))
-            .unwrap();
+        runwarden::signing::PermitKey::load_or_create(&e.path().join("state/permit.key")).unwrap();
     std::fs::write(
         dir.join("agent.yaml"),
         format!(
@@ -562,7 +561,7 @@ fn a_change_to_an_unreachable_host_is_never_retried_blindly() {
 /// others are refused `permit_replayed`.
 #[test]
 fn one_permit_sent_on_sixteen_ssh_connections_at_once_runs_once() {
-    use runwarden::gate::signed::{CallId, PermitKey};
+    use runwarden::signing::{CallId, PermitKey};
     let e = Estate::new();
     let logs = e.work().join("logs");
     std::fs::create_dir_all(&logs).unwrap();

@@ -840,13 +840,11 @@ fn shipped_runbooks_over_ssh_on_systemd_hosts_set_up_from_install_print() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     };
-    use runwarden::gate::signed::{CallId, PermitKey};
+    use runwarden::signing::{CallId, PermitKey};
     let runner_key = PermitKey::load(&e.path().join("state/permit.key")).unwrap();
     let stranger = PermitKey::load_or_create(&e.work().join("stranger.key")).unwrap();
     let args = |reason: &str| serde_json::json!({ "unit": "nginx.service", "reason": reason });
-    let request = |run: &str,
-                   reason: &str,
-                   permit: Option<runwarden::gate::signed::SignedPermit>| {
+    let request = |run: &str, reason: &str, permit: Option<runwarden::signing::SignedPermit>| {
         let mut r = serde_json::json!({ "run_id": run, "step": 1, "runbook": "restart-nginx", "tool": "restart_service", "args": args(reason) });
         if let Some(p) = permit {
             r["permit"] = serde_json::to_value(p).unwrap();

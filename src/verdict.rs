@@ -1,8 +1,9 @@
 //! How a run ended: one verdict, folded from what its steps came to.
+//!
+//! A leaf: the run loop judges it, and the audit log, the report, the
+//! metrics and the command line's exit code all read it.
 
 use serde::Serialize;
-
-use crate::gate::DenyReason;
 
 /// How a run ended. Ordered from best to worst; the worst event decides.
 #[derive(
@@ -81,22 +82,5 @@ impl std::str::FromStr for Verdict {
             .into_iter()
             .find(|v| v.as_str() == s)
             .ok_or_else(|| format!("{s:?} is not a verdict"))
-    }
-}
-
-impl From<DenyReason> for Verdict {
-    /// What a refusal makes of the run, when it is the worst thing that happened.
-    fn from(reason: DenyReason) -> Verdict {
-        match reason {
-            DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
-            DenyReason::StepLimit => Verdict::StepLimit,
-            // Another replica may hold the run now: this one ends as a
-            // replica that stopped does.
-            DenyReason::LeaseLost => Verdict::Interrupted,
-            DenyReason::TimeBudget | DenyReason::MutationBudget | DenyReason::FleetBudget => {
-                Verdict::BudgetExhausted
-            }
-            _ => Verdict::Denied,
-        }
     }
 }
