@@ -139,10 +139,10 @@ pub async fn serve(
                 stop_rx.clone(),
             ));
         }
+        let (closer, audit) = (scheduler.clone(), audit.clone());
         workers.spawn(crate::store::workers::reap_worker(
             store,
-            scheduler.clone(),
-            audit.clone(),
+            move |run| closer.closed_elsewhere(run, &audit),
             metrics.clone(),
             stop_rx.clone(),
         ));

@@ -49,7 +49,7 @@ pub struct Host {
     /// The file this host came from (for messages).
     pub source: PathBuf,
     /// In an agent's policy: the runner's Ed25519 key (hex) that must sign
-    /// every tier-2 call (see [`crate::signing`]).
+    /// every tier-2 call (see `signing`).
     pub permit_public_key: Option<String>,
 }
 
@@ -61,7 +61,7 @@ pub enum Connection {
     /// Over SSH, to the host's `runwarden agent`.
     Ssh(Ssh),
     /// This machine, through its own agent on a unix socket: the privileged
-    /// path of a daemon that runs unprivileged (see [`crate::executor::socket`]).
+    /// path of a daemon that runs unprivileged (the executor's `socket`).
     Agent(PathBuf),
 }
 

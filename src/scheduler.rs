@@ -682,6 +682,14 @@ fn run_info(config: &Config, run_id: &str, req: &RunRequest) -> RunInfo {
     }
 }
 
+impl crate::trigger::Submit for Arc<Scheduler> {
+    type Error = SubmitError;
+
+    async fn submit(&self, req: RunRequest) -> Result<(), SubmitError> {
+        Scheduler::submit(self, req).await.map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

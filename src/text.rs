@@ -6,7 +6,10 @@
 //! a bidi override or zero-width character could make a `reason` read
 //! differently from what it says. So control characters are shown escaped,
 //! and invisible formatting characters are refused where they would be read
-//! as a person's words.
+//! as a person's words. Untrusted JSON values are kept bounded in size and
+//! depth wherever they are stored or shown again.
+
+use serde_json::Value;
 
 /// Characters that change how text reads without being seen: bidi controls,
 /// zero-width characters, the soft hyphen and the byte-order mark.
@@ -32,6 +35,46 @@ pub fn printable(text: &str) -> String {
         }
     }
     out
+}
+
+/// How deep an untrusted JSON value may nest where runwarden keeps it (an
+/// audit line, a report, a model's prompt). serde_json reads at most 128
+/// levels; a kept value stays well inside that.
+pub const MAX_VALUE_DEPTH: usize = 32;
+
+/// Replace whatever nests deeper than `depth` levels by a note saying so.
+pub fn fit(v: &mut Value, depth: usize) {
+    if !(v.is_array() || v.is_object()) {
+        return;
+    }
+    if depth == 0 {
+        *v = Value::String(format!(
+            "(a value nested deeper than {MAX_VALUE_DEPTH} levels, not kept)"
+        ));
+        return;
+    }
+    match v {
+        Value::Array(a) => a.iter_mut().for_each(|c| fit(c, depth - 1)),
+        Value::Object(o) => o.values_mut().for_each(|c| fit(c, depth - 1)),
+        _ => {}
+    }
+}
+
+/// Untrusted arguments of a call, kept but bounded in size and depth (the
+/// audit line of a denied call, the report and a model's prompt show this form).
+pub fn bounded(args: &Value) -> Value {
+    let text = args.to_string();
+    if text.len() <= 4096 {
+        let mut v = args.clone();
+        fit(&mut v, MAX_VALUE_DEPTH);
+        v
+    } else {
+        Value::String(format!(
+            "{}… ({} bytes)",
+            text.chars().take(512).collect::<String>(),
+            text.len()
+        ))
+    }
 }
 
 #[cfg(test)]

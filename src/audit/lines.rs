@@ -5,10 +5,11 @@
 
 use serde_json::{Value, json};
 
-use super::{AuditError, AuditLog, Entry, Phase, bounded, this_process};
+use super::{AuditError, AuditLog, Entry, Phase, this_process};
 use crate::config::Autonomy;
 use crate::gate::{ApprovedBy, Denial, Hold, Permit, Proposal};
 use crate::planner::model::ModelTurn;
+use crate::text::bounded;
 use crate::tools::{Action, ToolResult};
 use crate::trigger::Trigger;
 use crate::verdict::Verdict;

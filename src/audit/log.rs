@@ -145,10 +145,10 @@ impl AuditLog {
                 // Whatever a planner, an alert or a tool produced, the line
                 // stays one that `verify`, `show` and `transcript` can read.
                 if let Some(v) = entry.args.as_mut() {
-                    fit(v, MAX_VALUE_DEPTH);
+                    crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
                 }
                 if let Some(v) = entry.detail.as_mut() {
-                    fit(v, MAX_VALUE_DEPTH);
+                    crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
                 }
                 let line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
                 hash = hex(&Sha256::digest(&line));
@@ -197,45 +197,6 @@ impl AuditLog {
     /// Whether the most recent append failed.
     pub fn failing(&self) -> bool {
         self.failing.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
-/// How deep a value inside a line may nest. serde_json reads at most 128
-/// levels; a line keeps well inside that whatever it carries.
-pub const MAX_VALUE_DEPTH: usize = 32;
-
-/// Replace whatever nests deeper than `depth` levels by a note saying so.
-fn fit(v: &mut Value, depth: usize) {
-    if !(v.is_array() || v.is_object()) {
-        return;
-    }
-    if depth == 0 {
-        *v = Value::String(format!(
-            "(a value nested deeper than {MAX_VALUE_DEPTH} levels, not kept)"
-        ));
-        return;
-    }
-    match v {
-        Value::Array(a) => a.iter_mut().for_each(|c| fit(c, depth - 1)),
-        Value::Object(o) => o.values_mut().for_each(|c| fit(c, depth - 1)),
-        _ => {}
-    }
-}
-
-/// Untrusted arguments of a denied call, kept but bounded in size and depth
-/// (the audit line and the report both show this form).
-pub fn bounded(args: &Value) -> Value {
-    let text = args.to_string();
-    if text.len() <= 4096 {
-        let mut v = args.clone();
-        fit(&mut v, MAX_VALUE_DEPTH);
-        v
-    } else {
-        Value::String(format!(
-            "{}… ({} bytes)",
-            text.chars().take(512).collect::<String>(),
-            text.len()
-        ))
     }
 }
 

@@ -39,7 +39,7 @@ pub mod runs;
 
 pub(crate) use lines::permitted;
 pub use lines::{AuditTicket, Dispatched, Permitted, Queued, RunEnd, RunInfo};
-pub use log::{AuditError, AuditLog, MAX_VALUE_DEPTH, bounded, torn_path};
+pub use log::{AuditError, AuditLog, torn_path};
 pub use query::{Promotion, process_alive, promotion, run_lines, this_process};
 pub use verify::{Verification, verify, verify_against};
 

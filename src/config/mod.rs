@@ -51,7 +51,7 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 pub struct Settings {
     /// The hash-chained audit log (`state/audit.jsonl` by default).
     pub audit_log: PathBuf,
-    /// Send each run's audit head to the system journal (see [`crate::audit::head`]).
+    /// Send each run's audit head to the system journal (see the audit module's `head`).
     pub audit_head_journal: bool,
     /// The key that signs each tier-2 permit sent to a managed host.
     pub permit_key_file: PathBuf,

@@ -42,7 +42,7 @@ impl Autonomy {
 
 /// Tier-2 calls across every run (and every process on this machine)
 /// within a sliding window: `fleet_budget:` in runwarden.yaml, or in a
-/// runbook for its own calls. Kept by [`crate::gate::fleet`].
+/// runbook for its own calls. Kept by the gate's fleet budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FleetBudget {
     /// Tier-2 calls allowed within the window.

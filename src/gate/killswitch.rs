@@ -29,7 +29,7 @@ pub struct KillSwitch {
 }
 
 /// The fleet's kill switch as this daemon last heard of it (PostgreSQL,
-/// through LISTEN/NOTIFY; see [`crate::store`]): scope (`global` or a
+/// through LISTEN/NOTIFY from the shared store): scope (`global` or a
 /// runbook) and what a person reads.
 #[derive(Debug, Default)]
 pub struct FleetSwitch {

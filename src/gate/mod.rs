@@ -15,7 +15,7 @@
 //! as a metric label, never a panic. An allowed call is a [`Permit`], which
 //! only this module can make; the executor will not run anything without one.
 //! The audit intent line and the dispatch come after the gate, in
-//! [`crate::run`]; between them the kill switch gets a last look
+//! the run loop; between them the kill switch gets a last look
 //! ([`Gate::last_look`]), since a stalled disk can hold an intent line for
 //! seconds.
 //!

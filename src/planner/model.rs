@@ -308,7 +308,7 @@ impl ModelPlanner {
             content: cut(&reply.content, MAX_AUDITED_TEXT),
             tool_calls: calls
                 .iter()
-                .map(|(a, c)| json!({ "id": a.step_id, "tool": a.tool, "arguments": crate::audit::bounded(&c.args) }))
+                .map(|(a, c)| json!({ "id": a.step_id, "tool": a.tool, "arguments": crate::text::bounded(&c.args) }))
                 .collect(),
             dropped,
             prompt_tokens: reply.usage.map(|u: Usage| u.prompt),

@@ -257,7 +257,7 @@ impl RunLoop<'_> {
         r: &mut StepReport,
     ) {
         r.status = "denied".into();
-        r.args = crate::audit::bounded(&call.args);
+        r.args = crate::text::bounded(&call.args);
         r.tier = denial.tool.map(|t| t.tier().number());
         r.detail = Some(denial.to_string());
         s.transcript.steps.insert(

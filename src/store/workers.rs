@@ -9,10 +9,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{Postgres, StoreError};
-use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::scheduler::Scheduler;
 
 /// The shared state `state.postgres` names, its schema checked. A database
 /// that cannot be reached yet is no reason not to start: the daemon answers
@@ -43,11 +41,11 @@ pub(crate) async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<P
 /// With shared state, every second (or a third of the lease): close the
 /// runs whose lease expired, whichever replica ran them, as `interrupted`,
 /// each with its verdict line in this machine's audit log. The same round
-/// trip keeps `/healthz` current.
+/// trip keeps `/healthz` current. `on_closed` writes each such run's verdict
+/// line (the scheduler's `closed_elsewhere`, in the daemon).
 pub(crate) async fn reap_worker(
     store: Arc<Postgres>,
-    scheduler: Arc<Scheduler>,
-    audit: Arc<AuditLog>,
+    on_closed: impl Fn(&super::Reaped) + Send,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -67,7 +65,7 @@ pub(crate) async fn reap_worker(
             Ok(closed) => {
                 up.set(1.0);
                 for run in closed {
-                    scheduler.closed_elsewhere(&run, &audit);
+                    on_closed(&run);
                 }
             }
             Err(e) => {

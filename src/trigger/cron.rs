@@ -15,10 +15,9 @@ use croner::parser::CronParser;
 use jiff::Zoned;
 use tokio::sync::watch;
 
-use super::{RunRequest, Trigger};
+use super::{RunRequest, Submit, Trigger};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::scheduler::Scheduler;
 
 fn schedules(config: &Config) -> BTreeMap<String, Cron> {
     config
@@ -69,7 +68,7 @@ fn fire_due(
 /// zone, for as long as the daemon runs; a reload takes effect at once.
 pub async fn worker(
     mut config: watch::Receiver<Arc<Config>>,
-    scheduler: Arc<Scheduler>,
+    scheduler: impl Submit,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {

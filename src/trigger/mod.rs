@@ -1,12 +1,22 @@
 //! Why a run starts: a person on the command line, a cron schedule, or an
 //! Alertmanager notification. A trigger is pure data ([`RunRequest`]); the
-//! [`crate::scheduler`] decides what becomes of it.
+//! scheduler decides what becomes of it.
 
 pub mod alerts;
 pub mod cron;
 
 use serde::Serialize;
 use serde_json::Value;
+
+/// Where a worker that fires triggers sends them (the scheduler, in the
+/// daemon): the worker needs only this handle, not what decides.
+pub trait Submit: Send + Sync + 'static {
+    /// Why a trigger could not be recorded.
+    type Error: std::fmt::Display;
+
+    /// Record `req` and have it decided; an error means it was not recorded.
+    fn submit(&self, req: RunRequest) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
 
 /// What started a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 mod agent;
 mod alerts;
+mod layers;
 mod oncall;
 mod reload;
 
