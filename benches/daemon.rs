@@ -12,6 +12,9 @@
 //!
 //! Figures only; nothing here asserts a time.
 
+// A measurement harness: a failed setup step should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};

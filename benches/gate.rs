@@ -14,6 +14,9 @@
 //!    `ansible-playbook` (connection local) running the same five commands as
 //!    tasks (skipped when ansible-playbook is not installed).
 
+// A measurement harness: a failed setup step should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;

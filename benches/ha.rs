@@ -12,6 +12,9 @@
 //! The database is a cluster of the bench's own (tests/support/pg.rs).
 //! Figures only; nothing here asserts a time.
 
+// A measurement harness: a failed setup step should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -5,6 +5,9 @@
 //! needs root. The root tier (systemd, sshd, Prometheus, Alertmanager,
 //! full filesystems) is `sudo tests/run.sh`.
 
+// A test stops loudly where its setup fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! Integration tests: the real `runwarden` binary against real files,
 //! real processes and real programs (logrotate, openssl, gunicorn, a tmpfs).
 
+// A test stops loudly where its setup fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod adversarial;
 mod approvals;
 mod cli;
