@@ -7,7 +7,7 @@ use std::path::Path;
 use runwarden::signing::{CallId, PermitKey};
 use serde_json::{Value, json};
 
-use super::{agent_config, agent_socket, install_print};
+use super::*;
 
 /// The agent's audit lines of one run: (intents, results, refusal reasons).
 fn host_record(audit: &Path, run_id: &str) -> (usize, usize, Vec<String>) {
@@ -152,4 +152,53 @@ fn an_agent_ends_a_connection_that_sends_nothing() {
     assert_eq!(lines.len(), 2, "{said}");
     assert!(lines[0].contains("\"result\""), "{said}");
     assert!(lines[1].contains("no request within 1s"), "{said}");
+}
+
+/// Calls to this machine through its agent's socket: a call goes through
+/// the real agent, which writes its own audit line and whose policy wins;
+/// with no agent listening nothing is sent, a change included, and the
+/// run says which socket to look at.
+#[test]
+fn this_machine_through_its_agent_socket_and_without_it() {
+    // No agent listening: nothing is sent, the run fails naming the socket.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = agent_config(dir.path());
+    // The runner's permit key exists (install print makes it), so a change
+    // is refused for the socket alone.
+    install_print(dir.path());
+    for runbook in ["look", "fix"] {
+        let (code, report) = run_json(dir.path(), runbook);
+        assert_eq!(code, Some(1), "{runbook}: {report:#}");
+        let error = report["steps"][0]["result"]["error"].as_str().unwrap_or("");
+        assert!(
+            error.starts_with("not sent") && error.contains(&socket.display().to_string()),
+            "{runbook}: {report:#}"
+        );
+    }
+
+    // The agent listening: a tier-1 call goes through it and its audit log.
+    let _policy = agent_socket(dir.path(), &socket, &dir.path().join("data"));
+    let (code, report) = run_json(dir.path(), "look");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(
+        report["steps"][0]["result"]["data"]["size_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{report:#}"
+    );
+    let agent_audit = std::fs::read_to_string(dir.path().join("agent-audit.jsonl")).unwrap();
+    assert!(agent_audit.contains("disk_usage"), "{agent_audit}");
+
+    // The agent's own policy wins over the runner's host file.
+    let other = tempfile::tempdir().unwrap();
+    let socket = agent_config(other.path());
+    agent_socket(other.path(), &socket, Path::new("/nonexistent-elsewhere"));
+    let (code, report) = run_json(other.path(), "look");
+    assert_eq!(code, Some(1), "{report:#}");
+    assert!(
+        report["steps"][0]["result"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refused")),
+        "{report:#}"
+    );
 }

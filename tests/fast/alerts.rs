@@ -1,7 +1,7 @@
 //! Alerts that cannot be kept, on this machine's own state: the same
 //! outcome as with PostgreSQL (`tests/it/ha.rs`).
 
-use super::{Daemon, config, notification, post_alerts};
+use super::*;
 
 /// A NUL byte in one alert's fingerprint or labels, or in the group key:
 /// each such alert is `invalid`, counted, and named in the answer; the
@@ -49,4 +49,155 @@ async fn an_alert_with_a_nul_byte_is_invalid_and_its_neighbour_starts() {
         Some(3.0)
     );
     d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_alertmanager_notification_starts_one_run_that_ends_ok_and_is_in_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::write(dir.path().join("data/file"), vec![0u8; 64 << 10]).unwrap();
+    let d = Daemon::start(dir.path()).await;
+
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    // Two alerts for one host: one run, and the second alert is deduplicated.
+    let outcomes = body["outcomes"].as_array().expect("outcomes");
+    let started: Vec<&Value> = outcomes
+        .iter()
+        .filter(|o| o["result"] == "started")
+        .collect();
+    assert_eq!(started.len(), 1, "{body}");
+    let run_id = started[0]["run_id"].as_str().expect("a run id").to_string();
+
+    let run = verdict_of(&d, &run_id).await;
+    assert_eq!(run["status"], "ok", "{run}");
+    assert_eq!(run["runbook"], "disk");
+    assert_eq!(run["host"], "web-01");
+    let used = &run["report"]["steps"][0]["result"]["data"]["used_bytes"];
+    assert!(
+        used.as_u64().is_some_and(|b| b >= 64 << 10),
+        "disk_usage measured the file: {run}"
+    );
+
+    // Within the cooldown the same notification starts nothing.
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200);
+    assert!(
+        body["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["result"] != "started"),
+        "{body}"
+    );
+
+    // The audit log the run wrote verifies.
+    let v = runwarden::audit::verify(&dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    assert!(
+        v.lines >= 4,
+        "queued, start, intent, result, verdict: {}",
+        v.lines
+    );
+    d.shutdown().await.unwrap();
+}
+
+/// `runwarden alerts test FILE --json` against a config directory.
+fn alerts_test(dir: &Path, file: &Path) -> Value {
+    let out = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--json".as_ref(),
+        "--config".as_ref(),
+        dir.as_os_str(),
+        file.as_os_str(),
+    ]);
+    serde_json::from_str(&out).unwrap()
+}
+
+/// The captured notification (`/` and `/var` filling on web-01) against the
+/// shipped example runbook and host: `alerts test` says the first alert
+/// starts a run and the second joins it; posted to the webhook it starts
+/// one run that sees both alerts (`alerts` in its templates) and measures
+/// both filesystems; afterwards `alerts test` names the cooldown, and an
+/// alert no runbook takes says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_captured_notification_starts_the_shipped_example_and_one_run_sees_both_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::remove_file(dir.path().join("runbooks/disk.yaml")).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["runbooks/disk-almost-full.yaml", "hosts/web-01.yaml"] {
+        std::fs::copy(repo.join(f), dir.path().join(f)).unwrap();
+    }
+    let fixture = repo.join("tests/fixtures/alertmanager/firing-two-alerts.json");
+
+    let before = alerts_test(dir.path(), &fixture);
+    let results: Vec<&str> = before["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcomes"][0]["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["would_start", "joins"], "{before:#}");
+
+    let d = Daemon::start(dir.path()).await;
+    let (status, body) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{body}");
+    let run_id = body["outcomes"][0]["run_id"]
+        .as_str()
+        .expect("a run")
+        .to_string();
+    assert_eq!(body["outcomes"][1]["result"], "deduplicated", "{body}");
+    let run = verdict_of(&d, &run_id).await;
+    assert_eq!(run["status"], "ok", "{run:#}");
+    let measured: Vec<&str> = run["report"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["args"]["path"].as_str())
+        .collect();
+    assert_eq!(measured, ["/", "/var"], "{run:#}");
+    d.shutdown().await.unwrap();
+
+    // The same notification again is what the webhook deduplicates; a new
+    // alert for the host waits out the cooldown: the scheduler's own rule.
+    let again = alerts_test(dir.path(), &fixture);
+    assert_eq!(
+        again["alerts"][0]["outcomes"][0]["result"], "deduplicated",
+        "{again:#}"
+    );
+    let fresh = dir.path().join("fresh.json");
+    std::fs::write(
+        &fresh,
+        std::fs::read_to_string(&fixture)
+            .unwrap()
+            .replace("d262fe820fddf66b", "0000000000000001")
+            .replace("7723640f18b12a3c", "0000000000000002")
+            .replace("\"groupKey\":\"{}", "\"groupKey\":\"new{}"),
+    )
+    .unwrap();
+    let after = alerts_test(dir.path(), &fresh);
+    let first = &after["alerts"][0]["outcomes"][0];
+    assert_eq!(first["result"], "cooldown", "{after:#}");
+    assert!(
+        first["why"].as_str().unwrap().contains("cooldown of 10m"),
+        "{after:#}"
+    );
+
+    let other = dir.path().join("other.json");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&fixture)
+            .unwrap()
+            .replace("DiskAlmostFull", "MemoryPressure"),
+    )
+    .unwrap();
+    let unmatched = alerts_test(dir.path(), &other);
+    let o = &unmatched["alerts"][0]["outcomes"][0];
+    assert_eq!(o["result"], "no_match", "{unmatched:#}");
+    assert!(
+        o["why"].as_str().unwrap().contains("DiskAlmostFull"),
+        "{unmatched:#}"
+    );
 }

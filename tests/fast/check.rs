@@ -1,0 +1,119 @@
+//! `check` refuses what cannot work, where it is written: a fleet budget
+//! that cannot hold, shared state that cannot be reached.
+
+use super::*;
+
+/// A `fleet_budget` that cannot hold is refused where it is written.
+#[test]
+fn a_fleet_budget_that_cannot_hold_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    for (yaml, says) in [
+        (
+            "fleet_budget: { max_mutations: 3, per: 0s }\n",
+            "fleet_budget.per must be longer than zero",
+        ),
+        (
+            "fleet_budget: { max_mutations: 3, per: 40d }\n",
+            "fleet_budget.per must be at most 31d",
+        ),
+        (
+            "fleet_budget: { max_mutations: 200000, per: 1h }\n",
+            "fleet_budget.max_mutations must be at most 100000",
+        ),
+        (
+            "fleet_budget: { max_mutation: 3, per: 1h }\n",
+            "max_mutation",
+        ),
+        ("fleet_budget: { per: 1h }\n", "max_mutations"),
+    ] {
+        std::fs::write(dir.path().join("runwarden.yaml"), yaml).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
+        assert!(stderr.contains("runwarden.yaml:1:"), "{yaml}: {stderr}");
+        assert!(stderr.contains(says), "{yaml}: {stderr}");
+    }
+    std::fs::write(
+        dir.path().join("runwarden.yaml"),
+        "fleet_budget: { max_mutations: 20, per: 1h }\n",
+    )
+    .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("fleet budget: 20 tier-2 calls per 1h across every run"),
+        "{said}"
+    );
+    let out = runwarden(&["check", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["fleet_budget"],
+        serde_json::json!({ "max_mutations": 20, "per_seconds": 3600 })
+    );
+}
+
+#[test]
+fn shared_state_that_cannot_work_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    for (yaml, at, says) in [
+        (
+            "state:\n  postgres:\n    url_file: pg-url\n    lease: 1s\n",
+            "runwarden.yaml:4:",
+            "state.postgres.lease must be between 3s and 10m",
+        ),
+        (
+            "state:\n  postgres:\n    url_file: pg-url\n    lease: 1h\n",
+            "runwarden.yaml:4:",
+            "state.postgres.lease must be between 3s and 10m",
+        ),
+        (
+            "state:\n  postgres:\n    lease: 15s\n",
+            "runwarden.yaml:",
+            "url_file",
+        ),
+        ("state:\n  postgre: {}\n", "runwarden.yaml:2:", "postgre"),
+        ("replica: Web_A\n", "runwarden.yaml:1:", "replica \"Web_A\""),
+    ] {
+        std::fs::write(dir.path().join("runwarden.yaml"), yaml).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
+        assert!(
+            stderr.contains(at) && stderr.contains(says),
+            "{yaml}: {stderr}"
+        );
+    }
+    // A good one: shown by check; db status names what is missing.
+    std::fs::write(
+        dir.path().join("runwarden.yaml"),
+        "state:\n  postgres:\n    url_file: pg-url\nreplica: web-a\n",
+    )
+    .unwrap();
+    let out = runwarden(&["check", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"]["store"], "postgres", "{v:#}");
+    assert_eq!(v["state"]["replica"], "web-a");
+    assert_eq!(v["state"]["lease_seconds"], 15.0);
+    let out = runwarden(&["db", "status", "--config", cfg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("pg-url") && stderr.contains("mode 0600"),
+        "{stderr}"
+    );
+    // Without `state:` there is no database to migrate, and it says so.
+    std::fs::write(dir.path().join("runwarden.yaml"), "").unwrap();
+    let out = runwarden(&["db", "migrate", "--config", cfg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("sets no `state: postgres:`"), "{stderr}");
+}

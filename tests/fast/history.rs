@@ -1,0 +1,143 @@
+//! The audit log as history: a torn log set aside, the report and the
+//! transcript read back from it.
+
+use super::*;
+
+/// What the kernel leaves when a writer is killed in the middle of a write
+/// larger than a page (SIGKILL cuts a multi-page `write` short on ext4): the
+/// log's whole lines, then part of the next one.
+fn tear(audit: &Path) -> Vec<u8> {
+    use std::io::Write;
+    let fragment = br#"{"ts":"2026-12-01T20:31:53.9Z","run_id":"01a2334e","phase":"que"#.to_vec();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(audit)
+        .unwrap()
+        .write_all(&fragment)
+        .unwrap();
+    fragment
+}
+
+/// The captured notification, for `web-02` (a second host of the runbook):
+/// no cooldown or dedupe of `web-01`'s run stands in its way.
+fn for_web_02() -> Value {
+    let mut n = notification();
+    n["groupKey"] = "web-02".into();
+    for a in n["alerts"].as_array_mut().unwrap() {
+        a["labels"]["instance"] = "web-02:9100".into();
+        a["fingerprint"] = format!("web-02-{}", a["fingerprint"].as_str().unwrap()).into();
+    }
+    n
+}
+
+/// A daemon killed mid-write must not keep the next one from starting: the
+/// torn fragment (never acknowledged: its writer died inside the write) is
+/// set aside beside the log, the chain goes on from the last whole line, and
+/// `audit verify` passes and says where the fragment went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_torn_by_a_killed_writer_is_set_aside_and_the_next_daemon_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let audit = dir.path().join("state/audit.jsonl");
+    let d = Daemon::start(dir.path()).await;
+    run_to_its_verdict(&d, &notification()).await;
+    d.shutdown().await.unwrap();
+    let whole = std::fs::read(&audit).unwrap();
+    let fragment = tear(&audit);
+
+    let d = Daemon::start(dir.path()).await;
+    assert_eq!(
+        std::fs::read(&audit).unwrap(),
+        whole,
+        "the fragment is cut off"
+    );
+    let aside = std::fs::read(dir.path().join("state/audit.jsonl.torn")).unwrap();
+    assert!(
+        aside.windows(fragment.len()).any(|w| w == fragment),
+        "the fragment is kept: {}",
+        String::from_utf8_lossy(&aside)
+    );
+    // The chain goes on: a run for another host appends to it.
+    assert_eq!(run_to_its_verdict(&d, &for_web_02()).await["status"], "ok");
+    d.shutdown().await.unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["audit", "verify", "--config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("audit.jsonl.torn"),
+        "verify names the set-aside fragment: {text}"
+    );
+}
+
+/// The same tear while a daemon has the log open (a command-line run killed
+/// mid-write beside it): the daemon's next trigger is still recorded and
+/// answered 200, not refused with 503 forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_torn_under_a_running_daemon_is_set_aside_at_its_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let audit = dir.path().join("state/audit.jsonl");
+    let d = Daemon::start(dir.path()).await;
+    run_to_its_verdict(&d, &notification()).await;
+    let fragment = tear(&audit);
+
+    // Another host's alert: no cooldown or dedupe stands in its way.
+    let (status, body) = post_alerts(&d, &for_web_02()).await;
+    assert_ne!(status, 503, "{body}");
+    let aside = std::fs::read(dir.path().join("state/audit.jsonl.torn")).unwrap();
+    assert!(aside.windows(fragment.len()).any(|w| w == fragment));
+    d.shutdown().await.unwrap();
+    let v = runwarden::audit::verify(&audit).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+}
+
+/// The text report and the transcript say what each result said in a
+/// person's words (the `use_pct` the run looked at, the largest entries),
+/// one line per step, not a JSON blob cut short.
+#[test]
+fn the_report_and_the_transcript_say_what_each_result_said() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::create_dir_all(dir.path().join("data/big")).unwrap();
+    std::fs::write(dir.path().join("data/big/file"), vec![1u8; 3 << 20]).unwrap();
+    let report = runwarden_ok(&[
+        "run".as_ref(),
+        "disk".as_ref(),
+        "--host".as_ref(),
+        "web-01".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let said = report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("said: "))
+        .unwrap_or_else(|| panic!("no said line: {report}"));
+    assert!(said.contains("% used of "), "{report}");
+    assert!(
+        said.contains(&format!(
+            "largest: {}/big 3.0 MiB",
+            dir.path().join("data").display()
+        )),
+        "{report}"
+    );
+    assert!(
+        !report.contains("{\""),
+        "no JSON in the text report: {report}"
+    );
+    let run_id = report.split_whitespace().nth(1).unwrap().to_string();
+    let transcript = runwarden_ok(&[
+        "transcript".as_ref(),
+        run_id.as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(
+        transcript.contains(&format!("   said: {said}")),
+        "{transcript}"
+    );
+}
