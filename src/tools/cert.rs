@@ -4,6 +4,10 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, privileged};
 use crate::host::Host;
 use crate::process::Argv;
@@ -157,4 +161,78 @@ pub(super) fn said(data: &Value) -> String {
         data["days_left"],
         s("subject")
     )
+}
+
+/// `cert_expiry`: when an allowed certificate runs out.
+pub(crate) struct CertExpiry;
+
+impl Tool for CertExpiry {
+    const NAME: &'static str = "cert_expiry";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str =
+        "Expiry of an allowed certificate file: not_after, days_left, subject, issuer.";
+    type Args = NameArgs;
+    type Resolved = String;
+
+    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, String> {
+        allowed_key(&a.name, &host.certificates, "certificates")
+    }
+
+    fn args_json(name: &String) -> Value {
+        json!({ "name": name })
+    }
+
+    fn argv(_: &String, _: &Host) -> Vec<Argv> {
+        Vec::new()
+    }
+
+    async fn run(ctx: &Ctx<'_>, name: &String) -> ToolResult {
+        expiry(ctx, name).await
+    }
+
+    fn said(data: &Value) -> Option<String> {
+        Some(said(data))
+    }
+}
+
+/// `renew_certificate`: the host's own renewal command, then a later `not_after`.
+pub(crate) struct RenewCertificate;
+
+impl Tool for RenewCertificate {
+    const NAME: &'static str = "renew_certificate";
+    const TIER: Tier = Tier::Change;
+    const DESCRIPTION: &'static str = "Run the host's renewal command for an allowed certificate, then verify the new not_after is later than the old.";
+    type Args = RenewArgs;
+    type Resolved = Change<String>;
+
+    fn resolve(a: RenewArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+        let name = allowed_key(&a.name, &host.certificates, "certificates")?;
+        if host.certificates[&name].renew.is_none() {
+            return Err(format!(
+                "certificate \"{name}\" has no `renew` command in the host file"
+            ));
+        }
+        Ok(Change::new(name, &a.reason))
+    }
+
+    fn args_json(c: &Change<String>) -> Value {
+        json!({ "name": c.target })
+    }
+
+    fn reason(c: &Change<String>) -> Option<&str> {
+        Some(&c.reason)
+    }
+
+    fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
+        renew_argv(host, &c.target).into_iter().collect()
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
+        renew(ctx, &c.target).await
+    }
+
+    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
+        let renewable = host.certificates.iter().filter(|(_, c)| c.renew.is_some());
+        Some(("name", renewable.map(|(n, _)| n.clone()).collect()))
+    }
 }

@@ -4,6 +4,10 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
@@ -202,6 +206,37 @@ pub(super) fn said(data: &Value) -> String {
         t += &format!("; largest: {}", shown.join(", "));
     }
     t
+}
+
+/// `disk_usage`: how full a filesystem is and what fills it.
+pub(crate) struct DiskUsage;
+
+impl Tool for DiskUsage {
+    const NAME: &'static str = "disk_usage";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str = "Filesystem usage of an allowed path: use_pct, size/used/avail bytes, filesystem, mount point, and the largest entries one level down (bounded by the host's du_budget: when du did not finish, partial is true, largest is empty and partial_reason says why; largest_truncated says when more than 10 entries were cut).";
+    type Args = DiskUsageArgs;
+    type Resolved = std::path::PathBuf;
+
+    fn resolve(a: DiskUsageArgs, host: &Host, mode: PathMode) -> Result<Self::Resolved, String> {
+        allowed_path(a.path.as_str(), &host.paths, mode, "paths")
+    }
+
+    fn args_json(path: &Self::Resolved) -> Value {
+        json!({ "path": path })
+    }
+
+    fn argv(path: &Self::Resolved, host: &Host) -> Vec<Argv> {
+        argv(host, path).into()
+    }
+
+    async fn run(ctx: &Ctx<'_>, path: &Self::Resolved) -> ToolResult {
+        disk_usage(ctx, path).await
+    }
+
+    fn said(data: &Value) -> Option<String> {
+        Some(said(data))
+    }
 }
 
 #[cfg(test)]

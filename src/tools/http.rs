@@ -4,7 +4,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Tier, Tool};
 use super::{Ctx, ToolResult};
+use crate::host::Host;
+use crate::process::Argv;
 
 /// Hard timeout of one check (the call's deadline may cut it shorter).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -86,4 +92,35 @@ pub(super) fn said(data: &serde_json::Value) -> String {
             .map(|e| format!(": {e}"))
             .unwrap_or_default()
     )
+}
+
+/// `http_check`: one GET of an allowed loopback health check.
+pub(crate) struct HttpCheck;
+
+impl Tool for HttpCheck {
+    const NAME: &'static str = "http_check";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str = "GET an allowed loopback health-check URL with a hard timeout: healthy, status, latency, body excerpt.";
+    type Args = NameArgs;
+    type Resolved = String;
+
+    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, String> {
+        allowed_key(&a.name, &host.health_checks, "health_checks")
+    }
+
+    fn args_json(name: &String) -> serde_json::Value {
+        json!({ "name": name })
+    }
+
+    fn argv(_: &String, _: &Host) -> Vec<Argv> {
+        Vec::new()
+    }
+
+    async fn run(ctx: &Ctx<'_>, name: &String) -> ToolResult {
+        check(ctx, name).await
+    }
+
+    fn said(data: &serde_json::Value) -> Option<String> {
+        Some(said(data))
+    }
 }

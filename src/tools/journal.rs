@@ -2,7 +2,11 @@
 
 use serde_json::{Value, json};
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
 use super::args::{Priority, Since};
+use super::registry::{Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
@@ -99,6 +103,49 @@ pub(super) fn said(data: &Value) -> String {
         .and_then(|l| l["message"].as_str())
         .unwrap_or("");
     format!("{} line(s); newest: {newest}", lines.map_or(0, Vec::len))
+}
+
+/// `read_journal`: what a unit logged lately.
+pub(crate) struct ReadJournal;
+
+/// A `read_journal` call, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct JournalCall {
+    unit: String,
+    since: Since,
+    priority: Priority,
+}
+
+impl Tool for ReadJournal {
+    const NAME: &'static str = "read_journal";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str = "Recent journal entries of an allowed unit at or above a priority. At most 80 lines, newest last; truncated says when cut.";
+    type Args = JournalArgs;
+    type Resolved = JournalCall;
+
+    fn resolve(a: JournalArgs, host: &Host, _: PathMode) -> Result<JournalCall, String> {
+        Ok(JournalCall {
+            unit: allowed_unit(&a.unit, host, true)?,
+            since: a.since,
+            priority: a.priority,
+        })
+    }
+
+    fn args_json(c: &JournalCall) -> Value {
+        json!({ "unit": c.unit, "since": c.since, "priority": c.priority })
+    }
+
+    fn argv(c: &JournalCall, host: &Host) -> Vec<Argv> {
+        vec![argv(host, &c.unit, c.since, c.priority)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &JournalCall) -> ToolResult {
+        read(ctx, &c.unit, c.since, c.priority).await
+    }
+
+    fn said(data: &Value) -> Option<String> {
+        Some(said(data))
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,10 @@ use std::time::SystemTime;
 
 use serde_json::json;
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, privileged};
 use crate::host::Host;
 use crate::process::Argv;
@@ -82,4 +86,46 @@ pub async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
     }
     result.verified = Some(verified);
     result
+}
+
+/// `rotate_logs`: one forced logrotate run of an allowed configuration.
+pub(crate) struct RotateLogs;
+
+impl Tool for RotateLogs {
+    const NAME: &'static str = "rotate_logs";
+    const TIER: Tier = Tier::Change;
+    const DESCRIPTION: &'static str = "Force logrotate on an allowed configuration, then verify: exit status, no error lines, state file updated.";
+    type Args = RotateArgs;
+    type Resolved = Change<PathBuf>;
+
+    fn resolve(a: RotateArgs, host: &Host, mode: PathMode) -> Result<Change<PathBuf>, String> {
+        let config = allowed_file(
+            a.config.as_str(),
+            &host.logrotate_configs,
+            mode,
+            "logrotate_configs",
+        )?;
+        Ok(Change::new(config, &a.reason))
+    }
+
+    fn args_json(c: &Change<PathBuf>) -> serde_json::Value {
+        json!({ "config": c.target })
+    }
+
+    fn reason(c: &Change<PathBuf>) -> Option<&str> {
+        Some(&c.reason)
+    }
+
+    fn argv(c: &Change<PathBuf>, host: &Host) -> Vec<Argv> {
+        vec![argv(host, &c.target)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &Change<PathBuf>) -> ToolResult {
+        rotate(ctx, &c.target).await
+    }
+
+    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
+        let configs = host.logrotate_configs.iter();
+        Some(("config", configs.map(|p| p.display().to_string()).collect()))
+    }
 }

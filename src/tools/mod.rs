@@ -19,6 +19,7 @@ pub mod args;
 mod cert;
 mod context;
 mod disk;
+mod failed_units;
 mod http;
 mod journal;
 mod logs;
@@ -38,10 +39,7 @@ pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged, unprivileged};
 pub use registry::{Tier, ToolId, check_shape};
 pub use result::{Failure, Outcome, ToolResult, Unreachable};
 
-use action::Resolved;
-use allowlists::*;
 pub(crate) use context::poll;
-use registry::*;
 pub(crate) use result::from_process;
 
 /// Run a resolved action on this machine, in `host`'s jail directory
@@ -63,23 +61,7 @@ pub(crate) async fn execute_here(
 /// Run a resolved action on this machine and report what happened.
 pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     let started = Instant::now();
-    let mut result = match &action.0 {
-        Resolved::DiskUsage { path } => disk::disk_usage(ctx, path).await,
-        Resolved::ServiceStatus { unit } => service::status(ctx, unit).await,
-        Resolved::ReadJournal {
-            unit,
-            since,
-            priority,
-        } => journal::read(ctx, unit, *since, *priority).await,
-        Resolved::ListProcesses { sort, limit } => process::list(ctx, *sort, *limit).await,
-        Resolved::CertExpiry { name } => cert::expiry(ctx, name).await,
-        Resolved::HttpCheck { name } => http::check(ctx, name).await,
-        Resolved::RestartService { unit, .. } => service::restart(ctx, unit).await,
-        Resolved::ReloadService { unit, .. } => service::reload(ctx, unit).await,
-        Resolved::RotateLogs { config, .. } => logs::rotate(ctx, config).await,
-        Resolved::RecycleWorkerPool { pool, .. } => pool::recycle(ctx, pool).await,
-        Resolved::RenewCertificate { name, .. } => cert::renew(ctx, name).await,
-    };
+    let mut result = action.0.run(ctx).await;
     // Whatever left its process group and outlived the call's processes
     // dies with the call.
     crate::process::escapees::sweep();
@@ -99,13 +81,8 @@ pub fn said(tool: &str, data: &Value) -> Option<String> {
     if data.is_null() || data.as_object().is_some_and(|o| o.is_empty()) {
         return None;
     }
-    let text = match ToolId::from_name(tool) {
-        Some(ToolId::DiskUsage) => disk::said(data),
-        Some(ToolId::ServiceStatus) => service::said(data),
-        Some(ToolId::ListProcesses) => process::said(data),
-        Some(ToolId::CertExpiry) => cert::said(data),
-        Some(ToolId::HttpCheck) => http::said(data),
-        Some(ToolId::ReadJournal) => journal::said(data),
+    let text = match ToolId::from_name(tool).and_then(|t| t.said_by(data)) {
+        Some(text) => text,
         _ => match data["evidence"].as_str() {
             Some(evidence) => evidence.to_string(),
             None => {

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, http, poll, privileged, service};
 use crate::host::Host;
 use crate::host::{PoolMaster, Recycle};
@@ -204,4 +208,40 @@ pub async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
         ));
     }
     result
+}
+
+/// `recycle_worker_pool`: new workers for an allowed pool, from its master.
+pub(crate) struct RecycleWorkerPool;
+
+impl Tool for RecycleWorkerPool {
+    const NAME: &'static str = "recycle_worker_pool";
+    const TIER: Tier = Tier::Change;
+    const DESCRIPTION: &'static str = "Replace the workers of an allowed pool (reload or signal to its master), then verify new workers and health.";
+    type Args = PoolArgs;
+    type Resolved = Change<String>;
+
+    fn resolve(a: PoolArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+        let pool = allowed_key(&a.pool, &host.worker_pools, "worker_pools")?;
+        Ok(Change::new(pool, &a.reason))
+    }
+
+    fn args_json(c: &Change<String>) -> serde_json::Value {
+        json!({ "pool": c.target })
+    }
+
+    fn reason(c: &Change<String>) -> Option<&str> {
+        Some(&c.reason)
+    }
+
+    fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
+        planned_argv(host, &c.target)
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
+        recycle(ctx, &c.target).await
+    }
+
+    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
+        Some(("pool", host.worker_pools.keys().cloned().collect()))
+    }
 }

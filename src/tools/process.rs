@@ -2,7 +2,10 @@
 
 use serde_json::{Value, json};
 
+use super::PathMode;
 use super::args::ProcessSort;
+use super::args::*;
+use super::registry::{Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
@@ -85,6 +88,37 @@ pub(super) fn said(data: &Value) -> String {
         })
         .collect();
     format!("{} processes; top: {}", data["total"], top.join(", "))
+}
+
+/// `list_processes`: the busiest, largest or oldest processes.
+pub(crate) struct ListProcesses;
+
+impl Tool for ListProcesses {
+    const NAME: &'static str = "list_processes";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str = "The top processes by cpu, memory or age: pid, ppid, user, state, cpu%, rss, elapsed seconds, command name.";
+    type Args = ProcessArgs;
+    type Resolved = (ProcessSort, usize);
+
+    fn resolve(a: ProcessArgs, _: &Host, _: PathMode) -> Result<(ProcessSort, usize), String> {
+        Ok((a.sort, a.limit.get()))
+    }
+
+    fn args_json((sort, limit): &(ProcessSort, usize)) -> Value {
+        json!({ "sort": sort, "limit": limit })
+    }
+
+    fn argv((sort, _): &(ProcessSort, usize), host: &Host) -> Vec<Argv> {
+        vec![argv(host, *sort)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, (sort, limit): &(ProcessSort, usize)) -> ToolResult {
+        list(ctx, *sort, *limit).await
+    }
+
+    fn said(data: &Value) -> Option<String> {
+        Some(said(data))
+    }
 }
 
 #[cfg(test)]

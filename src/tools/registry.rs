@@ -1,12 +1,18 @@
-//! The registry: every tool's name, tier, description and argument type in
-//! one table ([`ToolId`] is generated from it), and the shape checks made
-//! from those types before any host is known.
+//! The registry: the [`Tool`] trait each tool implements in its own file,
+//! the table of tools ([`ToolId`] and an action's dispatch are generated
+//! from it), and the shape checks made from the argument types before any
+//! host is known.
 
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::*;
+use super::{Ctx, PathMode, ToolResult};
+use super::{cert, disk, failed_units, http, journal, logs, pool, process, service};
+use crate::host::Host;
+use crate::process::Argv;
 
 /// What a tool may do to a host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -24,11 +30,81 @@ impl Tier {
     }
 }
 
+/// One tool, implemented in its own file: its name, tier and description,
+/// its arguments (their JSON schema is generated from the type), how they
+/// resolve against a host's allowlists, the commands it runs, how it runs
+/// and verifies itself, how its result reads, and what a sudoers file must
+/// allow it. The [`registry!`] table turns the implementations into
+/// [`ToolId`] and the dispatch of an [`Action`](super::Action).
+pub(crate) trait Tool {
+    /// The name runbooks, planners and audit lines use.
+    const NAME: &'static str;
+    /// The tier, fixed in code.
+    const TIER: Tier;
+    /// What it does, for people and for the model; a tier-2 tool's ends with
+    /// "then verify ..." (how it checks its own effect).
+    const DESCRIPTION: &'static str;
+    /// The arguments as a caller writes them.
+    type Args: DeserializeOwned + JsonSchema;
+    /// The arguments once every value was checked against the host.
+    type Resolved: std::fmt::Debug + Clone + PartialEq + Send + Sync;
+
+    /// Check `args` against `host`'s allowlists; the error is a sentence a
+    /// planner (or a model) can act on.
+    fn resolve(args: Self::Args, host: &Host, mode: PathMode) -> Result<Self::Resolved, String>;
+
+    /// The resolved arguments as the audit log records them (the reason has its own field).
+    fn args_json(resolved: &Self::Resolved) -> Value;
+
+    /// A tier-2 call's reason.
+    fn reason(_resolved: &Self::Resolved) -> Option<&str> {
+        None
+    }
+
+    /// The commands it runs, exactly as it would spawn them (for `--dry-run`
+    /// and the sudoers lines); empty for a tool that spawns nothing.
+    fn argv(resolved: &Self::Resolved, host: &Host) -> Vec<Argv>;
+
+    /// Run it on this machine (and, for tier 2, verify its effect).
+    fn run(ctx: &Ctx<'_>, resolved: &Self::Resolved) -> impl Future<Output = ToolResult> + Send;
+
+    /// What a result said, on one line; `None` reads a tier-2 result's evidence.
+    fn said(_data: &Value) -> Option<String> {
+        None
+    }
+
+    /// For a tier-2 tool: the argument it acts on and every value `host`
+    /// allows for it (a sudoers file lists one command per value).
+    fn targets(_host: &Host) -> Option<(&'static str, Vec<String>)> {
+        None
+    }
+}
+
+/// A tier-2 call's resolved target and the reason it was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Change<T> {
+    /// What the change acts on (a unit, a configuration, a pool, a certificate).
+    pub target: T,
+    /// Why, as the caller wrote it (trimmed).
+    pub reason: String,
+}
+
+impl<T> Change<T> {
+    pub(super) fn new(target: T, reason: &Reason) -> Change<T> {
+        Change {
+            target,
+            reason: reason.as_str().trim().to_string(),
+        }
+    }
+}
+
+/// The table of tools: one row per tool, naming the type that implements
+/// [`Tool`] in the tool's own file.
 macro_rules! registry {
-    ($($variant:ident => $name:literal, $tier:ident, $args:ty, $desc:literal;)*) => {
+    ($($variant:ident => $tool:ty;)*) => {
         /// Every tool that exists.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum ToolId { $(#[doc = $desc] $variant),* }
+        pub enum ToolId { $(#[doc = concat!("See `", stringify!($tool), "`.")] $variant),* }
 
         impl ToolId {
             /// Every tool, in registry order.
@@ -36,68 +112,102 @@ macro_rules! registry {
 
             /// The name runbooks, planners and audit lines use.
             pub fn name(self) -> &'static str {
-                match self { $(ToolId::$variant => $name),* }
+                match self { $(ToolId::$variant => <$tool as Tool>::NAME),* }
             }
 
             /// The tier, fixed in code.
             pub fn tier(self) -> Tier {
-                match self { $(ToolId::$variant => Tier::$tier),* }
+                match self { $(ToolId::$variant => <$tool as Tool>::TIER),* }
             }
 
             /// What it does, for people and for the model.
             pub fn description(self) -> &'static str {
-                match self { $(ToolId::$variant => $desc),* }
-            }
-
-            /// How a tier-2 tool checks its own effect (from its description).
-            pub fn verification(self) -> Option<&'static str> {
-                self.description()
-                    .split_once("then verify")
-                    .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))
+                match self { $(ToolId::$variant => <$tool as Tool>::DESCRIPTION),* }
             }
 
             /// The tool of that name.
             pub fn from_name(name: &str) -> Option<ToolId> {
-                match name { $($name => Some(ToolId::$variant),)* _ => None }
+                ToolId::ALL.iter().copied().find(|t| t.name() == name)
             }
 
             /// The JSON schema of the arguments, generated from the type that checks them.
             pub fn schema(self) -> Value {
-                match self { $(ToolId::$variant => schema_of::<$args>()),* }
+                match self { $(ToolId::$variant => schema_of::<<$tool as Tool>::Args>()),* }
             }
 
             fn check_typed(self, args: &Value) -> Result<(), String> {
                 match self {
-                    $(ToolId::$variant => parse::<$args>(args).map(|_| ())),*
+                    $(ToolId::$variant => parse::<<$tool as Tool>::Args>(args).map(|_| ())),*
                 }
+            }
+
+            /// The argument a tier-2 tool acts on, and every value `host`
+            /// allows for it; `None` for a tier-1 tool.
+            pub fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
+                match self { $(ToolId::$variant => <$tool as Tool>::targets(host)),* }
+            }
+
+            pub(super) fn said_by(self, data: &Value) -> Option<String> {
+                match self { $(ToolId::$variant => <$tool as Tool>::said(data)),* }
+            }
+
+            pub(super) fn resolve(self, args: &Value, host: &Host, mode: PathMode) -> Result<Resolved, String> {
+                Ok(match self {
+                    $(ToolId::$variant => Resolved::$variant(<$tool as Tool>::resolve(parse(args)?, host, mode)?)),*
+                })
+            }
+        }
+
+        /// What an [`Action`](super::Action) holds: one tool's resolved arguments.
+        #[derive(Debug, Clone, PartialEq)]
+        pub(super) enum Resolved { $($variant(<$tool as Tool>::Resolved)),* }
+
+        impl Resolved {
+            pub(super) fn tool(&self) -> ToolId {
+                match self { $(Resolved::$variant(_) => ToolId::$variant),* }
+            }
+
+            pub(super) fn reason(&self) -> Option<&str> {
+                match self { $(Resolved::$variant(r) => <$tool as Tool>::reason(r)),* }
+            }
+
+            pub(super) fn args_json(&self) -> Value {
+                match self { $(Resolved::$variant(r) => <$tool as Tool>::args_json(r)),* }
+            }
+
+            pub(super) fn argv(&self, host: &Host) -> Vec<Argv> {
+                match self { $(Resolved::$variant(r) => <$tool as Tool>::argv(r, host)),* }
+            }
+
+            pub(super) async fn run(&self, ctx: &Ctx<'_>) -> ToolResult {
+                match self { $(Resolved::$variant(r) => <$tool as Tool>::run(ctx, r).await),* }
             }
         }
     };
 }
 
 registry! {
-    DiskUsage => "disk_usage", Observe, DiskUsageArgs,
-        "Filesystem usage of an allowed path: use_pct, size/used/avail bytes, filesystem, mount point, and the largest entries one level down (bounded by the host's du_budget: when du did not finish, partial is true, largest is empty and partial_reason says why; largest_truncated says when more than 10 entries were cut).";
-    ServiceStatus => "service_status", Observe, UnitArgs,
-        "State of an allowed systemd unit: load/active/sub state, main pid, since when, last result, restarts.";
-    ReadJournal => "read_journal", Observe, JournalArgs,
-        "Recent journal entries of an allowed unit at or above a priority. At most 80 lines, newest last; truncated says when cut.";
-    ListProcesses => "list_processes", Observe, ProcessArgs,
-        "The top processes by cpu, memory or age: pid, ppid, user, state, cpu%, rss, elapsed seconds, command name.";
-    CertExpiry => "cert_expiry", Observe, NameArgs,
-        "Expiry of an allowed certificate file: not_after, days_left, subject, issuer.";
-    HttpCheck => "http_check", Observe, NameArgs,
-        "GET an allowed loopback health-check URL with a hard timeout: healthy, status, latency, body excerpt.";
-    RestartService => "restart_service", Change, UnitChangeArgs,
-        "Restart an allowed systemd unit, then verify it is active again with a new main pid.";
-    ReloadService => "reload_service", Change, UnitChangeArgs,
-        "Reload an allowed systemd unit, then verify it is still active with the same main pid.";
-    RotateLogs => "rotate_logs", Change, RotateArgs,
-        "Force logrotate on an allowed configuration, then verify: exit status, no error lines, state file updated.";
-    RecycleWorkerPool => "recycle_worker_pool", Change, PoolArgs,
-        "Replace the workers of an allowed pool (reload or signal to its master), then verify new workers and health.";
-    RenewCertificate => "renew_certificate", Change, RenewArgs,
-        "Run the host's renewal command for an allowed certificate, then verify the new not_after is later than the old.";
+    DiskUsage => disk::DiskUsage;
+    ServiceStatus => service::ServiceStatus;
+    ReadJournal => journal::ReadJournal;
+    ListProcesses => process::ListProcesses;
+    CertExpiry => cert::CertExpiry;
+    HttpCheck => http::HttpCheck;
+    FailedUnits => failed_units::FailedUnits;
+    RestartService => service::RestartService;
+    ReloadService => service::ReloadService;
+    RotateLogs => logs::RotateLogs;
+    RecycleWorkerPool => pool::RecycleWorkerPool;
+    RenewCertificate => cert::RenewCertificate;
+}
+
+impl ToolId {
+    /// How a tier-2 tool checks its own effect (from its description).
+    pub fn verification(self) -> Option<&'static str> {
+        self.description()
+            .split_once("then verify")
+            .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))
+    }
 }
 
 pub(super) fn schema_of<T: JsonSchema>() -> Value {

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::PathMode;
+use super::allowlists::*;
+use super::args::*;
+use super::registry::{Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, poll, privileged};
 use crate::host::Host;
 use crate::process::Argv;
@@ -194,6 +198,109 @@ pub(super) fn said(data: &Value) -> String {
         data["n_restarts"],
         s("result")
     )
+}
+
+/// `service_status`: what systemd says of a unit.
+pub(crate) struct ServiceStatus;
+
+impl Tool for ServiceStatus {
+    const NAME: &'static str = "service_status";
+    const TIER: Tier = Tier::Observe;
+    const DESCRIPTION: &'static str = "State of an allowed systemd unit: load/active/sub state, main pid, since when, last result, restarts.";
+    type Args = UnitArgs;
+    type Resolved = String;
+
+    fn resolve(a: UnitArgs, host: &Host, _: PathMode) -> Result<String, String> {
+        allowed_unit(&a.unit, host, false)
+    }
+
+    fn args_json(unit: &String) -> Value {
+        json!({ "unit": unit })
+    }
+
+    fn argv(unit: &String, host: &Host) -> Vec<Argv> {
+        vec![show_argv(host, unit)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, unit: &String) -> ToolResult {
+        status(ctx, unit).await
+    }
+
+    fn said(data: &Value) -> Option<String> {
+        Some(said(data))
+    }
+}
+
+/// `restart_service`
+pub(crate) struct RestartService;
+
+impl Tool for RestartService {
+    const NAME: &'static str = "restart_service";
+    const TIER: Tier = Tier::Change;
+    const DESCRIPTION: &'static str =
+        "Restart an allowed systemd unit, then verify it is active again with a new main pid.";
+    type Args = UnitChangeArgs;
+    type Resolved = Change<String>;
+
+    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+        Ok(Change::new(allowed_unit(&a.unit, host, false)?, &a.reason))
+    }
+
+    fn args_json(c: &Change<String>) -> Value {
+        json!({ "unit": c.target })
+    }
+
+    fn reason(c: &Change<String>) -> Option<&str> {
+        Some(&c.reason)
+    }
+
+    fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
+        vec![change_argv(host, "restart", &c.target)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
+        restart(ctx, &c.target).await
+    }
+
+    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
+        Some(("unit", host.units.iter().cloned().collect()))
+    }
+}
+
+/// `reload_service`
+pub(crate) struct ReloadService;
+
+impl Tool for ReloadService {
+    const NAME: &'static str = "reload_service";
+    const TIER: Tier = Tier::Change;
+    const DESCRIPTION: &'static str =
+        "Reload an allowed systemd unit, then verify it is still active with the same main pid.";
+    type Args = UnitChangeArgs;
+    type Resolved = Change<String>;
+
+    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+        Ok(Change::new(allowed_unit(&a.unit, host, false)?, &a.reason))
+    }
+
+    fn args_json(c: &Change<String>) -> Value {
+        json!({ "unit": c.target })
+    }
+
+    fn reason(c: &Change<String>) -> Option<&str> {
+        Some(&c.reason)
+    }
+
+    fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
+        vec![change_argv(host, "reload", &c.target)]
+    }
+
+    async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
+        reload(ctx, &c.target).await
+    }
+
+    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
+        RestartService::targets(host)
+    }
 }
 
 #[cfg(test)]

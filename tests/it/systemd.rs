@@ -626,6 +626,52 @@ steps:
     );
 }
 
+/// `failed_units` on real systemd: the failed unit the host allows is
+/// listed with its state; a failed unit the host file does not name is
+/// counted and its name appears nowhere in the report or the audit log.
+#[test]
+fn failed_units_names_the_allowed_failures_and_only_counts_the_others() {
+    let host = SystemdHost::boot("failed", 90);
+    host.setup_ok(
+        "printf '[Service]\\nExecStart=/bin/false\\n' >/etc/systemd/system/not-named-here.service \\
+         && systemctl daemon-reload; systemctl start broken.service not-named-here.service; true",
+    );
+    std::fs::write(
+        host.config().join("runbooks/failed.yaml"),
+        "name: failed
+description: which units failed
+hosts: [staging-web-1]
+autonomy: L3
+tools:
+  observe: [failed_units]
+steps:
+  - id: failed
+    call: failed_units
+",
+    )
+    .unwrap();
+    let (code, report) = host.run("failed");
+    assert_eq!(code, 0, "{report:#}");
+    let data = &step(&report, "failed")["result"]["data"];
+    let failed = data["failed"].as_array().unwrap();
+    let broken: Vec<&Value> = failed
+        .iter()
+        .filter(|u| u["unit"] == "broken.service")
+        .collect();
+    assert_eq!(broken.len(), 1, "{data:#}");
+    assert_eq!(
+        (
+            broken[0]["active_state"].as_str(),
+            broken[0]["sub_state"].as_str()
+        ),
+        (Some("failed"), Some("failed")),
+        "{data:#}"
+    );
+    assert!(data["not_allowed"].as_u64().unwrap() >= 1, "{data:#}");
+    let shown = format!("{report}{:?}", host.audit());
+    assert!(!shown.contains("not-named-here"), "{shown}");
+}
+
 /// The sections of `runwarden install print`: (where the file goes, its text).
 fn install_sections(print: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
