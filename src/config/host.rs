@@ -311,6 +311,7 @@ fn unit_set(
 fn bad_unit_message(u: &str) -> String {
     crate::tools::args::UnitName::new(u.to_string())
         .err()
+        .map(|e| e.to_string())
         .unwrap_or_default()
 }
 

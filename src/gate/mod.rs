@@ -248,14 +248,33 @@ pub struct Denial {
     pub detail: String,
     /// The tool, when the name was a known one.
     pub tool: Option<ToolId>,
+    /// A path in the arguments was refused: the planner is told only that.
+    pub path_refused: bool,
 }
 
 impl Denial {
+    /// A refusal of step `step` for `reason`.
+    pub fn new(step: u32, reason: DenyReason, detail: impl Into<String>) -> Denial {
+        Denial {
+            step,
+            reason,
+            detail: detail.into(),
+            tool: None,
+            path_refused: false,
+        }
+    }
+
+    /// The same refusal, of a call of `tool`.
+    pub fn of(mut self, tool: ToolId) -> Denial {
+        self.tool = Some(tool);
+        self
+    }
+
     /// What the planner is told. A refused path says only that it is outside
     /// the allowlists: whether it exists, or where a link on the host points,
     /// stays in the audit line for a person.
     pub fn for_planner(&self) -> String {
-        if self.reason == DenyReason::InvalidArguments && self.detail.contains("path ") {
+        if self.path_refused {
             return format!(
                 "denied: {}: a path in the arguments is outside the host's allowlists",
                 self.reason.as_str()
@@ -347,10 +366,8 @@ impl Gate {
         self.budget.count_step();
         let deny = |reason, detail: String, tool| {
             Decision::Deny(Denial {
-                step: call.step,
-                reason,
-                detail,
                 tool,
+                ..Denial::new(call.step, reason, detail)
             })
         };
 
@@ -403,7 +420,13 @@ impl Gate {
         }
         let action = match tools::resolve(tool, &call.args, &self.host, self.path_mode) {
             Ok(a) => a,
-            Err(e) => return deny(DenyReason::InvalidArguments, e, Some(tool)),
+            Err(e) => {
+                let path_refused = matches!(e, tools::args::ArgError::Path(_));
+                return Decision::Deny(Denial {
+                    path_refused,
+                    ..Denial::new(call.step, DenyReason::InvalidArguments, e.to_string()).of(tool)
+                });
+            }
         };
         // 5. Approval.
         let approval = match tool.tier() {
@@ -474,12 +497,7 @@ impl Gate {
     /// calls, so a model that never proposes a runnable call still ends.
     pub fn admit_model_request(&mut self) -> Result<(), Denial> {
         let step = self.budget.steps();
-        let deny = |reason, detail: String| Denial {
-            step,
-            reason,
-            detail,
-            tool: None,
-        };
+        let deny = |reason, detail: String| Denial::new(step, reason, detail);
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
             return Err(deny(DenyReason::KillSwitch, engaged.to_string()));
         }
@@ -498,34 +516,22 @@ impl Gate {
     pub fn last_look(&self, step: u32, tool: ToolId) -> Result<(), Denial> {
         self.killswitch
             .check(&self.runbook.name)
-            .map_err(|engaged| Denial {
-                step,
-                reason: DenyReason::KillSwitch,
-                detail: engaged.to_string(),
-                tool: Some(tool),
+            .map_err(|engaged| {
+                Denial::new(step, DenyReason::KillSwitch, engaged.to_string()).of(tool)
             })
     }
 
     /// A person approved a held call: the kill switch and the budget are
     /// checked again (time has passed), then the call is permitted.
     pub fn approved(&mut self, hold: Hold, by: String) -> Result<Permit, Denial> {
-        let tool = Some(hold.action.tool());
+        let tool = hold.action.tool();
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
-            return Err(Denial {
-                step: hold.step,
-                reason: DenyReason::KillSwitch,
-                detail: engaged.to_string(),
-                tool,
-            });
+            let detail = engaged.to_string();
+            return Err(Denial::new(hold.step, DenyReason::KillSwitch, detail).of(tool));
         }
         if let Err((reason, detail)) = self.budget.check(true).and_then(|()| self.fleet_take(true))
         {
-            return Err(Denial {
-                step: hold.step,
-                reason,
-                detail,
-                tool,
-            });
+            return Err(Denial::new(hold.step, reason, detail).of(tool));
         }
         self.budget.count_mutation();
         Ok(Permit {

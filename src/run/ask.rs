@@ -20,12 +20,7 @@ impl RunLoop<'_> {
         r: &mut StepReport,
     ) -> Result<Permit, Denial> {
         let tool = hold.action().tool();
-        let deny = |reason, detail: String| Denial {
-            step: hold.step(),
-            reason,
-            detail,
-            tool: Some(tool),
-        };
+        let deny = |reason, detail: String| Denial::new(hold.step(), reason, detail).of(tool);
         let Some(approvals) = self.runner.approvals.clone() else {
             return Err(deny(
                 DenyReason::NoApprover,

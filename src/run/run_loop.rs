@@ -351,12 +351,7 @@ impl RunLoop<'_> {
             && let Err((reason, detail)) =
                 lease.fence(action.tier() == Tier::Change, &s.budgets).await
         {
-            let denial = Denial {
-                step: permit.step(),
-                reason,
-                detail,
-                tool: Some(action.tool()),
-            };
+            let denial = Denial::new(permit.step(), reason, detail).of(action.tool());
             return self.deny(s, id, call, &denial, r);
         }
         let tool = action.tool().name();
@@ -384,12 +379,7 @@ impl RunLoop<'_> {
         let (step, tool_id) = (ticket.step(), ticket.permit().action().tool());
         let late = s.gate.last_look(step, tool_id).err().or_else(|| {
             let (reason, detail) = self.lease?.still_proven().err()?;
-            Some(Denial {
-                step,
-                reason,
-                detail,
-                tool: Some(tool_id),
-            })
+            Some(Denial::new(step, reason, detail).of(tool_id))
         });
         if let Some(denial) = late {
             let unsent = ToolResult::failed(format!("not dispatched: {}", denial.detail));

@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::args::ArgError;
 use super::registry::Resolved;
 use super::*;
 use crate::host::Host;
@@ -75,6 +76,11 @@ pub fn privileged_commands(tool: ToolId, host: &Host, target: &str) -> Vec<Argv>
 ///
 /// The error is a sentence a planner (or a model) can act on; it quotes
 /// untrusted values only escaped and cut short.
-pub fn resolve(tool: ToolId, args: &Value, host: &Host, mode: PathMode) -> Result<Action, String> {
+pub fn resolve(
+    tool: ToolId,
+    args: &Value,
+    host: &Host,
+    mode: PathMode,
+) -> Result<Action, ArgError> {
     tool.resolve(args, host, mode).map(Action)
 }

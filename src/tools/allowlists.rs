@@ -8,7 +8,11 @@ use super::args::*;
 use super::*;
 use crate::host::Host;
 
-pub(super) fn allowed_unit(unit: &UnitName, host: &Host, journal: bool) -> Result<String, String> {
+pub(super) fn allowed_unit(
+    unit: &UnitName,
+    host: &Host,
+    journal: bool,
+) -> Result<String, ArgError> {
     let u = unit.as_str();
     if host.units.contains(u) || (journal && host.journals.contains(u)) {
         return Ok(u.to_string());
@@ -17,26 +21,26 @@ pub(super) fn allowed_unit(unit: &UnitName, host: &Host, journal: bool) -> Resul
     if journal {
         allowed.extend(host.journals.iter().map(String::as_str));
     }
-    Err(format!(
+    Err(ArgError::NotAllowed(format!(
         "unit {} is not allowed on host \"{}\" (allowed: {allowed:?})",
         shown(u),
         host.name
-    ))
+    )))
 }
 
 pub(super) fn allowed_key<V>(
     name: &EntryName,
     map: &std::collections::BTreeMap<String, V>,
     field: &str,
-) -> Result<String, String> {
+) -> Result<String, ArgError> {
     if map.contains_key(name.as_str()) {
         Ok(name.as_str().to_string())
     } else {
         let known: Vec<&str> = map.keys().map(String::as_str).collect();
-        Err(format!(
+        Err(ArgError::NotAllowed(format!(
             "{} is not defined under {field} on this host (defined: {known:?})",
             shown(name.as_str())
-        ))
+        )))
     }
 }
 
@@ -49,7 +53,7 @@ pub fn allowed_path(
     allowed: &[PathBuf],
     mode: PathMode,
     field: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, ArgError> {
     let resolved = resolve_path(raw, mode)?;
     let under = allowed
         .iter()
@@ -65,14 +69,14 @@ pub fn allowed_path(
                 && a != resolved
                 && mount_of(&a) != mount_of(&resolved) =>
         {
-            Err(format!(
+            Err(ArgError::Path(format!(
                 "path {} crosses a mount point below the allowed {} (list the mount point in the host's {field} if it may be examined)",
                 shown(raw),
                 a.display()
-            ))
+            )))
         }
         Some(_) => Ok(resolved),
-        None => Err(not_allowed(raw, &resolved, allowed, field)),
+        None => Err(ArgError::Path(not_allowed(raw, &resolved, allowed, field))),
     }
 }
 
@@ -109,7 +113,7 @@ pub(super) fn allowed_file(
     allowed: &[PathBuf],
     mode: PathMode,
     field: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, ArgError> {
     let resolved = resolve_path(raw, mode)?;
     let hit = allowed.iter().any(|a| match mode {
         PathMode::Resolve => std::fs::canonicalize(a).is_ok_and(|a| a == resolved),
@@ -118,19 +122,18 @@ pub(super) fn allowed_file(
     if hit {
         Ok(resolved)
     } else {
-        Err(not_allowed(raw, &resolved, allowed, field))
+        Err(ArgError::Path(not_allowed(raw, &resolved, allowed, field)))
     }
 }
 
-pub(super) fn resolve_path(raw: &str, mode: PathMode) -> Result<PathBuf, String> {
+pub(super) fn resolve_path(raw: &str, mode: PathMode) -> Result<PathBuf, ArgError> {
     let p = Path::new(raw);
     match mode {
-        PathMode::Resolve => {
-            std::fs::canonicalize(p).map_err(|e| format!("cannot resolve path {}: {e}", shown(raw)))
-        }
+        PathMode::Resolve => std::fs::canonicalize(p)
+            .map_err(|e| ArgError::Path(format!("cannot resolve path {}: {e}", shown(raw)))),
         PathMode::Lexical => {
             if p.components().any(|c| c == std::path::Component::ParentDir) {
-                return Err(format!("path {} contains `..`", shown(raw)));
+                return Err(ArgError::Path(format!("path {} contains `..`", shown(raw))));
             }
             Ok(p.components().collect())
         }

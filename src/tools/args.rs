@@ -25,29 +25,50 @@ pub fn shown(s: &str) -> String {
     format!("\"{}{more}\"", cut.escape_debug())
 }
 
-fn clean(s: &str, what: &str, max: usize) -> Result<(), String> {
+/// Why a tool's arguments were refused: what a caller branches on (the
+/// gate tells a planner less about a refused path than a person reads).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// A value the tool does not accept (empty, too long, a control or
+    /// invisible character, not a unit name, not an absolute path).
+    #[error("{0}")]
+    Value(String),
+    /// The arguments do not fit the tool's type (a missing or unknown field,
+    /// a value of the wrong type).
+    #[error("{0}")]
+    Shape(String),
+    /// A name the host's allowlists do not hold.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// A path outside the host's allowlists, or one that cannot be
+    /// resolved; the message can say where a link on the host points.
+    #[error("{0}")]
+    Path(String),
+}
+
+fn clean(s: &str, what: &str, max: usize) -> Result<(), ArgError> {
     if s.is_empty() {
-        return Err(format!("{what} is empty"));
+        return Err(ArgError::Value(format!("{what} is empty")));
     }
     if s.len() > max {
-        return Err(format!(
+        return Err(ArgError::Value(format!(
             "{what} is {} bytes long; the limit is {max}",
             s.len()
-        ));
+        )));
     }
     if let Some(c) = s.chars().find(|c| c.is_control()) {
-        return Err(format!(
+        return Err(ArgError::Value(format!(
             "{what} {} contains the control character {:?}",
             shown(s),
             c
-        ));
+        )));
     }
     if let Some(c) = s.chars().find(|c| crate::text::invisible(*c)) {
-        return Err(format!(
+        return Err(ArgError::Value(format!(
             "{what} {} contains the invisible character U+{:04X}, which makes it read differently from what it says",
             shown(s),
             c as u32
-        ));
+        )));
     }
     Ok(())
 }
@@ -61,8 +82,8 @@ macro_rules! checked_string {
 
         impl $name {
             /// Checked: an error says what is wrong with the value.
-            pub fn new(s: String) -> Result<Self, String> {
-                let check: fn(&str) -> Result<(), String> = $check;
+            pub fn new(s: String) -> Result<Self, ArgError> {
+                let check: fn(&str) -> Result<(), ArgError> = $check;
                 check(&s)?;
                 Ok($name(s))
             }
@@ -100,7 +121,7 @@ checked_string!(
         if crate::host::is_unit_name(s) {
             Ok(())
         } else {
-            Err(format!("{} is not a unit name: use the full name with its suffix (e.g. nginx.service); letters, digits and . _ - @ : only", shown(s)))
+            Err(ArgError::Value(format!("{} is not a unit name: use the full name with its suffix (e.g. nginx.service); letters, digits and . _ - @ : only", shown(s))))
         }
     },
     {
@@ -119,7 +140,7 @@ checked_string!(
         if s.starts_with('/') {
             Ok(())
         } else {
-            Err(format!("{} is not an absolute path", shown(s)))
+            Err(ArgError::Value(format!("{} is not an absolute path", shown(s))))
         }
     },
     {
@@ -138,7 +159,7 @@ checked_string!(
         if crate::host::safe_name(s) {
             Ok(())
         } else {
-            Err(format!("{} is not a name: a-z, 0-9, '-' and '_' only", shown(s)))
+            Err(ArgError::Value(format!("{} is not a name: a-z, 0-9, '-' and '_' only", shown(s))))
         }
     },
     {
@@ -370,7 +391,7 @@ pub struct RenewArgs {
 mod tests {
     use super::*;
 
-    fn unit(s: &str) -> Result<UnitName, String> {
+    fn unit(s: &str) -> Result<UnitName, ArgError> {
         UnitName::new(s.to_string())
     }
 
@@ -392,7 +413,7 @@ mod tests {
         }
         let long = format!("{}.service", "a".repeat(10_000));
         let err = unit(&long).unwrap_err();
-        assert!(err.contains("limit is 255"), "{err}");
+        assert!(err.to_string().contains("limit is 255"), "{err}");
     }
 
     #[test]
@@ -410,7 +431,7 @@ mod tests {
             "soft\u{00AD}hyphen",
         ] {
             let e = Reason::new(sneaky.into()).unwrap_err();
-            assert!(e.contains("invisible character"), "{e}");
+            assert!(e.to_string().contains("invisible character"), "{e}");
         }
         assert!(Reason::new("   ".into()).is_err());
         assert!(Reason::new("x".repeat(501)).is_err());

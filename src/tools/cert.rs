@@ -34,33 +34,59 @@ pub struct CertInfo {
     pub serial: String,
 }
 
-pub fn read_cert(path: &Path) -> Result<CertInfo, String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if meta.len() > MAX_CERT_BYTES {
-        return Err(format!(
-            "{} is {} bytes; not a certificate",
-            path.display(),
-            meta.len()
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    parse_cert(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+/// Why a certificate file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// Far larger than any certificate.
+    #[error("{path} is {len} bytes; not a certificate")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size.
+        len: u64,
+    },
+    /// Text that is not a PEM certificate, or bytes that are not X.509.
+    #[error("{0}")]
+    NotACertificate(String),
 }
 
-pub fn parse_cert(bytes: &[u8]) -> Result<CertInfo, String> {
+pub fn read_cert(path: &Path) -> Result<CertInfo, CertError> {
+    let read = |source| CertError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
+    if meta.len() > MAX_CERT_BYTES {
+        return Err(CertError::TooLarge {
+            path: path.display().to_string(),
+            len: meta.len(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(read)?;
+    parse_cert(&bytes).map_err(|e| CertError::NotACertificate(format!("{}: {e}", path.display())))
+}
+
+pub fn parse_cert(bytes: &[u8]) -> Result<CertInfo, CertError> {
     let der;
     let der_bytes: &[u8] =
         if bytes.starts_with(b"-----") || bytes.iter().take(64).all(|b| b.is_ascii()) {
             let (_, pem) = x509_parser::pem::parse_x509_pem(bytes)
-                .map_err(|e| format!("not a PEM certificate: {e}"))?;
+                .map_err(|e| CertError::NotACertificate(format!("not a PEM certificate: {e}")))?;
             der = pem.contents;
             &der
         } else {
             bytes
         };
     let (_, cert) = x509_parser::parse_x509_certificate(der_bytes)
-        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        .map_err(|e| CertError::NotACertificate(format!("not an X.509 certificate: {e}")))?;
     let validity = cert.validity();
     Ok(CertInfo {
         not_before: validity.not_before.timestamp(),
@@ -174,7 +200,7 @@ impl Tool for CertExpiry {
     type Args = NameArgs;
     type Resolved = String;
 
-    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, String> {
+    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_key(&a.name, &host.certificates, "certificates")
     }
 
@@ -205,12 +231,12 @@ impl Tool for RenewCertificate {
     type Args = RenewArgs;
     type Resolved = Change<String>;
 
-    fn resolve(a: RenewArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+    fn resolve(a: RenewArgs, host: &Host, _: PathMode) -> Result<Change<String>, ArgError> {
         let name = allowed_key(&a.name, &host.certificates, "certificates")?;
         if host.certificates[&name].renew.is_none() {
-            return Err(format!(
+            return Err(ArgError::NotAllowed(format!(
                 "certificate \"{name}\" has no `renew` command in the host file"
-            ));
+            )));
         }
         Ok(Change::new(name, &a.reason))
     }

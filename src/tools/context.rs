@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::host::Host;
-use crate::process::{Argv, Limits, ProcessOutput};
+use crate::process::{Argv, Limits, ProcessOutput, SpawnError};
 
 /// Everything a tool needs to run on this machine.
 pub struct Ctx<'a> {
@@ -45,7 +45,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Spawn one argv (no shell), recording it for the result.
-    pub(crate) async fn run(&self, argv: &Argv) -> Result<ProcessOutput, String> {
+    pub(crate) async fn run(&self, argv: &Argv) -> Result<ProcessOutput, SpawnError> {
         self.run_until(argv, self.deadline).await
     }
 
@@ -53,14 +53,12 @@ impl<'a> Ctx<'a> {
         &self,
         argv: &Argv,
         deadline: tokio::time::Instant,
-    ) -> Result<ProcessOutput, String> {
+    ) -> Result<ProcessOutput, SpawnError> {
         self.ran
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(argv.to_vec());
-        crate::process::run(argv, &self.limits(deadline))
-            .await
-            .map_err(|e| e.to_string())
+        crate::process::run(argv, &self.limits(deadline)).await
     }
 
     pub(super) fn take_argv(&self) -> Vec<Vec<String>> {

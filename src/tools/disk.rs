@@ -41,7 +41,7 @@ struct Opened {
     via: String,
 }
 
-fn open_checked(path: &Path) -> Result<Opened, String> {
+fn open_checked(path: &Path) -> Result<Opened, ToolResult> {
     use nix::fcntl::{OFlag, open};
     use nix::sys::stat::Mode;
     use std::os::fd::AsRawFd;
@@ -50,15 +50,16 @@ fn open_checked(path: &Path) -> Result<Opened, String> {
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let opened = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| format!("cannot tell what {} opened: {e}", path.display()))?;
+    .map_err(|e| ToolResult::failed(format!("cannot open {}: {e}", path.display())))?;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|e| {
+        ToolResult::failed(format!("cannot tell what {} opened: {e}", path.display()))
+    })?;
     if opened != path {
-        return Err(format!(
+        return Err(ToolResult::failed(format!(
             "path {} changed after it was checked (it now opens {}); nothing was measured",
             path.display(),
             opened.display()
-        ));
+        )));
     }
     let via = format!("/proc/{}/fd/{}/.", std::process::id(), fd.as_raw_fd());
     Ok(Opened { fd, via })
@@ -67,7 +68,7 @@ fn open_checked(path: &Path) -> Result<Opened, String> {
 pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
     let opened = match open_checked(path) {
         Ok(o) => o,
-        Err(e) => return ToolResult::failed(e),
+        Err(failed) => return failed,
     };
     let [df, du] = argv(ctx.host, Path::new(&opened.via));
     let out = match ctx.run(&df).await {
@@ -105,7 +106,7 @@ pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
             data["largest_truncated"] = json!(cut);
             None
         }
-        Err(e) => Some(e),
+        Err(e) => Some(e.to_string()),
     };
     data["partial"] = json!(partial.is_some());
     if let Some(why) = partial {
@@ -218,7 +219,7 @@ impl Tool for DiskUsage {
     type Args = DiskUsageArgs;
     type Resolved = std::path::PathBuf;
 
-    fn resolve(a: DiskUsageArgs, host: &Host, mode: PathMode) -> Result<Self::Resolved, String> {
+    fn resolve(a: DiskUsageArgs, host: &Host, mode: PathMode) -> Result<Self::Resolved, ArgError> {
         allowed_path(a.path.as_str(), &host.paths, mode, "paths")
     }
 

@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::args::ArgError;
 use super::registry::{Tier, Tool};
 use super::{Ctx, Outcome, PathMode, ToolResult, from_process};
 use crate::host::Host;
@@ -34,7 +35,7 @@ impl Tool for FailedUnits {
     type Args = FailedUnitsArgs;
     type Resolved = ();
 
-    fn resolve(_: FailedUnitsArgs, _: &Host, _: PathMode) -> Result<(), String> {
+    fn resolve(_: FailedUnitsArgs, _: &Host, _: PathMode) -> Result<(), ArgError> {
         Ok(())
     }
 

@@ -104,7 +104,7 @@ impl Tool for HttpCheck {
     type Args = NameArgs;
     type Resolved = String;
 
-    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, String> {
+    fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_key(&a.name, &host.health_checks, "health_checks")
     }
 

@@ -123,7 +123,7 @@ impl Tool for ReadJournal {
     type Args = JournalArgs;
     type Resolved = JournalCall;
 
-    fn resolve(a: JournalArgs, host: &Host, _: PathMode) -> Result<JournalCall, String> {
+    fn resolve(a: JournalArgs, host: &Host, _: PathMode) -> Result<JournalCall, ArgError> {
         Ok(JournalCall {
             unit: allowed_unit(&a.unit, host, true)?,
             since: a.since,

@@ -98,7 +98,7 @@ impl Tool for RotateLogs {
     type Args = RotateArgs;
     type Resolved = Change<PathBuf>;
 
-    fn resolve(a: RotateArgs, host: &Host, mode: PathMode) -> Result<Change<PathBuf>, String> {
+    fn resolve(a: RotateArgs, host: &Host, mode: PathMode) -> Result<Change<PathBuf>, ArgError> {
         let config = allowed_file(
             a.config.as_str(),
             &host.logrotate_configs,

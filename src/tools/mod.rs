@@ -343,10 +343,10 @@ mod tests {
             false,
         )
         .unwrap_err();
-        assert!(e.contains("unknown field `recursive`"), "{e}");
+        assert!(e.to_string().contains("unknown field `recursive`"), "{e}");
         let e = check_shape(ToolId::DiskUsage, &json!({"mount": "{{ x }}"}), true).unwrap_err();
-        assert!(e.contains("unknown field `mount`"), "{e}");
+        assert!(e.to_string().contains("unknown field `mount`"), "{e}");
         let e = check_shape(ToolId::RotateLogs, &json!({"reason": "x"}), true).unwrap_err();
-        assert!(e.contains("missing field `config`"), "{e}");
+        assert!(e.to_string().contains("missing field `config`"), "{e}");
     }
 }

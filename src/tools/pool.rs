@@ -41,27 +41,32 @@ fn signal_argv(host: &Host, signal: &str, pid: &str) -> Argv {
     )
 }
 
-async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, String> {
+async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, ToolResult> {
     let pid = match master {
         PoolMaster::PidFile { file, executable } => {
             let pid = trusted_pid_file(file)?;
             if !runs(pid, executable) {
-                return Err(format!(
+                return Err(ToolResult::failed(format!(
                     "pid file {} names process {pid}, which is not {}: nothing was signalled (a stale or planted pid file)",
                     file.display(),
                     executable.display()
-                ));
+                )));
             }
             pid
         }
         PoolMaster::Unit(unit) => {
-            let out = ctx.run(&service::show_argv(ctx.host, unit)).await?;
+            let out = ctx
+                .run(&service::show_argv(ctx.host, unit))
+                .await
+                .map_err(ToolResult::failed)?;
             let state = service::UnitState::parse(&out.stdout_text());
             state.main_pid() as u32
         }
     };
     if pid <= 1 || !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(format!("the pool's master process ({pid}) is not running"));
+        return Err(ToolResult::failed(format!(
+            "the pool's master process ({pid}) is not running"
+        )));
     }
     Ok(pid)
 }
@@ -69,35 +74,38 @@ async fn master_pid(ctx: &Ctx<'_>, master: &PoolMaster) -> Result<u32, String> {
 /// The pid in a pid file that only root can have written: the file and its
 /// directory owned by root and writable by nobody else (a sticky directory
 /// such as /run's may be shared, since only the file's owner can replace it).
-fn trusted_pid_file(file: &Path) -> Result<u32, String> {
+fn trusted_pid_file(file: &Path) -> Result<u32, ToolResult> {
     use std::os::unix::fs::MetadataExt;
     let shown = file.display();
     let meta = std::fs::symlink_metadata(file)
-        .map_err(|e| format!("cannot read pid file {shown}: {e}"))?;
+        .map_err(|e| ToolResult::failed(format!("cannot read pid file {shown}: {e}")))?;
     if !meta.is_file() {
-        return Err(format!("pid file {shown} is not a regular file"));
+        return Err(ToolResult::failed(format!(
+            "pid file {shown} is not a regular file"
+        )));
     }
     if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
-        return Err(format!(
+        return Err(ToolResult::failed(format!(
             "pid file {shown} can be written by someone other than root (owner uid {}, mode {:03o}); nothing was signalled",
             meta.uid(),
             meta.mode() & 0o777
-        ));
+        )));
     }
     let dir = file.parent().unwrap_or(Path::new("/"));
-    let d = std::fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let d = std::fs::metadata(dir)
+        .map_err(|e| ToolResult::failed(format!("cannot read {}: {e}", dir.display())))?;
     let sticky = d.mode() & 0o1000 != 0;
     if d.uid() != 0 || (d.mode() & 0o022 != 0 && !sticky) {
-        return Err(format!(
+        return Err(ToolResult::failed(format!(
             "pid file {shown} is in {}, where someone other than root can replace it; nothing was signalled",
             dir.display()
-        ));
+        )));
     }
-    let text =
-        std::fs::read_to_string(file).map_err(|e| format!("cannot read pid file {shown}: {e}"))?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| ToolResult::failed(format!("cannot read pid file {shown}: {e}")))?;
     text.trim()
         .parse::<u32>()
-        .map_err(|_| format!("pid file {shown} does not hold a pid"))
+        .map_err(|_| ToolResult::failed(format!("pid file {shown} does not hold a pid")))
 }
 
 /// Whether process `pid` runs `program`: its executable, or, for an
@@ -150,7 +158,7 @@ pub async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
         Err(e) => {
             return ToolResult {
                 verified: Some(false),
-                ..ToolResult::failed(e)
+                ..e
             };
         }
     };
@@ -220,7 +228,7 @@ impl Tool for RecycleWorkerPool {
     type Args = PoolArgs;
     type Resolved = Change<String>;
 
-    fn resolve(a: PoolArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+    fn resolve(a: PoolArgs, host: &Host, _: PathMode) -> Result<Change<String>, ArgError> {
         let pool = allowed_key(&a.pool, &host.worker_pools, "worker_pools")?;
         Ok(Change::new(pool, &a.reason))
     }

@@ -100,7 +100,7 @@ impl Tool for ListProcesses {
     type Args = ProcessArgs;
     type Resolved = (ProcessSort, usize);
 
-    fn resolve(a: ProcessArgs, _: &Host, _: PathMode) -> Result<(ProcessSort, usize), String> {
+    fn resolve(a: ProcessArgs, _: &Host, _: PathMode) -> Result<(ProcessSort, usize), ArgError> {
         Ok((a.sort, a.limit.get()))
     }
 

@@ -51,7 +51,7 @@ pub(crate) trait Tool {
 
     /// Check `args` against `host`'s allowlists; the error is a sentence a
     /// planner (or a model) can act on.
-    fn resolve(args: Self::Args, host: &Host, mode: PathMode) -> Result<Self::Resolved, String>;
+    fn resolve(args: Self::Args, host: &Host, mode: PathMode) -> Result<Self::Resolved, ArgError>;
 
     /// The resolved arguments as the audit log records them (the reason has its own field).
     fn args_json(resolved: &Self::Resolved) -> Value;
@@ -135,7 +135,7 @@ macro_rules! registry {
                 match self { $(ToolId::$variant => schema_of::<<$tool as Tool>::Args>()),* }
             }
 
-            fn check_typed(self, args: &Value) -> Result<(), String> {
+            fn check_typed(self, args: &Value) -> Result<(), ArgError> {
                 match self {
                     $(ToolId::$variant => parse::<<$tool as Tool>::Args>(args).map(|_| ())),*
                 }
@@ -151,7 +151,7 @@ macro_rules! registry {
                 match self { $(ToolId::$variant => <$tool as Tool>::said(data)),* }
             }
 
-            pub(super) fn resolve(self, args: &Value, host: &Host, mode: PathMode) -> Result<Resolved, String> {
+            pub(super) fn resolve(self, args: &Value, host: &Host, mode: PathMode) -> Result<Resolved, ArgError> {
                 Ok(match self {
                     $(ToolId::$variant => Resolved::$variant(<$tool as Tool>::resolve(parse(args)?, host, mode)?)),*
                 })
@@ -224,18 +224,18 @@ pub(super) fn schema_of<T: JsonSchema>() -> Value {
     schema
 }
 
-pub(super) fn parse<T: serde::de::DeserializeOwned>(args: &Value) -> Result<T, String> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(args: &Value) -> Result<T, ArgError> {
     let args = if args.is_null() {
         json!({})
     } else {
         args.clone()
     };
-    serde_json::from_value(args).map_err(|e| e.to_string())
+    serde_json::from_value(args).map_err(|e| ArgError::Shape(e.to_string()))
 }
 
 /// Check arguments against a tool's type before any host is known (config load).
 /// With templated values, only the field names can be checked now.
-pub fn check_shape(tool: ToolId, args: &Value, templated: bool) -> Result<(), String> {
+pub fn check_shape(tool: ToolId, args: &Value, templated: bool) -> Result<(), ArgError> {
     if !templated {
         return tool.check_typed(args);
     }
@@ -247,13 +247,15 @@ pub fn check_shape(tool: ToolId, args: &Value, templated: bool) -> Result<(), St
     let given = args.as_object().cloned().unwrap_or_default();
     if let Some(k) = given.keys().find(|k| !props.contains_key(*k)) {
         let known: Vec<&str> = props.keys().map(String::as_str).collect();
-        return Err(format!("unknown field `{k}`, expected one of {known:?}"));
+        return Err(ArgError::Shape(format!(
+            "unknown field `{k}`, expected one of {known:?}"
+        )));
     }
     for r in schema["required"].as_array().into_iter().flatten() {
         if let Some(r) = r.as_str()
             && !given.contains_key(r)
         {
-            return Err(format!("missing field `{r}`"));
+            return Err(ArgError::Shape(format!("missing field `{r}`")));
         }
     }
     Ok(())

@@ -112,12 +112,12 @@ pub struct ToolResult {
 
 impl ToolResult {
     /// A result for a call that failed before or outside its tool.
-    pub fn failed(error: impl Into<String>) -> ToolResult {
+    pub fn failed(error: impl std::fmt::Display) -> ToolResult {
         ToolResult {
             outcome: Outcome::Error,
             exit_code: None,
             data: Value::Null,
-            error: Some(error.into()),
+            error: Some(error.to_string()),
             truncated: false,
             verified: None,
             duration_ms: 0,

@@ -210,7 +210,7 @@ impl Tool for ServiceStatus {
     type Args = UnitArgs;
     type Resolved = String;
 
-    fn resolve(a: UnitArgs, host: &Host, _: PathMode) -> Result<String, String> {
+    fn resolve(a: UnitArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_unit(&a.unit, host, false)
     }
 
@@ -242,7 +242,7 @@ impl Tool for RestartService {
     type Args = UnitChangeArgs;
     type Resolved = Change<String>;
 
-    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, ArgError> {
         Ok(Change::new(allowed_unit(&a.unit, host, false)?, &a.reason))
     }
 
@@ -278,7 +278,7 @@ impl Tool for ReloadService {
     type Args = UnitChangeArgs;
     type Resolved = Change<String>;
 
-    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, String> {
+    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, ArgError> {
         Ok(Change::new(allowed_unit(&a.unit, host, false)?, &a.reason))
     }
 
