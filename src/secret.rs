@@ -8,29 +8,79 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What a secret becomes wherever it would have been shown.
 pub const REDACTED: &str = "[redacted]";
 
+/// Why a secret file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// It could not be opened or read (missing, not a regular file, unreadable).
+    #[error("cannot read {what} {}: {source}", path.display())]
+    Read {
+        /// Which secret (the setting that names it).
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: crate::files::OpenError,
+    },
+    /// Its group or others can read or write it: not a secret any more.
+    #[error("{what} {} is readable or writable by others (mode {mode:03o}); it holds a secret: `chmod 600 {}`", path.display(), path.display())]
+    Exposed {
+        /// Which secret.
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The environment variable that should hold a key is not set.
+    #[error("{setting}: the environment variable {var} is not set")]
+    Unset {
+        /// The setting that names the variable.
+        setting: &'static str,
+        /// The variable.
+        var: String,
+    },
+    /// A key that is empty or more than one line (where it came from: the
+    /// setting and the variable or file).
+    #[error("{0}: empty or not one line")]
+    NotOneLine(String),
+    /// The approvers file says something that is not `NAME TOKEN` lines
+    /// with tokens of at least 16 characters, or names nobody.
+    #[error("{}{}: {why}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Approvers {
+        /// The file.
+        path: PathBuf,
+        /// The line, when one is at fault.
+        line: Option<usize>,
+        /// What is wrong.
+        why: String,
+    },
+}
+
 /// Read a secret file, refusing one that its group or others can read or write.
-pub fn read_file(path: &Path, what: &str) -> Result<String, String> {
-    let file = crate::files::open_regular(path, true)
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+pub fn read_file(path: &Path, what: &str) -> Result<String, SecretError> {
+    let read = |source: crate::files::OpenError| SecretError::Read {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = crate::files::open_regular(path, true).map_err(read)?;
+    let meta = file.metadata().map_err(|e| read(e.into()))?;
     let mode = meta.mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{what} {} is readable or writable by others (mode {mode:03o}); it holds a secret: `chmod 600 {}`",
-            path.display(),
-            path.display()
-        ));
+        return Err(SecretError::Exposed {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            mode,
+        });
     }
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::Read::take(file, 64 << 10), &mut text)
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+        .map_err(|e| read(e.into()))?;
     Ok(text)
 }
 
@@ -54,8 +104,13 @@ pub fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
 /// The approvers file: `NAME TOKEN` lines (`#` comments), each token at
 /// least 16 characters, keyed by token. Read by the gate and checked by the
 /// configuration loader.
-pub fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, String> {
+pub fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, SecretError> {
     let text = read_file(file, "approvers file")?;
+    let wrong = |line: Option<usize>, why: String| SecretError::Approvers {
+        path: file.to_path_buf(),
+        line,
+        why,
+    };
     let mut approvers = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -64,26 +119,16 @@ pub fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, String> {
         }
         let mut parts = line.split_whitespace();
         let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!(
-                "{}:{}: expected `NAME TOKEN`",
-                file.display(),
-                i + 1
-            ));
+            return Err(wrong(Some(i + 1), "expected `NAME TOKEN`".into()));
         };
         if token.len() < 16 {
-            return Err(format!(
-                "{}:{}: the token of {name} is shorter than 16 characters",
-                file.display(),
-                i + 1
-            ));
+            let why = format!("the token of {name} is shorter than 16 characters");
+            return Err(wrong(Some(i + 1), why));
         }
         approvers.insert(token.as_bytes().to_vec(), name.to_string());
     }
     if approvers.is_empty() {
-        return Err(format!(
-            "approvers file {} names no approver",
-            file.display()
-        ));
+        return Err(wrong(None, "names no approver".into()));
     }
     Ok(approvers)
 }
@@ -102,7 +147,9 @@ mod tests {
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
             let e = read_file(&f, "webhook_token_file").unwrap_err();
             assert!(
-                e.contains("chmod 600") && e.contains(&format!("{mode:03o}")),
+                matches!(e, SecretError::Exposed { .. })
+                    && e.to_string().contains("chmod 600")
+                    && e.to_string().contains(&format!("{mode:03o}")),
                 "{e}"
             );
         }

@@ -35,41 +35,86 @@ impl std::fmt::Debug for PermitKey {
     }
 }
 
+/// Why the runner's permit key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key file could not be read, or others can read it.
+    #[error(transparent)]
+    Secret(#[from] crate::secret::SecretError),
+    /// The file holds something else than a 32-byte seed in hex.
+    #[error("permit_key_file {} does not hold a 32-byte key in hex", .0.display())]
+    NotAKey(std::path::PathBuf),
+    /// A new key could not be made or written.
+    #[error("{what}: {source}")]
+    Create {
+        /// What was being done.
+        what: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// Why a signed permit does not allow a call.
+#[derive(Debug, thiserror::Error)]
+pub enum PermitRefused {
+    /// The host's policy names no usable public key.
+    #[error("the policy's permit_public_key is not an Ed25519 public key in hex")]
+    BadPublicKey,
+    /// The signature is not one at all.
+    #[error("the permit's signature is not 64 bytes in hex")]
+    Malformed,
+    /// The signature is not the runner's (forged, or another runner's).
+    #[error("the permit's signature does not verify against this host's permit_public_key")]
+    Forged,
+    /// Signed for another call: its run, step, host, tool or arguments differ.
+    #[error("the permit is for another call (its {0} differs)")]
+    OtherCall(&'static str),
+    /// Too late.
+    #[error("the permit expired {0} s ago")]
+    Expired(i64),
+}
+
 impl PermitKey {
     /// Read the key file (refused when others can read it).
-    pub fn load(path: &Path) -> Result<PermitKey, String> {
+    pub fn load(path: &Path) -> Result<PermitKey, KeyError> {
         let text = crate::secret::read_file(path, "permit_key_file")?;
-        let seed = decode_hex::<32>(text.trim()).ok_or_else(|| {
-            format!(
-                "permit_key_file {} does not hold a 32-byte key in hex",
-                path.display()
-            )
-        })?;
+        let seed = decode_hex::<32>(text.trim()).ok_or_else(|| KeyError::NotAKey(path.into()))?;
         Ok(PermitKey(SigningKey::from_bytes(&seed)))
     }
 
     /// Read the key file, or make a new key there (mode 0600) if there is none.
-    pub fn load_or_create(path: &Path) -> Result<PermitKey, String> {
+    pub fn load_or_create(path: &Path) -> Result<PermitKey, KeyError> {
         if path.exists() {
             return PermitKey::load(path);
         }
         let mut seed = [0u8; 32];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-            .map_err(|e| format!("cannot read /dev/urandom for a new permit key: {e}"))?;
+            .map_err(|source| KeyError::Create {
+                what: "cannot read /dev/urandom for a new permit key".into(),
+                source,
+            })?;
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| KeyError::Create {
+                what: format!("cannot create {}", dir.display()),
+                source,
+            })?;
         }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| format!("cannot create permit_key_file {}: {e}", path.display()))?;
+            .map_err(|source| KeyError::Create {
+                what: format!("cannot create permit_key_file {}", path.display()),
+                source,
+            })?;
         writeln!(f, "{}", hex(&seed))
             .and_then(|()| f.sync_all())
-            .map_err(|e| format!("cannot write permit_key_file {}: {e}", path.display()))?;
+            .map_err(|source| KeyError::Create {
+                what: format!("cannot write permit_key_file {}", path.display()),
+                source,
+            })?;
         Ok(PermitKey(SigningKey::from_bytes(&seed)))
     }
 
@@ -160,16 +205,15 @@ impl SignedPermit {
     }
 
     /// Whether this permit, signed by `public_hex`, allows exactly `call` now.
-    pub fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), String> {
+    pub fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), PermitRefused> {
         let key = decode_hex::<32>(public_hex)
             .and_then(|k| VerifyingKey::from_bytes(&k).ok())
-            .ok_or("the policy's permit_public_key is not an Ed25519 public key in hex")?;
+            .ok_or(PermitRefused::BadPublicKey)?;
         let sig = decode_hex::<64>(&self.sig)
             .map(|s| Signature::from_bytes(&s))
-            .ok_or("the permit's signature is not 64 bytes in hex")?;
-        key.verify(&self.message(), &sig).map_err(
-            |_| "the permit's signature does not verify against this host's permit_public_key",
-        )?;
+            .ok_or(PermitRefused::Malformed)?;
+        key.verify(&self.message(), &sig)
+            .map_err(|_| PermitRefused::Forged)?;
         let mismatch = [
             ("run", self.run_id == call.run_id),
             ("step", self.step == call.step),
@@ -178,16 +222,11 @@ impl SignedPermit {
             ("arguments", self.args_sha256 == args_digest(call.args)),
         ];
         if let Some((what, _)) = mismatch.iter().find(|(_, same)| !same) {
-            return Err(format!(
-                "the permit is for another call (its {what} differs)"
-            ));
+            return Err(PermitRefused::OtherCall(what));
         }
         let now = jiff::Timestamp::now().as_second();
         if now > self.expires_at {
-            return Err(format!(
-                "the permit expired {} s ago",
-                now - self.expires_at
-            ));
+            return Err(PermitRefused::Expired(now - self.expires_at));
         }
         Ok(())
     }
@@ -244,33 +283,31 @@ mod tests {
         let p = key.sign(&call(&args), "standing:rb");
         assert!(p.check(&key.public_hex(), &call(&args)).is_ok());
         let other = json!({"unit": "postgresql.service", "reason": "stuck"});
-        assert!(
-            p.check(&key.public_hex(), &call(&other))
-                .unwrap_err()
-                .contains("arguments")
-        );
+        assert!(matches!(
+            p.check(&key.public_hex(), &call(&other)),
+            Err(PermitRefused::OtherCall("arguments"))
+        ));
         let mut forged = p.clone();
         forged.approved_by = "person:mallory".into();
-        assert!(
-            forged
-                .check(&key.public_hex(), &call(&args))
-                .unwrap_err()
-                .contains("signature")
-        );
+        assert!(matches!(
+            forged.check(&key.public_hex(), &call(&args)),
+            Err(PermitRefused::Forged)
+        ));
         let stranger = PermitKey::load_or_create(&dir.path().join("k2")).unwrap();
         let theirs = stranger.sign(&call(&args), "standing:rb");
-        assert!(theirs.check(&key.public_hex(), &call(&args)).is_err());
+        assert!(matches!(
+            theirs.check(&key.public_hex(), &call(&args)),
+            Err(PermitRefused::Forged)
+        ));
         let stale = key.sign_until(
             &call(&args),
             "standing:rb",
             jiff::Timestamp::now().as_second() - 10,
         );
-        assert!(
-            stale
-                .check(&key.public_hex(), &call(&args))
-                .unwrap_err()
-                .contains("expired")
-        );
+        assert!(matches!(
+            stale.check(&key.public_hex(), &call(&args)),
+            Err(PermitRefused::Expired(s)) if s >= 10
+        ));
         assert!(is_public_key(&key.public_hex()) && !is_public_key("00"));
     }
 }

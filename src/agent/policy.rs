@@ -154,7 +154,7 @@ fn signed_approval(
                 args: call.args,
             },
         )
-        .map_err(Refusal::Permit)?;
+        .map_err(|e| Refusal::Permit(e.to_string()))?;
     let by = match permit.approved_by.parse::<ApprovedBy>() {
         Ok(by @ (ApprovedBy::Standing(_) | ApprovedBy::Person(_))) => by,
         _ => {

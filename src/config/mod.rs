@@ -423,19 +423,20 @@ impl Config {
             ),
             None => {}
             Some(f) => {
-                if let Err(e) = crate::secret::read_file(f, "webhook_token_file").and_then(|t| {
-                    (t.trim().len() >= 16).then_some(()).ok_or_else(|| {
-                        format!("the webhook token in {} is shorter than 16 characters", f.display())
-                    })
-                }) {
-                    diags.file(&settings_file, e);
+                match crate::secret::read_file(f, "webhook_token_file") {
+                    Err(e) => diags.file(&settings_file, e.to_string()),
+                    Ok(t) if t.trim().len() < 16 => diags.file(
+                        &settings_file,
+                        format!("the webhook token in {} is shorter than 16 characters", f.display()),
+                    ),
+                    Ok(_) => {}
                 }
             }
         }
         match &s.approvers_file {
             Some(f) => {
                 if let Err(e) = crate::secret::read_approvers(f) {
-                    diags.file(&settings_file, e);
+                    diags.file(&settings_file, e.to_string());
                 }
             }
             None => {

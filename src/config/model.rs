@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::diag::Diagnostics;
 use super::{duration, raw};
+use crate::secret::SecretError;
 
 /// The model planner's endpoint, from `model:` in runwarden.yaml.
 #[derive(Debug, Clone)]
@@ -38,21 +39,20 @@ pub enum ApiKey {
 
 impl ApiKey {
     /// Read the key now. The error names the source, never the value.
-    pub fn read(&self) -> Result<String, String> {
+    pub fn read(&self) -> Result<String, SecretError> {
         let key = match self {
-            ApiKey::Env(var) => std::env::var(var).map_err(|_| {
-                format!("model.api_key_env: the environment variable {var} is not set")
+            ApiKey::Env(var) => std::env::var(var).map_err(|_| SecretError::Unset {
+                setting: "model.api_key_env",
+                var: var.clone(),
             })?,
             ApiKey::File(path) => crate::secret::read_file(path, "model.api_key_file")?,
         };
         let key = key.trim().to_string();
         if key.is_empty() || key.chars().any(char::is_control) {
-            return Err(match self {
-                ApiKey::Env(var) => format!("model.api_key_env: {var} is empty or not one line"),
-                ApiKey::File(p) => {
-                    format!("model.api_key_file {}: empty or not one line", p.display())
-                }
-            });
+            return Err(SecretError::NotOneLine(match self {
+                ApiKey::Env(var) => format!("model.api_key_env {var}"),
+                ApiKey::File(p) => format!("model.api_key_file {}", p.display()),
+            }));
         }
         Ok(key)
     }

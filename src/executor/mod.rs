@@ -13,7 +13,7 @@ use crate::config::{Connection, Host};
 use std::path::Path;
 
 use crate::gate::Permit;
-use crate::signing::{CallId, PermitKey};
+use crate::signing::{CallId, KeyError, PermitKey};
 use crate::tools::{self, Tier, ToolResult};
 
 /// How calls reach a host, for one run.
@@ -27,7 +27,7 @@ pub enum Executor {
         /// The run's connection to the host.
         session: Box<ssh::Session>,
         /// The key that signs tier-2 permits, or why it cannot be loaded.
-        permits: Box<Result<PermitKey, String>>,
+        permits: Box<Result<PermitKey, NoPermitKey>>,
     },
     /// Tools run on this machine through its own agent on a unix socket
     /// (root's side of an unprivileged daemon), with the same requests and
@@ -36,24 +36,24 @@ pub enum Executor {
         /// The agent's socket.
         socket: std::path::PathBuf,
         /// The key that signs tier-2 permits, or why it cannot be loaded.
-        permits: Box<Result<PermitKey, String>>,
+        permits: Box<Result<PermitKey, NoPermitKey>>,
     },
 }
 
 impl Executor {
     /// `permit_key` is the file of the key that signs tier-2 permits for
     /// managed hosts (`permit_key_file`).
-    pub fn for_host(host: &Host, run_id: &str, permit_key: &Path) -> Result<Executor, String> {
+    pub fn for_host(host: &Host, run_id: &str, permit_key: &Path) -> Executor {
         match &host.connection {
-            Connection::Local => Ok(Executor::Local),
-            Connection::Ssh(ssh) => Ok(Executor::Ssh {
+            Connection::Local => Executor::Local,
+            Connection::Ssh(ssh) => Executor::Ssh {
                 session: Box::new(ssh::Session::new(ssh.clone(), run_id)),
                 permits: Box::new(permits(host, permit_key)),
-            }),
-            Connection::Agent(socket) => Ok(Executor::Agent {
+            },
+            Connection::Agent(socket) => Executor::Agent {
                 socket: socket.clone(),
                 permits: Box::new(permits(host, permit_key)),
-            }),
+            },
         }
     }
 
@@ -102,12 +102,22 @@ impl Executor {
     }
 }
 
-fn permits(host: &Host, permit_key: &Path) -> Result<PermitKey, String> {
-    PermitKey::load(permit_key).map_err(|e| {
-        format!(
-            "{e}; `runwarden install print --host {}` makes the key and prints the line the host's policy needs",
-            host.name
-        )
+/// Why tier-2 calls to a host cannot be signed (tier-1 calls still go).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{source}; `runwarden install print --host {host}` makes the key and prints the line the host's policy needs"
+)]
+pub struct NoPermitKey {
+    /// The host.
+    host: String,
+    /// Why the key could not be loaded.
+    source: KeyError,
+}
+
+fn permits(host: &Host, permit_key: &Path) -> Result<PermitKey, NoPermitKey> {
+    PermitKey::load(permit_key).map_err(|source| NoPermitKey {
+        host: host.name.clone(),
+        source,
     })
 }
 
@@ -118,7 +128,7 @@ fn request(
     permit: &Permit,
     run: &RunInfo,
     host: &Host,
-    permits: &Result<PermitKey, String>,
+    permits: &Result<PermitKey, NoPermitKey>,
 ) -> Result<wire::Call, ToolResult> {
     let action = permit.action();
     let mut args = action.args_json();

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::secret::SecretError;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -202,7 +203,7 @@ pub fn digest(
 
 impl Approvals {
     /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
-    pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, String> {
+    pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, SecretError> {
         Ok(Approvals {
             approvers: std::sync::RwLock::new(crate::secret::read_approvers(file)?),
             refused: Default::default(),
@@ -217,7 +218,7 @@ impl Approvals {
     /// A file that cannot be accepted fails closed: the old list is dropped
     /// too (a revocation must never be undone by a mistake in the new
     /// file), and nobody can approve until a reload accepts a file.
-    pub fn reload(&self, file: &Path) -> Result<usize, String> {
+    pub fn reload(&self, file: &Path) -> Result<usize, SecretError> {
         let read = crate::secret::read_approvers(file);
         let mut approvers = self.approvers.write().unwrap_or_else(|p| p.into_inner());
         self.refused

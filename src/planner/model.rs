@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::openai::{Client, Usage};
+use super::openai::{Client, ModelError, Usage};
 use super::{Admit, Next, Transcript};
 use crate::config::{Host, ModelEndpoint, Runbook};
 use crate::gate::ProposedCall;
@@ -122,11 +122,11 @@ impl ModelPlanner {
         endpoint: &ModelEndpoint,
         context: &Value,
         metrics: Option<Arc<Metrics>>,
-    ) -> Result<ModelPlanner, String> {
+    ) -> Result<ModelPlanner, ModelError> {
         let agent = runbook
             .agent
             .as_ref()
-            .ok_or_else(|| format!("runbook \"{}\" has no agent goal", runbook.name))?;
+            .ok_or_else(|| ModelError::NoGoal(runbook.name.clone()))?;
         let model = agent.model.clone().unwrap_or_else(|| endpoint.name.clone());
         let client = Client::new(endpoint, model, metrics)?;
         let tools = ToolId::ALL
@@ -244,7 +244,7 @@ impl ModelPlanner {
             .await
         {
             Ok(r) => r,
-            Err(e) => return Next::Fail(e),
+            Err(e) => return Next::Fail(e.to_string()),
         };
         let final_answer = reply.tool_calls.is_empty();
         if final_answer && reply.content.trim().is_empty() {

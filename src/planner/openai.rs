@@ -57,6 +57,52 @@ pub struct Reply {
     pub attempts: u32,
 }
 
+/// Why the model could not be asked, or gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The runbook has no `agent` section.
+    #[error("runbook \"{0}\" has no agent goal")]
+    NoGoal(String),
+    /// The endpoint's URL cannot take a path.
+    #[error("model.endpoint {0} cannot be a base URL")]
+    NotABase(String),
+    /// The HTTP client could not be built.
+    #[error("model client: {0}")]
+    Client(#[source] reqwest::Error),
+    /// The API key could not be read.
+    #[error(transparent)]
+    Key(#[from] crate::secret::SecretError),
+    /// The endpoint failed (unreachable, no answer in time, an HTTP error,
+    /// a reply that is not a chat completion), after `attempts` tries.
+    #[error("model endpoint {url}: {why}{}", after(*.attempts))]
+    Endpoint {
+        /// Where requests went (never with credentials).
+        url: String,
+        /// What went wrong, last.
+        why: String,
+        /// How many requests were made.
+        attempts: u32,
+    },
+}
+
+fn after(attempts: u32) -> String {
+    match attempts {
+        1 => String::new(),
+        n => format!(" (after {n} attempts)"),
+    }
+}
+
+/// A reply that is not a usable chat completion.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReply {
+    /// Not the JSON of a chat completion.
+    #[error("the reply is not a chat completion: {0}")]
+    NotACompletion(#[source] serde_json::Error),
+    /// A completion without a choice.
+    #[error("the reply has no choices")]
+    NoChoices,
+}
+
 /// An OpenAI-compatible chat completions client, with retries and backoff.
 pub struct Client {
     http: reqwest::Client,
@@ -73,16 +119,16 @@ impl Client {
         endpoint: &ModelEndpoint,
         model: String,
         metrics: Option<Arc<Metrics>>,
-    ) -> Result<Client, String> {
+    ) -> Result<Client, ModelError> {
         let http = reqwest::Client::builder()
             .timeout(endpoint.timeout)
             .connect_timeout(endpoint.timeout.min(Duration::from_secs(10)))
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("model client: {e}"))?;
+            .map_err(ModelError::Client)?;
         let mut url = endpoint.endpoint.clone();
         url.path_segments_mut()
-            .map_err(|_| format!("model.endpoint {} cannot be a base URL", endpoint.endpoint))?
+            .map_err(|_| ModelError::NotABase(endpoint.endpoint.to_string()))?
             .pop_if_empty()
             .extend(["chat", "completions"]);
         Ok(Client {
@@ -105,7 +151,7 @@ impl Client {
         messages: &[Value],
         tools: &[Value],
         deadline: Instant,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, ModelError> {
         let body = json!({
             "model": self.model,
             "messages": messages,
@@ -114,7 +160,8 @@ impl Client {
             "temperature": self.endpoint.temperature,
             "stream": false,
         });
-        let body = serde_json::to_vec(&body).map_err(|e| format!("model request: {e}"))?;
+        // A `Value` always serialises (its map keys are strings).
+        let body = serde_json::to_vec(&body).unwrap_or_default();
         let key = match &self.endpoint.api_key {
             Some(k) => Some(k.read()?),
             None => None,
@@ -163,13 +210,12 @@ impl Client {
         }
     }
 
-    fn failed(&self, e: String, attempts: u32) -> String {
-        let tries = if attempts == 1 {
-            String::new()
-        } else {
-            format!(" (after {attempts} attempts)")
-        };
-        format!("model endpoint {}: {e}{tries}", self.url)
+    fn failed(&self, why: String, attempts: u32) -> ModelError {
+        ModelError::Endpoint {
+            url: self.url.to_string(),
+            why,
+            attempts,
+        }
     }
 
     fn observe(&self, outcome: &str, took: Duration) {
@@ -370,11 +416,10 @@ struct WireUsage {
 }
 
 /// Parse a chat-completions reply. Only the first choice counts.
-pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
-    let wire: WireReply = serde_json::from_slice(bytes)
-        .map_err(|e| format!("the reply is not a chat completion: {e}"))?;
+pub fn parse_reply(bytes: &[u8]) -> Result<Reply, BadReply> {
+    let wire: WireReply = serde_json::from_slice(bytes).map_err(BadReply::NotACompletion)?;
     let Some(choice) = wire.choices.into_iter().next() else {
-        return Err("the reply has no choices".into());
+        return Err(BadReply::NoChoices);
     };
     let tool_calls = choice
         .message

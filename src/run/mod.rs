@@ -53,9 +53,12 @@ pub enum StartError {
     /// The host's executor could not be set up.
     #[error("{0}")]
     Unreachable(String),
-    /// The planner could not be set up (the model endpoint).
+    /// The planner could not be set up (no model endpoint for the runbook).
     #[error("{0}")]
     Planner(String),
+    /// The model planner could not be set up (its endpoint or key).
+    #[error(transparent)]
+    Model(#[from] crate::planner::openai::ModelError),
     /// Another process runs this runbook on this host (`runwarden run` exits 75).
     #[error("{0}; nothing ran")]
     Busy(String),
@@ -220,10 +223,13 @@ impl Runner {
             )));
         }
         let model = match (use_model, endpoint) {
-            (true, Some(endpoint)) => Some(
-                ModelPlanner::new(runbook, host, endpoint, &context, self.metrics.clone())
-                    .map_err(StartError::Planner)?,
-            ),
+            (true, Some(endpoint)) => Some(ModelPlanner::new(
+                runbook,
+                host,
+                endpoint,
+                &context,
+                self.metrics.clone(),
+            )?),
             _ => None,
         };
         let after_steps = runbook.agent.as_ref().is_some_and(|a| a.after_steps);
@@ -319,8 +325,7 @@ impl Runner {
             true => None,
             false => Some(self.lock(&runbook, &host.name, &run_id).await?),
         };
-        let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file)
-            .map_err(StartError::Unreachable)?;
+        let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file);
         let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
         if let Some(alert) = &req.alert {
             // `alert`: the alert that started the run; `alerts`: every alert

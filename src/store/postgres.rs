@@ -123,7 +123,7 @@ fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
     let text = crate::secret::read_file(file, "state.postgres.url_file").map_err(|e| match file
         .exists()
     {
-        true => StoreError::Config(e),
+        true => StoreError::Config(e.to_string()),
         false => say(format!(
             "{e}; write the PostgreSQL URL (postgresql://runwarden:...@host/db) into it, mode 0600"
         )),
