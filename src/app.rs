@@ -38,11 +38,23 @@ pub struct ServeOptions {
     pub listen: Option<SocketAddr>,
 }
 
-/// Run the daemon until `shutdown` resolves. `ready` receives the bound address.
+/// What a daemon that is ready says of itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Listening {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// How many runbooks it loaded.
+    pub runbooks: usize,
+    /// How many hosts.
+    pub hosts: usize,
+}
+
+/// Run the daemon until `shutdown` resolves. `ready` hears once everything
+/// listens and every signal handler is installed.
 pub async fn serve(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+    ready: Option<tokio::sync::oneshot::Sender<Listening>>,
 ) -> anyhow::Result<()> {
     // Resolved once: the watcher compares the paths inotify reports (real,
     // absolute ones) with it, and a relative `--config .` must not miss them.
@@ -179,14 +191,12 @@ pub async fn serve(
     };
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
-    println!(
-        "{}runwarden: listening on {bound}; {} runbook(s), {} host(s)",
-        crate::logging::prefix(crate::logging::Priority::Info),
-        config.runbooks.len(),
-        config.hosts.len()
-    );
     if let Some(tx) = ready {
-        let _ = tx.send(bound);
+        let _ = tx.send(Listening {
+            addr: bound,
+            runbooks: config.runbooks.len(),
+            hosts: config.hosts.len(),
+        });
     }
     service_manager::ready(bound);
     if let Some(every) = service_manager::watchdog_interval() {

@@ -265,8 +265,8 @@ fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-fn problem(status: StatusCode, reason: impl Into<String>) -> Response {
-    (status, axum::Json(json!({ "error": reason.into() }))).into_response()
+fn problem(status: StatusCode, reason: impl std::fmt::Display) -> Response {
+    (status, axum::Json(json!({ "error": reason.to_string() }))).into_response()
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
@@ -286,7 +286,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
-    if let Some(Err(why)) = s.scheduler.store().map(|st| st.health()) {
+    if let Some(why) = s.scheduler.store().and_then(|st| st.unhealthy()) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("unhealthy: the shared state (PostgreSQL) cannot be reached: {why}; no trigger is accepted and no call runs here until it can\n"),
@@ -339,7 +339,7 @@ async fn runs(
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let since = match q.since.as_deref().map(crate::audit::runs::parse_since) {
-        Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, e),
+        Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, format!("since {e}")),
         Some(Ok(t)) => Some(t),
         None => None,
     };

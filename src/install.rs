@@ -282,17 +282,9 @@ pub fn systemd_unit(config: &Config) -> String {
 }
 
 /// Everything for one host, in sections named after where each file goes.
-/// The runner's permit key is made here (`permit_key_file`, mode 0600) if
-/// there is none yet: its public half goes into the host's policy.
-pub fn print(config: &Config, host: &Host) -> String {
-    let permit_key = crate::signing::PermitKey::load_or_create(&config.settings.permit_key_file);
-    let public = match &permit_key {
-        Ok(k) => Some(k.public_hex()),
-        Err(e) => {
-            eprintln!("runwarden: {e}; the policy below takes no tier-2 call");
-            None
-        }
-    };
+/// `public` is the runner's permit key's public half, which the host's
+/// policy names (without it, the policy takes no tier-2 call).
+pub fn print(config: &Config, host: &Host, public: Option<&str>) -> String {
     let (user, public_key) = match &host.connection {
         Connection::Ssh(ssh) => {
             let pubfile = format!("{}.pub", ssh.identity.display());
@@ -308,7 +300,7 @@ pub fn print(config: &Config, host: &Host) -> String {
             // Root runs this agent: no account, no sudo.
             return format!(
                 "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
-                policy(host, public.as_deref(), false, LOCAL_AGENT_JAIL),
+                policy(host, public, false, LOCAL_AGENT_JAIL),
                 socket.display(),
                 systemd_unit(config)
             );
@@ -316,7 +308,7 @@ pub fn print(config: &Config, host: &Host) -> String {
     };
     format!(
         "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
-        policy(host, public.as_deref(), host.sudo, SSH_AGENT_JAIL),
+        policy(host, public, host.sudo, SSH_AGENT_JAIL),
         authorized_keys(&user, &public_key),
         sudoers(host, &user, config.runbooks.values().map(|r| &**r)),
         systemd_unit(config)

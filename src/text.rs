@@ -77,6 +77,27 @@ pub fn bounded(args: &Value) -> Value {
     }
 }
 
+/// A value read back from text (an audit line, a flag, a query) that is
+/// not of the form it must have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{given:?}: {expected}")]
+pub struct NotOfForm {
+    /// What was given.
+    pub given: String,
+    /// The form it must have.
+    pub expected: String,
+}
+
+impl NotOfForm {
+    /// `given` is not of the form `expected` says.
+    pub fn new(given: &str, expected: impl Into<String>) -> NotOfForm {
+        NotOfForm {
+            given: given.to_string(),
+            expected: expected.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

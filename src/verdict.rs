@@ -75,12 +75,12 @@ impl Verdict {
 }
 
 impl std::str::FromStr for Verdict {
-    type Err = String;
+    type Err = crate::text::NotOfForm;
 
-    fn from_str(s: &str) -> Result<Verdict, String> {
+    fn from_str(s: &str) -> Result<Verdict, Self::Err> {
         Verdict::ALL
             .into_iter()
             .find(|v| v.as_str() == s)
-            .ok_or_else(|| format!("{s:?} is not a verdict"))
+            .ok_or_else(|| crate::text::NotOfForm::new(s, "not a verdict"))
     }
 }

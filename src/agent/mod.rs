@@ -376,10 +376,10 @@ pub fn policy_digest(h: &Host) -> String {
 }
 
 /// Load the host's own policy: a host file, validated by the same loader.
-pub fn load_policy(file: &Path) -> Result<Host, String> {
+pub fn load_policy(file: &Path) -> Result<Host, crate::config::ConfigError> {
     let dir = file
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| "/".into());
-    crate::config::load_host_file(file, &dir).map_err(|e| e.to_string())
+    crate::config::load_host_file(file, &dir)
 }

@@ -16,6 +16,7 @@
 //! (root). A forged newer record cannot hide a rewrite: every record is
 //! checked, and the older ones still describe the original lines.
 
+use crate::text::NotOfForm;
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -34,18 +35,18 @@ pub struct Head {
 }
 
 impl std::str::FromStr for Head {
-    type Err = String;
+    type Err = NotOfForm;
 
     /// `HASH:LINES`, as `audit verify` prints it.
-    fn from_str(s: &str) -> Result<Head, String> {
+    fn from_str(s: &str) -> Result<Head, NotOfForm> {
         let (hash, lines) = s
             .split_once(':')
-            .ok_or_else(|| format!("{s:?}: expected HASH:LINES, as `audit verify` prints it"))?;
+            .ok_or_else(|| NotOfForm::new(s, "expected HASH:LINES, as `audit verify` prints it"))?;
         let lines = lines
             .parse()
-            .map_err(|_| format!("{s:?}: LINES is not a number"))?;
+            .map_err(|_| NotOfForm::new(s, "LINES is not a number"))?;
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("{s:?}: HASH is not a sha256 in hex"));
+            return Err(NotOfForm::new(s, "HASH is not a sha256 in hex"));
         }
         Ok(Head {
             lines,
@@ -95,17 +96,44 @@ pub struct JournalHeads {
     pub ignored: Vec<(u32, usize)>,
 }
 
+/// Why the journal's heads could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The log itself could not be looked at.
+    #[error("cannot read {}: {source}", path.display())]
+    Log {
+        /// The log.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// journalctl could not be run.
+    #[error("cannot read the journal ({JOURNALCTL}): {0}")]
+    Journalctl(#[source] std::io::Error),
+    /// This account may not read the records runwarden wrote.
+    #[error(
+        "cannot read the journal as {0}: no head runwarden recorded there is visible to this account; run `audit verify` as root or as a member of the systemd-journal group"
+    )]
+    NotVisible(String),
+    /// journalctl failed, and said why.
+    #[error("{JOURNALCTL} failed: {0}")]
+    Failed(String),
+}
+
 /// Every head the journal holds for the log at `log`, oldest first. Any
 /// local user can send a record that names the log (journald takes
 /// datagrams from everyone), so only records whose `_UID` (set by journald,
 /// not by the sender) is the log file's owner or root count: a head from
 /// anyone else could only make `verify` fail for good or bury a real edit
 /// in noise.
-pub fn journal_heads(log: &Path) -> Result<JournalHeads, String> {
+pub fn journal_heads(log: &Path) -> Result<JournalHeads, JournalError> {
     use std::os::unix::fs::MetadataExt;
     let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
     let owner = std::fs::metadata(&log)
-        .map_err(|e| format!("cannot read {}: {e}", log.display()))?
+        .map_err(|source| JournalError::Log {
+            path: log.clone(),
+            source,
+        })?
         .uid();
     let out = std::process::Command::new(JOURNALCTL)
         .args([
@@ -117,22 +145,17 @@ pub fn journal_heads(log: &Path) -> Result<JournalHeads, String> {
         .arg("SYSLOG_IDENTIFIER=runwarden")
         .arg(format!("RUNWARDEN_AUDIT_LOG={}", log.display()))
         .output()
-        .map_err(|e| format!("cannot read the journal ({JOURNALCTL}): {e}"))?;
+        .map_err(JournalError::Journalctl)?;
     let said = String::from_utf8_lossy(&out.stderr);
     // journalctl run by a user who may read only their own part of the
     // journal says so on stderr and still exits 0.
     let partial = said.contains("insufficient permissions")
         || said.contains("not seeing messages from other users");
-    let unreadable = || {
-        format!(
-            "cannot read the journal as {}: no head runwarden recorded there is visible to this account; run `audit verify` as root or as a member of the systemd-journal group",
-            crate::gate::killswitch::who()
-        )
-    };
+    let unreadable = || JournalError::NotVisible(crate::gate::killswitch::who());
     if !out.status.success() {
         return Err(match partial {
             true => unreadable(),
-            false => format!("{JOURNALCTL} failed: {}", said.trim()),
+            false => JournalError::Failed(said.trim().to_string()),
         });
     }
     let mut found = JournalHeads::default();

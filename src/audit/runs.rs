@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{Entry, Phase, process_alive};
+use crate::text::NotOfForm;
 
 /// One run as the history shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -179,41 +180,70 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
 }
 
 /// `since` as a person writes it: a duration back from now (`90m`, `7d`) or an RFC 3339 time.
-pub fn parse_since(s: &str) -> Result<jiff::Timestamp, String> {
+pub fn parse_since(s: &str) -> Result<jiff::Timestamp, NotOfForm> {
     if let Ok(t) = s.parse::<jiff::Timestamp>() {
         return Ok(t);
     }
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("since {s:?}: not a duration (1h, 7d) nor an RFC 3339 time: {e}"))?;
-    let d = jiff::SignedDuration::try_from(d).map_err(|e| format!("since {s:?}: {e}"))?;
-    jiff::Timestamp::now()
-        .checked_sub(d)
-        .map_err(|e| format!("since {s:?}: {e}"))
+    let d = humantime::parse_duration(s).map_err(|e| {
+        NotOfForm::new(
+            s,
+            format!("not a duration (1h, 7d) nor an RFC 3339 time: {e}"),
+        )
+    })?;
+    let too_far = |e: jiff::Error| NotOfForm::new(s, e.to_string());
+    let d = jiff::SignedDuration::try_from(d).map_err(too_far)?;
+    jiff::Timestamp::now().checked_sub(d).map_err(too_far)
+}
+
+/// Why a run id given by its first characters names no single run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunIdError {
+    /// The log could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The log.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// No run id starts so.
+    #[error("no run id in {} starts with {prefix:?}", path.display())]
+    NotFound {
+        /// The log.
+        path: std::path::PathBuf,
+        /// What was given.
+        prefix: String,
+    },
+    /// Several do.
+    #[error("{} runs start with {prefix:?} ({}…): give more of the id", ids.len(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", "))]
+    Ambiguous {
+        /// What was given.
+        prefix: String,
+        /// The run ids that start so.
+        ids: Vec<String>,
+    },
 }
 
 /// The one run id in the log that starts with `prefix`.
-pub fn resolve(path: &Path, prefix: &str) -> Result<String, String> {
-    let all = list(path, &Filter::default())
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn resolve(path: &Path, prefix: &str) -> Result<String, RunIdError> {
+    let all = list(path, &Filter::default()).map_err(|source| RunIdError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let hits: Vec<&RunSummary> = all
         .iter()
         .filter(|r| r.run_id.starts_with(prefix))
         .collect();
     match hits.as_slice() {
         [one] => Ok(one.run_id.clone()),
-        [] => Err(format!(
-            "no run id in {} starts with {prefix:?}",
-            path.display()
-        )),
-        many => Err(format!(
-            "{} runs start with {prefix:?} ({}…): give more of the id",
-            many.len(),
-            many.iter()
-                .take(3)
-                .map(|r| r.run_id.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        [] => Err(RunIdError::NotFound {
+            path: path.to_path_buf(),
+            prefix: prefix.to_string(),
+        }),
+        many => Err(RunIdError::Ambiguous {
+            prefix: prefix.to_string(),
+            ids: many.iter().map(|r| r.run_id.clone()).collect(),
+        }),
     }
 }
 

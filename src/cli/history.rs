@@ -108,7 +108,8 @@ pub(super) fn runs(
 ) -> Exit {
     let path = audit_path(None, dir)?;
     if let Some(s) = since {
-        filter.since = Some(audit::runs::parse_since(s).map_err(Failed::usage)?);
+        filter.since =
+            Some(audit::runs::parse_since(s).map_err(|e| Failed::usage(format!("--since {e}")))?);
     }
     let list = audit::runs::list(&path, &filter).map_err(|e| unreadable(&path, e))?;
     if json {

@@ -78,7 +78,17 @@ pub(super) async fn host_check(name: &str, dir: &Path) -> Exit {
 pub(super) fn install_print(host: &str, dir: &Path) -> Exit {
     let cfg = load(dir)?;
     let h = host_named(&cfg, host)?;
-    print!("{}", crate::install::print(&cfg, h));
+    // The runner's permit key is made here (`permit_key_file`, mode 0600)
+    // if there is none yet: its public half goes into the host's policy.
+    let key = crate::signing::PermitKey::load_or_create(&cfg.settings.permit_key_file);
+    let public = match &key {
+        Ok(k) => Some(k.public_hex()),
+        Err(e) => {
+            eprintln!("runwarden: {e}; the policy below takes no tier-2 call");
+            None
+        }
+    };
+    print!("{}", crate::install::print(&cfg, h, public.as_deref()));
     Ok(0)
 }
 

@@ -290,7 +290,21 @@ async fn dispatch(cli: Cli) -> Exit {
 
 async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> Exit {
     let opts = crate::app::ServeOptions { config_dir, listen };
-    crate::app::serve(opts, shutdown_signal(), None).await?;
+    let (ready, listening) = tokio::sync::oneshot::channel::<crate::app::Listening>();
+    let say = tokio::spawn(async move {
+        if let Ok(l) = listening.await {
+            println!(
+                "{}runwarden: listening on {}; {} runbook(s), {} host(s)",
+                crate::logging::prefix(crate::logging::Priority::Info),
+                l.addr,
+                l.runbooks,
+                l.hosts
+            );
+        }
+    });
+    let served = crate::app::serve(opts, shutdown_signal(), Some(ready)).await;
+    say.abort();
+    served?;
     Ok(0)
 }
 

@@ -38,7 +38,9 @@ impl fmt::Display for Matcher {
 }
 
 impl Matcher {
-    /// Parse `name OP value` (the value may be quoted); the error says what is wrong.
+    /// Parse `name OP value` (the value may be quoted); the error says what
+    /// is wrong, as text: the loader reports it at the matcher's file, line
+    /// and field, and nothing branches on it.
     pub fn parse(text: &str) -> Result<Matcher, String> {
         let s = text.trim();
         let name_end = s
@@ -98,6 +100,7 @@ impl Matcher {
     }
 }
 
+/// A matcher's value without its quotes (the error becomes `parse`'s).
 fn unquote(v: &str) -> Result<String, String> {
     let Some(inner) = v.strip_prefix('"') else {
         if v.contains(|c: char| c == '"' || c.is_whitespace()) {

@@ -223,7 +223,8 @@ impl Runbook {
 /// `@daily`-style shortcut), every number in range for its field, and it
 /// fires at some time: a
 /// schedule that cannot (`0 3 31 2 *`) is as wrong as one that does not
-/// parse, since nothing would ever run.
+/// parse, since nothing would ever run. The error is text the loader
+/// reports at the runbook's `schedule` line.
 fn check_schedule(text: &str) -> Result<(), String> {
     const FIELDS: [(&str, u32, u32); 6] = [
         ("second", 0, 59),

@@ -70,17 +70,15 @@ impl Fleet {
 
     /// Count one tier-2 call now, or say which budget is spent. With
     /// `count: false` (a dry run, a call put to a person) only look.
-    pub fn take(&self, count: bool) -> Result<(), String> {
+    pub fn take(&self, count: bool) -> Result<(), FleetRefused> {
         self.take_at(jiff::Timestamp::now().as_millisecond(), count)
     }
 
-    fn take_at(&self, now: i64, count: bool) -> Result<(), String> {
+    fn take_at(&self, now: i64, count: bool) -> Result<(), FleetRefused> {
         let ledger = self.state_dir.join("fleet-budget.json");
-        let unusable = |e: std::io::Error| {
-            format!(
-                "the fleet budget's ledger {} cannot be used ({e}); no tier-2 call runs until it is fixed or removed",
-                ledger.display()
-            )
+        let unusable = |source| FleetRefused::Ledger {
+            path: ledger.clone(),
+            source,
         };
         let (_lock, mut book) = open(&self.state_dir).map_err(unusable)?;
         // A call no budget sees any more counts for nothing. Each call says
@@ -190,12 +188,41 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn spent(n: usize, b: &FleetBudget, whose: &str, set_in: &str) -> String {
-    format!(
-        "fleet budget spent: {n} of {whose} tier-2 calls in the last {} (fleet_budget in {set_in} allows {}); nothing more changes until older calls leave the window",
-        humantime::format_duration(b.per),
-        b.max_mutations
-    )
+/// Why the fleet budget takes no more tier-2 calls.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetRefused {
+    /// A window is full.
+    #[error("fleet budget spent: {used} of {whose} tier-2 calls in the last {} (fleet_budget in {set_in} allows {allows}); nothing more changes until older calls leave the window", humantime::format_duration(*.per))]
+    Spent {
+        /// Calls in the window.
+        used: usize,
+        /// Whose budget (every runbook's, or one runbook's).
+        whose: String,
+        /// Where it is set.
+        set_in: &'static str,
+        /// The window.
+        per: std::time::Duration,
+        /// How many calls it allows.
+        allows: u32,
+    },
+    /// The ledger cannot be read or written: fail closed.
+    #[error("the fleet budget's ledger {} cannot be used ({source}); no tier-2 call runs until it is fixed or removed", path.display())]
+    Ledger {
+        /// The ledger.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+fn spent(n: usize, b: &FleetBudget, whose: &str, set_in: &'static str) -> FleetRefused {
+    FleetRefused::Spent {
+        used: n,
+        whose: whose.to_string(),
+        set_in,
+        per: b.per,
+        allows: b.max_mutations,
+    }
 }
 
 /// Write the ledger beside itself, sync it, and rename it into place: a
@@ -234,24 +261,24 @@ mod tests {
         let a = Fleet::new(dir.path(), budget(3, 3600), "a", budget(1, 600)).unwrap();
         let b = Fleet::new(dir.path(), budget(3, 3600), "b", None).unwrap();
         let t = 1_000_000_000_000;
-        assert_eq!(a.take_at(t, true), Ok(()));
+        assert!(a.take_at(t, true).is_ok());
         let own = a.take_at(t + 1, true).unwrap_err();
         assert!(
-            own.contains("runbook \"a\"'s") && own.contains("allows 1"),
+            matches!(&own, FleetRefused::Spent { used: 1, allows: 1, whose, .. } if whose == "runbook \"a\"'s"),
             "{own}"
         );
         // Looking does not count.
-        assert_eq!(b.take_at(t + 2, false), Ok(()));
-        assert_eq!(b.take_at(t + 2, true), Ok(()));
-        assert_eq!(b.take_at(t + 3, true), Ok(()));
+        assert!(b.take_at(t + 2, false).is_ok());
+        assert!(b.take_at(t + 2, true).is_ok());
+        assert!(b.take_at(t + 3, true).is_ok());
         let all = b.take_at(t + 4, true).unwrap_err();
         assert!(
-            all.contains("3 of every runbook's") && all.contains("runwarden.yaml"),
+            matches!(&all, FleetRefused::Spent { used: 3, set_in: "runwarden.yaml", whose, .. } if whose == "every runbook's"),
             "{all}"
         );
         // An hour on, the first calls have left the window.
-        assert_eq!(b.take_at(t + 3_600_001, true), Ok(()));
-        assert_eq!(a.take_at(t + 3_600_002, true), Ok(()));
+        assert!(b.take_at(t + 3_600_001, true).is_ok());
+        assert!(a.take_at(t + 3_600_002, true).is_ok());
         assert!(Fleet::new(dir.path(), None, "c", None).is_none());
     }
 
@@ -282,13 +309,13 @@ mod tests {
         let quick = Fleet::new(dir.path(), None, "quick", budget(5, 600)).unwrap();
         let t = 1_000_000_000_000;
         let day = 24 * 3600 * 1000;
-        assert_eq!(week.take_at(t, true), Ok(()));
-        assert_eq!(quick.take_at(t + 2 * day, true), Ok(()));
+        assert!(week.take_at(t, true).is_ok());
+        assert!(quick.take_at(t + 2 * day, true).is_ok());
         assert!(
             week.take_at(t + 3 * day, true).is_err(),
             "still one this week"
         );
-        assert_eq!(week.take_at(t + 8 * day, true), Ok(()));
+        assert!(week.take_at(t + 8 * day, true).is_ok());
     }
 
     #[test]
@@ -298,7 +325,7 @@ mod tests {
         let f = Fleet::new(dir.path(), budget(10, 60), "a", None).unwrap();
         let e = f.take(true).unwrap_err();
         assert!(
-            e.contains("cannot be used") && e.contains("fixed or removed"),
+            matches!(e, FleetRefused::Ledger { .. }) && e.to_string().contains("fixed or removed"),
             "{e}"
         );
     }

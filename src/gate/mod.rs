@@ -72,16 +72,17 @@ impl fmt::Display for ApprovedBy {
 }
 
 impl std::str::FromStr for ApprovedBy {
-    type Err = String;
+    type Err = crate::text::NotOfForm;
 
     /// The form [`fmt::Display`] writes (`auto`, `standing:RUNBOOK`, `person:NAME`).
-    fn from_str(s: &str) -> Result<ApprovedBy, String> {
+    fn from_str(s: &str) -> Result<ApprovedBy, Self::Err> {
         match s.split_once(':') {
             None if s == "auto" => Ok(ApprovedBy::Auto),
             Some(("standing", rb)) if !rb.is_empty() => Ok(ApprovedBy::Standing(rb.into())),
             Some(("person", name)) if !name.is_empty() => Ok(ApprovedBy::Person(name.into())),
-            _ => Err(format!(
-                "{s:?} is not `auto`, `standing:RUNBOOK` or `person:NAME`"
+            _ => Err(crate::text::NotOfForm::new(
+                s,
+                "not `auto`, `standing:RUNBOOK` or `person:NAME`",
             )),
         }
     }
@@ -345,7 +346,7 @@ impl Gate {
         match &self.fleet {
             Some((fleet, counts)) => fleet
                 .take(count && *counts)
-                .map_err(|why| (DenyReason::FleetBudget, why)),
+                .map_err(|why| (DenyReason::FleetBudget, why.to_string())),
             None => Ok(()),
         }
     }
@@ -548,6 +549,9 @@ pub const MAX_ARGUMENT_DEPTH: usize = 8;
 /// The largest arguments a call may carry, serialized (16 KiB).
 pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
 
+/// Arguments too deep or too large to be looked at further. The error is
+/// an `invalid_arguments` denial's detail, read by a planner and a person;
+/// no caller branches on it, so it stays text.
 fn argument_shape(args: &Value) -> Result<(), String> {
     // Named fields only: an array would be read by position against the schema.
     if !(args.is_object() || args.is_null()) {

@@ -61,8 +61,8 @@ pub struct Postgres {
     /// This daemon's name among the replicas.
     pub replica: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
-    /// Whether the last operation reached the database, and if not, why.
-    health: Mutex<Result<(), String>>,
+    /// Why the last operation did not reach the database; `None` when it did.
+    unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
     pub switch: Arc<FleetSwitch>,
 }
@@ -146,7 +146,7 @@ impl Postgres {
             lease: shared.lease,
             replica: replica.to_string(),
             client: Default::default(),
-            health: Mutex::new(Err("not connected yet".into())),
+            unhealthy: Mutex::new(Some("not connected yet".into())),
             switch: Default::default(),
         })
     }
@@ -162,16 +162,16 @@ impl Postgres {
             .transpose()
     }
 
-    /// `Ok` when the last operation reached the database.
-    pub fn health(&self) -> Result<(), String> {
-        self.health
+    /// Why the last operation did not reach the database; `None` when it did.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.unhealthy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    fn note(&self, r: Result<(), String>) {
-        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = r;
+    fn note(&self, unhealthy: Option<String>) {
+        *self.unhealthy.lock().unwrap_or_else(|p| p.into_inner()) = unhealthy;
     }
 
     async fn client(&self) -> Result<Arc<Client>, StoreError> {
@@ -223,9 +223,9 @@ impl Postgres {
         match &result {
             Err(StoreError::Unreachable(why)) => {
                 *self.client.lock().await = None;
-                self.note(Err(why.clone()));
+                self.note(Some(why.clone()));
             }
-            _ => self.note(Ok(())),
+            _ => self.note(None),
         }
         result
     }

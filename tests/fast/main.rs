@@ -88,7 +88,8 @@ impl Daemon {
         let addr = tokio::time::timeout(Duration::from_secs(20), ready)
             .await
             .expect("the daemon is ready")
-            .expect("the daemon started");
+            .expect("the daemon started")
+            .addr;
         Daemon {
             addr,
             stop: Some(stop),
