@@ -63,11 +63,8 @@ pub async fn serve(
         ..opts
     };
     let config_watch = ConfigWatch::start(&opts.config_dir);
-    let config = Arc::new(Config::load(&opts.config_dir).map_err(|e| anyhow::anyhow!("{e}"))?);
-    for w in config
-        .serve_problems(opts.listen)
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-    {
+    let config = Arc::new(Config::load(&opts.config_dir)?);
+    for w in config.serve_problems(opts.listen)? {
         tracing::warn!("{w}");
     }
     let listen = opts.listen.unwrap_or(config.settings.listen);
@@ -97,8 +94,7 @@ pub async fn serve(
     }));
     let approvals = match &config.settings.approvers_file {
         Some(f) => Some(Arc::new(
-            crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)
-                .map_err(anyhow::Error::msg)?,
+            crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)?,
         )),
         None => None,
     };
@@ -219,7 +215,7 @@ pub async fn serve(
 }
 
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
-    let text = crate::secret::read_file(file, "webhook_token_file").map_err(anyhow::Error::msg)?;
+    let text = crate::secret::read_file(file, "webhook_token_file")?;
     let token = text.trim();
     if token.len() < 16 {
         bail!(

@@ -89,13 +89,21 @@ pub mod trigger;
 pub mod verdict;
 
 /// An error and all its sources on one line ("a: b: c"), for messages that
-/// must say what went wrong underneath (a template, an HTTP client).
+/// must say what went wrong underneath (a template, an HTTP client). A
+/// source whose text its error already says is not said twice.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s = format!("{s}: {inner}");
-        src = inner.source();
+    chain_text(std::iter::successors(Some(e), |e| e.source()).map(|e| e.to_string()))
+}
+
+/// The messages of an error chain, outermost first, on one line.
+pub(crate) fn chain_text(messages: impl Iterator<Item = String>) -> String {
+    let mut s = String::new();
+    for m in messages {
+        if s.is_empty() {
+            s = m;
+        } else if !s.contains(&m) {
+            s = format!("{s}: {m}");
+        }
     }
     s
 }

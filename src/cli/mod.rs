@@ -94,7 +94,8 @@ impl Failed {
             }
         }
         if let Some(error) = self.error {
-            eprintln!("{err}runwarden: {error:#}");
+            let said = crate::chain_text(error.chain().map(|e| e.to_string()));
+            eprintln!("{err}runwarden: {said}");
         }
         self.code
     }
