@@ -4,9 +4,57 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tools::{ToolId, ToolResult};
+use crate::tools::{Outcome, ToolId, ToolResult};
 use crate::trigger::Trigger;
 use crate::verdict::Verdict;
+
+/// What became of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    /// The call ran and did what it does.
+    Ok,
+    /// The call failed, or never ran (see its result's `error`).
+    Error,
+    /// The call ran out of time.
+    Timeout,
+    /// The gate refused it.
+    Denied,
+    /// L1: recorded for a person, never run.
+    Proposed,
+    /// A dry run: shown, not run.
+    DryRun,
+    /// Its `when` was false.
+    Skipped,
+    /// A tier-3 command for a person to run, never run here.
+    Suggested,
+}
+
+impl StepStatus {
+    /// As reports, the API and metric labels write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Ok => "ok",
+            StepStatus::Error => "error",
+            StepStatus::Timeout => "timeout",
+            StepStatus::Denied => "denied",
+            StepStatus::Proposed => "proposed",
+            StepStatus::DryRun => "dry_run",
+            StepStatus::Skipped => "skipped",
+            StepStatus::Suggested => "suggested",
+        }
+    }
+}
+
+impl From<Outcome> for StepStatus {
+    fn from(o: Outcome) -> StepStatus {
+        match o {
+            Outcome::Ok => StepStatus::Ok,
+            Outcome::Error => StepStatus::Error,
+            Outcome::Timeout => StepStatus::Timeout,
+        }
+    }
+}
 
 /// One line of the report: what was asked, what the gate said, what happened.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -15,8 +63,8 @@ pub struct StepReport {
     pub step: u32,
     /// Its id (`steps.ID` in templates).
     pub id: String,
-    /// `ok`, `error`, `timeout`, `denied`, `proposed`, `dry_run`, `skipped`, `suggested`.
-    pub status: String,
+    /// What became of it.
+    pub status: StepStatus,
     /// The tool proposed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
@@ -44,11 +92,11 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    pub(crate) fn new(step: u32, id: &str, status: &str) -> StepReport {
+    pub(crate) fn new(step: u32, id: &str, status: StepStatus) -> StepReport {
         StepReport {
             step,
             id: id.to_string(),
-            status: status.to_string(),
+            status,
             tool: None,
             tier: None,
             args: Value::Null,
@@ -169,9 +217,9 @@ fn render_step(step: &StepReport) -> String {
         Some(false) => " (NOT verified)",
         None => "",
     };
-    let status = match step.status.as_str() {
-        "dry_run" => "would run (dry run: not run)",
-        other => other,
+    let status = match step.status {
+        StepStatus::DryRun => "would run (dry run: not run)",
+        other => other.as_str(),
     };
     s += &format!("  => {status}{verified}{duration}\n");
     if let Some(reason) = &step.reason {
@@ -181,7 +229,7 @@ fn render_step(step: &StepReport) -> String {
         s += &format!("       {d}\n");
     }
     for argv in step.argv.iter().flatten() {
-        let label = if step.status == "dry_run" {
+        let label = if step.status == StepStatus::DryRun {
             "would run"
         } else {
             "argv"
@@ -191,7 +239,7 @@ fn render_step(step: &StepReport) -> String {
             serde_json::to_string(argv).unwrap_or_default()
         );
     }
-    if step.status == "dry_run"
+    if step.status == StepStatus::DryRun
         && let Some(check) = step
             .tool
             .as_deref()

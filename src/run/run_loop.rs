@@ -14,7 +14,7 @@ use crate::config::{Host, Runbook};
 use crate::executor::Executor;
 use crate::gate::{ApprovedBy, Decision, Denial, Gate, Permit, Proposal, ProposedCall};
 use crate::planner::{ModelTurn, Next, Planner, Transcript};
-use crate::report::{RunReport, StepReport};
+use crate::report::{RunReport, StepReport, StepStatus};
 use crate::tools::{Action, Tier, ToolId, ToolResult};
 use crate::trigger::RunRequest;
 use crate::verdict::Verdict;
@@ -166,7 +166,7 @@ impl RunLoop<'_> {
                 Next::Fail(msg) => s.tally.stop(Verdict::Broken, msg),
                 Next::Stopped(denial) => self.stopped(&mut s, &denial),
                 Next::Skip { id, when } => {
-                    let mut r = StepReport::new(n, &id, "skipped");
+                    let mut r = StepReport::new(n, &id, StepStatus::Skipped);
                     r.detail = Some(format!("when: {when}"));
                     s.transcript.steps.insert(
                         id,
@@ -177,14 +177,15 @@ impl RunLoop<'_> {
                 Next::Suggest { id, text } => {
                     s.tally
                         .written(self.runner.audit.suggestion(&self.info, n, &text));
-                    let mut r = StepReport::new(n, &id, "suggested");
+                    let mut r = StepReport::new(n, &id, StepStatus::Suggested);
                     r.detail = Some(text.clone());
                     s.suggestions.push(text);
                     s.reports.push(r);
                 }
                 Next::Call { id, mut call } => {
                     call.step = n;
-                    let mut r = StepReport::new(n, &id, "");
+                    // `call` sets what the call came to.
+                    let mut r = StepReport::new(n, &id, StepStatus::Error);
                     r.tool = Some(call.tool.chars().take(200).collect());
                     self.call(&mut s, &id, &call, &mut r).await;
                     self.count_call(&r);
@@ -256,7 +257,7 @@ impl RunLoop<'_> {
         denial: &Denial,
         r: &mut StepReport,
     ) {
-        r.status = "denied".into();
+        r.status = StepStatus::Denied;
         r.args = crate::text::bounded(&call.args);
         r.tier = denial.tool.map(|t| t.tier().number());
         r.detail = Some(denial.to_string());
@@ -280,7 +281,7 @@ impl RunLoop<'_> {
     /// L1: record the call for a person, with the argv it would run.
     fn propose(&self, s: &mut Steps, id: &str, p: &Proposal, r: &mut StepReport) {
         let argv = self.argv(p.action());
-        r.status = "proposed".into();
+        r.status = StepStatus::Proposed;
         r.tier = Some(p.action().tier().number());
         r.args = p.action().args_json();
         r.reason = p.action().reason().map(String::from);
@@ -313,7 +314,7 @@ impl RunLoop<'_> {
                 .audit
                 .dry_run(&self.info, r.step, action, approved_by, &argv),
         );
-        r.status = "dry_run".into();
+        r.status = StepStatus::DryRun;
         r.tier = Some(action.tier().number());
         r.args = action.args_json();
         r.reason = action.reason().map(String::from);
@@ -362,7 +363,7 @@ impl RunLoop<'_> {
         let ticket = match self.runner.audit.intent(&self.info, permit) {
             Ok(t) => t,
             Err(err) => {
-                r.status = "denied".into();
+                r.status = StepStatus::Denied;
                 r.detail = Some(format!(
                     "not run: the intent line could not be written: {err}"
                 ));
@@ -407,7 +408,7 @@ impl RunLoop<'_> {
                 format!("the result line could not be written: {err}"),
             );
         }
-        r.status = result.outcome.as_str().into();
+        r.status = result.outcome.into();
         if crate::executor::ssh::is_transport_error(&result) {
             s.unreachable += 1;
             if s.unreachable >= MAX_UNREACHABLE {
@@ -469,7 +470,7 @@ impl RunLoop<'_> {
             _ => "none",
         };
         m.tool_calls
-            .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, &r.status])
+            .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, r.status.as_str()])
             .inc();
         if r.result
             .as_ref()
