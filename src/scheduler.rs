@@ -495,6 +495,8 @@ impl Scheduler {
         }
     }
 
+    /// Start an admitted run: wait for a run permit, then run it on a
+    /// thread of its own and [`end`](Self::end) it.
     fn start(
         self: &Arc<Self>,
         config: Arc<Config>,
@@ -539,46 +541,60 @@ impl Scheduler {
                     "the run's thread failed: {e}"
                 )))
             });
-            // The slot first: once the metrics say the run ended, a new
-            // trigger for this runbook and host can start.
-            {
-                let mut slots = this.slots.lock().unwrap_or_else(|p| p.into_inner());
-                let slot = slots
-                    .entry((req.runbook.clone(), req.host.clone()))
-                    .or_default();
-                slot.in_flight = false;
-                slot.ended = Some(Instant::now());
-            }
-            this.metrics.runs_in_flight.dec();
-            let verdict = match &outcome {
-                Ok(report) => report.verdict.as_str(),
-                Err(_) => Verdict::Broken.as_str(),
-            };
-            this.metrics.run_finished(&req.runbook, verdict);
-            this.metrics
-                .run_duration
-                .with_label_values(&[&req.runbook])
-                .observe(started.elapsed().as_secs_f64());
-            if matches!(verdict, "budget_exhausted" | "step_limit") {
-                this.metrics
-                    .budget_exhausted
-                    .with_label_values(&[&req.runbook])
-                    .inc();
-            }
-            if let Err(e) = &outcome {
-                tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
-                // The accepted trigger ends with its one verdict all the same.
-                let info = run_info(&config, &run_id, &req);
-                let why = format!("the run could not start: {e}");
-                if let Err(err) = this.audit.verdict(&info, Verdict::Broken, &why, None) {
-                    this.metrics.audit_write_failures.inc();
-                    tracing::error!(%run_id, "verdict line not written: {err}");
-                }
-            }
-            this.reports.done(&run_id, outcome.ok());
+            this.end(&config, &run_id, &req, started, outcome);
             drop(permit);
             this.active.send_modify(|n| *n -= 1);
         });
+    }
+
+    /// A run ended (or could not start): free its (runbook, host) slot,
+    /// count its verdict, and give a run that could not start its one
+    /// verdict line all the same.
+    fn end(
+        &self,
+        config: &Config,
+        run_id: &str,
+        req: &RunRequest,
+        started: Instant,
+        outcome: Result<RunReport, crate::run::StartError>,
+    ) {
+        // The slot first: once the metrics say the run ended, a new
+        // trigger for this runbook and host can start.
+        {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = slots
+                .entry((req.runbook.clone(), req.host.clone()))
+                .or_default();
+            slot.in_flight = false;
+            slot.ended = Some(Instant::now());
+        }
+        self.metrics.runs_in_flight.dec();
+        let verdict = match &outcome {
+            Ok(report) => report.verdict,
+            Err(_) => Verdict::Broken,
+        };
+        self.metrics.run_finished(&req.runbook, verdict.as_str());
+        self.metrics
+            .run_duration
+            .with_label_values(&[&req.runbook])
+            .observe(started.elapsed().as_secs_f64());
+        if matches!(verdict, Verdict::BudgetExhausted | Verdict::StepLimit) {
+            self.metrics
+                .budget_exhausted
+                .with_label_values(&[&req.runbook])
+                .inc();
+        }
+        if let Err(e) = &outcome {
+            tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
+            // The accepted trigger ends with its one verdict all the same.
+            let info = run_info(config, run_id, req);
+            let why = format!("the run could not start: {e}");
+            if let Err(err) = self.audit.verdict(&info, Verdict::Broken, &why, None) {
+                self.metrics.audit_write_failures.inc();
+                tracing::error!(%run_id, "verdict line not written: {err}");
+            }
+        }
+        self.reports.done(run_id, outcome.ok());
     }
 
     /// The shared state, when several daemons share one.
