@@ -93,9 +93,10 @@ pub async fn serve(
         None => WebhookToken::None,
     }));
     let approvals = match &config.settings.approvers_file {
-        Some(f) => Some(Arc::new(
-            crate::gate::approvals::Approvals::load(f, config.settings.approval_timeout)?,
-        )),
+        Some(f) => Some(Arc::new(crate::gate::approvals::Approvals::load(
+            f,
+            config.settings.approval_timeout,
+        )?)),
         None => None,
     };
     let store = crate::store::workers::shared_state(&config).await?;

@@ -34,10 +34,9 @@ use tokio::sync::watch;
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::scheduler::{Scheduler, TriggerResult};
-use crate::store::Recorded;
-use crate::trigger::alerts::{Candidate, Notification, candidates};
-use crate::trigger::{RunRequest, Trigger};
+use crate::scheduler::Scheduler;
+use crate::trigger::RunRequest;
+use crate::trigger::alerts::{Notification, candidates};
 
 /// Largest webhook body accepted.
 pub const MAX_BODY: usize = 1 << 20;
@@ -437,8 +436,8 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             let outcomes: Vec<Value> = hosts
                 .iter()
                 .zip(results)
-                .map(|(host, (result, run_id))| {
-                    json!({ "host": host, "result": result.as_str(), "run_id": run_id })
+                .map(|(host, o)| {
+                    json!({ "host": host, "result": o.result.as_str(), "run_id": o.run_id })
                 })
                 .collect();
             (
@@ -538,45 +537,10 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
     }
     let config = s.config.borrow().clone();
     let candidates = candidates(&notification, &config);
-    // Runs first, in one batch (the kill switch is looked at once per runbook).
-    let runs: Vec<_> = candidates
-        .iter()
-        .filter_map(|c| match c {
-            Candidate::Run(req) => Some(req.clone()),
-            _ => None,
-        })
-        .collect();
-    // The others, for the fleet's record (with shared state).
-    let decided: Vec<Recorded> = candidates
-        .iter()
-        .filter_map(|c| {
-            let (runbook, host, keys, outcome) = match c {
-                Candidate::Run(_) => return None,
-                Candidate::OutOfScope {
-                    runbook,
-                    host,
-                    keys,
-                    ..
-                } => (
-                    runbook.as_str(),
-                    host.as_str(),
-                    keys,
-                    TriggerResult::OutOfScope,
-                ),
-                Candidate::NoMatch { keys, .. } => ("none", "", keys, TriggerResult::NoMatch),
-                Candidate::Invalid { keys, .. } => ("none", "", keys, TriggerResult::Invalid),
-            };
-            Some(Recorded {
-                runbook: runbook.to_string(),
-                host: host.to_string(),
-                trigger: Trigger::Alert.as_str(),
-                keys: keys.clone(),
-                outcome: outcome.as_str(),
-            })
-        })
-        .collect();
-    let mut started = match s.scheduler.submit_notification(runs, decided).await {
-        Ok(results) => results.into_iter(),
+    // Every candidate goes to the scheduler, which counts and records each
+    // once; the answer says what became of each, and why when it is known.
+    let outcomes = match s.scheduler.submit_candidates(candidates.clone()).await {
+        Ok(outcomes) => outcomes,
         // Nothing was recorded and nothing starts: Alertmanager retries a 5xx.
         Err(e) => {
             return problem(
@@ -585,78 +549,25 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             );
         }
     };
-    let mut outcomes = Vec::with_capacity(candidates.len());
-    // The reason an alert started nothing, for the answer (by outcome index).
-    let mut whys: Vec<(usize, String)> = Vec::new();
-    for c in candidates {
-        let (runbook, fingerprint, (result, run_id)) = match c {
-            Candidate::Run(req) => {
-                let fp = req
-                    .keys
-                    .first()
-                    .map(|k| k.trim_start_matches("fp:").to_string())
-                    .unwrap_or_default();
-                (
-                    req.runbook,
-                    fp,
-                    started.next().expect("one result per run request"),
-                )
+    let outcomes: Vec<Value> = candidates
+        .iter()
+        .zip(outcomes)
+        .map(|(c, o)| {
+            let (runbook, ..) = c.names();
+            let mut outcome = json!({
+                "runbook": runbook,
+                "fingerprint": c.fingerprint(),
+                "result": o.result.as_str(),
+            });
+            if let Some(id) = o.run_id {
+                outcome["run_id"] = id.into();
             }
-            Candidate::OutOfScope {
-                runbook,
-                fingerprint,
-                why,
-                ..
-            } => {
-                tracing::info!(%runbook, %fingerprint, result = "out_of_scope", "trigger: {why}");
-                whys.push((outcomes.len(), why));
-                s.metrics
-                    .alert_triggers
-                    .with_label_values(&[&runbook, TriggerResult::OutOfScope.as_str()])
-                    .inc();
-                (runbook, fingerprint, (TriggerResult::OutOfScope, None))
+            if let Some(why) = c.why() {
+                outcome["why"] = why.into();
             }
-            Candidate::Invalid {
-                fingerprint, why, ..
-            } => {
-                tracing::warn!(%fingerprint, result = "invalid", "trigger: the alert cannot be kept and starts nothing: {why}");
-                whys.push((outcomes.len(), why));
-                s.metrics
-                    .alert_triggers
-                    .with_label_values(&["none", TriggerResult::Invalid.as_str()])
-                    .inc();
-                (
-                    "none".to_string(),
-                    fingerprint,
-                    (TriggerResult::Invalid, None),
-                )
-            }
-            Candidate::NoMatch {
-                fingerprint, why, ..
-            } => {
-                tracing::info!(%fingerprint, result = "no_match", "trigger: no runbook takes this alert; {why}");
-                whys.push((outcomes.len(), why));
-                s.metrics
-                    .alert_triggers
-                    .with_label_values(&["none", TriggerResult::NoMatch.as_str()])
-                    .inc();
-                (
-                    "none".to_string(),
-                    fingerprint,
-                    (TriggerResult::NoMatch, None),
-                )
-            }
-        };
-        let mut outcome =
-            json!({ "runbook": runbook, "fingerprint": fingerprint, "result": result.as_str() });
-        if let Some(id) = run_id {
-            outcome["run_id"] = id.into();
-        }
-        if let Some((_, why)) = whys.last().filter(|(i, _)| *i == outcomes.len()) {
-            outcome["why"] = why.clone().into();
-        }
-        outcomes.push(outcome);
-    }
+            outcome
+        })
+        .collect();
     let body: Value = json!({
         "alerts": notification.alerts.len(),
         "truncated_alerts": notification.truncated_alerts,

@@ -60,6 +60,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod admission;
 pub mod agent;
 pub mod app;
 pub mod audit;

@@ -10,124 +10,23 @@
 //! rest is one concept, what becomes of a trigger, decided on this machine
 //! alone or, with shared state, across replicas.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use serde::Serialize;
 use tokio::sync::{Semaphore, watch};
 
+use crate::admission::{Admission, Admitted, Ask, Decided, Fleet, Local, TriggerResult};
 use crate::audit::{AuditError, AuditLog, Phase, Queued, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
 use crate::run::{RunReport, RunRequest, Runner};
-use crate::store::{Admitted, Lease, Postgres, StoreError};
+use crate::store::{Lease, Postgres, StoreError};
+use crate::trigger::alerts::Candidate;
 use crate::verdict::Verdict;
-
-/// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TriggerResult {
-    /// A run was started.
-    Started,
-    /// A run for the same alert or group is queued or running.
-    Deduplicated,
-    /// The runbook ran on the host too recently.
-    Cooldown,
-    /// The alert names a host the runbook may not touch.
-    OutOfScope,
-    /// The kill switch is engaged.
-    KillSwitch,
-    /// No runbook matched the alert.
-    NoMatch,
-    /// The alert holds what cannot be kept (a NUL byte); it starts nothing.
-    Invalid,
-}
-
-impl TriggerResult {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TriggerResult::Started => "started",
-            TriggerResult::Deduplicated => "deduplicated",
-            TriggerResult::Cooldown => "cooldown",
-            TriggerResult::OutOfScope => "out_of_scope",
-            TriggerResult::KillSwitch => "kill_switch",
-            TriggerResult::NoMatch => "no_match",
-            TriggerResult::Invalid => "invalid",
-        }
-    }
-}
-
-/// What this daemon alone can say of a trigger.
-#[derive(Debug)]
-enum Admission {
-    /// The outcome.
-    Decided(TriggerResult),
-    /// In scope and not stopped here: the shared state decides the rest.
-    Fleet,
-}
-
-/// How long after a run ends a repeat of its own trigger (the same alert
-/// fingerprint or group, the same schedule fire) is still a duplicate,
-/// whatever the cooldown: Alertmanager in HA mode sends a notification
-/// twice now and then, and every replica fires the same schedule. Well
-/// under Alertmanager's shortest sensible `group_interval`, so a real
-/// repeat of a still-firing alert starts a run again.
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
-
-/// The state of one (runbook, host) pair.
-#[derive(Default)]
-pub(crate) struct Slot {
-    in_flight: bool,
-    ended: Option<Instant>,
-    /// Fingerprints and group keys of the current or last run's triggers.
-    keys: BTreeSet<String>,
-}
-
-impl Slot {
-    /// The slot as the audit log leaves it: the last run ended at `ended`,
-    /// started by `keys` (start-up, and `runwarden alerts test`).
-    pub(crate) fn from_log(ended: jiff::Timestamp, keys: Vec<String>) -> Slot {
-        let ago = Duration::try_from(jiff::Timestamp::now().duration_since(ended))
-            .unwrap_or(Duration::ZERO);
-        Slot {
-            in_flight: false,
-            ended: Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)),
-            keys: keys.into_iter().collect(),
-        }
-    }
-
-    /// What a trigger with `keys` comes to against this slot, under the
-    /// runbook's `cooldown`: a run in flight, or a repeat of the last run's
-    /// triggers within [`DUPLICATE_WINDOW`] or the cooldown, is
-    /// deduplicated; another within the cooldown waits it out; `None`: it
-    /// starts. How long ago the last run ended comes with a cooldown.
-    pub(crate) fn refuses(
-        &self,
-        keys: &[String],
-        cooldown: Option<Duration>,
-    ) -> Option<(TriggerResult, Option<Duration>)> {
-        if self.in_flight {
-            return Some((TriggerResult::Deduplicated, None));
-        }
-        let ago = self.ended?.elapsed();
-        let repeat = keys.iter().any(|k| self.keys.contains(k));
-        if repeat && ago < DUPLICATE_WINDOW {
-            return Some((TriggerResult::Deduplicated, Some(ago)));
-        }
-        if ago >= cooldown? {
-            return None;
-        }
-        Some(match repeat {
-            true => (TriggerResult::Deduplicated, Some(ago)),
-            false => (TriggerResult::Cooldown, Some(ago)),
-        })
-    }
-}
 
 /// The full reports of recent runs this daemon ran, for `GET
 /// /api/v1/runs/{id}`; what every run is and how it ended is read from the
@@ -189,7 +88,10 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     /// Reports of recent runs, for the API.
     pub reports: Arc<Reports>,
-    slots: Mutex<HashMap<(String, String), Slot>>,
+    /// Decides what this daemon cannot decide alone, and records it.
+    admission: Arc<dyn Admission>,
+    /// This machine's own admission (no shared state): restored from the log.
+    local: Option<Arc<Local>>,
     /// The global limit on runs in flight, and the limit it holds now
     /// (`max_concurrent_runs` of the config in force: a reload changes it).
     permits: Arc<Semaphore>,
@@ -202,9 +104,18 @@ pub struct Scheduler {
     /// Held from deciding a batch to recording it: a trigger is only ever
     /// deduplicated against a run whose trigger is already on disk.
     submitting: tokio::sync::Mutex<()>,
-    /// State shared with other daemons: admission, leases, the fleet's
-    /// switch. `None`: this machine decides alone.
+    /// State shared with other daemons: leases, the fleet's switch.
+    /// `None`: this machine decides alone.
     store: Option<Arc<Postgres>>,
+}
+
+/// What became of one candidate, and the id of the run it started.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// What became of it.
+    pub result: TriggerResult,
+    /// The run it started.
+    pub run_id: Option<String>,
 }
 
 /// Why a batch of triggers could not be accepted: none of them starts, and
@@ -230,12 +141,19 @@ impl Scheduler {
         store: Option<Arc<Postgres>>,
     ) -> Arc<Scheduler> {
         let limit = config.borrow().settings.max_concurrent_runs;
+        let local = store.is_none().then(|| Arc::new(Local::default()));
+        let admission: Arc<dyn Admission> = match (&store, &local) {
+            (Some(store), _) => Arc::new(Fleet::new(store.clone())),
+            (None, Some(local)) => local.clone(),
+            (None, None) => Arc::new(Local::default()),
+        };
         Arc::new(Scheduler {
             config,
             audit,
             metrics,
             reports: Default::default(),
-            slots: Default::default(),
+            admission,
+            local,
             permits: Arc::new(Semaphore::new(limit)),
             limit: Mutex::new(limit),
             active: watch::channel(0).0,
@@ -247,142 +165,115 @@ impl Scheduler {
     }
 
     /// Decide what becomes of one trigger, record it, and start the run if it is one.
-    #[allow(
-        clippy::expect_used,
-        reason = "submit_all returns one result per request, in order"
-    )]
     pub async fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, SubmitError> {
-        Ok(self
-            .submit_all(vec![req])
-            .await?
+        let mut outcomes = self.submit_all(vec![req]).await?;
+        Ok(outcomes
             .pop()
-            .expect("one result per request")
-            .0)
+            .map_or(TriggerResult::Deduplicated, |o| o.result))
     }
 
-    /// Decide a batch (one notification's alerts), looking at the kill switch
-    /// once per runbook rather than once per alert.
-    ///
-    /// Each outcome comes with the run id of a run it started. An error means
-    /// the accepted triggers could not be recorded: none of them starts, and
-    /// the sender must be told to retry.
+    /// Decide a batch of run requests (an API request's hosts): one
+    /// outcome per request, in order.
     pub async fn submit_all(
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
-    ) -> Result<Vec<(TriggerResult, Option<String>)>, SubmitError> {
-        self.submit_notification(reqs, Vec::new()).await
+    ) -> Result<Vec<Outcome>, SubmitError> {
+        self.submit_candidates(reqs.into_iter().map(Candidate::Run).collect())
+            .await
     }
 
-    /// [`submit_all`](Self::submit_all) for a notification whose
-    /// `unmatched` alerts were decided before they could become a run (no runbook takes
-    /// them, or not for the host they name): with shared state, their
-    /// outcomes are recorded with the rest, in the same round trip, so the
-    /// fleet's table holds every alert's one outcome.
-    pub async fn submit_notification(
+    /// Decide every candidate of a notification (or any batch of triggers):
+    /// one outcome per candidate, in order, each counted and recorded once.
+    /// The kill switch is looked at once per runbook. What this daemon can
+    /// say alone is said first; [`Admission`] decides the rest and records
+    /// them all (with shared state, in one round trip). Every trigger that
+    /// starts a run is on disk (its `queued` line) before this returns.
+    ///
+    /// An error means the accepted triggers could not be recorded: none of
+    /// them starts, and the sender must be told to retry.
+    pub async fn submit_candidates(
         self: &Arc<Self>,
-        reqs: Vec<RunRequest>,
-        unmatched: Vec<crate::store::Recorded>,
-    ) -> Result<Vec<(TriggerResult, Option<String>)>, SubmitError> {
+        candidates: Vec<Candidate>,
+    ) -> Result<Vec<Outcome>, SubmitError> {
         let _one_batch_at_a_time = self.submitting.lock().await;
         let config = self.config.borrow().clone();
+        // 1. What this daemon says alone, and what it asks admission.
         let mut engaged: HashMap<String, bool> = HashMap::new();
-        // First what this daemon can say alone; then, with shared state, the
-        // rest of the notification in one round trip.
-        let mut decided: Vec<Option<TriggerResult>> = Vec::with_capacity(reqs.len());
-        let mut fleet = Vec::new();
-        // With shared state: the outcomes decided here alone, for the fleet's record.
-        let mut alone = if self.store.is_some() {
-            unmatched
-        } else {
-            Vec::new()
-        };
-        for req in &reqs {
-            let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
-                *self.shutdown.borrow() || self.killswitch(&config).check(&req.runbook).is_err()
+        let mut alone: Vec<Option<TriggerResult>> = Vec::with_capacity(candidates.len());
+        for c in &candidates {
+            alone.push(match c {
+                Candidate::Run(req) => self.alone(&config, req, &mut engaged),
+                Candidate::OutOfScope { .. } => Some(TriggerResult::OutOfScope),
+                Candidate::NoMatch { .. } => Some(TriggerResult::NoMatch),
+                Candidate::Invalid { .. } => Some(TriggerResult::Invalid),
             });
-            match self.decide(&config, req, stopped) {
-                Admission::Decided(result) => {
-                    if self.store.is_some() {
-                        alone.push(crate::store::Recorded {
-                            runbook: req.runbook.clone(),
-                            host: req.host.clone(),
-                            trigger: req.trigger.as_str(),
-                            keys: req.keys.clone(),
-                            outcome: result.as_str(),
-                        });
-                    }
-                    decided.push(Some(result));
-                }
-                Admission::Fleet => {
-                    fleet.push(crate::store::Admit {
-                        runbook: req.runbook.clone(),
-                        host: req.host.clone(),
-                        keys: req.keys.clone(),
-                        cooldown: config.runbooks.get(&req.runbook).and_then(|r| r.cooldown),
-                        run_id: uuid::Uuid::now_v7().to_string(),
-                        trigger: req.trigger.as_str(),
-                    });
-                    decided.push(None);
-                }
-            }
         }
-        let admitted = match (&self.store, fleet.is_empty()) {
-            (Some(store), false) => match store.admit(&fleet).await {
-                Ok(outcomes) => outcomes,
-                Err(e) => {
-                    tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
-                    return Err(e.into());
-                }
-            },
-            _ => Vec::new(),
-        };
-        let mut admitted = admitted
-            .into_iter()
-            .zip(fleet.into_iter().map(|a| a.run_id));
-        let mut results = Vec::with_capacity(reqs.len());
-        let mut accepted: Vec<(String, RunRequest, Option<Lease>)> = Vec::new();
-        for (req, here) in reqs.into_iter().zip(decided) {
-            // A run started: its id, and its lease in the shared state.
-            let (result, started) = match here {
-                Some(TriggerResult::Started) => (
-                    TriggerResult::Started,
-                    Some((uuid::Uuid::now_v7().to_string(), None)),
-                ),
-                Some(result) => (result, None),
+        let asks: Vec<Ask> = candidates
+            .iter()
+            .zip(&alone)
+            .filter_map(|(c, said)| match (c, said) {
+                (Candidate::Run(req), None) => Some(Ask {
+                    req,
+                    cooldown: config.runbooks.get(&req.runbook).and_then(|r| r.cooldown),
+                    run_id: uuid::Uuid::now_v7().to_string(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let decided: Vec<Decided> = candidates
+            .iter()
+            .zip(&alone)
+            .filter_map(|(c, said)| {
+                let result = (*said)?;
+                let (runbook, host, keys, trigger) = c.names();
+                Some(Decided {
+                    runbook,
+                    host,
+                    keys,
+                    trigger,
+                    result,
+                })
+            })
+            .collect();
+        // 2. Admission decides the rest and records every outcome.
+        let admitted = self.admission.admit(&asks, &decided).await.map_err(|e| {
+            tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
+            e
+        })?;
+        let mut admitted = asks.iter().zip(admitted);
+        let mut outcomes = Vec::with_capacity(candidates.len());
+        let mut accepted: Vec<(&RunRequest, String, Option<Lease>)> = Vec::new();
+        for (c, said) in candidates.iter().zip(&alone) {
+            let result = match said {
+                Some(result) => *result,
                 None => match admitted.next() {
-                    Some((Admitted::Started(lease), run_id)) => {
-                        (TriggerResult::Started, Some((run_id, Some(lease))))
+                    Some((ask, Admitted::Started(lease))) => {
+                        accepted.push((ask.req, ask.run_id.clone(), lease));
+                        TriggerResult::Started
                     }
-                    Some((Admitted::Cooldown, _)) => (TriggerResult::Cooldown, None),
-                    Some((Admitted::KillSwitch, _)) => (TriggerResult::KillSwitch, None),
-                    // The fleet answers every trigger it is given, or fails whole.
-                    Some((Admitted::Deduplicated, _)) | None => (TriggerResult::Deduplicated, None),
+                    Some((_, Admitted::Refused(result))) => result,
+                    // Admission answers every ask it is given, or fails whole.
+                    None => TriggerResult::Deduplicated,
                 },
             };
-            self.count(&req, result);
-            let run_id = started.map(|(run_id, lease)| {
-                accepted.push((run_id.clone(), req, lease));
-                run_id
-            });
-            results.push((result, run_id));
-        }
-        if let (Some(store), false) = (&self.store, alone.is_empty())
-            && let Err(e) = store.record_triggers(&alone).await
-        {
-            self.abandon(&accepted).await;
-            tracing::error!("the shared state cannot record triggers, so none starts: {e}");
-            return Err(e.into());
+            // 3. Counted once, whatever decided it.
+            self.count(c, result);
+            let run_id = match result {
+                TriggerResult::Started => accepted.last().map(|(_, id, _)| id.clone()),
+                _ => None,
+            };
+            outcomes.push(Outcome { result, run_id });
         }
         if accepted.is_empty() {
-            return Ok(results);
+            return Ok(outcomes);
         }
-        // Every accepted trigger is on disk (one write and one fsync for the
-        // notification) before the sender hears so and before its run can
-        // write anything: a trigger answered 2xx is never silently lost, and
-        // one that could not be recorded is refused so that it is sent again.
+        // 4. Every accepted trigger is on disk (one write and one fsync for
+        // the batch) before the sender hears so and before its run can write
+        // anything: a trigger answered 2xx is never silently lost, and one
+        // that could not be recorded is refused so that it is sent again.
         let lines: Vec<Queued> = accepted
             .iter()
-            .map(|(id, req, _)| Queued {
+            .map(|(req, id, _)| Queued {
                 run: run_info(&config, id, req),
                 trigger: req.trigger,
                 keys: &req.keys,
@@ -395,22 +286,39 @@ impl Scheduler {
                 "{} accepted trigger(s) could not be recorded, so none starts: {e}",
                 accepted.len()
             );
-            {
-                let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-                for (_, req, _) in &accepted {
-                    if let Some(slot) = slots.get_mut(&(req.runbook.clone(), req.host.clone())) {
-                        slot.in_flight = false;
-                        slot.keys.clear();
-                    }
-                }
-            }
-            self.abandon(&accepted).await;
+            let started: Vec<(&RunRequest, String)> = accepted
+                .iter()
+                .map(|(req, id, _)| (*req, id.clone()))
+                .collect();
+            let _ = self.admission.abandon(&started).await;
             return Err(e.into());
         }
-        for (run_id, req, lease) in accepted {
-            self.start(config.clone(), run_id, req, lease);
+        // 5. The runs.
+        for (req, run_id, lease) in accepted {
+            self.start(config.clone(), run_id, req.clone(), lease);
         }
-        Ok(results)
+        Ok(outcomes)
+    }
+
+    /// What this daemon says of a run request alone: no such runbook, a
+    /// host out of its scope, the kill switch (looked at once per runbook
+    /// in `engaged`) or a shutdown; `None`: admission decides.
+    fn alone(
+        &self,
+        config: &Config,
+        req: &RunRequest,
+        engaged: &mut HashMap<String, bool>,
+    ) -> Option<TriggerResult> {
+        let Some(runbook) = config.runbooks.get(&req.runbook) else {
+            return Some(TriggerResult::NoMatch);
+        };
+        if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
+            return Some(TriggerResult::OutOfScope);
+        }
+        let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
+            *self.shutdown.borrow() || self.killswitch(config).check(&req.runbook).is_err()
+        });
+        stopped.then_some(TriggerResult::KillSwitch)
     }
 
     /// The kill switch as this daemon sees it: its directory, and the fleet's.
@@ -419,59 +327,26 @@ impl Scheduler {
             .with_fleet(self.store.as_ref().map(|s| s.switch.clone()))
     }
 
-    /// Give back the fleet's claims of runs that will not start after all.
-    async fn abandon(&self, accepted: &[(String, RunRequest, Option<Lease>)]) {
-        let ids: Vec<String> = accepted
-            .iter()
-            .filter(|(_, _, lease)| lease.is_some())
-            .map(|(id, _, _)| id.clone())
-            .collect();
-        if let (Some(store), false) = (&self.store, ids.is_empty())
-            && let Err(e) = store.abandon(&ids).await
-        {
-            tracing::warn!(
-                "{} claim(s) not given back ({e}); they expire with their lease",
-                ids.len()
-            );
-        }
-    }
-
-    fn count(&self, req: &RunRequest, result: TriggerResult) {
-        if req.trigger == crate::trigger::Trigger::Alert {
+    /// Count what became of a candidate, and say so in the log.
+    fn count(&self, c: &Candidate, result: TriggerResult) {
+        let (runbook, host, _, trigger) = c.names();
+        if trigger == crate::trigger::Trigger::Alert {
             self.metrics
                 .alert_triggers
-                .with_label_values(&[&req.runbook, result.as_str()])
+                .with_label_values(&[runbook, result.as_str()])
                 .inc();
         }
-        tracing::info!(runbook = %req.runbook, host = %req.host, trigger = req.trigger.as_str(), result = result.as_str(), "trigger");
-    }
-
-    fn decide(&self, config: &Config, req: &RunRequest, stopped: bool) -> Admission {
-        let Some(runbook) = config.runbooks.get(&req.runbook) else {
-            return Admission::Decided(TriggerResult::NoMatch);
-        };
-        if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
-            return Admission::Decided(TriggerResult::OutOfScope);
-        }
-        if stopped {
-            return Admission::Decided(TriggerResult::KillSwitch);
-        }
-        if self.store.is_some() {
-            return Admission::Fleet;
-        }
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = slots
-            .entry((req.runbook.clone(), req.host.clone()))
-            .or_default();
-        if let Some((result, _)) = slot.refuses(&req.keys, runbook.cooldown) {
-            if slot.in_flight {
-                slot.keys.extend(req.keys.iter().cloned());
+        match c.why() {
+            Some(why) if matches!(c, Candidate::Invalid { .. }) => {
+                tracing::warn!(%runbook, fingerprint = c.fingerprint(), result = result.as_str(), "trigger: the alert cannot be kept and starts nothing: {why}")
             }
-            return Admission::Decided(result);
+            Some(why) => {
+                tracing::info!(%runbook, %host, fingerprint = c.fingerprint(), result = result.as_str(), "trigger: {why}")
+            }
+            None => {
+                tracing::info!(%runbook, %host, trigger = trigger.as_str(), result = result.as_str(), "trigger")
+            }
         }
-        slot.in_flight = true;
-        slot.keys = req.keys.iter().cloned().collect();
-        Admission::Decided(TriggerResult::Started)
     }
 
     /// Bring the number of run permits to `max_concurrent_runs` of `config`:
@@ -560,14 +435,7 @@ impl Scheduler {
     ) {
         // The slot first: once the metrics say the run ended, a new
         // trigger for this runbook and host can start.
-        {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = slots
-                .entry((req.runbook.clone(), req.host.clone()))
-                .or_default();
-            slot.in_flight = false;
-            slot.ended = Some(Instant::now());
-        }
+        self.admission.ended(req);
         self.metrics.runs_in_flight.dec();
         let verdict = match &outcome {
             Ok(report) => report.verdict,
@@ -673,9 +541,8 @@ impl Scheduler {
             ends.insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
             closed += 1;
         }
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        for ((runbook, host), (ended, keys)) in ends {
-            slots.insert((runbook, host), Slot::from_log(ended, keys));
+        if let Some(local) = &self.local {
+            local.restore(ends);
         }
         Ok(closed)
     }
@@ -750,87 +617,78 @@ mod tests {
         req
     }
 
-    /// Without shared state, this daemon decides every trigger alone.
-    fn decided(a: Admission) -> TriggerResult {
-        match a {
-            Admission::Decided(r) => r,
-            Admission::Fleet => panic!("no shared state here"),
-        }
-    }
-
-    /// The end of a run, as the run's task records it.
-    fn ended(s: &Scheduler) {
-        let mut slots = s.slots.lock().unwrap();
-        let slot = slots.get_mut(&("rb".into(), "web".into())).unwrap();
-        slot.in_flight = false;
-        slot.ended = Some(Instant::now());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cooldown_holds_for_its_hour_and_a_repeat_of_the_same_alert_is_a_duplicate() {
-        let (_d, config, s) = scheduler();
-        let decide = |keys: &[&str]| decided(s.decide(&config, &alert(keys), false));
-        assert_eq!(decide(&["fp1"]), TriggerResult::Started);
-        assert_eq!(decide(&["fp2"]), TriggerResult::Deduplicated, "in flight");
-        ended(&s);
-        assert_eq!(decide(&["fp3"]), TriggerResult::Cooldown);
-        assert_eq!(
-            decide(&["fp1"]),
-            TriggerResult::Deduplicated,
-            "the alert the last run took"
-        );
-        tokio::time::advance(Duration::from_secs(3599)).await;
-        assert_eq!(decide(&["fp3"]), TriggerResult::Cooldown, "a second early");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(decide(&["fp3"]), TriggerResult::Started);
-    }
-
-    /// Alertmanager in HA mode sends a notification twice now and then, and
-    /// every replica's cron fires the same schedule: a repeat of the keys of
-    /// a run that ended moments ago is a duplicate even without a cooldown.
-    #[tokio::test(start_paused = true)]
-    async fn a_repeat_of_the_last_runs_trigger_within_a_minute_is_a_duplicate_without_a_cooldown() {
-        let slot = |ago: u64| {
-            let mut s = Slot::from_log(jiff::Timestamp::now(), vec!["fp:a".into()]);
-            s.ended = Some(Instant::now() - Duration::from_secs(ago));
-            s
-        };
-        let keys = |k: &str| vec![k.to_string()];
-        assert_eq!(
-            slot(5).refuses(&keys("fp:a"), None).map(|r| r.0),
-            Some(TriggerResult::Deduplicated)
-        );
-        assert_eq!(
-            slot(5).refuses(&keys("fp:b"), None),
-            None,
-            "another alert starts"
-        );
-        assert_eq!(
-            slot(61).refuses(&keys("fp:a"), None),
-            None,
-            "a minute on, Alertmanager's repeat starts it again"
-        );
-    }
-
     #[tokio::test(start_paused = true)]
     async fn what_a_trigger_names_outside_the_config_never_starts_a_run() {
         let (_d, config, s) = scheduler();
+        let mut engaged = HashMap::new();
         let mut other = alert(&[]);
         other.runbook = "nope".into();
         assert_eq!(
-            decided(s.decide(&config, &other, false)),
-            TriggerResult::NoMatch
+            s.alone(&config, &other, &mut engaged),
+            Some(TriggerResult::NoMatch)
         );
         let mut elsewhere = alert(&[]);
         elsewhere.host = "db".into();
         assert_eq!(
-            decided(s.decide(&config, &elsewhere, false)),
-            TriggerResult::OutOfScope
+            s.alone(&config, &elsewhere, &mut engaged),
+            Some(TriggerResult::OutOfScope)
         );
+        assert_eq!(s.alone(&config, &alert(&[]), &mut engaged), None);
+        engaged.insert("rb".into(), true);
         assert_eq!(
-            decided(s.decide(&config, &alert(&[]), true)),
-            TriggerResult::KillSwitch,
+            s.alone(&config, &alert(&[]), &mut engaged),
+            Some(TriggerResult::KillSwitch),
             "the switch is engaged"
         );
+    }
+
+    /// Every candidate of a notification gets one outcome, counted once:
+    /// the run, its duplicate, and the alerts decided before admission.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_candidate_is_decided_and_counted_once() {
+        let (_d, _config, s) = scheduler();
+        let candidates = vec![
+            Candidate::Run(alert(&["fp:1"])),
+            Candidate::Run(alert(&["fp:2"])),
+            Candidate::NoMatch {
+                fingerprint: "f3".into(),
+                keys: vec!["fp:f3".into()],
+                why: "no runbook".into(),
+            },
+            Candidate::OutOfScope {
+                runbook: "rb".into(),
+                host: "db".into(),
+                fingerprint: "f4".into(),
+                keys: vec!["fp:f4".into()],
+                why: "not its host".into(),
+            },
+        ];
+        let got: Vec<TriggerResult> = s
+            .submit_candidates(candidates)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.result)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                TriggerResult::Started,
+                TriggerResult::Deduplicated,
+                TriggerResult::NoMatch,
+                TriggerResult::OutOfScope
+            ]
+        );
+        let counted = |runbook: &str, result: TriggerResult| {
+            s.metrics
+                .alert_triggers
+                .with_label_values(&[runbook, result.as_str()])
+                .get()
+        };
+        assert_eq!(counted("rb", TriggerResult::Started), 1);
+        assert_eq!(counted("rb", TriggerResult::Deduplicated), 1);
+        assert_eq!(counted("none", TriggerResult::NoMatch), 1);
+        assert_eq!(counted("rb", TriggerResult::OutOfScope), 1);
+        assert!(s.wait_idle(Duration::from_secs(20)).await, "the run ended");
     }
 }

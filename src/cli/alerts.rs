@@ -8,9 +8,9 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{Exit, Failed};
+use crate::admission::{DUPLICATE_WINDOW, Slot, TriggerResult};
 use crate::config::Config;
 use crate::gate::killswitch::KillSwitch;
-use crate::scheduler::{Slot, TriggerResult};
 use crate::trigger::alerts::{Candidate, Notification, candidates};
 
 pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> Exit {
@@ -135,7 +135,11 @@ fn outcome(
             let refused =
                 ends.get(&(req.runbook.clone(), req.host.clone()))
                     .and_then(|(ended, keys)| {
-                        Slot::from_log(*ended, keys.clone()).refuses(&req.keys, cooldown)
+                        Slot::from_log(*ended, keys.clone()).refuses(
+                            &req.keys,
+                            cooldown,
+                            DUPLICATE_WINDOW,
+                        )
                     });
             match refused {
                 None => {

@@ -470,7 +470,13 @@ impl RunLoop<'_> {
             _ => "none",
         };
         m.tool_calls
-            .with_label_values(&[&self.runbook.name, &self.host.name, tool, tier, r.status.as_str()])
+            .with_label_values(&[
+                &self.runbook.name,
+                &self.host.name,
+                tool,
+                tier,
+                r.status.as_str(),
+            ])
             .inc();
         if r.result
             .as_ref()

@@ -232,7 +232,8 @@ impl Postgres {
             trigger: "cli",
         };
         Ok(self
-            .admit(&[item])
+            // No trigger keys: no repeat, so no duplicate window applies.
+            .admit(&[item], Duration::ZERO)
             .await?
             .pop()
             .unwrap_or(Admitted::Deduplicated))
@@ -244,8 +245,9 @@ impl Postgres {
     pub(crate) async fn admit(
         self: &Arc<Self>,
         items: &[Admit],
+        window: Duration,
     ) -> Result<Vec<Admitted>, StoreError> {
-        let outcomes = self.admit_all(items).await?;
+        let outcomes = self.admit_all(items, window).await?;
         Ok(items
             .iter()
             .zip(outcomes)

@@ -47,6 +47,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (4, include_str!("../../migrations/0004_admit_all.sql")),
     (5, include_str!("../../migrations/0005_timed_switch.sql")),
+    (6, include_str!("../../migrations/0006_admit_window.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -293,6 +294,7 @@ impl Postgres {
     pub(super) async fn admit_all(
         &self,
         items: &[super::Admit],
+        window: Duration,
     ) -> Result<Vec<(String, Option<i64>)>, StoreError> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| {
@@ -310,11 +312,11 @@ impl Postgres {
             .iter()
             .map(|&i| items[i].cooldown.map(millis))
             .collect();
-        let lease = millis(self.lease);
+        let (lease, window) = (millis(self.lease), millis(window));
         let rows = self
             .with("recording the triggers", |c| async move {
                 c.query_typed(
-                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8)",
+                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     &[
                         (&runbooks, Type::TEXT_ARRAY),
                         (&hosts, Type::TEXT_ARRAY),
@@ -324,6 +326,7 @@ impl Postgres {
                         (&self.replica, Type::TEXT),
                         (&lease, Type::INT8),
                         (&triggers, Type::TEXT_ARRAY),
+                        (&window, Type::INT8),
                     ],
                 )
                 .await

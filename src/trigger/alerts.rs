@@ -110,6 +110,49 @@ pub enum Candidate {
     },
 }
 
+impl Candidate {
+    /// The runbook (`none` when none took it), the host (empty when the
+    /// alert names none), the keys, and what kind of trigger it is.
+    pub fn names(&self) -> (&str, &str, &[String], Trigger) {
+        match self {
+            Candidate::Run(req) => (&req.runbook, &req.host, &req.keys, req.trigger),
+            Candidate::OutOfScope {
+                runbook,
+                host,
+                keys,
+                ..
+            } => (runbook, host, keys, Trigger::Alert),
+            Candidate::NoMatch { keys, .. } | Candidate::Invalid { keys, .. } => {
+                ("none", "", keys, Trigger::Alert)
+            }
+        }
+    }
+
+    /// Why it starts nothing, when that is known before admission.
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            Candidate::Run(_) => None,
+            Candidate::OutOfScope { why, .. }
+            | Candidate::NoMatch { why, .. }
+            | Candidate::Invalid { why, .. } => Some(why),
+        }
+    }
+
+    /// The alert's fingerprint (a run request's first key, without `fp:`).
+    pub fn fingerprint(&self) -> &str {
+        match self {
+            Candidate::Run(req) => req
+                .keys
+                .first()
+                .map(|k| k.trim_start_matches("fp:"))
+                .unwrap_or_default(),
+            Candidate::OutOfScope { fingerprint, .. }
+            | Candidate::NoMatch { fingerprint, .. }
+            | Candidate::Invalid { fingerprint, .. } => fingerprint,
+        }
+    }
+}
+
 /// Why no runbook took `labels`: the runbook whose matchers match the most
 /// (the first by name among equals) and its first matcher that does not.
 fn closest_miss(labels: &std::collections::BTreeMap<String, String>, config: &Config) -> String {

@@ -1015,7 +1015,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1, 2, 3, 4, 5]",
+        "applied migration(s) [1, 2, 3, 4, 5, 6]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
@@ -2149,4 +2149,69 @@ fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead
         said.contains("upgrade runwarden on this machine to a version that knows schema"),
         "{said}"
     );
+}
+
+/// The admission table (`tests/fixtures/admission-cases.json`) against
+/// PostgreSQL's `runwarden_admit`, called as the fleet calls it, with the
+/// duplicate window this runwarden passes: the same outcomes as this
+/// machine's own admission, whose half of the table is in the fast tier
+/// (`admission::local::tests::the_admission_table_on_this_machines_own_state`).
+#[test]
+fn the_admission_table_on_postgres() {
+    let pg = Pg::start();
+    let r = Replica::prepare(&pg, "a", LONG, "", &|e| {
+        e.host("h", &local_host("h", "paths: [/tmp]"));
+    });
+    let migrate = r.e.run(&["db", "migrate"]);
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let cases: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("tests/fixtures/admission-cases.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(cases.len() >= 10);
+    let array = |v: &Value| {
+        let keys: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| format!("'{}'", k.as_str().unwrap()))
+            .collect();
+        format!("ARRAY[{}]::text[]", keys.join(", "))
+    };
+    let window = runwarden::admission::DUPLICATE_WINDOW.as_millis();
+    for (i, case) in cases.iter().enumerate() {
+        let runbook = format!("table-{i}");
+        let before = &case["before"];
+        if before["in_flight"] == true {
+            pg.sql(&format!(
+                "INSERT INTO runwarden_leases (runbook, host, token, run_id, replica, expires_at, keys)
+                 VALUES ('{runbook}', 'h', 1, 'before-{i}', 'other', now() + interval '1 hour', {})",
+                array(&before["keys"])
+            ));
+        } else if let Some(ago) = before["ended_s_ago"].as_u64() {
+            pg.sql(&format!(
+                "INSERT INTO runwarden_leases (runbook, host, token, ended_at, keys)
+                 VALUES ('{runbook}', 'h', 1, now() - interval '{ago} seconds', {})",
+                array(&before["keys"])
+            ));
+        }
+        let cooldown = match case["cooldown_s"].as_u64() {
+            Some(s) => (s * 1000).to_string(),
+            None => "NULL".into(),
+        };
+        let got = pg.sql(&format!(
+            "SELECT outcome FROM runwarden_admit('{runbook}', 'h', {}, {cooldown}, 'run-{i}', 'table', 60000, 'alert', {window})",
+            array(&case["keys"])
+        ));
+        assert_eq!(
+            got.trim(),
+            case["expect"].as_str().unwrap(),
+            "{}",
+            case["case"]
+        );
+    }
 }
