@@ -9,7 +9,7 @@
 //! finish their current call and stop, bounded by `shutdown_grace`, then
 //! return.
 //!
-//! It runs a little past 500 lines because it is the one place every
+//! It is long because it is the one place every
 //! worker is wired; the workers that belong to a concept live with it.
 
 use std::future::Future;

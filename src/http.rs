@@ -16,7 +16,7 @@
 //! will never accept, and 5xx only when it could not record the triggers, so
 //! that Alertmanager retries.
 //!
-//! Why one file of about 650 lines: the accept loop's limits, the request
+//! Why one file: the accept loop's limits, the request
 //! guard and the handlers are the whole HTTP surface, and reading them
 //! together is how the surface is reviewed.
 

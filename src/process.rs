@@ -22,7 +22,7 @@
 //! per call, when its last process has ended (`tools::execute`). This keeps
 //! the runner's own cost per call near that of a bare spawn.
 //!
-//! Why one file of about 700 lines: the spawn, the wait, the kill of the
+//! Why one file: the spawn, the wait, the kill of the
 //! process group and the sweep of escapees are one lifecycle; a third of the
 //! file is its unit tests.
 

@@ -1,14 +1,12 @@
-//! The one consumer of run requests: kill switch, per-(runbook, host)
-//! exclusivity, cooldown and deduplication, then a run under the global
-//! concurrency limit.
+//! The one consumer of triggers: what it can say alone (no runbook, out of
+//! scope, the kill switch), then [`Admission`] for the rest, each outcome
+//! counted and recorded once, the accepted ones on disk (`queued`), then a
+//! run under the global concurrency limit.
 //!
-//! [`Scheduler::submit`] decides synchronously and returns the trigger's one
-//! recorded outcome, so the webhook can answer only once every alert has
-//! one; the run itself continues in its own task.
-//!
-//! About a fifth of its 760 lines are its unit tests (paused time); the
-//! rest is one concept, what becomes of a trigger, decided on this machine
-//! alone or, with shared state, across replicas.
+//! [`Scheduler::submit_candidates`] decides synchronously and returns each
+//! trigger's one recorded outcome, so the webhook can answer only once every
+//! alert has one; the run itself continues in its own task, and
+//! `Scheduler::end` closes it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -14,7 +14,7 @@
 //! so nothing is ever half-loaded. `runwarden check` and every other command
 //! call this same loader.
 //!
-//! Why one file of about 770 lines (a tenth of them its tests): loading is
+//! Why one file (a tenth of it its tests): loading is
 //! one transaction (every file read, every cross-reference checked, then the
 //! whole config or none), and the settings it validates sit next to the
 //! loader that resolves them. What a YAML slip is told (unknown keys, with a

@@ -1,7 +1,7 @@
 //! A runbook: which hosts it may touch, which tools it may call (and with
 //! what standing approval), what it may spend, and the steps it runs.
 //!
-//! Why one file of about 720 lines: the raw form, its validation (each
+//! Why one file: the raw form, its validation (each
 //! diagnostic naming file, line and field) and the validated form are one
 //! schema, kept together so a field is added in one place.
 

@@ -26,7 +26,7 @@
 //! received" (it did not run), or "started, no result" (unknown: a person
 //! must look).
 //!
-//! Why one file of about 600 lines: the session's state (connection, agent
+//! Why one file: the session's state (connection, agent
 //! process, what was sent) is shared by dispatch, recovery after a lost
 //! connection and the failure kinds `host check` reports.
 

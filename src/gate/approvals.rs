@@ -9,7 +9,7 @@
 //! restart nothing is approvable, and the run that waited is reported
 //! interrupted.
 //!
-//! About a quarter of its 610 lines are its unit tests (paused time).
+//! A quarter of it is its unit tests (paused time).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -19,7 +19,7 @@
 //! ([`Gate::last_look`]), since a stalled disk can hold an intent line for
 //! seconds.
 //!
-//! Why one file of about 850 lines: the gate's check reads top to bottom in
+//! Why one file: the gate's check reads top to bottom in
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
 

@@ -13,7 +13,7 @@
 //! `state.postgres.ca_file` or the system's authorities; a certificate that
 //! does not verify is a failed connection, never a plain one.
 //!
-//! It runs past 500 lines because each operation carries its SQL text
+//! It is long because each operation carries its SQL text
 //! beside the code that binds it; split, a reader would page between them.
 
 use std::path::Path;
