@@ -9,10 +9,10 @@
 //! # Layout
 //!
 //! ```text
-//! cli ──[RunRequest]──────────────┐
-//! trigger (cron, webhook) ──> scheduler ──[RunRequest]──> run
-//!   (kill switch, locks, cooldown, queued line on disk;     │
-//!    with shared state: admission and a lease in store)     │
+//! cli ──[RunRequest]──────────────────────────────┐
+//! trigger (cron, webhook) ──[Candidate]──> scheduler ──[RunRequest]──> run
+//!   (no runbook, out of scope, kill switch: alone;         │
+//!    the rest: admission, Local or Fleet; queued line on disk)
 //! run ── planner.next(&transcript, admit)  -> Call | Suggest | Turn | Finish
 //!     │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
 //!     │                             -> Allow(Permit)
@@ -22,8 +22,14 @@
 //!     └ audit.result(dispatched, &result); transcript += result
 //! ```
 //!
-//! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`config::Host`], errors as `FILE:LINE:COLUMN`.
-//! - [`tools`]: the static registry; tiers live here, in code, keyed by tool.
+//! The modules form layers (no two import each other, `tests/fast/layers.rs`).
+//! The leaves: [`text`], [`files`], [`secret`], [`process`] (spawning argv,
+//! crate-private), [`verdict`], [`host`] (a host's allowlists), [`signing`]
+//! (signed tier-2 permits), [`runlock`], [`logging`].
+//!
+//! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`host::Host`], errors as `FILE:LINE:COLUMN`.
+//! - [`tools`]: each tool one file implementing the `Tool` trait, and the
+//!   registry table that makes [`tools::ToolId`]; tiers live here, in code.
 //! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget, fleet budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
 //! - [`executor`]: runs a permitted, audited call: on this machine
@@ -38,8 +44,10 @@
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
 //!   [`report`] is what it reports.
-//! - [`scheduler`]: what becomes of each trigger (kill switch, scope, one run per
-//!   runbook and host, cooldown, dedupe, the concurrency limit).
+//! - [`admission`]: one run per runbook and host, cooldown and dedupe, on
+//!   this machine ([`admission::Local`]) or across replicas ([`admission::Fleet`]).
+//! - [`scheduler`]: what becomes of each trigger (kill switch, scope,
+//!   admission, the concurrency limit), each outcome counted once.
 //! - [`store`]: state several daemons share in PostgreSQL (admission,
 //!   leases and fencing, the fleet's kill switch and budget).
 //! - [`cli`]: the command line; messages and exit codes live there only.
