@@ -27,7 +27,7 @@ pub enum Executor {
         /// The run's connection to the host.
         session: Box<ssh::Session>,
         /// The key that signs tier-2 permits, or why it cannot be loaded.
-        permits: Box<Result<PermitKey, NoPermitKey>>,
+        permit_key: Box<Result<PermitKey, NoPermitKey>>,
     },
     /// Tools run on this machine through its own agent on a unix socket
     /// (root's side of an unprivileged daemon), with the same requests and
@@ -36,7 +36,7 @@ pub enum Executor {
         /// The agent's socket.
         socket: std::path::PathBuf,
         /// The key that signs tier-2 permits, or why it cannot be loaded.
-        permits: Box<Result<PermitKey, NoPermitKey>>,
+        permit_key: Box<Result<PermitKey, NoPermitKey>>,
     },
 }
 
@@ -48,11 +48,11 @@ impl Executor {
             Connection::Local => Executor::Local,
             Connection::Ssh(ssh) => Executor::Ssh {
                 session: Box::new(ssh::Session::new(ssh.clone(), run_id)),
-                permits: Box::new(permits(host, permit_key)),
+                permit_key: Box::new(load_permit_key(host, permit_key)),
             },
             Connection::Agent(socket) => Executor::Agent {
                 socket: socket.clone(),
-                permits: Box::new(permits(host, permit_key)),
+                permit_key: Box::new(load_permit_key(host, permit_key)),
             },
         }
     }
@@ -77,12 +77,12 @@ impl Executor {
         host: &Host,
         deadline: tokio::time::Instant,
     ) -> ToolResult {
-        let permits = match self {
-            Executor::Ssh { permits, .. } | Executor::Agent { permits, .. } => permits,
+        let key = match self {
+            Executor::Ssh { permit_key, .. } | Executor::Agent { permit_key, .. } => permit_key,
             Executor::Local => return tools::execute_here(permit.action(), host, deadline).await,
         };
         // A host's agent: the same request and signed permit on either transport.
-        let request = match request(permit, run, host, permits) {
+        let request = match request(permit, run, host, key) {
             Ok(r) => r,
             Err(not_sent) => return not_sent,
         };
@@ -114,7 +114,7 @@ pub struct NoPermitKey {
     source: KeyError,
 }
 
-fn permits(host: &Host, permit_key: &Path) -> Result<PermitKey, NoPermitKey> {
+fn load_permit_key(host: &Host, permit_key: &Path) -> Result<PermitKey, NoPermitKey> {
     PermitKey::load(permit_key).map_err(|source| NoPermitKey {
         host: host.name.clone(),
         source,
@@ -128,7 +128,7 @@ fn request(
     permit: &Permit,
     run: &RunInfo,
     host: &Host,
-    permits: &Result<PermitKey, NoPermitKey>,
+    key: &Result<PermitKey, NoPermitKey>,
 ) -> Result<wire::Call, ToolResult> {
     let action = permit.action();
     let mut args = action.args_json();
@@ -136,7 +136,7 @@ fn request(
         args["reason"] = reason.into();
     }
     let tool = action.tool().name();
-    let signed = match (action.tier(), permits) {
+    let signed = match (action.tier(), key) {
         (Tier::Observe, _) => None,
         (Tier::Change, Ok(key)) => Some(key.sign(
             &CallId {

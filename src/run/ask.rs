@@ -4,7 +4,7 @@
 //! [`Resolution`] becomes a permit (the approval re-enters the gate with the
 //! call it held) or a denial with its own reason.
 
-use super::run_loop::{RunLoop, Steps};
+use super::run_loop::{RunLoop, RunState};
 use crate::gate::approvals::{self, Cancel, Decided, Request, Resolution, State};
 use crate::gate::{Denial, DenyReason, Hold, Permit};
 use crate::report::StepReport;
@@ -15,7 +15,7 @@ impl RunLoop<'_> {
     /// with the call it held.
     pub(super) async fn ask(
         &self,
-        s: &mut Steps,
+        s: &mut RunState,
         hold: Hold,
         r: &mut StepReport,
     ) -> Result<Permit, Denial> {

@@ -89,7 +89,7 @@ pub(super) struct RunLoop<'a> {
 }
 
 /// The state one run accumulates.
-pub(super) struct Steps {
+pub(super) struct RunState {
     pub(super) gate: Gate,
     pub(super) transcript: Transcript,
     reports: Vec<StepReport>,
@@ -109,7 +109,7 @@ impl RunLoop<'_> {
     pub(super) async fn go(mut self) -> RunReport {
         let started = Instant::now();
         let started_at = jiff::Timestamp::now().to_string();
-        let mut s = Steps {
+        let mut s = RunState {
             gate: Gate::new(
                 self.runbook.clone(),
                 self.host.clone(),
@@ -215,7 +215,7 @@ impl RunLoop<'_> {
         self.runner.shutdown.as_ref().is_some_and(|s| *s.borrow())
     }
 
-    fn turn(&self, s: &mut Steps, turn: &ModelTurn) {
+    fn turn(&self, s: &mut RunState, turn: &ModelTurn) {
         s.model_turns += 1;
         if turn.final_answer {
             s.final_answer = Some(turn.content.clone());
@@ -225,7 +225,7 @@ impl RunLoop<'_> {
     }
 
     /// The gate refused the next model request itself (kill switch, limits).
-    fn stopped(&self, s: &mut Steps, denial: &Denial) {
+    fn stopped(&self, s: &mut RunState, denial: &Denial) {
         self.count_denial(denial);
         let why = format!(
             "before model request {}: {denial}",
@@ -235,7 +235,7 @@ impl RunLoop<'_> {
     }
 
     /// One proposed call: the gate decides, and one method acts on it.
-    async fn call(&self, s: &mut Steps, id: &str, call: &ProposedCall, r: &mut StepReport) {
+    async fn call(&self, s: &mut RunState, id: &str, call: &ProposedCall, r: &mut StepReport) {
         match s.gate.check(call) {
             // A dry run asks nobody: it shows what a person would be asked.
             Decision::Hold(hold) if self.req.dry_run => self.show(s, id, hold.action(), None, r),
@@ -251,7 +251,7 @@ impl RunLoop<'_> {
 
     fn deny(
         &self,
-        s: &mut Steps,
+        s: &mut RunState,
         id: &str,
         call: &ProposedCall,
         denial: &Denial,
@@ -279,7 +279,7 @@ impl RunLoop<'_> {
     }
 
     /// L1: record the call for a person, with the argv it would run.
-    fn propose(&self, s: &mut Steps, id: &str, p: &Proposal, r: &mut StepReport) {
+    fn propose(&self, s: &mut RunState, id: &str, p: &Proposal, r: &mut StepReport) {
         let argv = self.argv(p.action());
         r.status = StepStatus::Proposed;
         r.tier = Some(p.action().tier().number());
@@ -302,7 +302,7 @@ impl RunLoop<'_> {
     /// (`None`: a person would be asked, L2); nothing runs.
     fn show(
         &self,
-        s: &mut Steps,
+        s: &mut RunState,
         id: &str,
         action: &Action,
         approved_by: Option<&ApprovedBy>,
@@ -335,7 +335,7 @@ impl RunLoop<'_> {
     /// back is the one thing dispatch accepts, once.
     async fn allow(
         &self,
-        s: &mut Steps,
+        s: &mut RunState,
         id: &str,
         call: &ProposedCall,
         permit: Permit,
@@ -489,7 +489,7 @@ impl RunLoop<'_> {
     }
 
     /// The verdict line, the journal head, and the report.
-    fn finish(self, s: Steps, started: Instant, started_at: String) -> RunReport {
+    fn finish(self, s: RunState, started: Instant, started_at: String) -> RunReport {
         let (mut verdict, mut verdict_detail) = s.tally.verdict(self.req.dry_run, s.would_change);
         // A dry run changed nothing, whatever the gate would have allowed.
         let mutations = match self.req.dry_run {
