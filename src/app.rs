@@ -44,9 +44,9 @@ pub struct Listening {
     /// The bound address.
     pub addr: SocketAddr,
     /// How many runbooks it loaded.
-    pub runbooks: usize,
+    pub(crate) runbooks: usize,
     /// How many hosts.
-    pub hosts: usize,
+    pub(crate) hosts: usize,
 }
 
 /// Run the daemon until `shutdown` resolves. `ready` hears once everything
@@ -681,22 +681,22 @@ mod service_manager {
     use sd_notify::NotifyState;
     use std::time::Duration;
 
-    pub fn ready(bound: std::net::SocketAddr) {
+    pub(crate) fn ready(bound: std::net::SocketAddr) {
         let status = format!("listening on {bound}");
         let _ = sd_notify::notify(false, &[NotifyState::Ready, NotifyState::Status(&status)]);
     }
 
-    pub fn stopping() {
+    pub(crate) fn stopping() {
         let _ = sd_notify::notify(false, &[NotifyState::Stopping]);
     }
 
     /// Half of `WatchdogSec=` when the unit sets one for this process.
-    pub fn watchdog_interval() -> Option<Duration> {
+    pub(crate) fn watchdog_interval() -> Option<Duration> {
         let mut usec = 0;
         sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec / 2))
     }
 
-    pub async fn watchdog(every: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub(crate) async fn watchdog(every: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(every);
         loop {
             tokio::select! {

@@ -29,7 +29,7 @@ pub enum OpenError {
 /// `follow`: whether a symlink as the last component is followed (a secret
 /// file may be one, as orchestrators mount them); without it a symlink is
 /// refused.
-pub fn open_regular(path: &Path, follow: bool) -> Result<File, OpenError> {
+pub(crate) fn open_regular(path: &Path, follow: bool) -> Result<File, OpenError> {
     let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
     if !follow {
         flags |= nix::libc::O_NOFOLLOW;

@@ -14,43 +14,43 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Host {
     /// The host's name: its file's stem, and what runbooks and alerts name.
-    pub name: String,
+    pub(crate) name: String,
     /// How tools reach it.
-    pub connection: Connection,
+    pub(crate) connection: Connection,
     /// Shipped as an example: its missing SSH files are a note, not a warning.
-    pub example: bool,
+    pub(crate) example: bool,
     /// Run mutating commands through `sudo -n` (never through a shell).
-    pub sudo: bool,
+    pub(crate) sudo: bool,
     /// Working directory of every spawned tool: a directory with nothing in it.
-    pub jail: PathBuf,
+    pub(crate) jail: PathBuf,
     /// Upper bound for one tool call; the run's own time budget may cut it shorter.
-    pub tool_timeout: Duration,
+    pub(crate) tool_timeout: Duration,
     /// How long `disk_usage`'s `du` may look for the largest entries (a cold
     /// cache on a big filesystem needs more); past it the answer is partial.
-    pub du_budget: Duration,
+    pub(crate) du_budget: Duration,
     /// Allowlist: the systemd units service tools may name.
     pub units: BTreeSet<String>,
     /// Allowlist: the units whose journal `read_journal` may read (the service units are included).
-    pub journals: BTreeSet<String>,
+    pub(crate) journals: BTreeSet<String>,
     /// Allowlist: the directories `disk_usage` may measure (and everything under them).
     pub paths: Vec<PathBuf>,
     /// Allowlist: the logrotate configurations `rotate_logs` may run.
-    pub logrotate_configs: Vec<PathBuf>,
+    pub(crate) logrotate_configs: Vec<PathBuf>,
     /// logrotate's state file, when not the Debian default.
-    pub logrotate_state: Option<PathBuf>,
+    pub(crate) logrotate_state: Option<PathBuf>,
     /// Allowlist: the certificates tools may read or renew, by name.
-    pub certificates: BTreeMap<String, Certificate>,
+    pub(crate) certificates: BTreeMap<String, Certificate>,
     /// Allowlist: the URLs `http_check` may fetch, by name (loopback only).
-    pub health_checks: BTreeMap<String, String>,
+    pub(crate) health_checks: BTreeMap<String, String>,
     /// Allowlist: the worker pools `recycle_worker_pool` may recycle, by name.
-    pub worker_pools: BTreeMap<String, WorkerPool>,
+    pub(crate) worker_pools: BTreeMap<String, WorkerPool>,
     /// The absolute path of each program tools spawn.
-    pub binaries: Binaries,
+    pub(crate) binaries: Binaries,
     /// The file this host came from (for messages).
-    pub source: PathBuf,
+    pub(crate) source: PathBuf,
     /// In an agent's policy: the runner's Ed25519 key (hex) that must sign
     /// every tier-2 call (see `signing`).
-    pub permit_public_key: Option<String>,
+    pub(crate) permit_public_key: Option<String>,
 }
 
 /// How tools reach a host.
@@ -69,45 +69,45 @@ pub enum Connection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ssh {
     /// The host name or address to connect to.
-    pub address: String,
+    pub(crate) address: String,
     /// The SSH port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// The remote account, whose forced command is `runwarden agent --stdio`.
-    pub user: String,
+    pub(crate) user: String,
     /// The private key (the only one offered).
-    pub identity: PathBuf,
+    pub(crate) identity: PathBuf,
     /// The known_hosts file holding this host's key (no global one is read).
-    pub known_hosts: PathBuf,
+    pub(crate) known_hosts: PathBuf,
     /// A run's calls share one connection (an OpenSSH control master) and one
     /// agent session; `false`: a new connection for every call.
-    pub multiplex: bool,
+    pub(crate) multiplex: bool,
 }
 
 /// A certificate the host allows tools to read or renew.
 #[derive(Debug, Clone)]
-pub struct Certificate {
+pub(crate) struct Certificate {
     /// The PEM file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The unit that serves this certificate (reloaded after a renewal).
-    pub unit: Option<String>,
+    pub(crate) unit: Option<String>,
     /// The renewal command as argv, absolute program first. Written by the operator.
-    pub renew: Option<Vec<String>>,
+    pub(crate) renew: Option<Vec<String>>,
 }
 
 /// A worker pool the host allows `recycle_worker_pool` to recycle.
 #[derive(Debug, Clone)]
-pub struct WorkerPool {
+pub(crate) struct WorkerPool {
     /// Where its master process is found.
-    pub master: PoolMaster,
+    pub(crate) master: PoolMaster,
     /// How it is told to replace its workers.
-    pub recycle: Recycle,
+    pub(crate) recycle: Recycle,
     /// Name of a health check in the same host file.
-    pub health_check: Option<String>,
+    pub(crate) health_check: Option<String>,
 }
 
 /// Where the pool's master process is found.
 #[derive(Debug, Clone)]
-pub enum PoolMaster {
+pub(crate) enum PoolMaster {
     /// The systemd unit whose main process is the master.
     Unit(String),
     /// A pid file, and the program the pid must be running: the pid in the
@@ -123,7 +123,7 @@ pub enum PoolMaster {
 
 /// How a pool master is told to replace its workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recycle {
+pub(crate) enum Recycle {
     /// `systemctl reload UNIT`.
     Reload,
     /// Send this signal to the master process.
@@ -132,7 +132,7 @@ pub enum Recycle {
 
 /// The signals a pool master understands as "replace your workers".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolSignal {
+pub(crate) enum PoolSignal {
     /// SIGHUP.
     Hup,
     /// SIGUSR2.
@@ -141,7 +141,7 @@ pub enum PoolSignal {
 
 impl PoolSignal {
     /// The signal's name, as `kill -s` takes it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PoolSignal::Hup => "HUP",
             PoolSignal::Usr2 => "USR2",
@@ -151,25 +151,25 @@ impl PoolSignal {
 
 /// Absolute paths of every program a tool may spawn (Debian defaults).
 #[derive(Debug, Clone)]
-pub struct Binaries {
+pub(crate) struct Binaries {
     /// systemctl.
-    pub systemctl: PathBuf,
+    pub(crate) systemctl: PathBuf,
     /// journalctl.
-    pub journalctl: PathBuf,
+    pub(crate) journalctl: PathBuf,
     /// logrotate.
-    pub logrotate: PathBuf,
+    pub(crate) logrotate: PathBuf,
     /// df (coreutils).
-    pub df: PathBuf,
+    pub(crate) df: PathBuf,
     /// du (coreutils).
-    pub du: PathBuf,
+    pub(crate) du: PathBuf,
     /// ps (procps).
-    pub ps: PathBuf,
+    pub(crate) ps: PathBuf,
     /// kill (procps).
-    pub kill: PathBuf,
+    pub(crate) kill: PathBuf,
     /// sudo, for hosts with `sudo: true`.
-    pub sudo: PathBuf,
+    pub(crate) sudo: PathBuf,
     /// The OpenSSH client (runner side of `connection: ssh`).
-    pub ssh: PathBuf,
+    pub(crate) ssh: PathBuf,
 }
 
 impl Default for Binaries {
@@ -193,7 +193,7 @@ const UNIT_SUFFIXES: &[&str] = &[
 ];
 
 /// A systemd unit name as runwarden accepts it: no escapes, no shell metacharacters.
-pub fn is_unit_name(s: &str) -> bool {
+pub(crate) fn is_unit_name(s: &str) -> bool {
     let Some(first) = s.chars().next() else {
         return false;
     };

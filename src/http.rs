@@ -39,33 +39,33 @@ use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Notification, candidates};
 
 /// Largest webhook body accepted.
-pub const MAX_BODY: usize = 1 << 20;
+pub(crate) const MAX_BODY: usize = 1 << 20;
 
 /// What every handler shares.
 #[derive(Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     /// The configuration in force (replaced on reload).
-    pub config: watch::Receiver<Arc<Config>>,
+    pub(crate) config: watch::Receiver<Arc<Config>>,
     /// Where triggers go.
-    pub scheduler: Arc<Scheduler>,
+    pub(crate) scheduler: Arc<Scheduler>,
     /// The metrics `/metrics` serves.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The audit log the runs API reads.
-    pub audit: Arc<AuditLog>,
+    pub(crate) audit: Arc<AuditLog>,
     /// The bearer token the API requires (re-read on SIGHUP).
-    pub token: Arc<std::sync::RwLock<WebhookToken>>,
+    pub(crate) token: Arc<std::sync::RwLock<WebhookToken>>,
 }
 
 /// Connections served at once; more wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 256;
+pub(crate) const MAX_CONNECTIONS: usize = 256;
 /// How long a client may take to send a request's headers.
-pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long one request may take, its body included.
-pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serve `router` on `listener` until `stop` turns true, then let the
 /// connections in flight finish their current request.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     mut stop: watch::Receiver<bool>,
@@ -134,7 +134,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// Every route: the webhook, the runs and approvals API, `/metrics` and `/healthz`.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let guarded = state.clone();
     Router::new()
         .route("/metrics", get(metrics))
@@ -153,7 +153,7 @@ pub fn router(state: AppState) -> Router {
 
 /// The webhook token in force.
 #[derive(Debug, Clone)]
-pub enum WebhookToken {
+pub(crate) enum WebhookToken {
     /// None configured: loopback only.
     None,
     /// Requests must carry it as `Authorization: Bearer`.

@@ -15,7 +15,7 @@ use crate::process::Argv;
 use crate::tools::ToolId;
 
 /// Where the agent binary is expected on a managed host.
-pub const AGENT_PATH: &str = "/usr/local/bin/runwarden";
+pub(crate) const AGENT_PATH: &str = "/usr/local/bin/runwarden";
 
 fn q(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
@@ -34,7 +34,12 @@ const LOCAL_AGENT_JAIL: &str = "/var/lib/runwarden-agent/jail";
 /// The host's allowlists as the agent's policy file (a host file with
 /// `connection: local`), with the runner's public key that signs tier-2
 /// permits; `sudo` and `jail` are the agent's own.
-pub fn policy(host: &Host, permit_public_key: Option<&str>, sudo: bool, jail: &str) -> String {
+pub(crate) fn policy(
+    host: &Host,
+    permit_public_key: Option<&str>,
+    sudo: bool,
+    jail: &str,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -148,7 +153,7 @@ pub fn policy(host: &Host, permit_public_key: Option<&str>, sudo: bool, jail: &s
 /// calls (L2 after a person's approval, L3 on its own; L1 only proposes),
 /// each tier-2 tool it approves, on the targets it can ask for (see
 /// `asked_targets`).
-pub fn mutating_commands<'a>(
+pub(crate) fn mutating_commands<'a>(
     host: &Host,
     runbooks: impl IntoIterator<Item = &'a Runbook>,
 ) -> Vec<Argv> {
@@ -212,7 +217,7 @@ fn sudoers_command(a: &Argv) -> String {
 
 /// The sudoers file for `host`: exactly the commands `runbooks` can have
 /// run as root there ([`mutating_commands`]).
-pub fn sudoers<'a>(
+pub(crate) fn sudoers<'a>(
     host: &Host,
     user: &str,
     runbooks: impl IntoIterator<Item = &'a Runbook>,
@@ -250,7 +255,7 @@ pub fn sudoers<'a>(
 /// The `authorized_keys` line for the runner's key (the agent as forced
 /// command, `restrict`: no forwarding, no terminal), with the commands
 /// that make the account.
-pub fn authorized_keys(user: &str, public_key: &str) -> String {
+pub(crate) fn authorized_keys(user: &str, public_key: &str) -> String {
     format!(
         "# The account: a real shell (sshd runs the forced command through it), unlocked, and in\n# systemd-journal for read_journal:\n#   useradd --create-home --shell /bin/sh --groups systemd-journal {user} && usermod --password '*' {user}\n#   install -d -o {user} -m 0700 /var/lib/runwarden\ncommand=\"{AGENT_PATH} agent --stdio\",restrict {}\n",
         public_key.trim()
@@ -258,16 +263,18 @@ pub fn authorized_keys(user: &str, public_key: &str) -> String {
 }
 
 /// The daemon's unit, as the package installs it (`packaging/systemd/`).
-pub const SERVE_UNIT: &str = include_str!("../packaging/systemd/runwarden.service");
+pub(crate) const SERVE_UNIT: &str = include_str!("../packaging/systemd/runwarden.service");
 /// Root's side of the privileged path on the daemon's own machine.
-pub const AGENT_SOCKET_UNIT: &str = include_str!("../packaging/systemd/runwarden-agent.socket");
+pub(crate) const AGENT_SOCKET_UNIT: &str =
+    include_str!("../packaging/systemd/runwarden-agent.socket");
 /// One agent per connection on [`AGENT_SOCKET_UNIT`].
-pub const AGENT_SERVICE_UNIT: &str = include_str!("../packaging/systemd/runwarden-agent@.service");
+pub(crate) const AGENT_SERVICE_UNIT: &str =
+    include_str!("../packaging/systemd/runwarden-agent@.service");
 
 /// The daemon's unit. It names no directory of the machine `install print`
 /// ran on: the package's layout (`/etc/runwarden`, `/var/lib/runwarden`);
 /// a config elsewhere is a drop-in that overrides `ExecStart=`.
-pub fn systemd_unit(config: &Config) -> String {
+pub(crate) fn systemd_unit(config: &Config) -> String {
     let mut unit = format!(
         "# /etc/systemd/system/runwarden.service (the management host). The Debian package\n# already installs this very unit as /lib/systemd/system/runwarden.service: copy it\n# only where runwarden was installed without the package.\n{SERVE_UNIT}"
     );
@@ -284,7 +291,7 @@ pub fn systemd_unit(config: &Config) -> String {
 /// Everything for one host, in sections named after where each file goes.
 /// `public` is the runner's permit key's public half, which the host's
 /// policy names (without it, the policy takes no tier-2 call).
-pub fn print(config: &Config, host: &Host, public: Option<&str>) -> String {
+pub(crate) fn print(config: &Config, host: &Host, public: Option<&str>) -> String {
     let (user, public_key) = match &host.connection {
         Connection::Ssh(ssh) => {
             let pubfile = format!("{}.pub", ssh.identity.display());

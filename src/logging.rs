@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 /// Whether stderr is the journal stream systemd gave this process: the
 /// `dev:inode` in `JOURNAL_STREAM` is stderr's own (a child that inherited
 /// the variable but not the stream does not count).
-pub fn under_journald() -> bool {
+pub(crate) fn under_journald() -> bool {
     static UNDER: OnceLock<bool> = OnceLock::new();
     *UNDER.get_or_init(|| {
         let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
@@ -32,7 +32,7 @@ pub fn under_journald() -> bool {
 
 /// A syslog priority, for a line printed outside `tracing`.
 #[derive(Debug, Clone, Copy)]
-pub enum Priority {
+pub(crate) enum Priority {
     /// 3: something failed.
     Err = 3,
     /// 6: what happened.
@@ -41,7 +41,7 @@ pub enum Priority {
 
 /// The prefix journald reads as the line's priority (`<3>`); empty when
 /// not under journald.
-pub fn prefix(p: Priority) -> String {
+pub(crate) fn prefix(p: Priority) -> String {
     if under_journald() {
         format!("<{}>", p as u8)
     } else {

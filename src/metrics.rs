@@ -19,72 +19,70 @@ use prometheus::{
 /// runwarden's Prometheus metrics, one field per family; the help text of
 /// each is in [`Metrics::new`]. Label values come from the config and the
 /// registry, never from what a run read.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// `runwarden_runs_started_total`.
-    pub runs_started: IntCounterVec,
+    pub(crate) runs_started: IntCounterVec,
     /// `runwarden_runs_finished_total`.
-    pub runs_finished: IntCounterVec,
+    pub(crate) runs_finished: IntCounterVec,
     /// `runwarden_run_duration_seconds`.
-    pub run_duration: HistogramVec,
+    pub(crate) run_duration: HistogramVec,
     /// `runwarden_runs_in_flight`.
-    pub runs_in_flight: IntGauge,
+    pub(crate) runs_in_flight: IntGauge,
     /// `runwarden_tool_calls_total`.
-    pub tool_calls: IntCounterVec,
+    pub(crate) tool_calls: IntCounterVec,
     /// `runwarden_gate_denials_total`.
-    pub gate_denials: IntCounterVec,
+    pub(crate) gate_denials: IntCounterVec,
     /// `runwarden_budget_exhausted_total`.
-    pub budget_exhausted: IntCounterVec,
+    pub(crate) budget_exhausted: IntCounterVec,
     /// `runwarden_kill_switch_engaged`.
-    pub kill_switch_engaged: IntGaugeVec,
+    pub(crate) kill_switch_engaged: IntGaugeVec,
     /// `runwarden_alerts_received_total`.
-    pub alerts_received: IntCounterVec,
+    pub(crate) alerts_received: IntCounterVec,
     /// `runwarden_alert_triggers_total`.
-    pub alert_triggers: IntCounterVec,
+    pub(crate) alert_triggers: IntCounterVec,
     /// `runwarden_audit_write_failures_total`.
-    pub audit_write_failures: IntCounter,
+    pub(crate) audit_write_failures: IntCounter,
     /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
-    pub audit_heads: IntCounterVec,
+    pub(crate) audit_heads: IntCounterVec,
     /// `runwarden_config_reloads_total`.
-    pub config_reloads: IntCounterVec,
+    pub(crate) config_reloads: IntCounterVec,
     /// `runwarden_config_last_reload_successful`.
-    pub config_last_reload_successful: IntGauge,
+    pub(crate) config_last_reload_successful: IntGauge,
     /// `runwarden_schedule_next_run_timestamp_seconds`.
-    pub schedule_next: GaugeVec,
+    pub(crate) schedule_next: GaugeVec,
     /// `runwarden_schedule_last_run_timestamp_seconds`.
-    pub schedule_last: GaugeVec,
+    pub(crate) schedule_last: GaugeVec,
     /// When a run of each runbook last ended with each verdict: the
     /// dashboard's "recent runs" (one series per runbook and verdict).
-    pub run_last_finished: GaugeVec,
+    pub(crate) run_last_finished: GaugeVec,
     /// Since when each kill switch is engaged (its file's time), 0 while released.
-    pub kill_switch_since: GaugeVec,
+    pub(crate) kill_switch_since: GaugeVec,
     /// When each timed kill switch releases itself, 0 while released or untimed.
-    pub kill_switch_until: GaugeVec,
+    pub(crate) kill_switch_until: GaugeVec,
     /// `runwarden_fleet_budget_used`: tier-2 calls in each fleet budget's window now.
-    pub fleet_budget_used: GaugeVec,
+    pub(crate) fleet_budget_used: GaugeVec,
     /// `runwarden_fleet_budget_limit`: what each fleet budget allows per window.
-    pub fleet_budget_limit: GaugeVec,
+    pub(crate) fleet_budget_limit: GaugeVec,
     /// `runwarden_store_up{store="postgres"}`: whether the shared state
     /// answered this daemon's last round trip; absent without `state.postgres`.
-    pub store_up: GaugeVec,
+    pub(crate) store_up: GaugeVec,
     /// How long the oldest pending approval request has waited, 0 when none.
-    pub approval_oldest_pending: prometheus::Gauge,
-    /// `runwarden_build_info`.
-    pub build_info: IntGaugeVec,
+    pub(crate) approval_oldest_pending: prometheus::Gauge,
     /// `runwarden_approvals_total`.
-    pub approvals: IntCounterVec,
+    pub(crate) approvals: IntCounterVec,
     /// `runwarden_approvals_pending`.
-    pub approvals_pending: IntGauge,
+    pub(crate) approvals_pending: IntGauge,
     /// `runwarden_approval_wait_seconds`.
-    pub approval_wait: prometheus::Histogram,
+    pub(crate) approval_wait: prometheus::Histogram,
     /// `runwarden_model_requests_total`.
-    pub model_requests: IntCounterVec,
+    pub(crate) model_requests: IntCounterVec,
     /// `runwarden_model_request_duration_seconds`.
-    pub model_request_duration: prometheus::Histogram,
+    pub(crate) model_request_duration: prometheus::Histogram,
     /// `runwarden_model_tokens_total`.
-    pub model_tokens: IntCounterVec,
+    pub(crate) model_tokens: IntCounterVec,
     /// `runwarden_host_transport_errors_total`.
-    pub transport_errors: IntCounterVec,
+    pub(crate) transport_errors: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -111,7 +109,7 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> prometh
 
 impl Metrics {
     /// Every family, registered in `registry`.
-    pub fn new(registry: Registry) -> Metrics {
+    pub(crate) fn new(registry: Registry) -> Metrics {
         let r = &registry;
         let run_duration = HistogramVec::new(
             HistogramOpts::new(
@@ -328,7 +326,6 @@ impl Metrics {
                 "When a schedule last fired (Unix time).",
                 &["runbook"],
             ),
-            build_info,
             registry,
         }
     }
@@ -338,7 +335,7 @@ impl Metrics {
     /// no increase in Prometheus' eyes, so a burst of three tier-2 calls
     /// between two scrapes would go unseen without this. Bounded by the
     /// config: runbooks x their hosts x their tier-2 tools x outcomes, and so on.
-    pub fn init_series(&self, config: &crate::config::Config) {
+    pub(crate) fn init_series(&self, config: &crate::config::Config) {
         use crate::gate::DenyReason;
         // The refusals that point at a broken runbook or a steered planner
         // (the budget and the kill switch have alerts of their own).
@@ -428,7 +425,7 @@ impl Metrics {
     }
 
     /// A run ended: count it, and remember when for its verdict.
-    pub fn run_finished(&self, runbook: &str, verdict: &str) {
+    pub(crate) fn run_finished(&self, runbook: &str, verdict: &str) {
         self.runs_finished
             .with_label_values(&[runbook, verdict])
             .inc();
@@ -438,7 +435,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()

@@ -61,7 +61,7 @@ impl Argv {
     }
 
     /// One more argument.
-    pub fn arg(mut self, a: impl Into<String>) -> Argv {
+    pub(crate) fn arg(mut self, a: impl Into<String>) -> Argv {
         self.args.push(a.into());
         self
     }
@@ -73,7 +73,7 @@ impl Argv {
     }
 
     /// `prefix pre... self...`, e.g. `sudo -n -- systemctl restart x.service`.
-    pub fn with_prefix(self, program: &Path, pre: &[&str]) -> Argv {
+    pub(crate) fn with_prefix(self, program: &Path, pre: &[&str]) -> Argv {
         let mut args: Vec<String> = pre.iter().map(|s| s.to_string()).collect();
         args.push(self.program.to_string_lossy().into_owned());
         args.extend(self.args);
@@ -85,7 +85,7 @@ impl Argv {
 
     /// The command after `program pre...`, when this argv starts with them
     /// (the inverse of [`Argv::with_prefix`]).
-    pub fn strip_prefix(&self, program: &Path, pre: &[&str]) -> Option<Argv> {
+    pub(crate) fn strip_prefix(&self, program: &Path, pre: &[&str]) -> Option<Argv> {
         let n = pre.len();
         if self.program != program
             || self.args.len() <= n
@@ -99,13 +99,8 @@ impl Argv {
         })
     }
 
-    /// The program.
-    pub fn program(&self) -> &Path {
-        &self.program
-    }
-
     /// Program first, then the arguments: as reports and audit lines show it.
-    pub fn to_vec(&self) -> Vec<String> {
+    pub(crate) fn to_vec(&self) -> Vec<String> {
         std::iter::once(self.program.to_string_lossy().into_owned())
             .chain(self.args.iter().cloned())
             .collect()
@@ -140,38 +135,38 @@ pub struct Limits {
 #[derive(Debug, Clone, Default)]
 pub struct ProcessOutput {
     /// The process's id while it ran (a tool that lists processes leaves itself out).
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Its exit status, when it exited.
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// The signal that ended the leader, if one did.
-    pub signal: Option<i32>,
+    pub(crate) signal: Option<i32>,
     /// What it wrote to stdout, up to the cap.
-    pub stdout: Vec<u8>,
+    pub(crate) stdout: Vec<u8>,
     /// What it wrote to stderr, up to the cap.
-    pub stderr: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
     /// stdout went past the cap, or was still open at the deadline.
-    pub stdout_truncated: bool,
+    pub(crate) stdout_truncated: bool,
     /// stderr went past the cap.
-    pub stderr_truncated: bool,
+    pub(crate) stderr_truncated: bool,
     /// It was ended at the deadline.
-    pub timed_out: bool,
+    pub(crate) timed_out: bool,
     /// How long it ran.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
 }
 
 impl ProcessOutput {
     /// stdout as text (invalid UTF-8 replaced).
-    pub fn stdout_text(&self) -> String {
+    pub(crate) fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
 
     /// stderr as text (invalid UTF-8 replaced).
-    pub fn stderr_text(&self) -> String {
+    pub(crate) fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
 
     /// One line that says why the command failed.
-    pub fn failure_text(&self) -> String {
+    pub(crate) fn failure_text(&self) -> String {
         let stderr = self.stderr_text();
         let last = stderr
             .lines()
@@ -313,7 +308,7 @@ pub(crate) fn spawn_detached(argv: &Argv, dir: &Path) -> std::io::Result<std::pr
 }
 
 /// SIGKILL the process group led by `pid` (a helper the SSH transport started).
-pub fn kill_group(pid: Option<u32>) {
+pub(crate) fn kill_group(pid: Option<u32>) {
     if let Some(pid) = pid {
         signal_group(Some(Pid::from_raw(pid as i32)), Signal::SIGKILL);
     }
@@ -635,7 +630,7 @@ pub mod escapees {
     }
 
     /// Forget a process when this guard drops (it has been reaped).
-    pub struct Forget(pub u32);
+    pub(crate) struct Forget(pub u32);
 
     impl Drop for Forget {
         fn drop(&mut self) {
@@ -644,7 +639,7 @@ pub mod escapees {
     }
 
     /// Forget a process: it has been reaped.
-    pub fn forget(pid: u32) {
+    pub(crate) fn forget(pid: u32) {
         let mut set = SPAWNED.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = set.as_mut() {
             s.remove(&pid);
@@ -727,7 +722,7 @@ pub mod escapees {
     }
 
     /// A started process's pid.
-    pub trait Pid32 {
+    pub(crate) trait Pid32 {
         /// Its pid, while it has one.
         fn pid32(&self) -> Option<u32>;
     }

@@ -11,7 +11,7 @@ use crate::verdict::Verdict;
 /// What became of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StepStatus {
+pub(crate) enum StepStatus {
     /// The call ran and did what it does.
     Ok,
     /// The call failed, or never ran (see its result's `error`).
@@ -32,7 +32,7 @@ pub enum StepStatus {
 
 impl StepStatus {
     /// As reports, the API and metric labels write it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StepStatus::Ok => "ok",
             StepStatus::Error => "error",
@@ -60,35 +60,35 @@ impl From<Outcome> for StepStatus {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepReport {
     /// The step's number in the run (1-based).
-    pub step: u32,
+    pub(crate) step: u32,
     /// Its id (`steps.ID` in templates).
-    pub id: String,
+    pub(crate) id: String,
     /// What became of it.
-    pub status: StepStatus,
+    pub(crate) status: StepStatus,
     /// The tool proposed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
+    pub(crate) tool: Option<String>,
     /// Its tier, when the tool exists.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tier: Option<u8>,
+    pub(crate) tier: Option<u8>,
     /// The arguments (bounded).
     #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub args: Value,
+    pub(crate) args: Value,
     /// Who allowed the call.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub approved_by: Option<String>,
+    pub(crate) approved_by: Option<String>,
     /// A tier-2 call's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// Why it was denied, proposed, skipped, or what it suggests.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// The commands it ran or would run, program first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub argv: Option<Vec<Vec<String>>>,
+    pub(crate) argv: Option<Vec<Vec<String>>>,
     /// What the tool reported.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<ToolResult>,
+    pub(crate) result: Option<ToolResult>,
 }
 
 impl StepReport {
@@ -113,44 +113,44 @@ impl StepReport {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     /// The run's id (a UUIDv7).
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// sha256 of the runbook file it ran.
-    pub runbook_version: String,
+    pub(crate) runbook_version: String,
     /// The host.
-    pub host: String,
+    pub(crate) host: String,
     /// `L1`, `L2` or `L3`.
-    pub autonomy: std::borrow::Cow<'static, str>,
+    pub(crate) autonomy: std::borrow::Cow<'static, str>,
     /// `steps` or `model`.
-    pub planner: std::borrow::Cow<'static, str>,
+    pub(crate) planner: std::borrow::Cow<'static, str>,
     /// The model that planned the run, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// What started it.
-    pub trigger: Trigger,
+    pub(crate) trigger: Trigger,
     /// Whether tier-2 calls were only shown.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// When it started (RFC 3339).
-    pub started_at: String,
+    pub(crate) started_at: String,
     /// How long it took.
-    pub duration_ms: u64,
+    pub(crate) duration_ms: u64,
     /// Each step, in order.
     pub steps: Vec<StepReport>,
     /// Tier-3 commands for a person to run.
-    pub suggestions: Vec<String>,
+    pub(crate) suggestions: Vec<String>,
     /// The model's final answer (model-planned runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub final_answer: Option<String>,
+    pub(crate) final_answer: Option<String>,
     /// Requests the model answered.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub model_turns: u32,
+    pub(crate) model_turns: u32,
     /// Tier-2 calls made.
-    pub mutations: u32,
+    pub(crate) mutations: u32,
     /// The one verdict.
     pub verdict: Verdict,
     /// Why that verdict.
-    pub verdict_detail: String,
+    pub(crate) verdict_detail: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -158,7 +158,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 /// The report as a person reads it.
-pub fn render(r: &RunReport) -> String {
+pub(crate) fn render(r: &RunReport) -> String {
     let mut s = format!(
         "run {}  runbook {} ({}, {}{})  host {}\n",
         r.run_id,
@@ -261,7 +261,7 @@ fn render_step(step: &StepReport) -> String {
 
 /// A call's arguments as `key=value` pairs (a string as it is unless it
 /// needs quotes; anything else as JSON), escaped for a terminal.
-pub fn args_text(args: &Value) -> String {
+pub(crate) fn args_text(args: &Value) -> String {
     let Some(map) = args.as_object() else {
         return crate::text::printable(&compact(args));
     };

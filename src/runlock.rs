@@ -18,17 +18,17 @@ use std::path::{Path, PathBuf};
 
 /// The exclusive right to run one runbook on one host; released on drop.
 #[derive(Debug)]
-pub struct RunLock {
+pub(crate) struct RunLock {
     _file: File,
 }
 
 /// The lock is held by another run.
 #[derive(Debug)]
-pub struct Busy {
+pub(crate) struct Busy {
     /// The lock file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// What the holder wrote: its run id, pid and since when.
-    pub holder: String,
+    pub(crate) holder: String,
 }
 
 impl std::fmt::Display for Busy {
@@ -43,14 +43,14 @@ impl std::fmt::Display for Busy {
 }
 
 /// The lock file of one (runbook, host); both names are checked safe names.
-pub fn path(state_dir: &Path, runbook: &str, host: &str) -> PathBuf {
+pub(crate) fn path(state_dir: &Path, runbook: &str, host: &str) -> PathBuf {
     state_dir
         .join("locks")
         .join(format!("{runbook}@{host}.lock"))
 }
 
 /// Take the lock now, or say who holds it.
-pub fn try_acquire(
+pub(crate) fn try_acquire(
     state_dir: &Path,
     runbook: &str,
     host: &str,

@@ -30,7 +30,7 @@ use crate::verdict::Verdict;
 /// /api/v1/runs/{id}`; what every run is and how it ended is read from the
 /// audit log (see [`crate::audit::runs`]), so only the report lives here.
 #[derive(Default)]
-pub struct Reports {
+pub(crate) struct Reports {
     reports: Mutex<VecDeque<RunReport>>,
     /// Runs of this daemon whose report is not kept yet: their verdict line
     /// may already be in the log, but for the API they end with the report.
@@ -63,7 +63,7 @@ impl Reports {
     }
 
     /// Whether this daemon is still finishing the run (its report is not kept yet).
-    pub fn finishing(&self, run_id: &str) -> bool {
+    pub(crate) fn finishing(&self, run_id: &str) -> bool {
         self.finishing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -71,7 +71,7 @@ impl Reports {
     }
 
     /// A kept report of run `run_id`.
-    pub fn get(&self, run_id: &str) -> Option<RunReport> {
+    pub(crate) fn get(&self, run_id: &str) -> Option<RunReport> {
         let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
         reports.iter().find(|r| r.run_id == run_id).cloned()
     }
@@ -80,12 +80,12 @@ impl Reports {
 /// What becomes of each trigger: the kill switch, one run per runbook and
 /// host, cooldown, dedupe, the concurrency limit; then the run, on a thread
 /// of its own.
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     config: watch::Receiver<Arc<Config>>,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     /// Reports of recent runs, for the API.
-    pub reports: Arc<Reports>,
+    pub(crate) reports: Arc<Reports>,
     /// Decides what this daemon cannot decide alone, and records it.
     admission: Arc<dyn Admission>,
     /// This machine's own admission (no shared state): restored from the log.
@@ -98,7 +98,7 @@ pub struct Scheduler {
     active: watch::Sender<usize>,
     shutdown: watch::Receiver<bool>,
     /// Open approval requests (L2), when approvers are configured.
-    pub approvals: Option<Arc<crate::gate::approvals::Approvals>>,
+    pub(crate) approvals: Option<Arc<crate::gate::approvals::Approvals>>,
     /// Held from deciding a batch to recording it: a trigger is only ever
     /// deduplicated against a run whose trigger is already on disk.
     submitting: tokio::sync::Mutex<()>,
@@ -109,17 +109,17 @@ pub struct Scheduler {
 
 /// What became of one candidate, and the id of the run it started.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// What became of it.
-    pub result: TriggerResult,
+    pub(crate) result: TriggerResult,
     /// The run it started.
-    pub run_id: Option<String>,
+    pub(crate) run_id: Option<String>,
 }
 
 /// Why a batch of triggers could not be accepted: none of them starts, and
 /// the sender is told to retry (503).
 #[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
+pub(crate) enum SubmitError {
     /// The accepted triggers could not be written to the audit log.
     #[error(transparent)]
     Audit(#[from] AuditError),
@@ -130,7 +130,7 @@ pub enum SubmitError {
 
 impl Scheduler {
     /// A scheduler for the configuration in `config`, writing to `audit`.
-    pub fn new(
+    pub(crate) fn new(
         config: watch::Receiver<Arc<Config>>,
         audit: Arc<AuditLog>,
         metrics: Arc<Metrics>,
@@ -163,7 +163,10 @@ impl Scheduler {
     }
 
     /// Decide what becomes of one trigger, record it, and start the run if it is one.
-    pub async fn submit(self: &Arc<Self>, req: RunRequest) -> Result<TriggerResult, SubmitError> {
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        req: RunRequest,
+    ) -> Result<TriggerResult, SubmitError> {
         let mut outcomes = self.submit_all(vec![req]).await?;
         Ok(outcomes
             .pop()
@@ -172,7 +175,7 @@ impl Scheduler {
 
     /// Decide a batch of run requests (an API request's hosts): one
     /// outcome per request, in order.
-    pub async fn submit_all(
+    pub(crate) async fn submit_all(
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
     ) -> Result<Vec<Outcome>, SubmitError> {
@@ -189,7 +192,7 @@ impl Scheduler {
     ///
     /// An error means the accepted triggers could not be recorded: none of
     /// them starts, and the sender must be told to retry.
-    pub async fn submit_candidates(
+    pub(crate) async fn submit_candidates(
         self: &Arc<Self>,
         candidates: Vec<Candidate>,
     ) -> Result<Vec<Outcome>, SubmitError> {
@@ -464,14 +467,14 @@ impl Scheduler {
     }
 
     /// The shared state, when several daemons share one.
-    pub fn store(&self) -> Option<&Arc<Postgres>> {
+    pub(crate) fn store(&self) -> Option<&Arc<Postgres>> {
         self.store.as_ref()
     }
 
     /// A run whose lease expired (its replica died or lost the database)
     /// was closed in the shared state by this replica: say so in this
     /// machine's audit log and metrics.
-    pub fn closed_elsewhere(&self, run: &crate::store::Reaped, audit: &AuditLog) {
+    pub(crate) fn closed_elsewhere(&self, run: &crate::store::Reaped, audit: &AuditLog) {
         let config = self.config.borrow().clone();
         let mut info = run_info(
             &config,
@@ -501,7 +504,7 @@ impl Scheduler {
     }
 
     /// Wait until no run task is left, at most `grace`; true when all ended.
-    pub async fn wait_idle(&self, grace: Duration) -> bool {
+    pub(crate) async fn wait_idle(&self, grace: Duration) -> bool {
         let mut rx = self.active.subscribe();
         tokio::time::timeout(grace, rx.wait_for(|n| *n == 0))
             .await
@@ -513,7 +516,7 @@ impl Scheduler {
     /// gone) with an `interrupted` verdict line, and restore cooldowns and
     /// deduplication keys, so a restart within a runbook's cooldown does not
     /// allow an immediate rerun. Returns how many runs were closed.
-    pub fn recover(&self) -> std::io::Result<usize> {
+    pub(crate) fn recover(&self) -> std::io::Result<usize> {
         let crate::audit::runs::Recovery {
             unfinished,
             mut ends,

@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// What a secret becomes wherever it would have been shown.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// Why a secret file was not read.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ pub enum SecretError {
 }
 
 /// Read a secret file, refusing one that its group or others can read or write.
-pub fn read_file(path: &Path, what: &str) -> Result<String, SecretError> {
+pub(crate) fn read_file(path: &Path, what: &str) -> Result<String, SecretError> {
     let read = |source: crate::files::OpenError| SecretError::Read {
         what: what.to_string(),
         path: path.to_path_buf(),
@@ -85,7 +85,7 @@ pub fn read_file(path: &Path, what: &str) -> Result<String, SecretError> {
 }
 
 /// `bytes` with every occurrence of `secret` replaced by [`REDACTED`].
-pub fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
+pub(crate) fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
     let needle = secret.as_bytes();
     if needle.len() < 4 {
         return bytes.to_vec();
@@ -104,7 +104,7 @@ pub fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
 /// The approvers file: `NAME TOKEN` lines (`#` comments), each token at
 /// least 16 characters, keyed by token. Read by the gate and checked by the
 /// configuration loader.
-pub fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, SecretError> {
+pub(crate) fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, SecretError> {
     let text = read_file(file, "approvers file")?;
     let wrong = |line: Option<usize>, why: String| SecretError::Approvers {
         path: file.to_path_buf(),

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 /// How long a signed permit is good for after it is made: the call's own
 /// timeout bounds the work, this bounds how late a permit may arrive.
-pub const PERMIT_TTL_SECS: i64 = 120;
+pub(crate) const PERMIT_TTL_SECS: i64 = 120;
 
 /// The runner's signing key.
 pub struct PermitKey(SigningKey);
@@ -56,7 +56,7 @@ pub enum KeyError {
 
 /// Why a signed permit does not allow a call.
 #[derive(Debug, thiserror::Error)]
-pub enum PermitRefused {
+pub(crate) enum PermitRefused {
     /// The host's policy names no usable public key.
     #[error("the policy's permit_public_key is not an Ed25519 public key in hex")]
     BadPublicKey,
@@ -170,21 +170,21 @@ pub struct CallId<'a> {
 #[serde(deny_unknown_fields)]
 pub struct SignedPermit {
     /// The run it is for.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// Its step.
-    pub step: u32,
+    pub(crate) step: u32,
     /// The host it is for.
-    pub host: String,
+    pub(crate) host: String,
     /// The tool it allows.
-    pub tool: String,
+    pub(crate) tool: String,
     /// sha256 of the call's arguments.
-    pub args_sha256: String,
+    pub(crate) args_sha256: String,
     /// Who allowed the call (`standing:RUNBOOK` or `person:NAME`).
-    pub approved_by: String,
+    pub(crate) approved_by: String,
     /// Unix seconds.
-    pub expires_at: i64,
+    pub(crate) expires_at: i64,
     /// Ed25519 signature over all of the above, in hex.
-    pub sig: String,
+    pub(crate) sig: String,
 }
 
 impl SignedPermit {
@@ -200,12 +200,12 @@ impl SignedPermit {
 
     /// sha256 of everything the signature covers, in hex: the permit's whole
     /// identity, whatever its run id holds (a host spends a permit under it).
-    pub fn identity_digest(&self) -> String {
+    pub(crate) fn identity_digest(&self) -> String {
         hex(&Sha256::digest(self.message()))
     }
 
     /// Whether this permit, signed by `public_hex`, allows exactly `call` now.
-    pub fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), PermitRefused> {
+    pub(crate) fn check(&self, public_hex: &str, call: &CallId<'_>) -> Result<(), PermitRefused> {
         let key = decode_hex::<32>(public_hex)
             .and_then(|k| VerifyingKey::from_bytes(&k).ok())
             .ok_or(PermitRefused::BadPublicKey)?;
@@ -233,7 +233,7 @@ impl SignedPermit {
 }
 
 /// sha256 of the arguments as canonical JSON (object keys sorted).
-pub fn args_digest(args: &Value) -> String {
+pub(crate) fn args_digest(args: &Value) -> String {
     hex(&Sha256::digest(
         serde_json::to_vec(args).unwrap_or_default(),
     ))
@@ -255,7 +255,7 @@ fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
 }
 
 /// Whether `s` is an Ed25519 public key in hex (for the config loader).
-pub fn is_public_key(s: &str) -> bool {
+pub(crate) fn is_public_key(s: &str) -> bool {
     decode_hex::<32>(s).is_some_and(|k| VerifyingKey::from_bytes(&k).is_ok())
 }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// Characters that change how text reads without being seen: bidi controls,
 /// zero-width characters, the soft hyphen and the byte-order mark.
-pub fn invisible(c: char) -> bool {
+pub(crate) fn invisible(c: char) -> bool {
     matches!(c,
         '\u{00AD}' | '\u{061C}' | '\u{180E}'
         | '\u{200B}'..='\u{200F}'
@@ -25,7 +25,7 @@ pub fn invisible(c: char) -> bool {
 
 /// `text` safe to print: newlines stay, every other control character and
 /// every invisible one is shown as an escape (`\u{1b}`).
-pub fn printable(text: &str) -> String {
+pub(crate) fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c == '\n' || !(c.is_control() || invisible(c)) {
@@ -40,10 +40,10 @@ pub fn printable(text: &str) -> String {
 /// How deep an untrusted JSON value may nest where runwarden keeps it (an
 /// audit line, a report, a model's prompt). serde_json reads at most 128
 /// levels; a kept value stays well inside that.
-pub const MAX_VALUE_DEPTH: usize = 32;
+pub(crate) const MAX_VALUE_DEPTH: usize = 32;
 
 /// Replace whatever nests deeper than `depth` levels by a note saying so.
-pub fn fit(v: &mut Value, depth: usize) {
+pub(crate) fn fit(v: &mut Value, depth: usize) {
     if !(v.is_array() || v.is_object()) {
         return;
     }
@@ -62,7 +62,7 @@ pub fn fit(v: &mut Value, depth: usize) {
 
 /// Untrusted arguments of a call, kept but bounded in size and depth (the
 /// audit line of a denied call, the report and a model's prompt show this form).
-pub fn bounded(args: &Value) -> Value {
+pub(crate) fn bounded(args: &Value) -> Value {
     let text = args.to_string();
     if text.len() <= 4096 {
         let mut v = args.clone();
@@ -83,14 +83,14 @@ pub fn bounded(args: &Value) -> Value {
 #[error("{given:?}: {expected}")]
 pub struct NotOfForm {
     /// What was given.
-    pub given: String,
+    pub(crate) given: String,
     /// The form it must have.
-    pub expected: String,
+    pub(crate) expected: String,
 }
 
 impl NotOfForm {
     /// `given` is not of the form `expected` says.
-    pub fn new(given: &str, expected: impl Into<String>) -> NotOfForm {
+    pub(crate) fn new(given: &str, expected: impl Into<String>) -> NotOfForm {
         NotOfForm {
             given: given.to_string(),
             expected: expected.into(),

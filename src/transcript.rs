@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::audit::{Entry, Phase};
 
 /// Render one run's lines (in log order).
-pub fn render(lines: &[Entry]) -> String {
+pub(crate) fn render(lines: &[Entry]) -> String {
     let mut out = String::new();
     // The header comes from the run's start line (a daemon run is `queued` first).
     let Some(first) = lines
@@ -197,7 +197,7 @@ fn quote(out: &mut String, text: &str) {
 
 /// The alert that started a run, as its start line records it: labels,
 /// then summary and description, one per line.
-pub fn alert_text(alert: &Value) -> String {
+pub(crate) fn alert_text(alert: &Value) -> String {
     let mut out = String::new();
     let labels = |l: &Value| -> String {
         l.as_object()

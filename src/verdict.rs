@@ -33,7 +33,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// As reports, audit lines and metric labels write it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
             Verdict::Failed => "failed",
@@ -47,7 +47,7 @@ impl Verdict {
     }
 
     /// The process exit code of `runwarden run` (2 is kept for usage and config errors).
-    pub fn exit_code(self) -> i32 {
+    pub(crate) fn exit_code(self) -> i32 {
         match self {
             Verdict::Ok => 0,
             Verdict::Failed => 1,
@@ -62,7 +62,7 @@ impl Verdict {
     }
 
     /// Every verdict, from best to worst.
-    pub const ALL: [Verdict; 8] = [
+    pub(crate) const ALL: [Verdict; 8] = [
         Verdict::Ok,
         Verdict::Failed,
         Verdict::Denied,

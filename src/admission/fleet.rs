@@ -11,14 +11,14 @@ use crate::store::{Admit, Postgres, Recorded};
 use crate::trigger::RunRequest;
 
 /// Admission in the shared state.
-pub struct Fleet {
+pub(crate) struct Fleet {
     store: Arc<Postgres>,
     window: Duration,
 }
 
 impl Fleet {
     /// Admission through `store`.
-    pub fn new(store: Arc<Postgres>) -> Fleet {
+    pub(crate) fn new(store: Arc<Postgres>) -> Fleet {
         Fleet {
             store,
             window: DUPLICATE_WINDOW,

@@ -12,7 +12,7 @@ use crate::trigger::RunRequest;
 
 /// The state of one (runbook, host) pair.
 #[derive(Debug, Default)]
-pub struct Slot {
+pub(crate) struct Slot {
     in_flight: bool,
     ended: Option<Instant>,
     /// Fingerprints and group keys of the current or last run's triggers.
@@ -22,7 +22,7 @@ pub struct Slot {
 impl Slot {
     /// The slot as the audit log leaves it: the last run ended at `ended`,
     /// started by `keys` (start-up, and `runwarden alerts test`).
-    pub fn from_log(ended: jiff::Timestamp, keys: Vec<String>) -> Slot {
+    pub(crate) fn from_log(ended: jiff::Timestamp, keys: Vec<String>) -> Slot {
         let ago = Duration::try_from(jiff::Timestamp::now().duration_since(ended))
             .unwrap_or(Duration::ZERO);
         Slot {
@@ -33,7 +33,7 @@ impl Slot {
     }
 
     /// A slot whose run holding `keys` is in flight.
-    pub fn in_flight(keys: &[String]) -> Slot {
+    pub(crate) fn in_flight(keys: &[String]) -> Slot {
         Slot {
             in_flight: true,
             ended: None,
@@ -42,7 +42,8 @@ impl Slot {
     }
 
     /// A slot whose last run, started by `keys`, ended `ago`.
-    pub fn ended_ago(ago: Duration, keys: &[String]) -> Slot {
+    #[cfg(test)]
+    pub(crate) fn ended_ago(ago: Duration, keys: &[String]) -> Slot {
         Slot {
             in_flight: false,
             ended: Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)),
@@ -55,7 +56,7 @@ impl Slot {
     /// a repeat of the last run's triggers within the window or the
     /// cooldown, is deduplicated; another within the cooldown waits it out;
     /// `None`: it starts. How long ago the last run ended comes with it.
-    pub fn refuses(
+    pub(crate) fn refuses(
         &self,
         keys: &[String],
         cooldown: Option<Duration>,
@@ -94,7 +95,7 @@ impl Slot {
 
 /// Every (runbook, host) this daemon decides alone.
 #[derive(Debug)]
-pub struct Local {
+pub(crate) struct Local {
     slots: Mutex<HashMap<(String, String), Slot>>,
     window: Duration,
 }
@@ -111,15 +112,16 @@ impl Default for Local {
 impl Local {
     /// The slots as the audit log left them: (runbook, host) -> when its last
     /// run ended and the keys that started it.
-    pub fn restore(&self, ends: crate::audit::runs::LastEnds) {
+    pub(crate) fn restore(&self, ends: crate::audit::runs::LastEnds) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for ((runbook, host), (ended, keys)) in ends {
             slots.insert((runbook, host), Slot::from_log(ended, keys));
         }
     }
 
-    /// Put `slot` in place for (`runbook`, `host`) (tests, and the parity table).
-    pub fn set(&self, runbook: &str, host: &str, slot: Slot) {
+    /// Put `slot` in place for (`runbook`, `host`) (the parity table).
+    #[cfg(test)]
+    pub(crate) fn set(&self, runbook: &str, host: &str, slot: Slot) {
         self.slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -127,7 +129,7 @@ impl Local {
     }
 
     /// Decide `asks` in order (the sync half of [`Admission::admit`]).
-    pub fn decide(&self, asks: &[Ask<'_>]) -> Vec<Admitted> {
+    pub(crate) fn decide(&self, asks: &[Ask<'_>]) -> Vec<Admitted> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         asks.iter()
             .map(|a| {

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use fleet::Fleet;
-pub use local::{Local, Slot};
+pub(crate) use fleet::Fleet;
+pub(crate) use local::{Local, Slot};
 
 use crate::store::{Lease, StoreError};
 use crate::trigger::RunRequest;
@@ -41,7 +41,7 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
 /// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TriggerResult {
+pub(crate) enum TriggerResult {
     /// A run was started.
     Started,
     /// A run for the same alert or group is queued or running.
@@ -60,7 +60,7 @@ pub enum TriggerResult {
 
 impl TriggerResult {
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TriggerResult::Started => "started",
             TriggerResult::Deduplicated => "deduplicated",
@@ -75,33 +75,33 @@ impl TriggerResult {
 
 /// A trigger in scope and not stopped here, put to admission.
 #[derive(Debug)]
-pub struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     /// The trigger.
-    pub req: &'a RunRequest,
+    pub(crate) req: &'a RunRequest,
     /// The runbook's cooldown.
-    pub cooldown: Option<Duration>,
+    pub(crate) cooldown: Option<Duration>,
     /// The id its run takes if it starts.
-    pub run_id: String,
+    pub(crate) run_id: String,
 }
 
 /// A trigger decided before admission, for the record.
 #[derive(Debug)]
-pub struct Decided<'a> {
+pub(crate) struct Decided<'a> {
     /// The runbook it named (`none` when none took it).
-    pub runbook: &'a str,
+    pub(crate) runbook: &'a str,
     /// The host it named (empty when it named none).
-    pub host: &'a str,
+    pub(crate) host: &'a str,
     /// Its fingerprint and group keys.
-    pub keys: &'a [String],
+    pub(crate) keys: &'a [String],
     /// What kind of trigger it was.
-    pub trigger: crate::trigger::Trigger,
+    pub(crate) trigger: crate::trigger::Trigger,
     /// What became of it.
-    pub result: TriggerResult,
+    pub(crate) result: TriggerResult,
 }
 
 /// What admission made of an [`Ask`].
 #[derive(Debug)]
-pub enum Admitted {
+pub(crate) enum Admitted {
     /// It starts a run; with shared state, the run holds this lease.
     Started(Option<Lease>),
     /// It does not: deduplicated, cooldown, or the fleet's kill switch.
@@ -109,11 +109,11 @@ pub enum Admitted {
 }
 
 /// A future an [`Admission`] returns.
-pub type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+pub(crate) type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// Decides the triggers a daemon cannot decide alone, and records every
 /// trigger's outcome.
-pub trait Admission: Send + Sync {
+pub(crate) trait Admission: Send + Sync {
     /// One outcome per ask, in order; `decided` are recorded with them
     /// (with shared state, in the fleet's table). An error: nothing was
     /// admitted, and the sender must be told to retry.

@@ -18,7 +18,7 @@
 
 pub(crate) mod policy;
 pub(crate) mod replay;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::io::{BufRead, Read};
 use std::path::Path;
@@ -33,8 +33,6 @@ use policy::{HostCall, HostPermit, Refusal};
 use replay::Spent;
 use wire::{Call, Reply, Request};
 
-pub use policy::Refusal as HostRefusal;
-
 /// Longest request line the agent reads.
 const MAX_REQUEST: usize = 256 * 1024;
 
@@ -43,12 +41,12 @@ const MAX_RUN_ID: usize = 64;
 
 /// How long the agent waits for request lines.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// For the first request line, from the start.
-    pub first_request: Duration,
+    pub(crate) first_request: Duration,
     /// For each later line, from the previous reply; `None`: no limit (an
     /// SSH session multiplexed for a whole run is idle between its calls).
-    pub idle: Option<Duration>,
+    pub(crate) idle: Option<Duration>,
 }
 
 impl Default for Timeouts {
@@ -72,7 +70,7 @@ enum Input {
 /// request line, whatever the line holds (an over-long line is skipped to
 /// its end and refused once, so replies never fall out of step). Returns
 /// the exit code.
-pub async fn serve_stdio(policy: &Host, audit: &AuditLog, timeouts: Timeouts) -> i32 {
+pub(crate) async fn serve_stdio(policy: &Host, audit: &AuditLog, timeouts: Timeouts) -> i32 {
     use std::io::Write;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     // Blocking reads of stdin on a thread of their own, so a timeout can end
@@ -327,7 +325,7 @@ fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
 }
 
 /// The allowlists of a host, as comparable lists.
-pub fn allowlists(h: &Host) -> Value {
+pub(crate) fn allowlists(h: &Host) -> Value {
     json!({
         "paths": h.paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "units": h.units,
@@ -341,7 +339,7 @@ pub fn allowlists(h: &Host) -> Value {
 
 /// Where a host file and a host's policy disagree: (field, entry, whether
 /// the entry is in the host file only; else in the policy only).
-pub fn policy_differences(ours: &Value, theirs: &Value) -> Vec<(String, String, bool)> {
+pub(crate) fn policy_differences(ours: &Value, theirs: &Value) -> Vec<(String, String, bool)> {
     let set = |v: &Value| -> std::collections::BTreeSet<String> {
         v.as_array()
             .into_iter()
@@ -366,7 +364,7 @@ pub fn policy_differences(ours: &Value, theirs: &Value) -> Vec<(String, String, 
 }
 
 /// sha256 of the allowlists: equal digests mean the two sides agree.
-pub fn policy_digest(h: &Host) -> String {
+pub(crate) fn policy_digest(h: &Host) -> String {
     use sha2::Digest;
     let bytes = serde_json::to_vec(&allowlists(h)).unwrap_or_default();
     sha2::Sha256::digest(&bytes)

@@ -21,15 +21,15 @@ use crate::tools::{self, Action, PathMode, Tier, ToolId};
 /// One call as it reached the host.
 pub(crate) struct HostCall<'a> {
     /// The run, as the runner named it.
-    pub run_id: &'a str,
+    pub(crate) run_id: &'a str,
     /// Its step.
-    pub step: u32,
+    pub(crate) step: u32,
     /// The tool's name, as sent.
-    pub tool: &'a str,
+    pub(crate) tool: &'a str,
     /// The arguments as sent (a tier-2 call's `reason` among them).
-    pub args: &'a Value,
+    pub(crate) args: &'a Value,
     /// The runner's signed permit (tier 2).
-    pub signed: Option<&'a SignedPermit>,
+    pub(crate) signed: Option<&'a SignedPermit>,
 }
 
 /// Permission to run one call on this host, from the host's own policy.
@@ -59,7 +59,7 @@ impl crate::audit::permitted::Sealed for HostPermit {}
 /// comes back a second time is worth a look of its own: the runner never
 /// sends either.
 #[derive(Debug, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No such tool, or arguments the host's allowlists do not allow.
     #[error("{0}")]
     Policy(String),
@@ -87,7 +87,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The kind of refusal, as the host's audit line names it (`detail.reason`).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Refusal::Policy(_) => "host_policy",
             Refusal::Permit(_) => "permit_invalid",

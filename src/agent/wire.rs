@@ -16,24 +16,24 @@ use crate::tools::ToolResult;
 
 /// One tool call, as the runner sends it.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub(crate) struct Call {
     /// The run the call belongs to.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// Its step.
-    pub step: u32,
+    pub(crate) step: u32,
     /// The runbook (for the host's audit line).
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The tool's name.
-    pub tool: String,
+    pub(crate) tool: String,
     /// Its arguments.
-    pub args: Value,
+    pub(crate) args: Value,
     /// Tier-2 calls: the runner's signed permit for exactly this call.
-    pub permit: Option<SignedPermit>,
+    pub(crate) permit: Option<SignedPermit>,
 }
 
 /// What a runner asks a host's agent.
 #[derive(Debug, Clone)]
-pub enum Request {
+pub(crate) enum Request {
     /// Run a tool.
     Call(Box<Call>),
     /// What became of one call (the runner lost the connection during it).
@@ -131,7 +131,7 @@ pub enum Reply {
 impl Reply {
     /// What the run reports for this reply from `host`'s agent: its result,
     /// or its refusal as a failed call the host refused.
-    pub fn into_result(self, host: &Host) -> ToolResult {
+    pub(crate) fn into_result(self, host: &Host) -> ToolResult {
         match self {
             Reply::Result(r) => r,
             Reply::Refused(why) => ToolResult {

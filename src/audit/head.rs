@@ -22,16 +22,16 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
 /// journald's native socket.
-pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+pub(crate) const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 const JOURNALCTL: &str = "/usr/bin/journalctl";
 
 /// One recorded head: the log had `lines` lines and the last one hashed to `hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
     /// How many lines the log had.
-    pub lines: u64,
+    pub(crate) lines: u64,
     /// The last line's sha256, in hex.
-    pub hash: String,
+    pub(crate) hash: String,
 }
 
 impl std::str::FromStr for Head {
@@ -62,13 +62,13 @@ impl std::fmt::Display for Head {
 }
 
 /// Whether this machine has a journal to send heads to.
-pub fn journal_available() -> bool {
+pub(crate) fn journal_available() -> bool {
     Path::new(JOURNAL_SOCKET).exists()
 }
 
 /// Send `head` of the log at `log` to the journal (one datagram, journald's
 /// native protocol: `KEY=value` lines).
-pub fn ship(log: &Path, head: &Head, run_id: &str) -> std::io::Result<()> {
+pub(crate) fn ship(log: &Path, head: &Head, run_id: &str) -> std::io::Result<()> {
     let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
     let mut msg = Vec::new();
     let _ = writeln!(
@@ -89,16 +89,16 @@ pub fn ship(log: &Path, head: &Head, run_id: &str) -> std::io::Result<()> {
 /// What the journal holds for one log: the heads trusted, and the records
 /// ignored because a user other than the log's writer sent them.
 #[derive(Debug, Default)]
-pub struct JournalHeads {
+pub(crate) struct JournalHeads {
     /// Heads sent by the log's owner (the daemon's user) or root, oldest first.
-    pub trusted: Vec<Head>,
+    pub(crate) trusted: Vec<Head>,
     /// Records from anyone else: (their uid, how many).
-    pub ignored: Vec<(u32, usize)>,
+    pub(crate) ignored: Vec<(u32, usize)>,
 }
 
 /// Why the journal's heads could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum JournalError {
+pub(crate) enum JournalError {
     /// The log itself could not be looked at.
     #[error("cannot read {}: {source}", path.display())]
     Log {
@@ -126,7 +126,7 @@ pub enum JournalError {
 /// not by the sender) is the log file's owner or root count: a head from
 /// anyone else could only make `verify` fail for good or bury a real edit
 /// in noise.
-pub fn journal_heads(log: &Path) -> Result<JournalHeads, JournalError> {
+pub(crate) fn journal_heads(log: &Path) -> Result<JournalHeads, JournalError> {
     use std::os::unix::fs::MetadataExt;
     let log = std::fs::canonicalize(log).unwrap_or_else(|_| log.to_path_buf());
     let owner = std::fs::metadata(&log)

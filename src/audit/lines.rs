@@ -18,24 +18,24 @@ use crate::verdict::Verdict;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunInfo {
     /// The run's id.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// sha256 of the runbook file.
-    pub runbook_version: String,
+    pub(crate) runbook_version: String,
     /// The host.
-    pub host: String,
+    pub(crate) host: String,
     /// `steps`, `model`, or `agent`.
-    pub planner: String,
+    pub(crate) planner: String,
     /// The model, for model-planned runs.
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// The system prompt's version and hash.
-    pub prompt: Option<String>,
+    pub(crate) prompt: Option<String>,
 }
 
 impl RunInfo {
     /// The run a recorded line belongs to (to close it with a verdict).
-    pub fn of(e: &Entry) -> RunInfo {
+    pub(crate) fn of(e: &Entry) -> RunInfo {
         RunInfo {
             run_id: e.run_id.clone(),
             runbook: e.runbook.clone(),
@@ -117,12 +117,12 @@ pub struct AuditTicket<P: Permitted = Permit> {
 
 impl<P: Permitted> AuditTicket<P> {
     /// The step the call is.
-    pub fn step(&self) -> u32 {
+    pub(crate) fn step(&self) -> u32 {
         self.permit.step()
     }
 
     /// The call it allows.
-    pub fn permit(&self) -> &P {
+    pub(crate) fn permit(&self) -> &P {
         &self.permit
     }
 
@@ -154,15 +154,15 @@ pub struct Dispatched {
 }
 
 /// An accepted trigger, recorded before its run can start.
-pub struct Queued<'a> {
+pub(crate) struct Queued<'a> {
     /// The run, as its lines will name it.
-    pub run: RunInfo,
+    pub(crate) run: RunInfo,
     /// What started it.
-    pub trigger: Trigger,
+    pub(crate) trigger: Trigger,
     /// Its deduplication keys (read back at start-up).
-    pub keys: &'a [String],
+    pub(crate) keys: &'a [String],
     /// The alert that started it, if an alert did.
-    pub alert: Option<&'a Value>,
+    pub(crate) alert: Option<&'a Value>,
 }
 
 /// What the history keeps of the alert that started a run: its labels and
@@ -170,7 +170,7 @@ pub struct Queued<'a> {
 /// notification's labels for this run, when there were several), bounded
 /// and with control characters escaped, so a line stays readable whatever
 /// Alertmanager was sent.
-pub fn alert_record(alert: &Value) -> Value {
+pub(crate) fn alert_record(alert: &Value) -> Value {
     fn clean(s: &str, max: usize) -> String {
         let mut out: String = s
             .chars()
@@ -215,22 +215,22 @@ pub fn alert_record(alert: &Value) -> Value {
 
 /// How a run ended, beyond its verdict: what its verdict line tallies.
 #[derive(Debug, Default)]
-pub struct RunEnd {
+pub(crate) struct RunEnd {
     /// How long the run took.
-    pub duration_ms: u64,
+    pub(crate) duration_ms: u64,
     /// The model's final answer.
-    pub final_answer: Option<String>,
+    pub(crate) final_answer: Option<String>,
     /// Calls proposed.
-    pub steps: u32,
+    pub(crate) steps: u32,
     /// Tier-2 calls made.
-    pub mutations: u32,
+    pub(crate) mutations: u32,
     /// Tier-3 commands suggested.
-    pub suggestions: Vec<String>,
+    pub(crate) suggestions: Vec<String>,
 }
 
 impl AuditLog {
     /// Accepted triggers, one write and one fsync for all of them.
-    pub fn queued(&self, runs: &[Queued<'_>]) -> Result<(), AuditError> {
+    pub(crate) fn queued(&self, runs: &[Queued<'_>]) -> Result<(), AuditError> {
         let lines = runs
             .iter()
             .map(|q| {
@@ -249,7 +249,7 @@ impl AuditLog {
 
     /// A run begins. Not synced on its own: nothing has run yet, and the
     /// first synced line carries it to disk.
-    pub fn start(
+    pub(crate) fn start(
         &self,
         run: &RunInfo,
         trigger: Trigger,
@@ -286,7 +286,7 @@ impl AuditLog {
 
     /// Close a dispatched call with its whole result (a runner that lost
     /// the connection asks the host for it). Synced for tier 2.
-    pub fn result(
+    pub(crate) fn result(
         &self,
         run: &RunInfo,
         ticket: Dispatched,
@@ -303,7 +303,7 @@ impl AuditLog {
     }
 
     /// The gate refused a call: what was asked (bounded) and why.
-    pub fn denied(
+    pub(crate) fn denied(
         &self,
         run: &RunInfo,
         tool: &str,
@@ -320,7 +320,7 @@ impl AuditLog {
     }
 
     /// The host agent refused a request (its policy, or not a request).
-    pub fn refused(
+    pub(crate) fn refused(
         &self,
         run: &RunInfo,
         step: Option<u32>,
@@ -337,7 +337,7 @@ impl AuditLog {
 
     /// A timed kill switch released itself at its time (`source`: `file`
     /// or `fleet`): who engaged it, why, and until when.
-    pub fn kill_switch_ended(
+    pub(crate) fn kill_switch_ended(
         &self,
         ended: &crate::gate::killswitch::Expired,
         source: &str,
@@ -365,7 +365,12 @@ impl AuditLog {
     }
 
     /// L1: a tier-2 call recorded for a person, with the argv it would run.
-    pub fn proposal(&self, run: &RunInfo, p: &Proposal, argv: &[String]) -> Result<(), AuditError> {
+    pub(crate) fn proposal(
+        &self,
+        run: &RunInfo,
+        p: &Proposal,
+        argv: &[String],
+    ) -> Result<(), AuditError> {
         let mut e = run.call(Phase::Proposal, p.step(), p.action());
         e.outcome = Some("proposed".into());
         e.detail = Some(json!({ "argv": argv }));
@@ -373,7 +378,7 @@ impl AuditLog {
     }
 
     /// L2: a held call is put to a person, under this request id and digest.
-    pub fn pending(
+    pub(crate) fn pending(
         &self,
         run: &RunInfo,
         hold: &Hold,
@@ -388,7 +393,7 @@ impl AuditLog {
 
     /// A dry run's tier-2 call: the argv it would run, and who would allow
     /// it (`None`: a person would be asked).
-    pub fn dry_run(
+    pub(crate) fn dry_run(
         &self,
         run: &RunInfo,
         step: u32,
@@ -405,7 +410,7 @@ impl AuditLog {
 
     /// One model request and its answer. Not a side effect: the next synced
     /// line carries it to disk.
-    pub fn model_turn(&self, run: &RunInfo, turn: &ModelTurn) -> Result<(), AuditError> {
+    pub(crate) fn model_turn(&self, run: &RunInfo, turn: &ModelTurn) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Model, None);
         e.duration_ms = Some(turn.duration_ms);
         e.detail = serde_json::to_value(turn).ok();
@@ -413,7 +418,12 @@ impl AuditLog {
     }
 
     /// A tier-3 command for a person to run: never a tool.
-    pub fn suggestion(&self, run: &RunInfo, step: u32, text: &str) -> Result<(), AuditError> {
+    pub(crate) fn suggestion(
+        &self,
+        run: &RunInfo,
+        step: u32,
+        text: &str,
+    ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Suggestion, Some(step));
         e.detail = Some(json!({ "suggestion": text, "tier": 3 }));
         self.append(e, true)
@@ -421,7 +431,7 @@ impl AuditLog {
 
     /// The run's one verdict, with its tally when the run itself ended it
     /// (`None`: closed from outside, e.g. interrupted or never started).
-    pub fn verdict(
+    pub(crate) fn verdict(
         &self,
         run: &RunInfo,
         verdict: Verdict,

@@ -107,7 +107,7 @@ impl AuditLog {
     }
 
     /// The log's file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -181,7 +181,7 @@ impl AuditLog {
     }
 
     /// The last line this process knows of: its hash and its line number.
-    pub fn head(&self) -> head::Head {
+    pub(crate) fn head(&self) -> head::Head {
         let t = self.head.lock().unwrap_or_else(|p| p.into_inner());
         head::Head {
             lines: t.lines,
@@ -190,12 +190,12 @@ impl AuditLog {
     }
 
     /// How many appends have failed since the log was opened.
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the most recent append failed.
-    pub fn failing(&self) -> bool {
+    pub(crate) fn failing(&self) -> bool {
         self.failing.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -34,13 +34,14 @@ mod log;
 mod query;
 mod verify;
 
-pub mod head;
-pub mod runs;
+pub(crate) mod head;
+pub(crate) mod runs;
 
 pub(crate) use lines::permitted;
-pub use lines::{AuditTicket, Dispatched, Permitted, Queued, RunEnd, RunInfo};
+pub use lines::{AuditTicket, Permitted, RunInfo};
+pub(crate) use lines::{Dispatched, Queued, RunEnd};
 pub use log::{AuditError, AuditLog, torn_path};
-pub use query::{Promotion, process_alive, promotion, run_lines, this_process};
+pub(crate) use query::{process_alive, promotion, run_lines, this_process};
 pub use verify::{Verification, verify, verify_against};
 
 use serde::{Deserialize, Serialize};
@@ -140,18 +141,13 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// The sha256 of the line before this one.
-    pub fn prev(&self) -> &str {
-        &self.prev
-    }
-
     /// Who allowed the call (intent and dry-run lines).
-    pub fn approver(&self) -> Option<ApprovedBy> {
+    pub(crate) fn approver(&self) -> Option<ApprovedBy> {
         self.approved_by.as_deref()?.parse().ok()
     }
 
     /// Why the gate refused the call (denied lines written by the gate).
-    pub fn denial_reason(&self) -> Option<DenyReason> {
+    pub(crate) fn denial_reason(&self) -> Option<DenyReason> {
         serde_json::from_value(self.detail.as_ref()?.get("reason")?.clone()).ok()
     }
 }

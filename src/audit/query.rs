@@ -15,14 +15,14 @@ use crate::gate::{ApprovedBy, DenyReason};
 /// ticks since boot) and the boot's id, recorded on `queued` and `start`
 /// lines so that a reader can tell a run in progress from one whose process
 /// died, even once the pid is reused.
-pub fn this_process() -> Value {
+pub(crate) fn this_process() -> Value {
     let pid = std::process::id();
     serde_json::json!({ "pid": pid, "start": process_start(pid), "boot": boot_id() })
 }
 
 /// Whether the process recorded on `e` (see [`this_process`]) still runs.
 /// A line without the record (older logs) counts as gone.
-pub fn process_alive(e: &Entry) -> bool {
+pub(crate) fn process_alive(e: &Entry) -> bool {
     let Some(p) = e.detail.as_ref().map(|d| &d["process"]) else {
         return false;
     };
@@ -51,22 +51,22 @@ pub(super) fn boot_id() -> Option<String> {
 /// What the audit log says about one runbook since a time: the evidence a
 /// person reads before raising its autonomy (L1 -> L2 -> L3).
 #[derive(Debug, Default)]
-pub struct Promotion {
+pub(crate) struct Promotion {
     /// Runs in the window.
-    pub runs: usize,
+    pub(crate) runs: usize,
     /// How many ended with each verdict.
-    pub verdicts: std::collections::BTreeMap<String, usize>,
+    pub(crate) verdicts: std::collections::BTreeMap<String, usize>,
     /// tool -> (proposed, approved by a person, denied by a person, expired, run under standing approval)
-    pub tools: std::collections::BTreeMap<String, [usize; 5]>,
+    pub(crate) tools: std::collections::BTreeMap<String, [usize; 5]>,
     /// Calls a person denied: (ts, tool, args, message).
-    pub denied: Vec<(String, String, String, String)>,
+    pub(crate) denied: Vec<(String, String, String, String)>,
     /// Tier-2 results whose own verification failed: (ts, tool, evidence).
-    pub unverified: Vec<(String, String, String)>,
+    pub(crate) unverified: Vec<(String, String, String)>,
 }
 
 impl Promotion {
     /// The same evidence as the text, for scripts (`promote-report --json`).
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let tools: serde_json::Map<String, serde_json::Value> = self
             .tools
             .iter()
@@ -116,7 +116,11 @@ impl std::fmt::Display for Promotion {
 }
 
 /// What the log at `path` says about `runbook` since `since`.
-pub fn promotion(path: &Path, runbook: &str, since: jiff::Timestamp) -> std::io::Result<Promotion> {
+pub(crate) fn promotion(
+    path: &Path,
+    runbook: &str,
+    since: jiff::Timestamp,
+) -> std::io::Result<Promotion> {
     let mut p = Promotion::default();
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
@@ -181,7 +185,7 @@ pub fn promotion(path: &Path, runbook: &str, since: jiff::Timestamp) -> std::io:
 }
 
 /// Every line of one run, in order.
-pub fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
+pub(crate) fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
     let reader = BufReader::new(File::open(path)?);
     let mut out = Vec::new();
     for line in reader.lines() {

@@ -19,46 +19,46 @@ use crate::text::NotOfForm;
 
 /// One run as the history shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct RunSummary {
+pub(crate) struct RunSummary {
     /// The run's id.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host.
-    pub host: String,
+    pub(crate) host: String,
     /// `schedule`, `alert`, `cli`, or `unknown`.
-    pub trigger: String,
+    pub(crate) trigger: String,
     /// When it started (or was queued).
-    pub started_at: String,
+    pub(crate) started_at: String,
     /// `queued`, `running`, `interrupted`, or the verdict.
-    pub status: String,
+    pub(crate) status: String,
     /// When its verdict was written.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ended_at: Option<String>,
+    pub(crate) ended_at: Option<String>,
     /// Why that verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// A dry run: tier-2 calls were shown, not made.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// The alert that started it (labels, summary, description).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub alert: Option<serde_json::Value>,
+    pub(crate) alert: Option<serde_json::Value>,
 }
 
 /// Which runs to list.
 #[derive(Debug, Default, Clone)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// Only this runbook's runs.
-    pub runbook: Option<String>,
+    pub(crate) runbook: Option<String>,
     /// Only runs on this host.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// A status: a verdict, `running`, `queued` or `interrupted`.
-    pub status: Option<String>,
+    pub(crate) status: Option<String>,
     /// Only runs started since then.
-    pub since: Option<jiff::Timestamp>,
+    pub(crate) since: Option<jiff::Timestamp>,
     /// The newest this many.
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
 }
 
 impl Filter {
@@ -75,7 +75,7 @@ impl Filter {
 }
 
 /// Every run in the log that `filter` keeps, oldest first.
-pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
+pub(crate) fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -102,7 +102,7 @@ pub fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
 
 /// One run, read from its own lines only (what `GET /api/v1/runs/{id}` and
 /// a waiting `run --via-daemon` ask for, often).
-pub fn one(path: &Path, run_id: &str) -> std::io::Result<Option<RunSummary>> {
+pub(crate) fn one(path: &Path, run_id: &str) -> std::io::Result<Option<RunSummary>> {
     match super::run_lines(path, run_id) {
         Ok(lines) => Ok(summarize(lines).pop()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -180,7 +180,7 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
 }
 
 /// `since` as a person writes it: a duration back from now (`90m`, `7d`) or an RFC 3339 time.
-pub fn parse_since(s: &str) -> Result<jiff::Timestamp, NotOfForm> {
+pub(crate) fn parse_since(s: &str) -> Result<jiff::Timestamp, NotOfForm> {
     if let Ok(t) = s.parse::<jiff::Timestamp>() {
         return Ok(t);
     }
@@ -197,7 +197,7 @@ pub fn parse_since(s: &str) -> Result<jiff::Timestamp, NotOfForm> {
 
 /// Why a run id given by its first characters names no single run.
 #[derive(Debug, thiserror::Error)]
-pub enum RunIdError {
+pub(crate) enum RunIdError {
     /// The log could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {
@@ -248,23 +248,23 @@ pub fn resolve(path: &Path, prefix: &str) -> Result<String, RunIdError> {
 }
 
 /// (runbook, host) -> when its last run ended, and the trigger keys that started it.
-pub type LastEnds = HashMap<(String, String), (jiff::Timestamp, Vec<String>)>;
+pub(crate) type LastEnds = HashMap<(String, String), (jiff::Timestamp, Vec<String>)>;
 
 /// What a daemon reads back from the log when it starts, in one pass.
 #[derive(Debug, Default)]
-pub struct Recovery {
+pub(crate) struct Recovery {
     /// Runs with a `queued` or `start` line and no verdict, oldest first: the
     /// last of those lines of each (a `queued` line means it was accepted and
     /// never started), with the trigger keys that started it.
-    pub unfinished: Vec<(Entry, Vec<String>)>,
+    pub(crate) unfinished: Vec<(Entry, Vec<String>)>,
     /// For each (runbook, host): when its last run ended and the trigger
     /// keys (alert fingerprints, group keys) that started it, for cooldown
     /// and deduplication.
-    pub ends: LastEnds,
+    pub(crate) ends: LastEnds,
 }
 
 /// Read the whole log once for what a restarted daemon needs.
-pub fn recovery(path: &Path) -> std::io::Result<Recovery> {
+pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Recovery::default()),

@@ -17,16 +17,17 @@ pub struct Verification {
     /// Lines checked.
     pub lines: usize,
     /// The hash of the last line (what `--head` pins).
-    pub head: String,
+    pub(crate) head: String,
     /// Every problem, in order: (line number, what is wrong). After a bad
     /// line the chain is picked up again from that line's own hash, so one
     /// edit shows once and every later tampering still shows.
     pub problems: Vec<(usize, String)>,
 }
 
+#[cfg(test)]
 impl Verification {
     /// The first problem, if any.
-    pub fn broken(&self) -> Option<&(usize, String)> {
+    pub(crate) fn broken(&self) -> Option<&(usize, String)> {
         self.problems.first()
     }
 }

@@ -16,11 +16,11 @@ use crate::planner::PlannerChoice;
 pub struct Cli {
     #[command(subcommand)]
     /// What to do.
-    pub command: Command,
+    pub(crate) command: Command,
     /// Log level or filter (`info`, `debug`, `runwarden=debug`); overrides
     /// RUNWARDEN_LOG. Default: `info` for serve, `warn` for other commands.
     #[arg(long, global = true)]
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// `text` (the default) or `json`, one object per line, for log shippers.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -57,7 +57,7 @@ impl Cli {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Load and validate runwarden.yaml, hosts/ and runbooks/; print every problem as FILE:LINE:COLUMN.
     Check {
         /// One JSON object: ok, the problems (file, line, column, message), the warnings, the hosts and runbooks.
@@ -261,7 +261,7 @@ pub enum Command {
 
 /// `runwarden db ...`
 #[derive(Debug, Subcommand)]
-pub enum DbCommand {
+pub(crate) enum DbCommand {
     /// Bring the database's schema to this runwarden's (tables and functions);
     /// safe to run again. Exit 0 when done, 1 when the database refused.
     Migrate {
@@ -284,7 +284,7 @@ pub enum DbCommand {
 
 /// `runwarden audit ...`
 #[derive(Debug, Subcommand)]
-pub enum AuditCommand {
+pub(crate) enum AuditCommand {
     /// Check the hash chain; report the first broken or missing line.
     /// Also checked, where there is a system journal: every head the journal
     /// recorded for this log as runs ended.
@@ -313,7 +313,7 @@ pub enum AuditCommand {
 
 /// `runwarden host ...`
 #[derive(Debug, Subcommand)]
-pub enum HostCommand {
+pub(crate) enum HostCommand {
     /// Exit 0 when the host answers and its policy agrees with the host file, 1 when they differ, 2 when it cannot be reached.
     Check {
         /// The host, by name (its file in hosts/).
@@ -326,7 +326,7 @@ pub enum HostCommand {
 
 /// `runwarden alerts ...`
 #[derive(Debug, Subcommand)]
-pub enum AlertsCommand {
+pub(crate) enum AlertsCommand {
     /// For each alert of a notification (a webhook body, as Alertmanager
     /// sends it), the runbook and host it would start, or why not: which
     /// matcher failed, a host label missing or not the runbook's, the kill
@@ -345,7 +345,7 @@ pub enum AlertsCommand {
 
 /// `runwarden install ...`
 #[derive(Debug, Subcommand)]
-pub enum InstallCommand {
+pub(crate) enum InstallCommand {
     /// Print the files (nothing is installed).
     Print {
         /// The host, by name (its file in hosts/).
@@ -359,7 +359,7 @@ pub enum InstallCommand {
 
 /// `runwarden approvals ...`
 #[derive(Debug, Subcommand)]
-pub enum ApprovalsCommand {
+pub(crate) enum ApprovalsCommand {
     /// Every request the daemon holds, pending first.
     List {
         /// Print one JSON document instead of text.
@@ -391,7 +391,7 @@ pub enum ApprovalsCommand {
 
 /// `runwarden kill-switch ...`
 #[derive(Debug, Subcommand)]
-pub enum KillSwitchCommand {
+pub(crate) enum KillSwitchCommand {
     /// Engage: every run stops before its next call.
     Engage {
         /// Why: written into the switch file, shown by `status` and in every refusal.

@@ -24,10 +24,11 @@ use std::path::PathBuf;
 use crate::audit;
 use crate::run::RunRequest;
 
-pub use args::{
-    AlertsCommand, ApprovalsCommand, AuditCommand, Cli, Command, DbCommand, HostCommand,
-    InstallCommand, KillSwitchCommand, LogFormat,
+use args::{
+    AlertsCommand, ApprovalsCommand, AuditCommand, Command, DbCommand, HostCommand, InstallCommand,
+    KillSwitchCommand,
 };
+pub use args::{Cli, LogFormat};
 
 use approvals::approvals;
 use check::{check, tools};
@@ -37,16 +38,16 @@ use killswitch::kill_switch;
 use run::{read_alert, run, via_daemon};
 
 /// Exit code for usage and configuration errors.
-pub const EXIT_USAGE: i32 = 2;
+pub(crate) const EXIT_USAGE: i32 = 2;
 /// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
-pub const EXIT_BUSY: i32 = 75;
+pub(crate) const EXIT_BUSY: i32 = 75;
 
 /// A command that could not do what it was asked: the one message [`main`]
 /// prints for it, on stderr, and the exit code. Commands return
 /// [`Exit`]: `Ok` carries a code the command's own result decided (a run's
 /// verdict, a check's findings), already reported on stdout.
 #[derive(Debug)]
-pub struct Failed {
+pub(crate) struct Failed {
     code: i32,
     /// Lines printed as they are, first: the loader's problems, each
     /// naming its own FILE:LINE:COLUMN.
@@ -112,7 +113,7 @@ impl From<anyhow::Error> for Failed {
 }
 
 /// What a command comes to: its exit code, or why it could not do its work.
-pub type Exit = Result<i32, Failed>;
+pub(crate) type Exit = Result<i32, Failed>;
 
 /// The configuration directory a command works on: `--config`, else
 /// `RUNWARDEN_CONFIG`, else the current directory if it holds a
@@ -142,7 +143,7 @@ pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
 }
 
 /// Where the package puts the configuration.
-pub const PACKAGED_CONFIG: &str = "/etc/runwarden";
+pub(crate) const PACKAGED_CONFIG: &str = "/etc/runwarden";
 
 /// Run a parsed command; returns the process exit code. Every failure is
 /// said here, once.

@@ -49,13 +49,13 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
 /// How `run --via-daemon` talks to the daemon and what it prints.
 pub(super) struct ViaDaemon<'a> {
     /// The daemon's URL.
-    pub base: &'a str,
+    pub(crate) base: &'a str,
     /// The webhook token's file, when the daemon requires one.
-    pub token_file: Option<&'a Path>,
+    pub(crate) token_file: Option<&'a Path>,
     /// Wait for each run's report (else print its id and return).
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// Print each report as JSON.
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// `run --via-daemon`: start the runs through the daemon, wait for each

@@ -17,9 +17,9 @@ pub struct Diagnostic {
     /// The line (1-based; 0: the whole file).
     pub line: u32,
     /// The column (1-based).
-    pub column: u32,
+    pub(crate) column: u32,
     /// What is wrong, and what to write instead.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for Diagnostic {
@@ -37,12 +37,12 @@ impl fmt::Display for Diagnostic {
 
 /// All the problems found in one load; empty means the config is valid.
 #[derive(Debug, Default)]
-pub struct Diagnostics {
+pub(crate) struct Diagnostics {
     items: Vec<Diagnostic>,
 }
 
 impl Diagnostics {
-    pub fn at(&mut self, file: &Path, loc: Location, message: impl Into<String>) {
+    pub(crate) fn at(&mut self, file: &Path, loc: Location, message: impl Into<String>) {
         self.items.push(Diagnostic {
             file: file.to_path_buf(),
             line: loc.line() as u32,
@@ -51,7 +51,7 @@ impl Diagnostics {
         });
     }
 
-    pub fn file(&mut self, file: &Path, message: impl Into<String>) {
+    pub(crate) fn file(&mut self, file: &Path, message: impl Into<String>) {
         self.items.push(Diagnostic {
             file: file.to_path_buf(),
             line: 0,
@@ -60,23 +60,23 @@ impl Diagnostics {
         });
     }
 
-    pub fn push(&mut self, d: Diagnostic) {
+    pub(crate) fn push(&mut self, d: Diagnostic) {
         self.items.push(d);
     }
 
-    pub fn extend(&mut self, other: Diagnostics) {
+    pub(crate) fn extend(&mut self, other: Diagnostics) {
         self.items.extend(other.items);
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
-    pub fn into_vec(mut self) -> Vec<Diagnostic> {
+    pub(crate) fn into_vec(mut self) -> Vec<Diagnostic> {
         self.items
             .sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
         self.items
@@ -100,7 +100,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// Suggest the closest known name for a misspelt one ("did you mean ...").
-pub fn did_you_mean<'a>(wrong: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+pub(crate) fn did_you_mean<'a>(wrong: &str, known: impl IntoIterator<Item = &'a str>) -> String {
     let best = known
         .into_iter()
         .map(|k| (edit_distance(wrong, k), k))

@@ -336,7 +336,7 @@ fn check_key(
 
 /// Health checks run on the host itself; only loopback HTTP URLs are
 /// allowed. The error is text the loader reports at the host file's line.
-pub fn loopback_url(url: &str) -> Result<(), String> {
+pub(crate) fn loopback_url(url: &str) -> Result<(), String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("\"{url}\" is not a URL: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!("\"{url}\" must be an http:// or https:// URL"));

@@ -11,7 +11,7 @@ use regex::Regex;
 #[derive(Debug, Clone)]
 pub struct Matcher {
     /// The label it tests.
-    pub name: String,
+    pub(crate) name: String,
     op: Op,
     value: String,
     regex: Option<Regex>,
@@ -83,7 +83,7 @@ impl Matcher {
     }
 
     /// The value this matcher requires of `label` exactly (`label="value"`), if it does.
-    pub fn requires(&self, label: &str) -> Option<&str> {
+    pub(crate) fn requires(&self, label: &str) -> Option<&str> {
         (self.op == Op::Equal && self.name == label).then_some(self.value.as_str())
     }
 

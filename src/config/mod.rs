@@ -21,11 +21,11 @@
 //! did-you-mean) lives with the diagnostics, in `diag`.
 
 mod diag;
-pub mod host;
+pub(crate) mod host;
 pub mod matchers;
-pub mod model;
+pub(crate) mod model;
 mod raw;
-pub mod runbook;
+pub(crate) mod runbook;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,9 +37,9 @@ use sha2::{Digest, Sha256};
 
 use crate::host::safe_name;
 pub use crate::host::{Connection, Host};
-pub use diag::{ConfigError, Diagnostic, did_you_mean};
-pub use model::{ApiKey, ModelEndpoint};
-pub use runbook::{Autonomy, Runbook, Step, StepAction};
+pub(crate) use diag::{ConfigError, Diagnostic, did_you_mean};
+pub(crate) use model::{ApiKey, ModelEndpoint};
+pub(crate) use runbook::{Autonomy, Runbook};
 
 use diag::Diagnostics;
 
@@ -52,66 +52,64 @@ pub struct Settings {
     /// The hash-chained audit log (`state/audit.jsonl` by default).
     pub audit_log: PathBuf,
     /// Send each run's audit head to the system journal (see the audit module's `head`).
-    pub audit_head_journal: bool,
+    pub(crate) audit_head_journal: bool,
     /// The key that signs each tier-2 permit sent to a managed host.
-    pub permit_key_file: PathBuf,
+    pub(crate) permit_key_file: PathBuf,
     /// Where the kill switch's files live.
-    pub kill_switch_dir: PathBuf,
+    pub(crate) kill_switch_dir: PathBuf,
     /// Where runwarden keeps its state: locks, approvals, the permit key.
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Where `serve` listens; loopback unless a webhook token is configured.
-    pub listen: std::net::SocketAddr,
+    pub(crate) listen: std::net::SocketAddr,
     /// The time zone schedules are read in.
-    pub timezone: jiff::tz::TimeZone,
-    /// The time zone's name, as configured (for messages).
-    pub timezone_name: String,
+    pub(crate) timezone: jiff::tz::TimeZone,
     /// Runs in flight at once, across all runbooks and hosts.
-    pub max_concurrent_runs: usize,
+    pub(crate) max_concurrent_runs: usize,
     /// Bearer token for `POST /api/v1/alerts` (Alertmanager's `credentials_file` format).
-    pub webhook_token_file: Option<PathBuf>,
+    pub(crate) webhook_token_file: Option<PathBuf>,
     /// How long `serve` waits for in-flight runs on SIGTERM.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// `NAME TOKEN` lines: the people who may approve L2 calls.
-    pub approvers_file: Option<PathBuf>,
+    pub(crate) approvers_file: Option<PathBuf>,
     /// How long an approval request waits before it counts as denied.
-    pub approval_timeout: Duration,
+    pub(crate) approval_timeout: Duration,
     /// Where each new approval request is POSTed (chat-ops).
-    pub approval_webhook: Option<String>,
+    pub(crate) approval_webhook: Option<String>,
     /// The model planner's endpoint; runbooks' `agent` goals need it.
-    pub model: Option<ModelEndpoint>,
+    pub(crate) model: Option<ModelEndpoint>,
     /// Tier-2 calls across every run on this machine, within a window.
-    pub fleet_budget: Option<runbook::FleetBudget>,
+    pub(crate) fleet_budget: Option<runbook::FleetBudget>,
     /// `state.postgres`: state shared by several daemons; `None`: this machine's own.
-    pub postgres: Option<SharedState>,
+    pub(crate) postgres: Option<SharedState>,
     /// This daemon's name among several: `replica`, or the hostname.
-    pub replica: String,
+    pub(crate) replica: String,
 }
 
 /// `state.postgres` of runwarden.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedState {
+pub(crate) struct SharedState {
     /// The file that holds the libpq URL (the URL is a secret; the file is 0600).
-    pub url_file: PathBuf,
+    pub(crate) url_file: PathBuf,
     /// How long a replica's claim on a (runbook, host) lives without renewal.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// The certificate authorities (PEM) a TLS connection trusts; `None`:
     /// the system's.
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 /// The port `serve` listens on by default (not one of the usual exporter ports).
-pub const DEFAULT_LISTEN: std::net::SocketAddr =
+pub(crate) const DEFAULT_LISTEN: std::net::SocketAddr =
     std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9731);
 
 /// A complete, validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The configuration directory every relative path is read against.
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// runwarden.yaml.
     pub settings: Settings,
     /// runbooks/, by name.
-    pub runbooks: BTreeMap<String, Arc<Runbook>>,
+    pub(crate) runbooks: BTreeMap<String, Arc<Runbook>>,
     /// hosts/, by name.
     pub hosts: BTreeMap<String, Arc<Host>>,
 }
@@ -358,7 +356,6 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         state_dir: resolve(&settings.state_dir, "state"),
         listen,
         timezone,
-        timezone_name,
         max_concurrent_runs,
         webhook_token_file: settings
             .webhook_token_file
@@ -371,7 +368,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
 impl Settings {
     /// The settings of `dir`, however its runbooks and hosts are: exactly
     /// what `serve` would use, or the problems of runwarden.yaml.
-    pub fn load(dir: &Path) -> Result<Settings, ConfigError> {
+    pub(crate) fn load(dir: &Path) -> Result<Settings, ConfigError> {
         let mut diags = Diagnostics::default();
         let settings = load_settings(dir, &mut diags);
         if diags.is_empty() {
@@ -385,7 +382,7 @@ impl Settings {
 /// The names the runbook files under `DIR/runbooks/` give themselves, read
 /// leniently (a file with other problems still names its runbook): what a
 /// `--runbook` argument may be while the configuration is being edited.
-pub fn runbook_names(dir: &Path) -> std::collections::BTreeSet<String> {
+pub(crate) fn runbook_names(dir: &Path) -> std::collections::BTreeSet<String> {
     let mut diags = Diagnostics::default();
     let mut names = std::collections::BTreeSet::new();
     for file in yaml_files(&dir.join("runbooks"), &mut diags) {
@@ -408,7 +405,7 @@ impl Config {
     /// `listen` overrides the file's. Ok holds warnings: SSH files a remote
     /// host names that are not there (serve starts, and calls to that host
     /// fail until they are).
-    pub fn serve_problems(
+    pub(crate) fn serve_problems(
         &self,
         listen: Option<std::net::SocketAddr>,
     ) -> Result<Vec<Diagnostic>, ConfigError> {
@@ -488,7 +485,7 @@ impl Config {
 }
 
 /// Load one host file on its own (the agent's policy on a managed host).
-pub fn load_host_file(file: &Path, dir: &Path) -> Result<Host, ConfigError> {
+pub(crate) fn load_host_file(file: &Path, dir: &Path) -> Result<Host, ConfigError> {
     let mut diags = Diagnostics::default();
     let host = read_file(file, dir, &mut diags, false)
         .and_then(|(text, _)| parse::<raw::Host>(file, &text, &mut diags))

@@ -13,24 +13,24 @@ use crate::secret::SecretError;
 
 /// The model planner's endpoint, from `model:` in runwarden.yaml.
 #[derive(Debug, Clone)]
-pub struct ModelEndpoint {
+pub(crate) struct ModelEndpoint {
     /// Base URL of an OpenAI-compatible API, e.g. `http://127.0.0.1:11434/v1`.
-    pub endpoint: reqwest::Url,
+    pub(crate) endpoint: reqwest::Url,
     /// The model name sent with each request (a runbook's `agent.model` overrides it).
-    pub name: String,
+    pub(crate) name: String,
     /// Where the API key is read from, when the endpoint needs one (never the key itself).
-    pub api_key: Option<ApiKey>,
+    pub(crate) api_key: Option<ApiKey>,
     /// How long one request may take.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Sampling temperature sent with each request.
-    pub temperature: f32,
+    pub(crate) temperature: f32,
     /// Retries on 429, 5xx, timeouts and refused connections, with backoff.
-    pub retries: u32,
+    pub(crate) retries: u32,
 }
 
 /// Where the API key lives.
 #[derive(Debug, Clone)]
-pub enum ApiKey {
+pub(crate) enum ApiKey {
     /// An environment variable's name.
     Env(String),
     /// A file holding the key.
@@ -39,7 +39,7 @@ pub enum ApiKey {
 
 impl ApiKey {
     /// Read the key now. The error names the source, never the value.
-    pub fn read(&self) -> Result<String, SecretError> {
+    pub(crate) fn read(&self) -> Result<String, SecretError> {
         let key = match self {
             ApiKey::Env(var) => std::env::var(var).map_err(|_| SecretError::Unset {
                 setting: "model.api_key_env",

@@ -15,178 +15,178 @@ type S<T> = Spanned<T>;
 /// Just the name of a file that failed to parse, so one broken host file
 /// does not also make every runbook that names it fail.
 #[derive(Debug, Deserialize)]
-pub struct NameOnly {
-    pub name: Option<String>,
+pub(crate) struct NameOnly {
+    pub(crate) name: Option<String>,
 }
 
 /// `runwarden.yaml`: settings of the runner itself (all optional).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub audit_log: Option<S<String>>,
     /// Where each run's audit head is sent: `journal` (default) or `none`.
-    pub audit_head: Option<S<String>>,
+    pub(crate) audit_head: Option<S<String>>,
     /// The key that signs tier-2 permits for managed hosts.
-    pub permit_key_file: Option<S<String>>,
-    pub kill_switch_dir: Option<S<String>>,
-    pub state_dir: Option<S<String>>,
-    pub listen: Option<S<String>>,
-    pub timezone: Option<S<String>>,
-    pub max_concurrent_runs: Option<S<u32>>,
-    pub webhook_token_file: Option<S<String>>,
-    pub shutdown_grace: Option<S<String>>,
-    pub approvers_file: Option<S<String>>,
-    pub approval_timeout: Option<S<String>>,
-    pub approval_webhook: Option<S<String>>,
-    pub model: Option<S<Model>>,
-    pub fleet_budget: Option<FleetBudget>,
+    pub(crate) permit_key_file: Option<S<String>>,
+    pub(crate) kill_switch_dir: Option<S<String>>,
+    pub(crate) state_dir: Option<S<String>>,
+    pub(crate) listen: Option<S<String>>,
+    pub(crate) timezone: Option<S<String>>,
+    pub(crate) max_concurrent_runs: Option<S<u32>>,
+    pub(crate) webhook_token_file: Option<S<String>>,
+    pub(crate) shutdown_grace: Option<S<String>>,
+    pub(crate) approvers_file: Option<S<String>>,
+    pub(crate) approval_timeout: Option<S<String>>,
+    pub(crate) approval_webhook: Option<S<String>>,
+    pub(crate) model: Option<S<Model>>,
+    pub(crate) fleet_budget: Option<FleetBudget>,
     /// Where state shared by several daemons lives (`postgres:`).
-    pub state: Option<State>,
+    pub(crate) state: Option<State>,
     /// This daemon's name among several (default: the hostname).
-    pub replica: Option<S<String>>,
+    pub(crate) replica: Option<S<String>>,
 }
 
 /// `state:` in runwarden.yaml.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct State {
-    pub postgres: Option<Postgres>,
+pub(crate) struct State {
+    pub(crate) postgres: Option<Postgres>,
 }
 
 /// `state.postgres:` in runwarden.yaml.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Postgres {
-    pub url_file: S<String>,
-    pub lease: Option<S<String>>,
-    pub ca_file: Option<S<String>>,
+pub(crate) struct Postgres {
+    pub(crate) url_file: S<String>,
+    pub(crate) lease: Option<S<String>>,
+    pub(crate) ca_file: Option<S<String>>,
 }
 
 /// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across
 /// every run, within a sliding window.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FleetBudget {
-    pub max_mutations: S<u32>,
-    pub per: S<String>,
+pub(crate) struct FleetBudget {
+    pub(crate) max_mutations: S<u32>,
+    pub(crate) per: S<String>,
 }
 
 /// `model:` in runwarden.yaml: an OpenAI-compatible chat-completions endpoint.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Model {
-    pub endpoint: S<String>,
-    pub name: S<String>,
-    pub api_key_env: Option<S<String>>,
-    pub api_key_file: Option<S<String>>,
-    pub timeout: Option<S<String>>,
-    pub temperature: Option<S<f32>>,
-    pub retries: Option<S<u32>>,
+pub(crate) struct Model {
+    pub(crate) endpoint: S<String>,
+    pub(crate) name: S<String>,
+    pub(crate) api_key_env: Option<S<String>>,
+    pub(crate) api_key_file: Option<S<String>>,
+    pub(crate) timeout: Option<S<String>>,
+    pub(crate) temperature: Option<S<f32>>,
+    pub(crate) retries: Option<S<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Runbook {
-    pub name: S<String>,
-    pub description: String,
-    pub hosts: S<Vec<S<String>>>,
-    pub autonomy: S<String>,
-    pub schedule: Option<S<String>>,
-    pub on_alert: Option<OnAlert>,
-    pub cooldown: Option<S<String>>,
+pub(crate) struct Runbook {
+    pub(crate) name: S<String>,
+    pub(crate) description: String,
+    pub(crate) hosts: S<Vec<S<String>>>,
+    pub(crate) autonomy: S<String>,
+    pub(crate) schedule: Option<S<String>>,
+    pub(crate) on_alert: Option<OnAlert>,
+    pub(crate) cooldown: Option<S<String>>,
     #[serde(default)]
-    pub tools: Tools,
+    pub(crate) tools: Tools,
     #[serde(default)]
-    pub budget: Budget,
-    pub fleet_budget: Option<FleetBudget>,
+    pub(crate) budget: Budget,
+    pub(crate) fleet_budget: Option<FleetBudget>,
     #[serde(default)]
-    pub steps: Vec<S<Step>>,
-    pub agent: Option<S<Agent>>,
+    pub(crate) steps: Vec<S<Step>>,
+    pub(crate) agent: Option<S<Agent>>,
 }
 
 /// `agent:` in a runbook: a goal for the model planner.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Agent {
-    pub goal: S<String>,
-    pub model: Option<S<String>>,
-    pub max_steps: Option<S<u32>>,
+pub(crate) struct Agent {
+    pub(crate) goal: S<String>,
+    pub(crate) model: Option<S<String>>,
+    pub(crate) max_steps: Option<S<u32>>,
     #[serde(default)]
-    pub after_steps: bool,
+    pub(crate) after_steps: bool,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct OnAlert {
-    pub matchers: Vec<S<String>>,
-    pub host_label: S<String>,
+pub(crate) struct OnAlert {
+    pub(crate) matchers: Vec<S<String>>,
+    pub(crate) host_label: S<String>,
     /// Label value -> host name, for values that are not `HOST` or `HOST:PORT`.
     #[serde(default)]
-    pub host_map: BTreeMap<String, String>,
+    pub(crate) host_map: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Tools {
+pub(crate) struct Tools {
     #[serde(default)]
-    pub observe: Vec<S<String>>,
+    pub(crate) observe: Vec<S<String>>,
     #[serde(default)]
-    pub approve: Vec<S<String>>,
+    pub(crate) approve: Vec<S<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Budget {
-    pub max_steps: Option<S<u32>>,
-    pub max_mutations: Option<S<u32>>,
-    pub max_duration: Option<S<String>>,
+pub(crate) struct Budget {
+    pub(crate) max_steps: Option<S<u32>>,
+    pub(crate) max_mutations: Option<S<u32>>,
+    pub(crate) max_duration: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Step {
-    pub id: Option<S<String>>,
-    pub call: Option<S<String>>,
+pub(crate) struct Step {
+    pub(crate) id: Option<S<String>>,
+    pub(crate) call: Option<S<String>>,
     #[serde(default)]
-    pub args: BTreeMap<String, S<serde_json::Value>>,
-    pub when: Option<S<String>>,
-    pub reason: Option<S<String>>,
-    pub suggest: Option<S<String>>,
+    pub(crate) args: BTreeMap<String, S<serde_json::Value>>,
+    pub(crate) when: Option<S<String>>,
+    pub(crate) reason: Option<S<String>>,
+    pub(crate) suggest: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Host {
-    pub name: S<String>,
-    pub connection: S<Connection>,
+    pub(crate) name: S<String>,
+    pub(crate) connection: S<Connection>,
     /// A host file shipped as an example (its SSH files are not expected here).
     #[serde(default)]
-    pub example: bool,
+    pub(crate) example: bool,
     #[serde(default)]
-    pub sudo: bool,
-    pub jail: Option<S<String>>,
+    pub(crate) sudo: bool,
+    pub(crate) jail: Option<S<String>>,
     /// Agent policies: the runner's public key that signs tier-2 permits.
-    pub permit_public_key: Option<S<String>>,
-    pub tool_timeout: Option<S<String>>,
+    pub(crate) permit_public_key: Option<S<String>>,
+    pub(crate) tool_timeout: Option<S<String>>,
     /// disk_usage: how long `du` may look for the largest entries.
-    pub du_budget: Option<S<String>>,
+    pub(crate) du_budget: Option<S<String>>,
     #[serde(default)]
     pub units: Vec<S<String>>,
     #[serde(default)]
-    pub journals: Vec<S<String>>,
+    pub(crate) journals: Vec<S<String>>,
     #[serde(default)]
     pub paths: Vec<S<String>>,
     #[serde(default)]
-    pub logrotate_configs: Vec<S<String>>,
-    pub logrotate_state: Option<S<String>>,
+    pub(crate) logrotate_configs: Vec<S<String>>,
+    pub(crate) logrotate_state: Option<S<String>>,
     #[serde(default)]
-    pub certificates: BTreeMap<String, S<Certificate>>,
+    pub(crate) certificates: BTreeMap<String, S<Certificate>>,
     #[serde(default)]
-    pub health_checks: BTreeMap<String, S<String>>,
+    pub(crate) health_checks: BTreeMap<String, S<String>>,
     #[serde(default)]
-    pub worker_pools: BTreeMap<String, S<WorkerPool>>,
+    pub(crate) worker_pools: BTreeMap<String, S<WorkerPool>>,
     #[serde(default)]
-    pub binaries: Binaries,
+    pub(crate) binaries: Binaries,
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,52 +200,52 @@ pub enum Connection {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Ssh {
-    pub address: S<String>,
-    pub port: Option<u16>,
-    pub user: S<String>,
-    pub identity: S<String>,
-    pub known_hosts: S<String>,
+pub(crate) struct Ssh {
+    pub(crate) address: S<String>,
+    pub(crate) port: Option<u16>,
+    pub(crate) user: S<String>,
+    pub(crate) identity: S<String>,
+    pub(crate) known_hosts: S<String>,
     /// One connection and agent session per run; false: one per call. Default true.
-    pub multiplex: Option<bool>,
+    pub(crate) multiplex: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Certificate {
-    pub path: S<String>,
-    pub unit: Option<S<String>>,
-    pub renew: Option<S<Vec<String>>>,
+pub(crate) struct Certificate {
+    pub(crate) path: S<String>,
+    pub(crate) unit: Option<S<String>>,
+    pub(crate) renew: Option<S<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WorkerPool {
-    pub unit: Option<S<String>>,
-    pub pid_file: Option<S<String>>,
+pub(crate) struct WorkerPool {
+    pub(crate) unit: Option<S<String>>,
+    pub(crate) pid_file: Option<S<String>>,
     /// With `pid_file`: the program the master runs (checked before a signal).
-    pub executable: Option<S<String>>,
-    pub recycle: S<Recycle>,
-    pub health_check: Option<S<String>>,
+    pub(crate) executable: Option<S<String>>,
+    pub(crate) recycle: S<Recycle>,
+    pub(crate) health_check: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Recycle {
+pub(crate) enum Recycle {
     Reload,
     Signal(String),
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Binaries {
-    pub systemctl: Option<S<String>>,
-    pub journalctl: Option<S<String>>,
-    pub logrotate: Option<S<String>>,
-    pub df: Option<S<String>>,
-    pub du: Option<S<String>>,
-    pub ps: Option<S<String>>,
-    pub kill: Option<S<String>>,
-    pub sudo: Option<S<String>>,
-    pub ssh: Option<S<String>>,
+pub(crate) struct Binaries {
+    pub(crate) systemctl: Option<S<String>>,
+    pub(crate) journalctl: Option<S<String>>,
+    pub(crate) logrotate: Option<S<String>>,
+    pub(crate) df: Option<S<String>>,
+    pub(crate) du: Option<S<String>>,
+    pub(crate) ps: Option<S<String>>,
+    pub(crate) kill: Option<S<String>>,
+    pub(crate) sudo: Option<S<String>>,
+    pub(crate) ssh: Option<S<String>>,
 }

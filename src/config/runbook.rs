@@ -20,7 +20,7 @@ use crate::tools::{self, Tier, ToolId};
 
 /// How much a runbook may change on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Autonomy {
+pub(crate) enum Autonomy {
     /// Tier-2 calls are recorded as proposals and never run.
     L1,
     /// Each tier-2 call waits for a person's approval (`runwarden serve` with approvers).
@@ -31,7 +31,7 @@ pub enum Autonomy {
 
 impl Autonomy {
     /// `L1`, `L2` or `L3`, as runbooks and reports write it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Autonomy::L1 => "L1",
             Autonomy::L2 => "L2",
@@ -44,11 +44,11 @@ impl Autonomy {
 /// within a sliding window: `fleet_budget:` in runwarden.yaml, or in a
 /// runbook for its own calls. Kept by the gate's fleet budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FleetBudget {
+pub(crate) struct FleetBudget {
     /// Tier-2 calls allowed within the window.
-    pub max_mutations: u32,
+    pub(crate) max_mutations: u32,
     /// The window.
-    pub per: Duration,
+    pub(crate) per: Duration,
 }
 
 /// The most tier-2 calls a fleet budget may allow per window.
@@ -85,13 +85,13 @@ pub(crate) fn fleet_budget(
 
 /// What one run may spend; past any of it the gate refuses the next call.
 #[derive(Debug, Clone, Copy)]
-pub struct Budget {
+pub(crate) struct Budget {
     /// Calls a run may make (denied ones count).
-    pub max_steps: u32,
+    pub(crate) max_steps: u32,
     /// Tier-2 calls a run may make.
-    pub max_mutations: u32,
+    pub(crate) max_mutations: u32,
     /// Wall time of the whole run.
-    pub max_duration: Duration,
+    pub(crate) max_duration: Duration,
 }
 
 impl Default for Budget {
@@ -106,18 +106,18 @@ impl Default for Budget {
 
 /// Which Alertmanager alerts start this runbook, and on which host.
 #[derive(Debug, Clone)]
-pub struct OnAlert {
+pub(crate) struct OnAlert {
     /// Every matcher must hold for an alert to match (Alertmanager's syntax).
-    pub matchers: Vec<super::matchers::Matcher>,
+    pub(crate) matchers: Vec<super::matchers::Matcher>,
     /// The label naming the host (default `instance`).
-    pub host_label: String,
+    pub(crate) host_label: String,
     /// Label values mapped to host names, where they differ.
-    pub host_map: BTreeMap<String, String>,
+    pub(crate) host_map: BTreeMap<String, String>,
 }
 
 impl OnAlert {
     /// The named host an alert's label value refers to: the mapped name, or the value without `:PORT`.
-    pub fn host_of(&self, labels: &BTreeMap<String, String>) -> Option<String> {
+    pub(crate) fn host_of(&self, labels: &BTreeMap<String, String>) -> Option<String> {
         let v = labels.get(&self.host_label)?;
         if let Some(h) = self.host_map.get(v) {
             return Some(h.clone());
@@ -132,20 +132,20 @@ impl OnAlert {
 
 /// One deterministic step, as written (templates are rendered at run time).
 #[derive(Debug, Clone)]
-pub struct Step {
+pub(crate) struct Step {
     /// The name later steps use (`steps.ID.field`); defaults to `step<N>`.
-    pub id: String,
+    pub(crate) id: String,
     /// A template; the step is skipped when it renders false.
-    pub when: Option<String>,
+    pub(crate) when: Option<String>,
     /// The line of the runbook file the step starts on (for messages).
-    pub line: u32,
+    pub(crate) line: u32,
     /// What the step does.
-    pub action: StepAction,
+    pub(crate) action: StepAction,
 }
 
 /// What one step does.
 #[derive(Debug, Clone)]
-pub enum StepAction {
+pub(crate) enum StepAction {
     /// Propose one call to the gate.
     Call {
         /// The tool, from the registry.
@@ -161,60 +161,60 @@ pub enum StepAction {
 
 /// A goal for the model planner: it picks calls inside the runbook's scope.
 #[derive(Debug, Clone)]
-pub struct Agent {
+pub(crate) struct Agent {
     /// What to find out, what a good fix is, what must not be done; shown to the model.
-    pub goal: String,
+    pub(crate) goal: String,
     /// Overrides `model.name` of runwarden.yaml for this runbook.
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// Calls the model may propose, inside the runbook's `budget.max_steps`.
-    pub max_steps: u32,
+    pub(crate) max_steps: u32,
     /// Run the `steps` first and hand their findings to the model.
-    pub after_steps: bool,
+    pub(crate) after_steps: bool,
 }
 
 /// A validated runbook.
 #[derive(Debug, Clone)]
-pub struct Runbook {
+pub(crate) struct Runbook {
     /// The runbook's name: its file's stem.
-    pub name: String,
+    pub(crate) name: String,
     /// One line for people: what it is for.
-    pub description: String,
+    pub(crate) description: String,
     /// Shared with the host map: large estates name hundreds of hosts in many runbooks.
-    pub hosts: Vec<std::sync::Arc<str>>,
+    pub(crate) hosts: Vec<std::sync::Arc<str>>,
     /// How much it may change on its own.
-    pub autonomy: Autonomy,
+    pub(crate) autonomy: Autonomy,
     /// A cron expression (5 or 6 fields) in the configured time zone.
-    pub schedule: Option<String>,
+    pub(crate) schedule: Option<String>,
     /// Which alerts start it.
-    pub on_alert: Option<OnAlert>,
+    pub(crate) on_alert: Option<OnAlert>,
     /// How long after a run on a host before a trigger may start another there.
-    pub cooldown: Option<Duration>,
+    pub(crate) cooldown: Option<Duration>,
     /// Tier-1 tools the runbook may call.
-    pub observe: BTreeSet<ToolId>,
+    pub(crate) observe: BTreeSet<ToolId>,
     /// Tier-2 tools: standing approval at L3, proposals only at L1.
-    pub approve: BTreeSet<ToolId>,
+    pub(crate) approve: BTreeSet<ToolId>,
     /// What one run may spend.
-    pub budget: Budget,
+    pub(crate) budget: Budget,
     /// Tier-2 calls of all this runbook's runs, within a window.
-    pub fleet_budget: Option<FleetBudget>,
+    pub(crate) fleet_budget: Option<FleetBudget>,
     /// The deterministic steps, in order.
-    pub steps: Vec<Step>,
+    pub(crate) steps: Vec<Step>,
     /// A goal for the model planner, when the runbook has one.
-    pub agent: Option<Agent>,
+    pub(crate) agent: Option<Agent>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
-    pub version: String,
+    pub(crate) version: String,
     /// The file this runbook came from (for messages).
-    pub source: PathBuf,
+    pub(crate) source: PathBuf,
 }
 
 impl Runbook {
     /// Whether the runbook lists `tool` (to observe or to change).
-    pub fn allows_tool(&self, tool: ToolId) -> bool {
+    pub(crate) fn allows_tool(&self, tool: ToolId) -> bool {
         self.observe.contains(&tool) || self.approve.contains(&tool)
     }
 
     /// Whether the runbook names `host`.
-    pub fn allows_host(&self, host: &str) -> bool {
+    pub(crate) fn allows_host(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| &**h == host)
     }
 }
@@ -270,7 +270,7 @@ fn check_schedule(text: &str) -> Result<(), String> {
 
 /// The template engine shared by `when` conditions and templated values.
 /// Strict undefined: a misspelt `steps.root.use_pct` is an error, not a silent false.
-pub fn template_env() -> minijinja::Environment<'static> {
+pub(crate) fn template_env() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.set_recursion_limit(32);
@@ -278,7 +278,7 @@ pub fn template_env() -> minijinja::Environment<'static> {
 }
 
 /// Whether a string holds minijinja syntax (and is rendered at run time).
-pub fn is_template(s: &str) -> bool {
+pub(crate) fn is_template(s: &str) -> bool {
     s.contains("{{") || s.contains("{%") || s.contains("{#")
 }
 

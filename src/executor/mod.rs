@@ -4,8 +4,8 @@
 //! [`AuditTicket`] (only the audit log makes one, after the intent line is on
 //! disk): a call that skipped either does not compile.
 
-pub mod socket;
-pub mod ssh;
+pub(crate) mod socket;
+pub(crate) mod ssh;
 
 use crate::agent::wire;
 use crate::audit::{AuditTicket, Dispatched, RunInfo};
@@ -43,7 +43,7 @@ pub enum Executor {
 impl Executor {
     /// `permit_key` is the file of the key that signs tier-2 permits for
     /// managed hosts (`permit_key_file`).
-    pub fn for_host(host: &Host, run_id: &str, permit_key: &Path) -> Executor {
+    pub(crate) fn for_host(host: &Host, run_id: &str, permit_key: &Path) -> Executor {
         match &host.connection {
             Connection::Local => Executor::Local,
             Connection::Ssh(ssh) => Executor::Ssh {

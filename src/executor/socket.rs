@@ -35,7 +35,7 @@ enum Broken {
 }
 
 /// Send one call to the agent on `socket`, with the retry rules above.
-pub async fn dispatch(
+pub(crate) async fn dispatch(
     socket: &Path,
     host: &Host,
     request: &Call,

@@ -77,7 +77,7 @@ fn base(host: &Host, ssh: &Ssh) -> Argv {
 }
 
 /// One call's client: through the master's socket when there is one.
-pub fn argv(host: &Host, ssh: &Ssh, control: Option<&Path>) -> Argv {
+pub(crate) fn argv(host: &Host, ssh: &Ssh, control: Option<&Path>) -> Argv {
     let argv = base(host, ssh).args(["-o", "ControlMaster=no"]);
     let argv = match control {
         Some(p) => argv.arg("-o").arg(format!("ControlPath={}", p.display())),
@@ -89,14 +89,14 @@ pub fn argv(host: &Host, ssh: &Ssh, control: Option<&Path>) -> Argv {
 }
 
 /// Whether a failed result was the connection's fault.
-pub fn is_transport_error(r: &ToolResult) -> bool {
+pub(crate) fn is_transport_error(r: &ToolResult) -> bool {
     r.failure.is_some_and(Failure::is_transport)
 }
 
 /// What kind of failure a transport error was, in a person's words:
 /// `refused`, `timed out`, `host key mismatch`, `authentication refused`,
 /// `answered garbage` or `unreachable`; decided where it happened.
-pub fn failure_kind(r: &ToolResult) -> &'static str {
+pub(crate) fn failure_kind(r: &ToolResult) -> &'static str {
     match r.failure {
         Some(Failure::Transport(kind)) => kind.as_str(),
         _ if r.outcome == Outcome::Timeout => Unreachable::TimedOut.as_str(),
@@ -132,7 +132,7 @@ fn ssh_failure(stderr: &str) -> Unreachable {
 /// The connection of one run to one host.
 pub struct Session {
     /// Where and as whom to connect.
-    pub target: Ssh,
+    pub(crate) target: Ssh,
     /// Where the master's socket lives; `None` when no private directory could be made.
     control: Option<PathBuf>,
     master: Mutex<Option<std::process::Child>>,
@@ -142,7 +142,7 @@ pub struct Session {
 
 impl Session {
     /// A session for one run: its connection master is started on the first call.
-    pub fn new(target: Ssh, run_id: &str) -> Session {
+    pub(crate) fn new(target: Ssh, run_id: &str) -> Session {
         let control = control_dir().ok().filter(|_| target.multiplex).map(|d| {
             use sha2::Digest;
             let tag = sha2::Sha256::digest(format!("{run_id}\0{}", target.address));
@@ -205,7 +205,7 @@ impl Session {
     }
 
     /// Send one request to the host's agent and read its answer.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         host: &Host,
         request: &Request,
@@ -296,7 +296,7 @@ impl Session {
     }
 
     /// A tool call, with the transport's retry rules (see the module doc).
-    pub async fn dispatch(
+    pub(crate) async fn dispatch(
         &self,
         host: &Host,
         call: &Call,

@@ -26,18 +26,18 @@ use tokio::sync::watch;
 
 /// A person's decision: who, and what they wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Decided {
+pub(crate) struct Decided {
     /// The approver's name (from the approvers file, never the token).
-    pub by: String,
+    pub(crate) by: String,
     /// What they wrote.
-    pub comment: String,
+    pub(crate) comment: String,
 }
 
 /// Where a request stands. Everything but `Pending` is final. As the API
 /// shows it: `state`, and a decision's `by` and `comment` beside it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum State {
+pub(crate) enum State {
     /// Waiting for a person.
     Pending,
     /// A person approved the call.
@@ -55,7 +55,7 @@ pub enum State {
 
 /// Why a run stopped waiting for a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cancel {
+pub(crate) enum Cancel {
     /// The kill switch was engaged (its own message).
     KillSwitch(String),
     /// The daemon is shutting down.
@@ -76,7 +76,7 @@ impl std::fmt::Display for Cancel {
 
 /// How a wait for a person ended (see [`Approvals::wait`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
+pub(crate) enum Resolution {
     /// A person approved the call.
     Approved(Decided),
     /// A person denied the call.
@@ -89,7 +89,7 @@ pub enum Resolution {
 
 impl Resolution {
     /// The `decision` label of `runwarden_approvals_total`.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Resolution::Approved(_) => "approved",
             Resolution::Denied(_) => "denied",
@@ -101,39 +101,39 @@ impl Resolution {
 
 /// One request, as the API shows it.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Request {
+pub(crate) struct Request {
     /// The request's id (what `approve` and `deny` name).
-    pub id: String,
+    pub(crate) id: String,
     /// The run that waits.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The step of that run.
-    pub step: u32,
+    pub(crate) step: u32,
     /// The runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host the call would change.
-    pub host: String,
+    pub(crate) host: String,
     /// The tier-2 tool.
-    pub tool: String,
+    pub(crate) tool: String,
     /// Its arguments, exactly as they would run.
-    pub args: Value,
+    pub(crate) args: Value,
     /// Why the run wants to make the call.
-    pub reason: String,
+    pub(crate) reason: String,
     /// What the run has seen so far (`steps.*`).
-    pub findings: Value,
+    pub(crate) findings: Value,
     /// sha256 of the call; a decision must quote it.
-    pub digest: String,
+    pub(crate) digest: String,
     /// When it was opened (RFC 3339).
-    pub created_at: String,
+    pub(crate) created_at: String,
     /// When it expires unless decided (RFC 3339).
-    pub expires_at: String,
+    pub(crate) expires_at: String,
     /// Where it stands.
     #[serde(flatten)]
-    pub state: State,
+    pub(crate) state: State,
 }
 
 /// Why a decision was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DecisionError {
+pub(crate) enum DecisionError {
     /// The token is not an approver's.
     #[error("unknown approver token")]
     Unauthorized,
@@ -161,7 +161,7 @@ struct Entry {
 }
 
 /// The L2 approval store: requests, their waiting runs, and who may decide.
-pub struct Approvals {
+pub(crate) struct Approvals {
     /// token -> approver name; replaced whole on SIGHUP, so a revoked
     /// approver's token stops working at once.
     approvers: std::sync::RwLock<HashMap<Vec<u8>, String>>,
@@ -172,7 +172,7 @@ pub struct Approvals {
 }
 
 /// A decision's comment as it is kept: no control characters, at most 500.
-pub fn clean_comment(comment: &str) -> String {
+pub(crate) fn clean_comment(comment: &str) -> String {
     comment
         .chars()
         .filter(|c| !c.is_control())
@@ -181,7 +181,7 @@ pub fn clean_comment(comment: &str) -> String {
 }
 
 /// The digest of one resolved call in one run.
-pub fn digest(
+pub(crate) fn digest(
     run_id: &str,
     step: u32,
     runbook: &str,
@@ -203,7 +203,7 @@ pub fn digest(
 
 impl Approvals {
     /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
-    pub fn load(file: &Path, timeout: Duration) -> Result<Approvals, SecretError> {
+    pub(crate) fn load(file: &Path, timeout: Duration) -> Result<Approvals, SecretError> {
         Ok(Approvals {
             approvers: std::sync::RwLock::new(crate::secret::read_approvers(file)?),
             refused: Default::default(),
@@ -218,7 +218,7 @@ impl Approvals {
     /// A file that cannot be accepted fails closed: the old list is dropped
     /// too (a revocation must never be undone by a mistake in the new
     /// file), and nobody can approve until a reload accepts a file.
-    pub fn reload(&self, file: &Path) -> Result<usize, SecretError> {
+    pub(crate) fn reload(&self, file: &Path) -> Result<usize, SecretError> {
         let read = crate::secret::read_approvers(file);
         let mut approvers = self.approvers.write().unwrap_or_else(|p| p.into_inner());
         self.refused
@@ -237,12 +237,12 @@ impl Approvals {
     }
 
     /// Whether the last reload refused the approvers file (nobody can approve).
-    pub fn refused(&self) -> bool {
+    pub(crate) fn refused(&self) -> bool {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The approver a token belongs to (compared without timing leaks).
-    pub fn approver(&self, token: &[u8]) -> Option<String> {
+    pub(crate) fn approver(&self, token: &[u8]) -> Option<String> {
         let approvers = self.approvers.read().unwrap_or_else(|p| p.into_inner());
         let mut found = None;
         for (t, name) in approvers.iter() {
@@ -254,7 +254,7 @@ impl Approvals {
     }
 
     /// Open a request; the receiver sees its state change.
-    pub fn open(&self, mut request: Request) -> watch::Receiver<State> {
+    pub(crate) fn open(&self, mut request: Request) -> watch::Receiver<State> {
         let now = Instant::now();
         request.created_at = jiff::Timestamp::now().to_string();
         request.expires_at = (jiff::Timestamp::now() + self.timeout).to_string();
@@ -274,7 +274,7 @@ impl Approvals {
     }
 
     /// Approve or deny. Exactly one decision counts.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         id: &str,
         token: &[u8],
@@ -323,7 +323,7 @@ impl Approvals {
     /// change; the request expires at its deadline. Whichever comes first
     /// ends it, and a decision that arrives at the same moment wins over a
     /// cancellation or the expiry.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         id: &str,
         mut rx: watch::Receiver<State>,
@@ -366,7 +366,7 @@ impl Approvals {
 
     /// End a pending request without a decision (expiry or the run stopped waiting).
     /// Returns false when a decision got there first.
-    pub fn close(&self, id: &str, state: State) -> bool {
+    pub(crate) fn close(&self, id: &str, state: State) -> bool {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let Some(e) = entries.get_mut(id) else {
             return false;
@@ -380,7 +380,7 @@ impl Approvals {
     }
 
     /// When request `id` expires, if it is held here.
-    pub fn expires(&self, id: &str) -> Option<Instant> {
+    pub(crate) fn expires(&self, id: &str) -> Option<Instant> {
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -389,7 +389,7 @@ impl Approvals {
     }
 
     /// How long request `id` has waited so far.
-    pub fn waited(&self, id: &str) -> Duration {
+    pub(crate) fn waited(&self, id: &str) -> Duration {
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -398,7 +398,7 @@ impl Approvals {
     }
 
     /// Request `id` as the API shows it.
-    pub fn get(&self, id: &str) -> Option<Request> {
+    pub(crate) fn get(&self, id: &str) -> Option<Request> {
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -407,7 +407,7 @@ impl Approvals {
     }
 
     /// The ids of the requests still waiting for a person.
-    pub fn pending(&self) -> Vec<String> {
+    pub(crate) fn pending(&self) -> Vec<String> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .iter()
@@ -417,7 +417,7 @@ impl Approvals {
     }
 
     /// Recent requests, pending first.
-    pub fn list(&self) -> Vec<Request> {
+    pub(crate) fn list(&self) -> Vec<Request> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let mut all: Vec<Request> = entries.values().map(|e| e.request.clone()).collect();
         all.sort_by(|a, b| {
@@ -430,7 +430,7 @@ impl Approvals {
 
 /// POST a pending approval request to the configured webhook, in the background.
 /// Its answer changes nothing: only a decision through the API approves.
-pub fn notify(url: String, request: Request) {
+pub(crate) fn notify(url: String, request: Request) {
     tokio::spawn(async move {
         let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(5))

@@ -12,7 +12,7 @@ use crate::config::runbook::Budget as Limits;
 
 /// What one run has spent against its runbook's limits.
 #[derive(Debug, Clone)]
-pub struct Budget {
+pub(crate) struct Budget {
     limits: Limits,
     started: Instant,
     steps: u32,
@@ -24,7 +24,7 @@ pub struct Budget {
 
 impl Budget {
     /// A fresh budget, its clock started now.
-    pub fn new(limits: Limits) -> Budget {
+    pub(crate) fn new(limits: Limits) -> Budget {
         Budget {
             limits,
             started: Instant::now(),
@@ -87,7 +87,7 @@ impl Budget {
     }
 
     /// Model requests made so far.
-    pub fn model_requests(&self) -> u32 {
+    pub(crate) fn model_requests(&self) -> u32 {
         self.model_requests
     }
 
@@ -110,27 +110,27 @@ impl Budget {
     }
 
     /// Calls proposed so far (denied ones included).
-    pub fn steps(&self) -> u32 {
+    pub(crate) fn steps(&self) -> u32 {
         self.steps
     }
 
     /// Tier-2 calls made so far.
-    pub fn mutations(&self) -> u32 {
+    pub(crate) fn mutations(&self) -> u32 {
         self.mutations
     }
 
     /// When the run's wall-time budget ends.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.started + self.limits.max_duration
     }
 
     /// The run's `max_duration`.
-    pub fn max_duration(&self) -> Duration {
+    pub(crate) fn max_duration(&self) -> Duration {
         self.limits.max_duration
     }
 
     /// Time left before `max_duration`.
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.limits
             .max_duration
             .saturating_sub(self.started.elapsed())

@@ -25,7 +25,7 @@ use crate::config::runbook::FleetBudget;
 
 /// The fleet budgets one runbook's calls count against.
 #[derive(Debug, Clone)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     state_dir: PathBuf,
     runbook: String,
     /// `fleet_budget` of runwarden.yaml: every runbook's calls.
@@ -54,7 +54,7 @@ struct Ledger {
 impl Fleet {
     /// The budgets of `runbook` under `all` (runwarden.yaml's), or `None`
     /// when neither is set.
-    pub fn new(
+    pub(crate) fn new(
         state_dir: &Path,
         all: Option<FleetBudget>,
         runbook: &str,
@@ -70,7 +70,7 @@ impl Fleet {
 
     /// Count one tier-2 call now, or say which budget is spent. With
     /// `count: false` (a dry run, a call put to a person) only look.
-    pub fn take(&self, count: bool) -> Result<(), FleetRefused> {
+    pub(crate) fn take(&self, count: bool) -> Result<(), FleetRefused> {
         self.take_at(jiff::Timestamp::now().as_millisecond(), count)
     }
 
@@ -120,7 +120,7 @@ impl Fleet {
 /// How much of each fleet budget is used now, as `(scope, used, limit)`:
 /// scope `all` for runwarden.yaml's, else the runbook's name. A ledger
 /// that cannot be read counts as full, as the gate treats it.
-pub fn usage(
+pub(crate) fn usage(
     state_dir: &Path,
     all: Option<FleetBudget>,
     runbooks: &[(&str, FleetBudget)],
@@ -190,7 +190,7 @@ fn millis(d: Duration) -> i64 {
 
 /// Why the fleet budget takes no more tier-2 calls.
 #[derive(Debug, thiserror::Error)]
-pub enum FleetRefused {
+pub(crate) enum FleetRefused {
     /// A window is full.
     #[error("fleet budget spent: {used} of {whose} tier-2 calls in the last {} (fleet_budget in {set_in} allows {allows}); nothing more changes until older calls leave the window", humantime::format_duration(*.per))]
     Spent {

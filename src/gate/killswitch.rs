@@ -17,12 +17,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// The file name of the global switch.
-pub const GLOBAL: &str = "ENGAGED";
+pub(crate) const GLOBAL: &str = "ENGAGED";
 
 /// The file-based kill switch: a directory where `ENGAGED` stops every
 /// run and `RUNBOOK.ENGAGED` stops one runbook's, at their next call.
 #[derive(Debug, Clone)]
-pub struct KillSwitch {
+pub(crate) struct KillSwitch {
     dir: PathBuf,
     /// The fleet's switch, when several daemons share state.
     fleet: Option<std::sync::Arc<FleetSwitch>>,
@@ -32,7 +32,7 @@ pub struct KillSwitch {
 /// through LISTEN/NOTIFY from the shared store): scope (`global` or a
 /// runbook) and what a person reads.
 #[derive(Debug, Default)]
-pub struct FleetSwitch {
+pub(crate) struct FleetSwitch {
     engaged: std::sync::RwLock<Vec<(String, String)>>,
     /// When each timed switch ends (Unix seconds), by scope.
     untils: std::sync::RwLock<Vec<(String, f64)>>,
@@ -40,23 +40,23 @@ pub struct FleetSwitch {
 
 impl FleetSwitch {
     /// What the database says now.
-    pub fn set(&self, engaged: Vec<(String, String)>) {
+    pub(crate) fn set(&self, engaged: Vec<(String, String)>) {
         *self.engaged.write().unwrap_or_else(|p| p.into_inner()) = engaged;
     }
 
     /// When the timed switches end, as the database says now.
-    pub fn set_untils(&self, untils: Vec<(String, f64)>) {
+    pub(crate) fn set_untils(&self, untils: Vec<(String, f64)>) {
         *self.untils.write().unwrap_or_else(|p| p.into_inner()) = untils;
     }
 
     /// When the fleet's switch for `scope` ends (Unix seconds), if it is timed.
-    pub fn until(&self, scope: &str) -> Option<f64> {
+    pub(crate) fn until(&self, scope: &str) -> Option<f64> {
         let untils = self.untils.read().unwrap_or_else(|p| p.into_inner());
         untils.iter().find(|(s, _)| s == scope).map(|(_, t)| *t)
     }
 
     /// Whether the fleet's switch for `scope` (`global` or a runbook) is engaged.
-    pub fn engaged(&self, scope: &str) -> bool {
+    pub(crate) fn engaged(&self, scope: &str) -> bool {
         self.find(scope).is_some()
     }
 
@@ -70,7 +70,7 @@ impl FleetSwitch {
 }
 
 /// Who engages a switch: this process's user name, or its uid.
-pub fn who() -> String {
+pub(crate) fn who() -> String {
     nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()
@@ -80,11 +80,11 @@ pub fn who() -> String {
 
 /// Why calls are stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Engaged {
+pub(crate) struct Engaged {
     /// `global`, or the runbook's name.
-    pub scope: String,
+    pub(crate) scope: String,
     /// What the switch file says (who engaged it, and why).
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 impl std::fmt::Display for Engaged {
@@ -95,7 +95,7 @@ impl std::fmt::Display for Engaged {
 
 impl KillSwitch {
     /// The switch kept in `dir`.
-    pub fn new(dir: impl Into<PathBuf>) -> KillSwitch {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> KillSwitch {
         KillSwitch {
             dir: dir.into(),
             fleet: None,
@@ -103,18 +103,18 @@ impl KillSwitch {
     }
 
     /// The same switch, also engaged by the fleet's.
-    pub fn with_fleet(mut self, fleet: Option<std::sync::Arc<FleetSwitch>>) -> KillSwitch {
+    pub(crate) fn with_fleet(mut self, fleet: Option<std::sync::Arc<FleetSwitch>>) -> KillSwitch {
         self.fleet = fleet;
         self
     }
 
     /// The directory of the switch files.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The switch file of one runbook (`None`: the global one).
-    pub fn file_of(&self, runbook: Option<&str>) -> PathBuf {
+    pub(crate) fn file_of(&self, runbook: Option<&str>) -> PathBuf {
         self.file(runbook)
     }
 
@@ -148,18 +148,18 @@ impl KillSwitch {
     }
 
     /// Ok when calls of `runbook` may proceed; every doubt is an `Engaged`.
-    pub fn check(&self, runbook: &str) -> Result<(), Engaged> {
+    pub(crate) fn check(&self, runbook: &str) -> Result<(), Engaged> {
         self.check_scopes(Some(runbook))
     }
 
     /// Ok unless everything is stopped (the directory, or `ENGAGED`): what
     /// `runwarden_kill_switch_engaged{scope="global"}` shows.
-    pub fn check_global(&self) -> Result<(), Engaged> {
+    pub(crate) fn check_global(&self) -> Result<(), Engaged> {
         self.check_scopes(None)
     }
 
     /// Whether `RUNBOOK.ENGAGED` itself is there (a dangling link counts).
-    pub fn runbook_file_engaged(&self, runbook: &str) -> bool {
+    pub(crate) fn runbook_file_engaged(&self, runbook: &str) -> bool {
         !matches!(std::fs::symlink_metadata(self.file(Some(runbook))), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
     }
 
@@ -210,7 +210,7 @@ impl KillSwitch {
 
     /// Engage atomically (write a temporary file, then rename): who, when,
     /// why, and until when (`None`: until a person releases it).
-    pub fn engage(
+    pub(crate) fn engage(
         &self,
         runbook: Option<&str>,
         reason: &str,
@@ -241,7 +241,7 @@ impl KillSwitch {
     }
 
     /// Remove the switch file; false when it was not engaged.
-    pub fn release(&self, runbook: Option<&str>) -> std::io::Result<bool> {
+    pub(crate) fn release(&self, runbook: Option<&str>) -> std::io::Result<bool> {
         match std::fs::remove_file(self.file(runbook)) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -250,7 +250,7 @@ impl KillSwitch {
     }
 
     /// Every engaged switch file and what it says.
-    pub fn status(&self) -> Result<Vec<(String, String)>, Engaged> {
+    pub(crate) fn status(&self) -> Result<Vec<(String, String)>, Engaged> {
         if let Some(detail) = self.dir_problem() {
             return Err(Engaged {
                 scope: "global".into(),
@@ -309,7 +309,7 @@ fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// How long until `t`, as a person reads it (`1h 59m left`).
-pub fn time_left(t: jiff::Timestamp) -> String {
+pub(crate) fn time_left(t: jiff::Timestamp) -> String {
     let secs = t.as_second() - jiff::Timestamp::now().as_second();
     if secs <= 0 {
         return "expired".into();
@@ -341,20 +341,20 @@ fn describe(file: &Path) -> String {
 
 /// A timed switch whose time has come, as the daemon removes it.
 #[derive(Debug, Clone)]
-pub struct Expired {
+pub(crate) struct Expired {
     /// `global`, or the runbook.
-    pub scope: String,
+    pub(crate) scope: String,
     /// Who engaged it.
-    pub engaged_by: String,
+    pub(crate) engaged_by: String,
     /// Why.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Until when it held.
-    pub until: jiff::Timestamp,
+    pub(crate) until: jiff::Timestamp,
 }
 
 impl KillSwitch {
     /// Remove every timed switch file whose time has come, and say which.
-    pub fn sweep_expired(&self) -> Vec<Expired> {
+    pub(crate) fn sweep_expired(&self) -> Vec<Expired> {
         let now = jiff::Timestamp::now();
         let mut out = Vec::new();
         for (scope, file) in self.switch_files() {
@@ -378,7 +378,7 @@ impl KillSwitch {
 
     /// When the switch of `runbook` (`None`: the global one) ends, if it is
     /// engaged and timed.
-    pub fn until(&self, runbook: Option<&str>) -> Option<jiff::Timestamp> {
+    pub(crate) fn until(&self, runbook: Option<&str>) -> Option<jiff::Timestamp> {
         until_of(&self.file(runbook))
     }
 }

@@ -23,10 +23,10 @@
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
 
-pub mod approvals;
-pub mod budget;
-pub mod fleet;
-pub mod killswitch;
+pub(crate) mod approvals;
+pub(crate) mod budget;
+pub(crate) mod fleet;
+pub(crate) mod killswitch;
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,18 +36,18 @@ use serde_json::Value;
 
 use crate::config::{Autonomy, Host, Runbook};
 use crate::tools::{self, Action, PathMode, Tier, ToolId};
-pub use budget::Budget;
-pub use killswitch::KillSwitch;
+pub(crate) use budget::Budget;
+pub(crate) use killswitch::KillSwitch;
 
 /// A call as a planner proposes it: untrusted until the gate has seen it.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProposedCall {
+pub(crate) struct ProposedCall {
     /// The step number in the run (1-based).
-    pub step: u32,
+    pub(crate) step: u32,
     /// The tool's name, as proposed (perhaps no tool at all).
-    pub tool: String,
+    pub(crate) tool: String,
     /// Arguments as given; a tier-2 call carries its `reason` here.
-    pub args: Value,
+    pub(crate) args: Value,
 }
 
 /// Who allowed a call.
@@ -98,33 +98,33 @@ pub struct Permit {
 
 impl Permit {
     /// The step it was checked for.
-    pub fn step(&self) -> u32 {
+    pub(crate) fn step(&self) -> u32 {
         self.step
     }
     /// The call it allows, resolved against the host.
-    pub fn action(&self) -> &Action {
+    pub(crate) fn action(&self) -> &Action {
         &self.action
     }
     /// Who allowed it.
-    pub fn approved_by(&self) -> &ApprovedBy {
+    pub(crate) fn approved_by(&self) -> &ApprovedBy {
         &self.approved_by
     }
 }
 
 /// An L1 tier-2 call: recorded for a person, never run (it has no [`Permit`]).
 #[derive(Debug)]
-pub struct Proposal {
+pub(crate) struct Proposal {
     step: u32,
     action: Action,
 }
 
 impl Proposal {
     /// The step it was checked for.
-    pub fn step(&self) -> u32 {
+    pub(crate) fn step(&self) -> u32 {
         self.step
     }
     /// The call, resolved against the host.
-    pub fn action(&self) -> &Action {
+    pub(crate) fn action(&self) -> &Action {
         &self.action
     }
 }
@@ -139,11 +139,11 @@ pub struct Hold {
 
 impl Hold {
     /// The step it was checked for.
-    pub fn step(&self) -> u32 {
+    pub(crate) fn step(&self) -> u32 {
         self.step
     }
     /// The call, resolved against the host.
-    pub fn action(&self) -> &Action {
+    pub(crate) fn action(&self) -> &Action {
         &self.action
     }
 }
@@ -151,7 +151,7 @@ impl Hold {
 /// Why the gate refused a call. The names are metric labels and audit values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DenyReason {
+pub(crate) enum DenyReason {
     /// The kill switch is engaged (everything, or this runbook).
     KillSwitch,
     /// No tool by that name.
@@ -187,7 +187,7 @@ pub enum DenyReason {
 
 impl DenyReason {
     /// The reason as metric labels and audit lines spell it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DenyReason::KillSwitch => "kill_switch",
             DenyReason::UnknownTool => "unknown_tool",
@@ -208,7 +208,7 @@ impl DenyReason {
     }
 
     /// Whether the run must stop here: nothing after this call could be allowed.
-    pub fn stops_run(self) -> bool {
+    pub(crate) fn stops_run(self) -> bool {
         matches!(
             self,
             DenyReason::KillSwitch
@@ -240,22 +240,22 @@ impl From<DenyReason> for crate::verdict::Verdict {
 
 /// A refused call, and why.
 #[derive(Debug, Clone)]
-pub struct Denial {
+pub(crate) struct Denial {
     /// The step it was proposed as.
-    pub step: u32,
+    pub(crate) step: u32,
     /// The kind of refusal.
-    pub reason: DenyReason,
+    pub(crate) reason: DenyReason,
     /// What exactly was wrong, for a person.
-    pub detail: String,
+    pub(crate) detail: String,
     /// The tool, when the name was a known one.
-    pub tool: Option<ToolId>,
+    pub(crate) tool: Option<ToolId>,
     /// A path in the arguments was refused: the planner is told only that.
-    pub path_refused: bool,
+    pub(crate) path_refused: bool,
 }
 
 impl Denial {
     /// A refusal of step `step` for `reason`.
-    pub fn new(step: u32, reason: DenyReason, detail: impl Into<String>) -> Denial {
+    pub(crate) fn new(step: u32, reason: DenyReason, detail: impl Into<String>) -> Denial {
         Denial {
             step,
             reason,
@@ -266,7 +266,7 @@ impl Denial {
     }
 
     /// The same refusal, of a call of `tool`.
-    pub fn of(mut self, tool: ToolId) -> Denial {
+    pub(crate) fn of(mut self, tool: ToolId) -> Denial {
         self.tool = Some(tool);
         self
     }
@@ -274,7 +274,7 @@ impl Denial {
     /// What the planner is told. A refused path says only that it is outside
     /// the allowlists: whether it exists, or where a link on the host points,
     /// stays in the audit line for a person.
-    pub fn for_planner(&self) -> String {
+    pub(crate) fn for_planner(&self) -> String {
         if self.path_refused {
             return format!(
                 "denied: {}: a path in the arguments is outside the host's allowlists",
@@ -293,7 +293,7 @@ impl fmt::Display for Denial {
 
 /// What the gate made of a proposed call.
 #[derive(Debug)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Run it: the permit goes to the intent line.
     Allow(Permit),
     /// L1: record it for a person; never run.
@@ -305,7 +305,7 @@ pub enum Decision {
 }
 
 /// The gate of one run: its runbook, its host, the switch and the budget it counts.
-pub struct Gate {
+pub(crate) struct Gate {
     runbook: Arc<Runbook>,
     host: Arc<Host>,
     killswitch: KillSwitch,
@@ -317,7 +317,7 @@ pub struct Gate {
 
 impl Gate {
     /// The gate for one run of `runbook` on `host`, with a fresh budget.
-    pub fn new(runbook: Arc<Runbook>, host: Arc<Host>, killswitch: KillSwitch) -> Gate {
+    pub(crate) fn new(runbook: Arc<Runbook>, host: Arc<Host>, killswitch: KillSwitch) -> Gate {
         let path_mode = match host.connection {
             crate::config::Connection::Local => PathMode::Resolve,
             crate::config::Connection::Ssh(_) | crate::config::Connection::Agent(_) => {
@@ -336,7 +336,7 @@ impl Gate {
 
     /// Count tier-2 calls against `fleet` too; `count: false` (a dry run,
     /// which changes nothing) only checks it.
-    pub fn with_fleet(mut self, fleet: Option<fleet::Fleet>, count: bool) -> Gate {
+    pub(crate) fn with_fleet(mut self, fleet: Option<fleet::Fleet>, count: bool) -> Gate {
         self.fleet = fleet.map(|f| (f, count));
         self
     }
@@ -352,18 +352,18 @@ impl Gate {
     }
 
     /// What the run has spent so far.
-    pub fn budget(&self) -> &Budget {
+    pub(crate) fn budget(&self) -> &Budget {
         &self.budget
     }
 
     /// From here on, at most `more` further calls (never past `budget.max_steps`):
     /// the model planner's `agent.max_steps`.
-    pub fn limit_steps(&mut self, more: u32) {
+    pub(crate) fn limit_steps(&mut self, more: u32) {
         self.budget.limit_steps(more);
     }
 
     /// Decide one call. Every call counts toward `max_steps`, whatever the decision.
-    pub fn check(&mut self, call: &ProposedCall) -> Decision {
+    pub(crate) fn check(&mut self, call: &ProposedCall) -> Decision {
         self.budget.count_step();
         let deny = |reason, detail: String, tool| {
             Decision::Deny(Denial {
@@ -496,7 +496,7 @@ impl Gate {
     /// Before every request to the model planner: the kill switch, the time
     /// budget and the ceiling on requests apply to thinking as they do to
     /// calls, so a model that never proposes a runnable call still ends.
-    pub fn admit_model_request(&mut self) -> Result<(), Denial> {
+    pub(crate) fn admit_model_request(&mut self) -> Result<(), Denial> {
         let step = self.budget.steps();
         let deny = |reason, detail: String| Denial::new(step, reason, detail);
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
@@ -514,7 +514,7 @@ impl Gate {
     /// line is on disk (which a stalled disk can make take seconds): the
     /// kill switch wins over everything, a permit granted before it was
     /// engaged included.
-    pub fn last_look(&self, step: u32, tool: ToolId) -> Result<(), Denial> {
+    pub(crate) fn last_look(&self, step: u32, tool: ToolId) -> Result<(), Denial> {
         self.killswitch
             .check(&self.runbook.name)
             .map_err(|engaged| {
@@ -524,7 +524,7 @@ impl Gate {
 
     /// A person approved a held call: the kill switch and the budget are
     /// checked again (time has passed), then the call is permitted.
-    pub fn approved(&mut self, hold: Hold, by: String) -> Result<Permit, Denial> {
+    pub(crate) fn approved(&mut self, hold: Hold, by: String) -> Result<Permit, Denial> {
         let tool = hold.action.tool();
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
             let detail = engaged.to_string();
@@ -545,9 +545,9 @@ impl Gate {
 
 /// Tool arguments are one flat object of short values; anything nested or
 /// large is refused before it is parsed further or written to the log.
-pub const MAX_ARGUMENT_DEPTH: usize = 8;
+pub(crate) const MAX_ARGUMENT_DEPTH: usize = 8;
 /// The largest arguments a call may carry, serialized (16 KiB).
-pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
+pub(crate) const MAX_ARGUMENT_BYTES: usize = 16 << 10;
 
 /// Arguments too deep or too large to be looked at further. The error is
 /// an `invalid_arguments` denial's detail, read by a planner and a person;

@@ -6,19 +6,19 @@
 //! both in that order (`agent.after_steps`), the model then starting from
 //! the steps' findings.
 
-pub mod model;
+pub(crate) mod model;
 pub mod openai;
-pub mod steps;
+pub(crate) mod steps;
 
 use serde_json::{Map, Value};
 
 use crate::gate::{Denial, ProposedCall};
-pub use model::{ModelPlanner, ModelTurn};
-pub use steps::StepsPlanner;
+pub(crate) use model::{ModelPlanner, ModelTurn};
+pub(crate) use steps::StepsPlanner;
 
 /// What the planner wants next.
 #[derive(Debug)]
-pub enum Next {
+pub(crate) enum Next {
     /// Propose this call to the gate.
     Call {
         /// The step's id.
@@ -53,18 +53,18 @@ pub enum Next {
 }
 
 /// Asked before every model request; an error stops the run instead.
-pub type Admit<'a> = &'a mut (dyn FnMut() -> Result<(), Denial> + Send);
+pub(crate) type Admit<'a> = &'a mut (dyn FnMut() -> Result<(), Denial> + Send);
 
 /// What the run has seen so far, as planners and templates read it.
 #[derive(Debug, Default)]
-pub struct Transcript {
+pub(crate) struct Transcript {
     /// `steps.ID` -> the result view of that step.
-    pub steps: Map<String, Value>,
+    pub(crate) steps: Map<String, Value>,
 }
 
 /// Which planner a run asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum PlannerChoice {
+pub(crate) enum PlannerChoice {
     /// The model when the runbook has an agent goal and a model is
     /// configured (after the steps with `agent.after_steps`); else the steps.
     #[default]
@@ -76,7 +76,7 @@ pub enum PlannerChoice {
 }
 
 /// The steps, then the model, whichever the run has.
-pub struct Planner {
+pub(crate) struct Planner {
     steps: Option<StepsPlanner>,
     model: Option<ModelPlanner>,
     name: &'static str,
@@ -84,7 +84,7 @@ pub struct Planner {
 
 impl Planner {
     /// A planner of the runbook's steps, a model, or the steps first and then the model.
-    pub fn new(steps: Option<StepsPlanner>, model: Option<ModelPlanner>) -> Planner {
+    pub(crate) fn new(steps: Option<StepsPlanner>, model: Option<ModelPlanner>) -> Planner {
         let name = match (&steps, &model) {
             (Some(_), Some(_)) => "steps+model",
             (None, Some(_)) => "model",
@@ -94,17 +94,17 @@ impl Planner {
     }
 
     /// `steps` or `model`: which one is planning now.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         self.name
     }
 
     /// The model's name, when a model plans part of the run.
-    pub fn model(&self) -> Option<&str> {
+    pub(crate) fn model(&self) -> Option<&str> {
         self.model.as_ref().map(ModelPlanner::model)
     }
 
     /// Once, when the model starts: how many calls it may propose from here.
-    pub fn take_step_limit(&mut self) -> Option<u32> {
+    pub(crate) fn take_step_limit(&mut self) -> Option<u32> {
         if self.steps.is_some() {
             return None;
         }
@@ -112,7 +112,7 @@ impl Planner {
     }
 
     /// The next thing to do; `admit` is asked before every model request.
-    pub async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
+    pub(crate) async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
         if let Some(steps) = &mut self.steps {
             match steps.next(transcript) {
                 Next::Finish => self.steps = None,

@@ -32,9 +32,9 @@ use crate::metrics::Metrics;
 use crate::tools::{Tier, ToolId};
 
 /// The system prompt, versioned in the repository.
-pub const SYSTEM_PROMPT: &str = include_str!("prompt.md");
+pub(crate) const SYSTEM_PROMPT: &str = include_str!("prompt.md");
 /// The most of one tool result the model is sent.
-pub const MAX_TOOL_MESSAGE: usize = 16 << 10;
+pub(crate) const MAX_TOOL_MESSAGE: usize = 16 << 10;
 /// The most of the model's text kept in the audit log per turn.
 const MAX_AUDITED_TEXT: usize = 16 << 10;
 /// Suggestions kept from one final answer, and their length.
@@ -42,7 +42,7 @@ const MAX_SUGGESTIONS: usize = 10;
 const MAX_SUGGESTION_LEN: usize = 500;
 
 /// `v1+sha256:0123456789ab`: which prompt a run used, on every audit line.
-pub fn prompt_tag() -> String {
+pub(crate) fn prompt_tag() -> String {
     let version = SYSTEM_PROMPT
         .split("version ")
         .nth(1)
@@ -55,32 +55,32 @@ pub fn prompt_tag() -> String {
 
 /// One request to the model and its answer, as the audit log keeps it.
 #[derive(Debug, Clone, Serialize)]
-pub struct ModelTurn {
+pub(crate) struct ModelTurn {
     /// Which request of the run (1-based).
-    pub turn: u32,
+    pub(crate) turn: u32,
     /// The model asked.
-    pub model: String,
+    pub(crate) model: String,
     /// The messages this request added: the task on the first turn, then
     /// each tool result exactly as the model saw it.
-    pub input: Vec<String>,
+    pub(crate) input: Vec<String>,
     /// What the model wrote besides its calls.
-    pub content: String,
+    pub(crate) content: String,
     /// `{id, tool, arguments}` as the model wrote them.
-    pub tool_calls: Vec<Value>,
+    pub(crate) tool_calls: Vec<Value>,
     /// Calls past the step limit in one reply that were not proposed.
-    pub dropped: usize,
+    pub(crate) dropped: usize,
     /// Tokens of the request, as the endpoint counted them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt_tokens: Option<u64>,
+    pub(crate) prompt_tokens: Option<u64>,
     /// Tokens of the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completion_tokens: Option<u64>,
+    pub(crate) completion_tokens: Option<u64>,
     /// How long the answer took (retries included).
-    pub duration_ms: u64,
+    pub(crate) duration_ms: u64,
     /// How many tries it took.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// The model gave its final answer (no more calls).
-    pub final_answer: bool,
+    pub(crate) final_answer: bool,
 }
 
 /// A call the model asked for and the run has not yet answered.
@@ -92,7 +92,7 @@ struct Asked {
 
 /// A planner that asks a model for the next calls, inside the runbook's
 /// scope: it proposes, the gate decides.
-pub struct ModelPlanner {
+pub(crate) struct ModelPlanner {
     client: Client,
     tools: Vec<Value>,
     messages: Vec<Value>,
@@ -116,7 +116,7 @@ pub struct ModelPlanner {
 
 impl ModelPlanner {
     /// `context` is the run's trigger context (`run`, and `alert` for alert triggers).
-    pub fn new(
+    pub(crate) fn new(
         runbook: &Runbook,
         host: &Host,
         endpoint: &ModelEndpoint,
@@ -173,18 +173,18 @@ impl ModelPlanner {
     }
 
     /// The model's name.
-    pub fn model(&self) -> &str {
+    pub(crate) fn model(&self) -> &str {
         &self.client.model
     }
 
     /// Once, when the model starts planning: the calls it may propose.
-    pub fn take_step_limit(&mut self) -> Option<u32> {
+    pub(crate) fn take_step_limit(&mut self) -> Option<u32> {
         self.step_limit_pending.take()
     }
 
     /// The next step: a call from the last reply, or a new request to the
     /// model (if the gate admits one).
-    pub async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
+    pub(crate) async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
         if let Some((asked, call)) = self.queue.pop_front() {
             let id = asked.step_id.clone();
             self.answered.push(asked);
@@ -355,7 +355,7 @@ fn tool_spec(tool: ToolId, runbook: &Runbook) -> Value {
 
 /// Data for the model, marked untrusted: JSON with `<`/`>` escaped, inside
 /// markers whose closing one carries the nonce.
-pub fn wrap(id: &str, tool: &str, data: &Value, nonce: &str) -> String {
+pub(crate) fn wrap(id: &str, tool: &str, data: &Value, nonce: &str) -> String {
     let json = serde_json::to_string(data).unwrap_or_else(|_| "null".into());
     let json = json.replace('<', "\\u003c").replace('>', "\\u003e");
     let truncated = json.len() > MAX_TOOL_MESSAGE

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 
 /// Replies larger than this are refused unparsed (a model that streams out
 /// megabytes of content is broken, not informative).
-pub const MAX_REPLY_BYTES: usize = 1 << 20;
+pub(crate) const MAX_REPLY_BYTES: usize = 1 << 20;
 /// Longest backoff between retries, and the most a `Retry-After` is honoured.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -26,35 +26,35 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct WireCall {
     /// The call's id, which the answer must quote.
-    pub id: String,
+    pub(crate) id: String,
     /// The tool's name.
-    pub name: String,
+    pub(crate) name: String,
     /// The arguments: JSON, not yet parsed.
     pub arguments: String,
 }
 
 /// Tokens the endpoint counted.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// In the request.
-    pub prompt: u64,
+    pub(crate) prompt: u64,
     /// In the answer.
-    pub completion: u64,
+    pub(crate) completion: u64,
 }
 
 /// A model's answer to one request.
 #[derive(Debug)]
 pub struct Reply {
     /// What the model wrote besides its calls.
-    pub content: String,
+    pub(crate) content: String,
     /// The calls it asked for.
     pub tool_calls: Vec<WireCall>,
     /// Tokens, when the endpoint says.
-    pub usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
     /// How long it took, retries included.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// How many tries it took.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
 }
 
 /// Why the model could not be asked, or gave no usable answer.
@@ -104,18 +104,18 @@ pub enum BadReply {
 }
 
 /// An OpenAI-compatible chat completions client, with retries and backoff.
-pub struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     endpoint: ModelEndpoint,
     url: reqwest::Url,
     /// The model name requests carry (the runbook may override the endpoint's).
-    pub model: String,
+    pub(crate) model: String,
     metrics: Option<Arc<Metrics>>,
 }
 
 impl Client {
     /// A client for `endpoint`, asking `model`.
-    pub fn new(
+    pub(crate) fn new(
         endpoint: &ModelEndpoint,
         model: String,
         metrics: Option<Arc<Metrics>>,
@@ -141,12 +141,12 @@ impl Client {
     }
 
     /// Where requests go, for error messages (the endpoint never carries credentials).
-    pub fn url(&self) -> &reqwest::Url {
+    pub(crate) fn url(&self) -> &reqwest::Url {
         &self.url
     }
 
     /// Ask once, retrying transient failures until `deadline`.
-    pub async fn complete(
+    pub(crate) async fn complete(
         &self,
         messages: &[Value],
         tools: &[Value],

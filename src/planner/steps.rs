@@ -15,7 +15,7 @@ use crate::gate::ProposedCall;
 
 /// The deterministic planner: the runbook's `steps`, in order, their
 /// templates rendered against what earlier steps found.
-pub struct StepsPlanner {
+pub(crate) struct StepsPlanner {
     runbook: Arc<Runbook>,
     /// Extra template context: `run` (id, runbook, host) and, for alert triggers, `alert`.
     context: Value,
@@ -25,7 +25,7 @@ pub struct StepsPlanner {
 
 impl StepsPlanner {
     /// A planner of `runbook`'s steps, with `context` (`run`, `alert`) for its templates.
-    pub fn new(runbook: Arc<Runbook>, context: Value) -> StepsPlanner {
+    pub(crate) fn new(runbook: Arc<Runbook>, context: Value) -> StepsPlanner {
         StepsPlanner {
             runbook,
             context,
@@ -41,7 +41,7 @@ impl StepsPlanner {
     }
 
     /// The next step, rendered; `Finish` after the last.
-    pub fn next(&mut self, transcript: &Transcript) -> Next {
+    pub(crate) fn next(&mut self, transcript: &Transcript) -> Next {
         let Some(step) = self.runbook.steps.get(self.index).cloned() else {
             return Next::Finish;
         };

@@ -26,7 +26,7 @@ use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
 use crate::verdict::Verdict;
 use run_loop::RunLoop;
 
-pub use crate::report::{RunReport, StepReport};
+pub(crate) use crate::report::RunReport;
 pub use crate::trigger::{RunRequest, Trigger};
 
 /// Problems that keep a run from starting at all (nothing was called or audited).
@@ -77,21 +77,21 @@ pub enum StartError {
 /// Everything a run needs from outside: the config it started with, the audit log, the switch.
 pub struct Runner {
     /// The configuration the run started with.
-    pub config: Arc<Config>,
+    pub(crate) config: Arc<Config>,
     /// The audit log.
-    pub audit: Arc<AuditLog>,
+    pub(crate) audit: Arc<AuditLog>,
     /// The kill switch.
-    pub killswitch: KillSwitch,
+    pub(crate) killswitch: KillSwitch,
     /// The daemon's metrics; `None` on the command line.
-    pub metrics: Option<Arc<Metrics>>,
+    pub(crate) metrics: Option<Arc<Metrics>>,
     /// Turns true when the daemon shuts down: the run stops before its next call.
-    pub shutdown: Option<watch::Receiver<bool>>,
+    pub(crate) shutdown: Option<watch::Receiver<bool>>,
     /// Open approval requests (L2); `None` where nobody can be asked.
-    pub approvals: Option<Arc<Approvals>>,
+    pub(crate) approvals: Option<Arc<Approvals>>,
     /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
-    pub approval_webhook: Option<String>,
+    pub(crate) approval_webhook: Option<String>,
     /// State shared with other daemons (`state.postgres`); `None`: this machine's own.
-    pub store: Option<Arc<crate::store::Postgres>>,
+    pub(crate) store: Option<Arc<crate::store::Postgres>>,
 }
 
 impl Runner {
@@ -147,7 +147,7 @@ impl Runner {
     /// Send the audit log's head to the journal, where the runwarden user
     /// cannot rewrite it (see [`crate::audit::head`]). A failure is logged
     /// and counted: the run's own record is already on disk.
-    pub fn ship_head(&self, run_id: &str) {
+    pub(crate) fn ship_head(&self, run_id: &str) {
         if !self.config.settings.audit_head_journal {
             return;
         }
@@ -243,7 +243,7 @@ impl Runner {
     /// With shared state, the run holds its (runbook, host) lease: the one
     /// the daemon claimed when it accepted the trigger, or one claimed here
     /// (the command line). Its verdict is recorded there too, which frees it.
-    pub async fn run_as(
+    pub(crate) async fn run_as(
         &self,
         req: &RunRequest,
         run_id: String,

@@ -6,7 +6,7 @@ use crate::gate::approvals::{DecisionError, Request, State};
 
 impl Postgres {
     /// Share a request this replica's run waits on.
-    pub async fn publish_approval(
+    pub(crate) async fn publish_approval(
         &self,
         request: &Request,
         expires_at: jiff::Timestamp,
@@ -33,7 +33,7 @@ impl Postgres {
     }
 
     /// Record a person's decision, exactly once (see `runwarden_decide`).
-    pub async fn decide_approval(
+    pub(crate) async fn decide_approval(
         &self,
         id: &str,
         digest: &str,
@@ -64,7 +64,7 @@ impl Postgres {
     }
 
     /// Every request of the fleet from the last day, pending first.
-    pub async fn approvals(&self, id: Option<&str>) -> Result<Vec<Request>, StoreError> {
+    pub(crate) async fn approvals(&self, id: Option<&str>) -> Result<Vec<Request>, StoreError> {
         self.with("listing approval requests", |c| async move {
             let rows = c
                 .query(
@@ -84,7 +84,7 @@ impl Postgres {
 
     /// The requests among `ids` (this replica's pending ones) that are no
     /// longer pending in the shared state, with their state.
-    pub async fn settled_approvals(
+    pub(crate) async fn settled_approvals(
         &self,
         ids: &[String],
     ) -> Result<Vec<(String, State)>, StoreError> {
@@ -107,7 +107,7 @@ impl Postgres {
 
     /// A request this replica stopped waiting on (expired, or the run was
     /// cancelled) ends so in the shared state, unless a decision got there first.
-    pub async fn close_approval(&self, id: &str, state: &State) -> Result<(), StoreError> {
+    pub(crate) async fn close_approval(&self, id: &str, state: &State) -> Result<(), StoreError> {
         let state = serde_json::to_string(state).unwrap_or_default();
         self.with("closing the approval request", |c| async move {
             c.execute(

@@ -42,15 +42,15 @@ pub(crate) mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use postgres::{Postgres, Schema};
+pub(crate) use postgres::{Postgres, Schema};
 
 use crate::config::runbook::FleetBudget;
 use crate::gate::DenyReason;
-pub use crate::gate::killswitch::FleetSwitch;
+pub(crate) use crate::gate::killswitch::FleetSwitch;
 
 /// What went wrong with the shared state.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     /// The database could not be reached (or did not answer in time).
     #[error("PostgreSQL cannot be reached: {0}")]
     Unreachable(String),
@@ -65,37 +65,37 @@ pub enum StoreError {
 /// A run another replica (or this one, before a restart) left open, now
 /// closed as `interrupted`.
 #[derive(Debug, Clone)]
-pub struct Reaped {
+pub(crate) struct Reaped {
     /// Its run id.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// Its runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// Its host.
-    pub host: String,
+    pub(crate) host: String,
     /// The replica that ran it.
-    pub replica: String,
+    pub(crate) replica: String,
 }
 
 /// A trigger for the fleet to decide (see `runwarden_admit`).
 #[derive(Debug, Clone)]
-pub struct Admit {
+pub(crate) struct Admit {
     /// The runbook it names.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host it names.
-    pub host: String,
+    pub(crate) host: String,
     /// Its fingerprint and group keys.
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
     /// The runbook's cooldown.
-    pub cooldown: Option<Duration>,
+    pub(crate) cooldown: Option<Duration>,
     /// The run id it starts under, if it starts.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// `alert`, `schedule`, `api`...
-    pub trigger: &'static str,
+    pub(crate) trigger: &'static str,
 }
 
 /// What the fleet made of one trigger.
 #[derive(Debug)]
-pub enum Admitted {
+pub(crate) enum Admitted {
     /// It starts a run, which holds this lease.
     Started(Lease),
     /// The runbook ran on the host too recently.
@@ -108,48 +108,48 @@ pub enum Admitted {
 
 /// One replica's own switch file, as it last published it.
 #[derive(Debug, Clone)]
-pub struct ReplicaSwitch {
+pub(crate) struct ReplicaSwitch {
     /// The replica.
-    pub replica: String,
+    pub(crate) replica: String,
     /// `global`, or a runbook.
-    pub scope: String,
+    pub(crate) scope: String,
     /// What the file says, and when the replica last said so.
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 /// A trigger a replica decided alone, for the fleet's record.
 #[derive(Debug, Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// The runbook it named.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host it named.
-    pub host: String,
+    pub(crate) host: String,
     /// `alert`, `schedule`, `api`...
-    pub trigger: &'static str,
+    pub(crate) trigger: &'static str,
     /// Its fingerprint and group keys.
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
     /// What became of it.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// Which claim a run holds: its (runbook, host), its run id and token.
 #[derive(Debug, Clone)]
-pub struct LeaseId {
+pub(crate) struct LeaseId {
     /// The runbook.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host.
-    pub host: String,
+    pub(crate) host: String,
     /// The run holding it.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The fencing token of the claim.
-    pub token: i64,
+    pub(crate) token: i64,
 }
 
 /// A run's claim on its (runbook, host) across the fleet, renewed in the
 /// background while it lives; dropping it stops the renewals (the lease
 /// then expires on its own).
 #[derive(Debug)]
-pub struct Lease {
+pub(crate) struct Lease {
     store: Arc<Postgres>,
     id: LeaseId,
     renewals: tokio::task::JoinHandle<()>,
@@ -188,7 +188,7 @@ impl Drop for Lease {
 /// The fleet budgets one call counts against, as the fence sends them:
 /// scope (`None`: every runbook), limit, window in milliseconds.
 #[derive(Debug, Clone, Default)]
-pub struct Budgets {
+pub(crate) struct Budgets {
     scopes: Vec<Option<String>>,
     limits: Vec<i64>,
     windows: Vec<i64>,
@@ -197,7 +197,11 @@ pub struct Budgets {
 
 impl Budgets {
     /// runwarden.yaml's `fleet_budget` (`all`) and the runbook's own.
-    pub fn new(all: Option<FleetBudget>, runbook: &str, own: Option<FleetBudget>) -> Budgets {
+    pub(crate) fn new(
+        all: Option<FleetBudget>,
+        runbook: &str,
+        own: Option<FleetBudget>,
+    ) -> Budgets {
         let mut b = Budgets::default();
         for (scope, budget) in [(None, all), (Some(runbook.to_string()), own)] {
             if let Some(budget) = budget {
@@ -217,7 +221,7 @@ impl Budgets {
 impl Postgres {
     /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
     /// no dedupe keys; anything but `Started` says why it did not start.
-    pub async fn claim(
+    pub(crate) async fn claim(
         self: &Arc<Self>,
         runbook: &str,
         host: &str,
@@ -303,7 +307,7 @@ impl Postgres {
 
 impl Lease {
     /// Which claim this is.
-    pub fn id(&self) -> &LeaseId {
+    pub(crate) fn id(&self) -> &LeaseId {
         &self.id
     }
 
@@ -311,7 +315,7 @@ impl Lease {
     /// fleet's kill switch is not engaged, and count a tier-2 call against
     /// the fleet budgets, in one round trip. A refusal is the gate's: the
     /// call does not run.
-    pub async fn fence(
+    pub(crate) async fn fence(
         &self,
         mutating: bool,
         budgets: &Budgets,
@@ -354,7 +358,7 @@ impl Lease {
     /// stalled past the proof (a sick disk, a paused process) while the
     /// database could not be reached means another replica may hold the
     /// host by now: the call is not sent. A refusal is the gate's.
-    pub fn still_proven(&self) -> Result<(), (DenyReason, String)> {
+    pub(crate) fn still_proven(&self) -> Result<(), (DenyReason, String)> {
         let until = self.proof.until();
         let now = tokio::time::Instant::now();
         if now < until {
@@ -377,7 +381,7 @@ impl Lease {
     /// is tried for as long as the lease would have lived; if it never
     /// answers, the lease expires and another replica closes the run
     /// `interrupted`.
-    pub async fn finish(self, verdict: &str, audit_head: &str) -> Result<(), StoreError> {
+    pub(crate) async fn finish(self, verdict: &str, audit_head: &str) -> Result<(), StoreError> {
         self.renewals.abort();
         let give_up = tokio::time::Instant::now() + self.store.lease;
         loop {

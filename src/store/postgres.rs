@@ -30,7 +30,7 @@ use crate::config::SharedState;
 
 /// What [`Postgres::check_schema`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Schema {
+pub(crate) enum Schema {
     /// This build's own schema version.
     Current(i32),
     /// One version ahead (a rolling upgrade in progress): usable.
@@ -54,18 +54,18 @@ const MIGRATIONS: &[(i32, &str)] = &[
 const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
 
 /// One daemon's (or one command's) connection to the shared state.
-pub struct Postgres {
+pub(crate) struct Postgres {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     /// How long a claim lives without renewal.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// This daemon's name among the replicas.
-    pub replica: String,
+    pub(crate) replica: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Why the last operation did not reach the database; `None` when it did.
     unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
-    pub switch: Arc<FleetSwitch>,
+    pub(crate) switch: Arc<FleetSwitch>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -136,7 +136,7 @@ fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
 
 impl Postgres {
     /// The store `state.postgres` names; nothing is connected yet.
-    pub fn open(shared: &SharedState, replica: &str) -> Result<Postgres, StoreError> {
+    pub(crate) fn open(shared: &SharedState, replica: &str) -> Result<Postgres, StoreError> {
         let mut config = read_url(&shared.url_file)?;
         let op = op_timeout(shared.lease);
         config.connect_timeout(op);
@@ -153,7 +153,7 @@ impl Postgres {
     }
 
     /// The store `settings` name (`state.postgres`), if they name one.
-    pub fn from_settings(
+    pub(crate) fn from_settings(
         settings: &crate::config::Settings,
     ) -> Result<Option<Arc<Postgres>>, StoreError> {
         settings
@@ -164,7 +164,7 @@ impl Postgres {
     }
 
     /// Why the last operation did not reach the database; `None` when it did.
-    pub fn unhealthy(&self) -> Option<String> {
+    pub(crate) fn unhealthy(&self) -> Option<String> {
         self.unhealthy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -233,7 +233,7 @@ impl Postgres {
 
     /// Apply every migration the database lacks, in order, each in its own
     /// transaction. Returns the versions applied.
-    pub async fn migrate(&self) -> Result<Vec<i32>, StoreError> {
+    pub(crate) async fn migrate(&self) -> Result<Vec<i32>, StoreError> {
         let have = self.version().await?;
         let mut applied = Vec::new();
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > have) {
@@ -246,7 +246,7 @@ impl Postgres {
     }
 
     /// The schema version of the database (0: none yet).
-    pub async fn version(&self) -> Result<i32, StoreError> {
+    pub(crate) async fn version(&self) -> Result<i32, StoreError> {
         self.with("reading the schema version", |c| async move {
             let exists = c
                 .query_one("SELECT to_regclass('runwarden_schema') IS NOT NULL", &[])
@@ -272,7 +272,7 @@ impl Postgres {
     /// replica keeps working (and starts) while its peers are upgraded
     /// after `db migrate`; it says so. Two versions newer, or older, it
     /// refuses, naming what to do. The result is the schema's version.
-    pub async fn check_schema(&self) -> Result<Schema, StoreError> {
+    pub(crate) async fn check_schema(&self) -> Result<Schema, StoreError> {
         let want = MIGRATIONS.last().map_or(0, |(v, _)| *v);
         match self.version().await? {
             v if v == want => Ok(Schema::Current(v)),
@@ -496,7 +496,7 @@ impl Postgres {
     /// Close every run whose lease expired or was taken over (its replica
     /// died, or lost the database): `interrupted`, closed by this replica.
     /// Rows another replica is closing at the same moment are skipped.
-    pub async fn reap(&self) -> Result<Vec<Reaped>, StoreError> {
+    pub(crate) async fn reap(&self) -> Result<Vec<Reaped>, StoreError> {
         self.with("closing runs whose lease expired", |c| async move {
             let rows = c
                 .query(
@@ -534,7 +534,7 @@ impl Postgres {
 
     /// Tier-2 calls counted across the fleet within `window` (of one
     /// runbook, or of all with `None`): the fleet budget's gauge.
-    pub async fn fleet_used(
+    pub(crate) async fn fleet_used(
         &self,
         runbook: Option<&str>,
         window: Duration,
@@ -555,7 +555,7 @@ impl Postgres {
 
     /// Forget triggers, ended runs and approval requests older than `age`
     /// (the fleet's counters prune themselves in each fence).
-    pub async fn prune(&self, age: Duration) -> Result<(), StoreError> {
+    pub(crate) async fn prune(&self, age: Duration) -> Result<(), StoreError> {
         let ms = millis(age);
         self.with("pruning old rows", |c| async move {
             c.query_typed(
@@ -576,7 +576,7 @@ impl Postgres {
 
     /// The fleet's runs, newest first: which replica ran each, how it
     /// stands or ended, who closed it.
-    pub async fn fleet_runs(
+    pub(crate) async fn fleet_runs(
         &self,
         runbook: Option<&str>,
         host: Option<&str>,
@@ -603,7 +603,7 @@ impl Postgres {
 
     /// Engage the fleet's switch for `scope` (`global` or a runbook), until
     /// `until` if given, and tell every replica at once.
-    pub async fn engage(
+    pub(crate) async fn engage(
         &self,
         scope: &str,
         by: &str,
@@ -632,7 +632,9 @@ impl Postgres {
 
     /// Remove the fleet's timed switches whose time has come; what was
     /// removed (by this replica: of racing replicas, one removes each).
-    pub async fn sweep_expired(&self) -> Result<Vec<crate::gate::killswitch::Expired>, StoreError> {
+    pub(crate) async fn sweep_expired(
+        &self,
+    ) -> Result<Vec<crate::gate::killswitch::Expired>, StoreError> {
         self.with("ending the fleet's timed kill switches", |c| async move {
             c.query(
                 "WITH s AS (DELETE FROM runwarden_kill_switch WHERE until <= clock_timestamp()
@@ -659,7 +661,10 @@ impl Postgres {
 
     /// Publish this replica's own switch files (scope, what they say), so
     /// the others can say what still stops runs here.
-    pub async fn publish_switches(&self, engaged: &[(String, String)]) -> Result<(), StoreError> {
+    pub(crate) async fn publish_switches(
+        &self,
+        engaged: &[(String, String)],
+    ) -> Result<(), StoreError> {
         let replica = self.replica.clone();
         let scopes: Vec<String> = engaged.iter().map(|(s, _)| s.clone()).collect();
         let details: Vec<String> = engaged.iter().map(|(_, d)| d.clone()).collect();
@@ -681,7 +686,7 @@ impl Postgres {
     }
 
     /// Every replica's own switch files, as each last published them.
-    pub async fn replica_switches(&self) -> Result<Vec<super::ReplicaSwitch>, StoreError> {
+    pub(crate) async fn replica_switches(&self) -> Result<Vec<super::ReplicaSwitch>, StoreError> {
         self.with("reading the replicas' kill switches", |c| async move {
             c.query(
                 "SELECT replica, scope, detail, seen_at::text FROM runwarden_replica_switches ORDER BY replica, scope",
@@ -702,7 +707,7 @@ impl Postgres {
     }
 
     /// Release the fleet's switch for `scope`; `false`: it was not engaged.
-    pub async fn release(&self, scope: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn release(&self, scope: &str) -> Result<bool, StoreError> {
         self.with("releasing the fleet's kill switch", |c| async move {
             c.query(
                 "WITH s AS (DELETE FROM runwarden_kill_switch WHERE scope = $1 RETURNING scope)
@@ -716,7 +721,7 @@ impl Postgres {
     }
 
     /// The fleet's engaged switches: scope, and what a person reads.
-    pub async fn switches(&self) -> Result<Vec<(String, String)>, StoreError> {
+    pub(crate) async fn switches(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.with("reading the fleet's kill switch", |c| async move {
             switches_on(&c).await
         })
@@ -732,7 +737,7 @@ impl Postgres {
     /// re-read the table on every notification and every few seconds (a
     /// notification sent while the connection was down is not lost), and
     /// connect again after a failure. Ends when `stop` turns true.
-    pub async fn listen(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub(crate) async fn listen(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         loop {
             if let Err(e) = self.listen_once(&mut stop).await {
                 tracing::warn!(

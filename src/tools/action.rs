@@ -26,17 +26,17 @@ pub struct Action(pub(in crate::tools) Resolved);
 
 impl Action {
     /// The tool it runs.
-    pub fn tool(&self) -> ToolId {
+    pub(crate) fn tool(&self) -> ToolId {
         self.0.tool()
     }
 
     /// The tool's tier.
-    pub fn tier(&self) -> Tier {
+    pub(crate) fn tier(&self) -> Tier {
         self.tool().tier()
     }
 
     /// A tier-2 call's reason.
-    pub fn reason(&self) -> Option<&str> {
+    pub(crate) fn reason(&self) -> Option<&str> {
         self.0.reason()
     }
 
@@ -46,7 +46,7 @@ impl Action {
     }
 
     /// The commands it runs, exactly as it would spawn them (for `--dry-run`).
-    pub fn planned_argv(&self, host: &Host) -> Vec<Argv> {
+    pub(crate) fn planned_argv(&self, host: &Host) -> Vec<Argv> {
         self.0.argv(host)
     }
 }

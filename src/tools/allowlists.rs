@@ -48,7 +48,7 @@ pub(super) fn allowed_key<V>(
 /// resolution. Resolved (local) paths must also stay on the filesystem of the
 /// allowed entry they fall under: a bind mount of /etc placed inside an
 /// allowed directory resolves to a path below it, but is another mount.
-pub fn allowed_path(
+pub(crate) fn allowed_path(
     raw: &str,
     allowed: &[PathBuf],
     mode: PathMode,

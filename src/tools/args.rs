@@ -14,12 +14,12 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Longest string any tool argument may be.
-pub const MAX_ARG_LEN: usize = 4096;
+pub(crate) const MAX_ARG_LEN: usize = 4096;
 /// Longest `reason` of a tier-2 call.
-pub const MAX_REASON_LEN: usize = 500;
+pub(crate) const MAX_REASON_LEN: usize = 500;
 
 /// Show an untrusted value in an error message: escaped and cut short.
-pub fn shown(s: &str) -> String {
+pub(crate) fn shown(s: &str) -> String {
     let cut: String = s.chars().take(80).collect();
     let more = if cut.len() < s.len() { "…" } else { "" };
     format!("\"{}{more}\"", cut.escape_debug())
@@ -78,17 +78,17 @@ macro_rules! checked_string {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub(crate) struct $name(String);
 
         impl $name {
             /// Checked: an error says what is wrong with the value.
-            pub fn new(s: String) -> Result<Self, ArgError> {
+            pub(crate) fn new(s: String) -> Result<Self, ArgError> {
                 let check: fn(&str) -> Result<(), ArgError> = $check;
                 check(&s)?;
                 Ok($name(s))
             }
             /// The checked value.
-            pub fn as_str(&self) -> &str {
+            pub(crate) fn as_str(&self) -> &str {
                 &self.0
             }
         }
@@ -185,13 +185,13 @@ checked_string!(
 /// How many processes to list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
-pub struct Limit(u8);
+pub(crate) struct Limit(u8);
 
 impl Limit {
     /// The most processes one call lists.
-    pub const MAX: u8 = 50;
+    pub(crate) const MAX: u8 = 50;
     /// How many, as a count.
-    pub fn get(self) -> usize {
+    pub(crate) fn get(self) -> usize {
         self.0 as usize
     }
 }
@@ -234,7 +234,7 @@ impl JsonSchema for Limit {
 // serde names): a doc comment on each would turn that into a `oneOf`,
 // which small models follow worse.
 #[allow(missing_docs)]
-pub enum Since {
+pub(crate) enum Since {
     #[serde(rename = "15m")]
     Min15,
     #[default]
@@ -248,7 +248,7 @@ pub enum Since {
 
 impl Since {
     /// The value given to `journalctl --since`.
-    pub fn journalctl(self) -> &'static str {
+    pub(crate) fn journalctl(self) -> &'static str {
         match self {
             Since::Min15 => "-15min",
             Since::Hour1 => "-1h",
@@ -262,7 +262,7 @@ impl Since {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)] // the variants are the schema's `enum` values: see `Since`
-pub enum Priority {
+pub(crate) enum Priority {
     Emerg,
     Alert,
     Crit,
@@ -276,11 +276,11 @@ pub enum Priority {
 
 impl Priority {
     /// Every priority's name, most severe first (`journalctl -p` takes them).
-    pub const NAMES: [&'static str; 8] = [
+    pub(crate) const NAMES: [&'static str; 8] = [
         "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
     ];
     /// The name `journalctl -p` takes.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         Self::NAMES[self as usize]
     }
 }
@@ -289,7 +289,7 @@ impl Priority {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[allow(missing_docs)] // the variants are the schema's `enum` values: see `Since`
-pub enum ProcessSort {
+pub(crate) enum ProcessSort {
     #[default]
     Cpu,
     Memory,
@@ -300,91 +300,91 @@ pub enum ProcessSort {
 /// `disk_usage`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct DiskUsageArgs {
+pub(crate) struct DiskUsageArgs {
     /// A path listed under the host's `paths` (or below one of them).
-    pub path: AbsPath,
+    pub(crate) path: AbsPath,
 }
 
 /// `service_status`, and the unit of a tier-2 service call.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct UnitArgs {
+pub(crate) struct UnitArgs {
     /// A unit listed under the host's `units`.
-    pub unit: UnitName,
+    pub(crate) unit: UnitName,
 }
 
 /// `read_journal`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct JournalArgs {
+pub(crate) struct JournalArgs {
     /// A unit listed under the host's `journals` or `units`.
-    pub unit: UnitName,
+    pub(crate) unit: UnitName,
     /// How far back to read (default 1h).
     #[serde(default)]
-    pub since: Since,
+    pub(crate) since: Since,
     /// Lowest priority to show, this and more severe (default warning).
     #[serde(default)]
-    pub priority: Priority,
+    pub(crate) priority: Priority,
 }
 
 /// `list_processes`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ProcessArgs {
+pub(crate) struct ProcessArgs {
     /// Order of the list (default cpu).
     #[serde(default)]
-    pub sort: ProcessSort,
+    pub(crate) sort: ProcessSort,
     /// How many processes (1 to 50, default 10).
     #[serde(default)]
-    pub limit: Limit,
+    pub(crate) limit: Limit,
 }
 
 /// `cert_expiry`, `http_check`: one entry of a named allowlist.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct NameArgs {
+pub(crate) struct NameArgs {
     /// A name defined under the host's `certificates` (cert_expiry) or `health_checks` (http_check).
-    pub name: EntryName,
+    pub(crate) name: EntryName,
 }
 
 /// `restart_service`, `reload_service`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct UnitChangeArgs {
+pub(crate) struct UnitChangeArgs {
     /// A unit listed under the host's `units`.
-    pub unit: UnitName,
+    pub(crate) unit: UnitName,
     /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
 }
 
 /// `rotate_logs`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RotateArgs {
+pub(crate) struct RotateArgs {
     /// A logrotate configuration file listed under the host's `logrotate_configs`.
-    pub config: AbsPath,
+    pub(crate) config: AbsPath,
     /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
 }
 
 /// `recycle_worker_pool`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PoolArgs {
+pub(crate) struct PoolArgs {
     /// A pool defined under the host's `worker_pools`.
-    pub pool: EntryName,
+    pub(crate) pool: EntryName,
     /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
 }
 
 /// `renew_certificate`
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RenewArgs {
+pub(crate) struct RenewArgs {
     /// A certificate defined under the host's `certificates` with a `renew` command.
-    pub name: EntryName,
+    pub(crate) name: EntryName,
     /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
 }
 
 #[cfg(test)]

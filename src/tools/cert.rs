@@ -15,7 +15,7 @@ use crate::process::Argv;
 /// Certificate files larger than this are not read.
 const MAX_CERT_BYTES: u64 = 1 << 20;
 
-pub fn renew_argv(host: &Host, name: &str) -> Option<Argv> {
+pub(crate) fn renew_argv(host: &Host, name: &str) -> Option<Argv> {
     let renew = host.certificates.get(name)?.renew.as_ref()?;
     let (program, args) = renew.split_first()?;
     Some(privileged(
@@ -26,17 +26,17 @@ pub fn renew_argv(host: &Host, name: &str) -> Option<Argv> {
 
 /// What a certificate file says about itself.
 #[derive(Debug, Clone)]
-pub struct CertInfo {
-    pub not_before: i64,
-    pub not_after: i64,
-    pub subject: String,
-    pub issuer: String,
-    pub serial: String,
+pub(crate) struct CertInfo {
+    pub(crate) not_before: i64,
+    pub(crate) not_after: i64,
+    pub(crate) subject: String,
+    pub(crate) issuer: String,
+    pub(crate) serial: String,
 }
 
 /// Why a certificate file could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum CertError {
+pub(crate) enum CertError {
     /// The file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
@@ -58,7 +58,7 @@ pub enum CertError {
     NotACertificate(String),
 }
 
-pub fn read_cert(path: &Path) -> Result<CertInfo, CertError> {
+pub(crate) fn read_cert(path: &Path) -> Result<CertInfo, CertError> {
     let read = |source| CertError::Read {
         path: path.display().to_string(),
         source,
@@ -74,7 +74,7 @@ pub fn read_cert(path: &Path) -> Result<CertInfo, CertError> {
     parse_cert(&bytes).map_err(|e| CertError::NotACertificate(format!("{}: {e}", path.display())))
 }
 
-pub fn parse_cert(bytes: &[u8]) -> Result<CertInfo, CertError> {
+pub(crate) fn parse_cert(bytes: &[u8]) -> Result<CertInfo, CertError> {
     let der;
     let der_bytes: &[u8] =
         if bytes.starts_with(b"-----") || bytes.iter().take(64).all(|b| b.is_ascii()) {
@@ -120,7 +120,7 @@ fn info_json(name: &str, path: &Path, info: &CertInfo) -> Value {
     })
 }
 
-pub async fn expiry(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+pub(crate) async fn expiry(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     let path = &ctx.host.certificates[name].path;
     match read_cert(path) {
         Ok(info) => ToolResult::observed(info_json(name, path, &info)),
@@ -128,7 +128,7 @@ pub async fn expiry(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     }
 }
 
-pub async fn renew(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+pub(crate) async fn renew(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     let path = &ctx.host.certificates[name].path;
     let before = read_cert(path).ok();
     let Some(argv) = renew_argv(ctx.host, name) else {

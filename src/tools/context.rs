@@ -7,22 +7,22 @@ use crate::host::Host;
 use crate::process::{Argv, Limits, ProcessOutput, SpawnError};
 
 /// Everything a tool needs to run on this machine.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// The host, with its allowlists and binaries.
-    pub host: &'a Host,
+    pub(crate) host: &'a Host,
     /// The call must be over by then (tool timeout and run budget, whichever is first).
-    pub deadline: tokio::time::Instant,
+    pub(crate) deadline: tokio::time::Instant,
     /// How much of each output stream is kept.
-    pub output_cap: usize,
+    pub(crate) output_cap: usize,
     /// How long a process has after SIGTERM before SIGKILL.
-    pub kill_grace: Duration,
+    pub(crate) kill_grace: Duration,
     ran: std::sync::Mutex<Vec<Vec<String>>>,
 }
 
 /// Cap on each of stdout and stderr of a spawned tool.
-pub const OUTPUT_CAP: usize = 1 << 20;
+pub(crate) const OUTPUT_CAP: usize = 1 << 20;
 /// Time between SIGTERM and SIGKILL of a tool's process group.
-pub const KILL_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 
 impl<'a> Ctx<'a> {
     pub(crate) fn new(host: &'a Host, deadline: tokio::time::Instant) -> Ctx<'a> {
@@ -74,7 +74,7 @@ impl<'a> Ctx<'a> {
 const SUDO_ARGS: &[&str] = &["-n", "--"];
 
 /// Wrap a mutating command in `sudo -n` when the host says so (never a shell).
-pub fn privileged(host: &Host, argv: Argv) -> Argv {
+pub(crate) fn privileged(host: &Host, argv: Argv) -> Argv {
     if host.sudo {
         argv.with_prefix(&host.binaries.sudo, SUDO_ARGS)
     } else {
@@ -83,7 +83,7 @@ pub fn privileged(host: &Host, argv: Argv) -> Argv {
 }
 
 /// What sudo runs of an argv [`privileged`] made: the line a sudoers file allows.
-pub fn unprivileged(host: &Host, argv: Argv) -> Argv {
+pub(crate) fn unprivileged(host: &Host, argv: Argv) -> Argv {
     match argv.strip_prefix(&host.binaries.sudo, SUDO_ARGS) {
         Some(inner) if host.sudo => inner,
         _ => argv,

@@ -15,7 +15,7 @@ use crate::process::Argv;
 /// How many of the largest entries to report.
 const LARGEST: usize = 10;
 
-pub fn argv(host: &Host, path: &Path) -> [Argv; 2] {
+pub(crate) fn argv(host: &Host, path: &Path) -> [Argv; 2] {
     let p = path.to_string_lossy().into_owned();
     [
         Argv::new(&host.binaries.df)
@@ -65,7 +65,7 @@ fn open_checked(path: &Path) -> Result<Opened, ToolResult> {
     Ok(Opened { fd, via })
 }
 
-pub async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
+pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
     let opened = match open_checked(path) {
         Ok(o) => o,
         Err(failed) => return failed,
@@ -130,7 +130,7 @@ fn named_by(du: &str, via: &str, path: &Path) -> String {
 }
 
 /// `df -B1 --output=source,fstype,size,used,avail,pcent,target`, header then one line.
-pub fn parse_df(text: &str) -> Option<Value> {
+pub(crate) fn parse_df(text: &str) -> Option<Value> {
     let line = text.lines().nth(1)?;
     let mut f = line.split_whitespace();
     let filesystem = f.next()?;
@@ -153,7 +153,7 @@ pub fn parse_df(text: &str) -> Option<Value> {
 }
 
 /// `du -B1 --max-depth=1` lines `SIZE\tPATH`; the total line for `path` itself is dropped.
-pub fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool) {
+pub(crate) fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool) {
     let mut entries: Vec<(u64, &str)> = text
         .lines()
         .filter_map(|l| {

@@ -23,7 +23,7 @@ const MAX_DESCRIPTION: usize = 200;
 /// `failed_units` takes no arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct FailedUnitsArgs {}
+pub(crate) struct FailedUnitsArgs {}
 
 /// `failed_units`: which of the host's units systemd holds as failed.
 pub(crate) struct FailedUnits;

@@ -17,7 +17,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of the body kept as an excerpt.
 const EXCERPT: usize = 512;
 
-pub async fn check(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+pub(crate) async fn check(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     let url = &ctx.host.health_checks[name];
     let until = (tokio::time::Instant::now() + CHECK_TIMEOUT).min(ctx.deadline);
     let mut data = probe(url, until).await;
@@ -27,7 +27,7 @@ pub async fn check(ctx: &Ctx<'_>, name: &str) -> ToolResult {
 
 /// One GET; the result says `healthy` (2xx) or why not. Never follows redirects:
 /// a redirect could lead off the loopback interface.
-pub async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value {
+pub(crate) async fn probe(url: &str, until: tokio::time::Instant) -> serde_json::Value {
     let started = Instant::now();
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

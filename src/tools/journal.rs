@@ -12,11 +12,11 @@ use crate::host::Host;
 use crate::process::Argv;
 
 /// Lines handed back at most; one more is asked for to know whether any were cut.
-pub const MAX_LINES: usize = 80;
+pub(crate) const MAX_LINES: usize = 80;
 /// Characters kept of one message.
 const MAX_MESSAGE: usize = 512;
 
-pub fn argv(host: &Host, unit: &str, since: Since, priority: Priority) -> Argv {
+pub(crate) fn argv(host: &Host, unit: &str, since: Since, priority: Priority) -> Argv {
     Argv::new(&host.binaries.journalctl)
         .args([
             "--no-pager",
@@ -30,7 +30,12 @@ pub fn argv(host: &Host, unit: &str, since: Since, priority: Priority) -> Argv {
         .arg(format!("--unit={unit}"))
 }
 
-pub async fn read(ctx: &Ctx<'_>, unit: &str, since: Since, priority: Priority) -> ToolResult {
+pub(crate) async fn read(
+    ctx: &Ctx<'_>,
+    unit: &str,
+    since: Since,
+    priority: Priority,
+) -> ToolResult {
     let out = match ctx.run(&argv(ctx.host, unit, since, priority)).await {
         Ok(o) => o,
         Err(e) => return ToolResult::failed(e),
@@ -46,7 +51,7 @@ pub async fn read(ctx: &Ctx<'_>, unit: &str, since: Since, priority: Priority) -
 }
 
 /// One JSON object per line; the oldest are dropped past [`MAX_LINES`].
-pub fn parse(text: &str) -> (Vec<Value>, bool) {
+pub(crate) fn parse(text: &str) -> (Vec<Value>, bool) {
     let mut cut = false;
     let mut lines: Vec<Value> = text
         .lines()

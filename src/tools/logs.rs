@@ -25,7 +25,7 @@ fn state_file(host: &Host) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE))
 }
 
-pub fn argv(host: &Host, config: &Path) -> Argv {
+pub(crate) fn argv(host: &Host, config: &Path) -> Argv {
     let mut a = Argv::new(&host.binaries.logrotate).args(["--verbose", "--force"]);
     if let Some(state) = &host.logrotate_state {
         a = a.arg("--state").arg(state.to_string_lossy());
@@ -37,7 +37,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
-pub async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
+pub(crate) async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
     let state = state_file(ctx.host);
     let before = mtime(&state);
     let out = match ctx.run(&argv(ctx.host, config)).await {

@@ -15,7 +15,7 @@
 
 mod action;
 mod allowlists;
-pub mod args;
+pub(crate) mod args;
 mod cert;
 mod context;
 mod disk;
@@ -34,10 +34,9 @@ use std::time::Instant;
 use serde_json::Value;
 
 pub use action::{Action, PathMode, privileged_commands, resolve};
-pub use allowlists::allowed_path;
-pub use context::{Ctx, KILL_GRACE, OUTPUT_CAP, privileged, unprivileged};
+pub(crate) use context::{Ctx, OUTPUT_CAP, privileged};
 pub use registry::{Tier, ToolId, check_shape};
-pub use result::{Failure, Outcome, ToolResult, Unreachable};
+pub(crate) use result::{Failure, Outcome, ToolResult, Unreachable};
 
 pub(crate) use context::poll;
 pub(crate) use result::from_process;
@@ -77,7 +76,7 @@ pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
 /// fields that matter for that tool on one line (the whole result is in
 /// `--json` and the audit log); a change says its own evidence. `None` for a
 /// result without data. Escaped for a terminal.
-pub fn said(tool: &str, data: &Value) -> Option<String> {
+pub(crate) fn said(tool: &str, data: &Value) -> Option<String> {
     if data.is_null() || data.as_object().is_some_and(|o| o.is_empty()) {
         return None;
     }

@@ -23,7 +23,7 @@ const VERIFY_WAIT: Duration = Duration::from_secs(15);
 pub(super) const MASTER_PID: &str = "<master pid>";
 
 /// The argv of the recycle; with a signal the master pid is only known at run time.
-pub fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
+pub(crate) fn planned_argv(host: &Host, pool: &str) -> Vec<Argv> {
     let p = &host.worker_pools[pool];
     match (&p.master, p.recycle) {
         (PoolMaster::Unit(unit), Recycle::Reload) => {
@@ -122,7 +122,7 @@ fn runs(pid: u32, program: &Path) -> bool {
 }
 
 /// Children of `pid`, from /proc (works the same on the runner and on an agent host).
-pub fn children(pid: u32) -> BTreeSet<u32> {
+pub(crate) fn children(pid: u32) -> BTreeSet<u32> {
     let mut kids = BTreeSet::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return kids;
@@ -151,7 +151,7 @@ pub fn children(pid: u32) -> BTreeSet<u32> {
     kids
 }
 
-pub async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
+pub(crate) async fn recycle(ctx: &Ctx<'_>, name: &str) -> ToolResult {
     let pool = &ctx.host.worker_pools[name];
     let master = match master_pid(ctx, &pool.master).await {
         Ok(p) => p,

@@ -10,7 +10,7 @@ use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
 
-pub fn argv(host: &Host, sort: ProcessSort) -> Argv {
+pub(crate) fn argv(host: &Host, sort: ProcessSort) -> Argv {
     let key = match sort {
         ProcessSort::Cpu => "-pcpu",
         ProcessSort::Memory => "-rss",
@@ -27,7 +27,7 @@ pub fn argv(host: &Host, sort: ProcessSort) -> Argv {
         .arg(format!("--sort={key}"))
 }
 
-pub async fn list(ctx: &Ctx<'_>, sort: ProcessSort, limit: usize) -> ToolResult {
+pub(crate) async fn list(ctx: &Ctx<'_>, sort: ProcessSort, limit: usize) -> ToolResult {
     let out = match ctx.run(&argv(ctx.host, sort)).await {
         Ok(o) => o,
         Err(e) => return ToolResult::failed(e),
@@ -47,7 +47,7 @@ pub async fn list(ctx: &Ctx<'_>, sort: ProcessSort, limit: usize) -> ToolResult 
     result
 }
 
-pub fn parse(text: &str) -> Vec<Value> {
+pub(crate) fn parse(text: &str) -> Vec<Value> {
     text.lines()
         .filter_map(|l| {
             let mut f = l.split_whitespace();

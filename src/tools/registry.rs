@@ -25,7 +25,7 @@ pub enum Tier {
 
 impl Tier {
     /// 1 or 2, as reports, audit lines and metric labels write it.
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         self as u8
     }
 }
@@ -34,7 +34,7 @@ impl Tier {
 /// its arguments (their JSON schema is generated from the type), how they
 /// resolve against a host's allowlists, the commands it runs, how it runs
 /// and verifies itself, how its result reads, and what a sudoers file must
-/// allow it. The [`registry!`] table turns the implementations into
+/// allow it. The `registry!` table turns the implementations into
 /// [`ToolId`] and the dispatch of an [`Action`](super::Action).
 pub(crate) trait Tool {
     /// The name runbooks, planners and audit lines use.
@@ -84,9 +84,9 @@ pub(crate) trait Tool {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Change<T> {
     /// What the change acts on (a unit, a configuration, a pool, a certificate).
-    pub target: T,
+    pub(crate) target: T,
     /// Why, as the caller wrote it (trimmed).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl<T> Change<T> {
@@ -111,27 +111,27 @@ macro_rules! registry {
             pub const ALL: &'static [ToolId] = &[$(ToolId::$variant),*];
 
             /// The name runbooks, planners and audit lines use.
-            pub fn name(self) -> &'static str {
+            pub(crate) fn name(self) -> &'static str {
                 match self { $(ToolId::$variant => <$tool as Tool>::NAME),* }
             }
 
             /// The tier, fixed in code.
-            pub fn tier(self) -> Tier {
+            pub(crate) fn tier(self) -> Tier {
                 match self { $(ToolId::$variant => <$tool as Tool>::TIER),* }
             }
 
             /// What it does, for people and for the model.
-            pub fn description(self) -> &'static str {
+            pub(crate) fn description(self) -> &'static str {
                 match self { $(ToolId::$variant => <$tool as Tool>::DESCRIPTION),* }
             }
 
             /// The tool of that name.
-            pub fn from_name(name: &str) -> Option<ToolId> {
+            pub(crate) fn from_name(name: &str) -> Option<ToolId> {
                 ToolId::ALL.iter().copied().find(|t| t.name() == name)
             }
 
             /// The JSON schema of the arguments, generated from the type that checks them.
-            pub fn schema(self) -> Value {
+            pub(crate) fn schema(self) -> Value {
                 match self { $(ToolId::$variant => schema_of::<<$tool as Tool>::Args>()),* }
             }
 
@@ -143,7 +143,7 @@ macro_rules! registry {
 
             /// The argument a tier-2 tool acts on, and every value `host`
             /// allows for it; `None` for a tier-1 tool.
-            pub fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
+            pub(crate) fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
                 match self { $(ToolId::$variant => <$tool as Tool>::targets(host)),* }
             }
 
@@ -203,7 +203,7 @@ registry! {
 
 impl ToolId {
     /// How a tier-2 tool checks its own effect (from its description).
-    pub fn verification(self) -> Option<&'static str> {
+    pub(crate) fn verification(self) -> Option<&'static str> {
         self.description()
             .split_once("then verify")
             .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))

@@ -8,7 +8,7 @@ use crate::process::ProcessOutput;
 /// How a call ended, as far as the tool is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The tool ran and did what it does.
     Ok,
     /// The tool failed, or its call never ran (see `error`).
@@ -19,7 +19,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// As written in audit lines and metric labels.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Error => "error",
@@ -33,7 +33,7 @@ impl Outcome {
 /// transport; never read from the wire or the log, so no answer from a
 /// host can claim it. The same facts stay in `data` for people to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The call never reached the host, or its answer never came back.
     Transport(Unreachable),
     /// The connection failed during a change that could not be verified
@@ -45,7 +45,7 @@ pub enum Failure {
 
 impl Failure {
     /// Whether the connection, not the host or the tool, failed.
-    pub fn is_transport(self) -> bool {
+    pub(crate) fn is_transport(self) -> bool {
         matches!(self, Failure::Transport(_) | Failure::OutcomeUnknown)
     }
 }
@@ -53,7 +53,7 @@ impl Failure {
 /// How a host could not be reached, decided where the failure happened
 /// (`host check` says it in these words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreachable {
+pub(crate) enum Unreachable {
     /// The connection was refused.
     Refused,
     /// The connection timed out.
@@ -70,7 +70,7 @@ pub enum Unreachable {
 
 impl Unreachable {
     /// As `host check` and results say it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Unreachable::Refused => "refused",
             Unreachable::TimedOut => "timed out",
@@ -86,33 +86,33 @@ impl Unreachable {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolResult {
     /// How the call ended.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
     /// The last process's exit status, when there was one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// The tool's parsed findings.
-    pub data: Value,
+    pub(crate) data: Value,
     /// Why it failed, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// Some output was cut to fit the caps.
-    pub truncated: bool,
+    pub(crate) truncated: bool,
     /// Tier-2 only: the tool's own check of its effect.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub verified: Option<bool>,
+    pub(crate) verified: Option<bool>,
     /// How long the call took.
-    pub duration_ms: u64,
+    pub(crate) duration_ms: u64,
     /// The commands the call ran, program first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub argv: Vec<Vec<String>>,
+    pub(crate) argv: Vec<Vec<String>>,
     /// Set by the transport only (see [`Failure`]).
     #[serde(skip)]
-    pub failure: Option<Failure>,
+    pub(crate) failure: Option<Failure>,
 }
 
 impl ToolResult {
     /// A result for a call that failed before or outside its tool.
-    pub fn failed(error: impl std::fmt::Display) -> ToolResult {
+    pub(crate) fn failed(error: impl std::fmt::Display) -> ToolResult {
         ToolResult {
             outcome: Outcome::Error,
             exit_code: None,
@@ -127,7 +127,7 @@ impl ToolResult {
     }
 
     /// A successful observation.
-    pub fn observed(data: Value) -> ToolResult {
+    pub(crate) fn observed(data: Value) -> ToolResult {
         ToolResult {
             outcome: Outcome::Ok,
             data,
@@ -138,12 +138,12 @@ impl ToolResult {
 
     /// The view a `when` condition or a later step sees: the data fields plus the outcome.
     /// The call did what it was asked, and a change verified.
-    pub fn succeeded(&self) -> bool {
+    pub(crate) fn succeeded(&self) -> bool {
         self.outcome == Outcome::Ok && self.verified != Some(false)
     }
 
     /// The result as a planner and templates see it: the data's fields, with `outcome`, `ok` and `error` beside them.
-    pub fn view(&self) -> Value {
+    pub(crate) fn view(&self) -> Value {
         let mut m = match &self.data {
             Value::Object(m) => m.clone(),
             Value::Null => serde_json::Map::new(),

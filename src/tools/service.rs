@@ -19,14 +19,14 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// Longest wait for a unit to come back after a restart or reload.
 const VERIFY_WAIT: Duration = Duration::from_secs(15);
 
-pub fn show_argv(host: &Host, unit: &str) -> Argv {
+pub(crate) fn show_argv(host: &Host, unit: &str) -> Argv {
     Argv::new(&host.binaries.systemctl)
         .arg("show")
         .arg(format!("--property={PROPERTIES}"))
         .arg(unit)
 }
 
-pub fn change_argv(host: &Host, verb: &str, unit: &str) -> Argv {
+pub(crate) fn change_argv(host: &Host, verb: &str, unit: &str) -> Argv {
     privileged(
         host,
         Argv::new(&host.binaries.systemctl).arg(verb).arg(unit),
@@ -35,10 +35,10 @@ pub fn change_argv(host: &Host, verb: &str, unit: &str) -> Argv {
 
 /// The state of one unit, parsed from `systemctl show`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct UnitState(BTreeMap<String, String>);
+pub(crate) struct UnitState(BTreeMap<String, String>);
 
 impl UnitState {
-    pub fn parse(text: &str) -> UnitState {
+    pub(crate) fn parse(text: &str) -> UnitState {
         UnitState(
             text.lines()
                 .filter_map(|l| l.split_once('='))
@@ -49,16 +49,16 @@ impl UnitState {
     fn get(&self, k: &str) -> &str {
         self.0.get(k).map(String::as_str).unwrap_or("")
     }
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.get("ActiveState") == "active"
     }
-    pub fn main_pid(&self) -> u64 {
+    pub(crate) fn main_pid(&self) -> u64 {
         self.get("MainPID").parse().unwrap_or(0)
     }
-    pub fn found(&self) -> bool {
+    pub(crate) fn found(&self) -> bool {
         !matches!(self.get("LoadState"), "not-found" | "")
     }
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "unit": self.get("Id"),
             "load_state": self.get("LoadState"),
@@ -93,18 +93,18 @@ async fn show(ctx: &Ctx<'_>, unit: &str) -> Result<UnitState, ToolResult> {
     Ok(state)
 }
 
-pub async fn status(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
+pub(crate) async fn status(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
     match show(ctx, unit).await {
         Ok(state) => ToolResult::observed(state.to_json()),
         Err(r) => r,
     }
 }
 
-pub async fn restart(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
+pub(crate) async fn restart(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
     change(ctx, unit, "restart").await
 }
 
-pub async fn reload(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
+pub(crate) async fn reload(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
     change(ctx, unit, "reload").await
 }
 

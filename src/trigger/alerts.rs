@@ -17,36 +17,35 @@ use crate::config::Config;
 #[derive(Debug, Clone, Deserialize)]
 pub struct Notification {
     /// The payload version (runwarden reads "4").
-    pub version: String,
+    pub(crate) version: String,
     /// Alertmanager's key for the alert group.
     #[serde(rename = "groupKey")]
-    pub group_key: String,
-    /// `firing` or `resolved`, for the group.
-    pub status: String,
-    /// The receiver that sent it.
-    #[serde(default)]
-    pub receiver: String,
+    pub(crate) group_key: String,
+    /// `firing` or `resolved`, for the group: not read (each alert says
+    /// its own), but a payload without it is not Alertmanager's.
+    #[allow(dead_code, reason = "required by the payload's shape, read per alert")]
+    pub(crate) status: String,
     /// The alerts of the group.
-    pub alerts: Vec<Alert>,
+    pub(crate) alerts: Vec<Alert>,
     /// How many alerts Alertmanager left out (its `max_alerts`).
     #[serde(rename = "truncatedAlerts", default)]
-    pub truncated_alerts: u64,
+    pub(crate) truncated_alerts: u64,
 }
 
 /// One alert of a notification.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Alert {
+pub(crate) struct Alert {
     /// `firing` or `resolved`.
-    pub status: String,
+    pub(crate) status: String,
     /// Its labels (the host label among them).
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Its annotations.
     #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
     /// Alertmanager's fingerprint of its labels.
     #[serde(default)]
-    pub fingerprint: String,
+    pub(crate) fingerprint: String,
 }
 
 impl Notification {
@@ -113,7 +112,7 @@ pub enum Candidate {
 impl Candidate {
     /// The runbook (`none` when none took it), the host (empty when the
     /// alert names none), the keys, and what kind of trigger it is.
-    pub fn names(&self) -> (&str, &str, &[String], Trigger) {
+    pub(crate) fn names(&self) -> (&str, &str, &[String], Trigger) {
         match self {
             Candidate::Run(req) => (&req.runbook, &req.host, &req.keys, req.trigger),
             Candidate::OutOfScope {
@@ -129,7 +128,7 @@ impl Candidate {
     }
 
     /// Why it starts nothing, when that is known before admission.
-    pub fn why(&self) -> Option<&str> {
+    pub(crate) fn why(&self) -> Option<&str> {
         match self {
             Candidate::Run(_) => None,
             Candidate::OutOfScope { why, .. }
@@ -139,7 +138,7 @@ impl Candidate {
     }
 
     /// The alert's fingerprint (a run request's first key, without `fp:`).
-    pub fn fingerprint(&self) -> &str {
+    pub(crate) fn fingerprint(&self) -> &str {
         match self {
             Candidate::Run(req) => req
                 .keys

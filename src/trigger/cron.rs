@@ -66,7 +66,7 @@ fn fire_due(
 
 /// Start each runbook's schedule as it comes due, in the configured time
 /// zone, for as long as the daemon runs; a reload takes effect at once.
-pub async fn worker(
+pub(crate) async fn worker(
     mut config: watch::Receiver<Arc<Config>>,
     scheduler: impl Submit,
     metrics: Arc<Metrics>,

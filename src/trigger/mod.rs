@@ -3,14 +3,14 @@
 //! scheduler decides what becomes of it.
 
 pub mod alerts;
-pub mod cron;
+pub(crate) mod cron;
 
 use serde::Serialize;
 use serde_json::Value;
 
 /// Where a worker that fires triggers sends them (the scheduler, in the
 /// daemon): the worker needs only this handle, not what decides.
-pub trait Submit: Send + Sync + 'static {
+pub(crate) trait Submit: Send + Sync + 'static {
     /// Why a trigger could not be recorded.
     type Error: std::fmt::Display;
 
@@ -34,7 +34,7 @@ pub enum Trigger {
 
 impl Trigger {
     /// As reports, audit lines and metric labels write it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Trigger::Cli => "cli",
             Trigger::Schedule => "schedule",
@@ -48,20 +48,20 @@ impl Trigger {
 #[derive(Debug, Clone)]
 pub struct RunRequest {
     /// The runbook, by name.
-    pub runbook: String,
+    pub(crate) runbook: String,
     /// The host, by name.
-    pub host: String,
+    pub(crate) host: String,
     /// Show tier-2 calls instead of running them.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// What started it.
-    pub trigger: Trigger,
+    pub(crate) trigger: Trigger,
     /// For alert triggers: the alert's labels and annotations, as `alert.*` in templates.
     /// Untrusted text: whatever a template makes of it still passes the gate.
-    pub alert: Option<Value>,
+    pub(crate) alert: Option<Value>,
     /// What identifies a repeat of this trigger (alert fingerprint, group key).
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
     /// Who picks the calls.
-    pub planner: crate::planner::PlannerChoice,
+    pub(crate) planner: crate::planner::PlannerChoice,
 }
 
 impl RunRequest {
