@@ -8,6 +8,7 @@
 //! tier-2 calls, its own verification), never from an exit code alone.
 
 mod ask;
+mod claim;
 mod run_loop;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::gate::approvals::Approvals;
 use crate::metrics::Metrics;
 use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
 use crate::verdict::Verdict;
+use claim::Claim;
 use run_loop::RunLoop;
 
 pub(crate) use crate::report::RunReport;
@@ -271,7 +273,8 @@ impl Runner {
             }
             (None, _) => None,
         };
-        let outcome = self.run_leased(req, run_id, lease.as_ref()).await;
+        let claim = lease.as_ref().map(|l| l as &dyn Claim);
+        let outcome = self.run_leased(req, run_id, claim).await;
         if let Some(lease) = lease {
             let verdict = match &outcome {
                 Ok(report) => report.verdict,
@@ -292,7 +295,7 @@ impl Runner {
         &self,
         req: &RunRequest,
         run_id: String,
-        lease: Option<&crate::store::Lease>,
+        lease: Option<&dyn Claim>,
     ) -> Result<RunReport, StartError> {
         let runbook = self
             .config
@@ -374,5 +377,144 @@ impl Runner {
         }
         .go()
         .await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim::{Claim, Lost};
+    use super::*;
+    use crate::gate::DenyReason;
+    use crate::store::Budgets;
+
+    /// A claim that answers as told: the fence, then the check after the
+    /// intent line. No database: the run loop's lease branches, in the fast tier.
+    struct Told {
+        fence: Option<Lost>,
+        proven: Option<Lost>,
+    }
+
+    impl Claim for Told {
+        fn fence<'a>(
+            &'a self,
+            _: bool,
+            _: &'a Budgets,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Lost>> + Send + 'a>>
+        {
+            let answer = self.fence.clone().map_or(Ok(()), Err);
+            Box::pin(async move { answer })
+        }
+
+        fn still_proven(&self) -> Result<(), Lost> {
+            self.proven.clone().map_or(Ok(()), Err)
+        }
+    }
+
+    fn lost(what: &str) -> Option<Lost> {
+        Some((DenyReason::LeaseLost, what.to_string()))
+    }
+
+    /// A runbook of one `disk_usage` call on a local host, and a runner.
+    fn runner(dir: &std::path::Path) -> Runner {
+        for d in ["hosts", "runbooks", "kill-switch", "data"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("runwarden.yaml"), "audit_head: none\n").unwrap();
+        let data = dir.join("data");
+        std::fs::write(
+            dir.join("hosts/h.yaml"),
+            format!("name: h\nconnection: local\npaths: [{}]\n", data.display()),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("runbooks/rb.yaml"),
+            format!(
+                "name: rb\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\n\
+                 steps:\n  - id: look\n    call: disk_usage\n    args: {{ path: {} }}\n",
+                data.display()
+            ),
+        )
+        .unwrap();
+        let config = Arc::new(Config::load(dir).unwrap());
+        let audit = Arc::new(AuditLog::open(&config.settings.audit_log).unwrap());
+        Runner::new(config, audit)
+    }
+
+    async fn run_with(claim: &Told) -> (RunReport, Vec<crate::audit::Entry>) {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = runner(dir.path());
+        let req = RunRequest::cli("rb".into(), "h".into(), false);
+        let report = runner
+            .run_leased(&req, "run-1".into(), Some(claim))
+            .await
+            .unwrap();
+        let lines = crate::audit::run_lines(&runner.config.settings.audit_log, "run-1").unwrap();
+        (report, lines)
+    }
+
+    fn phases(lines: &[crate::audit::Entry]) -> Vec<String> {
+        lines
+            .iter()
+            .filter_map(|l| l.phase.map(|p| format!("{p:?}").to_lowercase()))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_that_fails_stops_the_call_before_its_intent_line() {
+        let (report, lines) = run_with(&Told {
+            fence: lost("another replica took the lease"),
+            proven: None,
+        })
+        .await;
+        assert_eq!(report.verdict, Verdict::Interrupted, "{report:?}");
+        assert_eq!(report.steps[0].status, crate::report::StepStatus::Denied);
+        assert!(
+            report.steps[0]
+                .detail
+                .as_deref()
+                .unwrap_or_default()
+                .contains("lease_lost"),
+            "{report:?}"
+        );
+        let said = phases(&lines);
+        assert!(!said.contains(&"intent".to_string()), "{said:?}");
+        assert!(said.contains(&"denied".to_string()), "{said:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_no_longer_proven_after_the_intent_line_is_not_sent() {
+        let (report, lines) = run_with(&Told {
+            fence: None,
+            proven: lost("the last renewal is too old"),
+        })
+        .await;
+        assert_eq!(report.verdict, Verdict::Interrupted, "{report:?}");
+        let result = lines
+            .iter()
+            .find(|l| l.phase == Some(crate::audit::Phase::Result))
+            .expect("the intent line has its result line");
+        assert_eq!(result.outcome.as_deref(), Some("error"));
+        let detail = result
+            .detail
+            .as_ref()
+            .map(|d| d.to_string())
+            .unwrap_or_default();
+        assert!(detail.contains("not dispatched"), "{detail}");
+        assert!(
+            report.steps[0].result.is_none(),
+            "no tool result: nothing ran {report:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_that_holds_lets_the_call_run() {
+        let (report, lines) = run_with(&Told {
+            fence: None,
+            proven: None,
+        })
+        .await;
+        assert_eq!(report.verdict, Verdict::Ok, "{report:?}");
+        let said = phases(&lines);
+        assert!(said.contains(&"intent".to_string()) && said.contains(&"result".to_string()));
     }
 }

@@ -85,7 +85,7 @@ pub(super) struct RunLoop<'a> {
     pub(super) planner: Planner,
     pub(super) req: &'a RunRequest,
     /// The run's claim in the shared state (PostgreSQL), proved before every call.
-    pub(super) lease: Option<&'a crate::store::Lease>,
+    pub(super) lease: Option<&'a dyn super::Claim>,
 }
 
 /// The state one run accumulates.
