@@ -1,9 +1,9 @@
 -- The duplicate window is the caller's, not a literal here: runwarden
 -- passes it (`p_window_ms`) as it passes the cooldown, so one constant in
 -- the code holds for this machine's own admission and the fleet's. New
--- overloads beside the old ones: a replica of the previous version keeps
--- calling the eight-argument functions (with their 60 seconds) until it is
--- upgraded.
+-- overloads beside the old ones, which now call them with the 60 seconds
+-- they had: a replica of the previous version keeps working until it is
+-- upgraded, under the same one rule.
 CREATE FUNCTION runwarden_admit(
     p_runbook text, p_host text, p_keys text[], p_cooldown_ms bigint,
     p_run_id text, p_replica text, p_lease_ms bigint, p_trigger text,
@@ -64,5 +64,23 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END $$;
+
+CREATE OR REPLACE FUNCTION runwarden_admit(
+    p_runbook text, p_host text, p_keys text[], p_cooldown_ms bigint,
+    p_run_id text, p_replica text, p_lease_ms bigint, p_trigger text,
+    OUT outcome text, OUT token bigint, OUT ago_ms bigint)
+LANGUAGE sql AS $$
+    SELECT * FROM runwarden_admit(p_runbook, p_host, p_keys, p_cooldown_ms, p_run_id,
+                                  p_replica, p_lease_ms, p_trigger, 60000)
+$$;
+
+CREATE OR REPLACE FUNCTION runwarden_admit_all(
+    p_runbooks text[], p_hosts text[], p_keys text[], p_cooldowns_ms bigint[],
+    p_run_ids text[], p_replica text, p_lease_ms bigint, p_triggers text[])
+RETURNS TABLE (n integer, outcome text, token bigint)
+LANGUAGE sql AS $$
+    SELECT * FROM runwarden_admit_all(p_runbooks, p_hosts, p_keys, p_cooldowns_ms, p_run_ids,
+                                      p_replica, p_lease_ms, p_triggers, 60000)
+$$;
 
 INSERT INTO runwarden_schema (version) VALUES (6);

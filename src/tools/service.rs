@@ -100,14 +100,6 @@ pub(crate) async fn status(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
     }
 }
 
-pub(crate) async fn restart(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
-    change(ctx, unit, "restart").await
-}
-
-pub(crate) async fn reload(ctx: &Ctx<'_>, unit: &str) -> ToolResult {
-    change(ctx, unit, "reload").await
-}
-
 /// Run the change, then watch the unit until it is active (and stays so) or the wait runs out.
 async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
     let before = match show(ctx, unit).await {
@@ -231,14 +223,31 @@ impl Tool for ServiceStatus {
     }
 }
 
-/// `restart_service`
-pub(crate) struct RestartService;
+/// `restart_service` and `reload_service`: one change of an allowed unit,
+/// `systemctl VERB`, then its own verification (see `change`).
+pub(crate) struct UnitChange<const RELOAD: bool>;
 
-impl Tool for RestartService {
-    const NAME: &'static str = "restart_service";
+/// `restart_service`
+pub(crate) type RestartService = UnitChange<false>;
+/// `reload_service`
+pub(crate) type ReloadService = UnitChange<true>;
+
+impl<const RELOAD: bool> UnitChange<RELOAD> {
+    const VERB: &'static str = if RELOAD { "reload" } else { "restart" };
+}
+
+impl<const RELOAD: bool> Tool for UnitChange<RELOAD> {
+    const NAME: &'static str = if RELOAD {
+        "reload_service"
+    } else {
+        "restart_service"
+    };
     const TIER: Tier = Tier::Change;
-    const DESCRIPTION: &'static str =
-        "Restart an allowed systemd unit, then verify it is active again with a new main pid.";
+    const DESCRIPTION: &'static str = if RELOAD {
+        "Reload an allowed systemd unit, then verify it is still active with the same main pid."
+    } else {
+        "Restart an allowed systemd unit, then verify it is active again with a new main pid."
+    };
     type Args = UnitChangeArgs;
     type Resolved = Change<String>;
 
@@ -255,51 +264,15 @@ impl Tool for RestartService {
     }
 
     fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
-        vec![change_argv(host, "restart", &c.target)]
+        vec![change_argv(host, Self::VERB, &c.target)]
     }
 
     async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
-        restart(ctx, &c.target).await
+        change(ctx, &c.target, Self::VERB).await
     }
 
     fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
         Some(("unit", host.units.iter().cloned().collect()))
-    }
-}
-
-/// `reload_service`
-pub(crate) struct ReloadService;
-
-impl Tool for ReloadService {
-    const NAME: &'static str = "reload_service";
-    const TIER: Tier = Tier::Change;
-    const DESCRIPTION: &'static str =
-        "Reload an allowed systemd unit, then verify it is still active with the same main pid.";
-    type Args = UnitChangeArgs;
-    type Resolved = Change<String>;
-
-    fn resolve(a: UnitChangeArgs, host: &Host, _: PathMode) -> Result<Change<String>, ArgError> {
-        Ok(Change::new(allowed_unit(&a.unit, host, false)?, &a.reason))
-    }
-
-    fn args_json(c: &Change<String>) -> Value {
-        json!({ "unit": c.target })
-    }
-
-    fn reason(c: &Change<String>) -> Option<&str> {
-        Some(&c.reason)
-    }
-
-    fn argv(c: &Change<String>, host: &Host) -> Vec<Argv> {
-        vec![change_argv(host, "reload", &c.target)]
-    }
-
-    async fn run(ctx: &Ctx<'_>, c: &Change<String>) -> ToolResult {
-        reload(ctx, &c.target).await
-    }
-
-    fn targets(host: &Host) -> Option<(&'static str, Vec<String>)> {
-        RestartService::targets(host)
     }
 }
 

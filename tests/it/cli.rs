@@ -86,8 +86,10 @@ fn tools_json_lists_every_tool_with_its_schema() {
         .output()
         .unwrap();
     let tools: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(tools.len(), 11);
+    assert_eq!(tools.len(), 12);
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let failed = tools.iter().find(|t| t["name"] == "failed_units").unwrap();
+    assert_eq!(failed["tier"], 1, "{failed:#}");
     assert!(
         !names
             .iter()

@@ -1638,8 +1638,15 @@ fn a_call_whose_intent_line_outlasts_the_proof_of_its_lease_is_not_sent() {
         Duration::from_secs(5),
         &site.dir.path().join("strace.log"),
     );
-    // A call is 0.3 s outside the sync: a second on, a is held in one.
-    std::thread::sleep(Duration::from_secs(1));
+    // An intent line is written before its sync: the moment a new one is
+    // in the log, a is held in that sync for 5 s (however loaded this
+    // machine is), and the cut falls inside it.
+    let before = a.e.audit_phase("intent").len();
+    wait_for(
+        "a new intent line, held in its sync",
+        Duration::from_secs(30),
+        || (a.e.audit_phase("intent").len() > before).then_some(()),
+    );
     ns.link(false);
     let cut = jiff::Timestamp::now();
     let v = wait_for("replica a's verdict", Duration::from_secs(30), || {
@@ -2214,4 +2221,13 @@ fn the_admission_table_on_postgres() {
             case["case"]
         );
     }
+    // A replica of the previous version calls the eight-argument form: it
+    // still decides, by the same rule (its run in flight deduplicates).
+    let old = |n: u32| {
+        pg.sql(&format!(
+            "SELECT outcome FROM runwarden_admit('previous', 'h', ARRAY['fp:p']::text[], NULL, 'old-{n}', 'old', 60000, 'alert')"
+        ))
+    };
+    assert_eq!(old(1).trim(), "started");
+    assert_eq!(old(2).trim(), "deduplicated");
 }
