@@ -351,7 +351,16 @@ async fn runs(
     };
     let path = s.audit.path().to_path_buf();
     match tokio::task::spawn_blocking(move || crate::audit::runs::list(&path, &filter)).await {
-        Ok(Ok(list)) => axum::Json(json!({ "runs": list })).into_response(),
+        Ok(Ok(mut list)) => {
+            // As `GET /api/v1/runs/{id}` says it: a run whose verdict line
+            // is written and whose report is a moment away is still running.
+            for run in &mut list {
+                if s.scheduler.reports.finishing(&run.run_id) {
+                    run.status = "running".into();
+                }
+            }
+            axum::Json(json!({ "runs": list })).into_response()
+        }
         Ok(Err(e)) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("cannot read the audit log: {e}"),

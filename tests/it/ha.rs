@@ -255,6 +255,20 @@ fn notification(hosts: &[&str]) -> String {
 }
 
 /// Wait until `n` runs have a verdict; each run's first verdict line.
+/// Until `r`'s API lists no run as queued or running: every run it took has
+/// its verdict, its report and, with shared state, its lease given back.
+fn settled(r: &Replica) {
+    wait_for("every run settled", Duration::from_secs(30), || {
+        let (status, text) = http(&r.addr, "GET", "/api/v1/runs", "")?;
+        let runs: Value = serde_json::from_str(&text).ok()?;
+        let busy = runs["runs"]
+            .as_array()?
+            .iter()
+            .any(|r| r["status"] == "running" || r["status"] == "queued");
+        (status == 200 && !busy).then_some(())
+    });
+}
+
 fn wait_verdicts(fleet: &[Replica], n: usize, within: Duration) -> Vec<Value> {
     wait_for(&format!("{n} verdict(s)"), within, || {
         let mut seen = std::collections::HashSet::new();
@@ -1844,6 +1858,7 @@ fn the_same_behaviour(pg: Option<&Pg>) {
     assert_eq!(result(&r, &h1), "started");
     assert_eq!(result(&r, &h1), "deduplicated");
     wait_verdicts(std::slice::from_ref(&r), 1, Duration::from_secs(10));
+    settled(&r);
     // After it ended: the same again is a duplicate; another alert waits out the cooldown.
     assert_eq!(result(&r, &h1), "deduplicated");
     let other = h1
@@ -1853,6 +1868,7 @@ fn the_same_behaviour(pg: Option<&Pg>) {
     // The fleet budget (2 an hour): h2's change runs, h3's is refused.
     assert_eq!(result(&r, &notification(&["h2"])), "started");
     wait_verdicts(std::slice::from_ref(&r), 2, Duration::from_secs(10));
+    settled(&r);
     assert_eq!(result(&r, &notification(&["h3"])), "started");
     let v = wait_verdicts(std::slice::from_ref(&r), 3, Duration::from_secs(10));
     let h3 = v.iter().find(|l| l["host"] == "h3").unwrap();
