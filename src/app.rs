@@ -77,7 +77,10 @@ pub async fn serve(
             "refusing to listen on {listen} without a webhook token: set webhook_token_file in runwarden.yaml, or listen on 127.0.0.1"
         );
     }
-    let audit = Arc::new(AuditLog::open(&config.settings.audit_log)?);
+    let audit = Arc::new(AuditLog::open_with(
+        &config.settings.audit_log,
+        config.settings.audit_rotation.clone(),
+    )?);
     // The config was parsed on several threads; hand their freed buffers back.
     // SAFETY: malloc_trim only releases free memory to the system.
     unsafe {
@@ -660,6 +663,7 @@ fn needs_restart(old: &crate::config::Settings, new: &crate::config::Settings) {
     let changed = [
         ("listen", old.listen != new.listen),
         ("audit_log", old.audit_log != new.audit_log),
+        ("audit_rotation", old.audit_rotation != new.audit_rotation),
         (
             "kill_switch_dir",
             old.kill_switch_dir != new.kill_switch_dir,

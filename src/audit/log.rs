@@ -17,14 +17,15 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{Entry, GENESIS, head};
+use super::segments::{self, Rotation, segment_path};
+use super::{Entry, GENESIS, Phase, head};
 
 /// Why a line could not be written or the log not opened.
 #[derive(Debug, thiserror::Error)]
@@ -50,17 +51,20 @@ pub fn torn_path(path: &Path) -> PathBuf {
 
 struct Tail {
     file: File,
-    /// Hash of the last line, the file length it was read at, and the
-    /// number of lines up to there.
+    /// Hash of the last line, the file length it was read at, and that
+    /// line's number in the whole chain.
     hash: String,
     len: u64,
     lines: u64,
+    /// When the file's first line was written (for rotation by age).
+    since: Option<jiff::Timestamp>,
 }
 
 /// The append-only, hash-chained log, shared by every run of this process
 /// and, under `flock`, with other processes writing the same file.
 pub struct AuditLog {
     path: PathBuf,
+    rotation: Rotation,
     head: Mutex<Tail>,
     /// Appends that failed, ever (exported as a metric).
     failures: std::sync::atomic::AtomicU64,
@@ -69,8 +73,14 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Open (creating it and its directory if needed) for appending.
+    /// Open (creating it and its directory if needed) for appending, with
+    /// the default [`Rotation`].
     pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        AuditLog::open_with(path, Rotation::default())
+    }
+
+    /// Open for appending; segments close and go as `rotation` says.
+    pub fn open_with(path: &Path, rotation: Rotation) -> Result<AuditLog, AuditError> {
         let io = |source| AuditError::Io {
             path: path.to_path_buf(),
             source,
@@ -78,29 +88,25 @@ impl AuditLog {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io)?;
         }
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .read(true)
-            .mode(0o640)
-            .open(path)
-            .map_err(io)?;
-        let (hash, len, lines) = (|| {
-            file.lock()?;
-            let tail = mend(&file, path);
-            let _ = file.unlock();
-            let (hash, len) = tail?;
-            Ok((hash, len, count_lines(&file, 0, len)?))
+        let file = open_current(path).map_err(io)?;
+        let mut tail = Tail {
+            file,
+            hash: GENESIS.to_string(),
+            len: 0,
+            lines: 0,
+            since: None,
+        };
+        (|| {
+            tail.file.lock()?;
+            let read = tail.refresh(path);
+            let _ = tail.file.unlock();
+            read
         })()
         .map_err(io)?;
         Ok(AuditLog {
             path: path.to_path_buf(),
-            head: Mutex::new(Tail {
-                file,
-                hash,
-                len,
-                lines,
-            }),
+            rotation,
+            head: Mutex::new(tail),
             failures: Default::default(),
             failing: Default::default(),
         })
@@ -123,34 +129,18 @@ impl AuditLog {
             source,
         };
         let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
-        head.file.lock().map_err(io)?;
         let written = (|| {
-            let len = head.file.metadata()?.len();
-            if len != head.len {
-                // Another process appended since our last write: continue its chain.
-                let (hash, len) = mend(&head.file, &self.path)?;
-                head.lines = if len >= head.len {
-                    head.lines + count_lines(&head.file, head.len, len)?
-                } else {
-                    count_lines(&head.file, 0, len)?
-                };
-                head.hash = hash;
-                head.len = len;
+            self.lock_current(&mut head)?;
+            if head.due(&self.rotation) {
+                self.rotate(&mut head)?;
             }
             let mut hash = head.hash.clone();
             let mut bytes = Vec::new();
             let added = entries.len() as u64;
-            for mut entry in entries {
+            for (i, mut entry) in entries.into_iter().enumerate() {
                 entry.prev = hash;
-                // Whatever a planner, an alert or a tool produced, the line
-                // stays one that `verify`, `show` and `transcript` can read.
-                if let Some(v) = entry.args.as_mut() {
-                    crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
-                }
-                if let Some(v) = entry.detail.as_mut() {
-                    crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
-                }
-                let line = serde_json::to_vec(&entry).map_err(std::io::Error::other)?;
+                entry.n = Some(head.lines + 1 + i as u64);
+                let line = encode(entry)?;
                 hash = hex(&Sha256::digest(&line));
                 bytes.extend_from_slice(&line);
                 bytes.push(b'\n');
@@ -165,6 +155,9 @@ impl AuditLog {
                 let _ = head.file.set_len(head.len);
                 return Err(e);
             }
+            if head.len == 0 {
+                head.since = Some(jiff::Timestamp::now());
+            }
             head.hash = hash;
             head.len += bytes.len() as u64;
             head.lines += added;
@@ -178,6 +171,151 @@ impl AuditLog {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         written.map_err(io)
+    }
+
+    /// Take the `flock` of the file that is the log now (another writer may
+    /// have closed the one this process holds as a segment), and read its
+    /// head again if another process appended since.
+    fn lock_current(&self, head: &mut Tail) -> std::io::Result<()> {
+        loop {
+            head.file.lock()?;
+            if same_file(&head.file, &self.path)? {
+                break;
+            }
+            let _ = head.file.unlock();
+            head.file = open_current(&self.path)?;
+            head.len = u64::MAX;
+        }
+        if head.file.metadata()?.len() != head.len {
+            head.refresh(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// Close the current file as a segment and start it again with a
+    /// `segment` line (see [`segments`](super::segments)). The caller holds
+    /// the current file's `flock`; on return it holds the new file's.
+    fn rotate(&self, head: &mut Tail) -> std::io::Result<()> {
+        let first = first_number(&head.file)?.unwrap_or(1);
+        let closed = segment_path(&self.path, first);
+        let carried = super::runs::recovery(&self.path)?;
+        let now = jiff::Timestamp::now();
+        let retired: Vec<Value> = match self.rotation.keep {
+            None => Vec::new(),
+            Some(keep) => {
+                let cutoff = std::time::SystemTime::now() - keep;
+                let mut out = Vec::new();
+                for s in segments::closed(&self.path)? {
+                    if s.modified >= cutoff {
+                        break;
+                    }
+                    let f = File::open(&s.path)?;
+                    let (hash, _) = last_hash(&f)?.unwrap_or_default();
+                    out.push(serde_json::json!({
+                        "segment": file_name(&s.path),
+                        "first": s.first,
+                        "last": last_number(&f)?,
+                        "head": hash,
+                    }));
+                }
+                out
+            }
+        };
+        let mut line = Entry {
+            ts: now.to_string(),
+            run_id: "-".into(),
+            phase: Some(Phase::Segment),
+            runbook: "-".into(),
+            host: "-".into(),
+            planner: "-".into(),
+            detail: Some(serde_json::json!({
+                "previous": {
+                    "segment": file_name(&closed),
+                    "first": first,
+                    "last": head.lines,
+                    "head": head.hash,
+                },
+                "retired": retired,
+                "carried": carried.to_json(),
+            })),
+            ..Entry::default()
+        };
+        line.prev = head.hash.clone();
+        line.n = Some(head.lines + 1);
+        let mut bytes = encode(line)?;
+        let hash = hex(&Sha256::digest(&bytes));
+        bytes.push(b'\n');
+
+        // The new file is whole before it takes the log's name, so the
+        // name always points at a chain: its content first, then a second
+        // name for the closed one, then the swap.
+        let next = {
+            let mut p = self.path.as_os_str().to_owned();
+            p.push(".next");
+            PathBuf::from(p)
+        };
+        let _ = std::fs::remove_file(&next);
+        let mut out = OpenOptions::new()
+            .append(true)
+            .read(true)
+            .create_new(true)
+            .mode(0o640)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&next)?;
+        let meta = head.file.metadata()?;
+        if nix::unistd::geteuid().is_root() {
+            // root (a person's `runwarden run`) rotating the daemon's log
+            // leaves it the daemon's.
+            std::os::unix::fs::fchown(&out, Some(meta.uid()), Some(meta.gid()))?;
+        }
+        out.set_permissions(meta.permissions())?;
+        out.write_all(&bytes)?;
+        out.sync_data()?;
+        match std::fs::hard_link(&self.path, &closed) {
+            Ok(()) => {}
+            // A rotation cut short after this step: the name is already there.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && same_file(&head.file, &closed)? => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::rename(&next, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            })?
+            .sync_all()?;
+        }
+        for r in &retired {
+            if let Some(name) = r["segment"].as_str() {
+                let _ = std::fs::remove_file(self.path.with_file_name(name));
+            }
+        }
+        tracing::info!(
+            "audit log {}: lines {first}-{} closed as {}{}",
+            self.path.display(),
+            head.lines,
+            closed.display(),
+            match retired.len() {
+                0 => String::new(),
+                n => format!("; {n} segment(s) older than the retention removed"),
+            }
+        );
+        out.lock()?;
+        let _ = head.file.unlock();
+        head.file = out;
+        head.hash = hash;
+        head.lines += 1;
+        head.len = bytes.len() as u64;
+        head.since = Some(now);
+        // Another writer may have found the new file between the swap and
+        // the lock: continue after whatever it wrote.
+        if head.file.metadata()?.len() != head.len {
+            head.refresh(&self.path)?;
+        }
+        Ok(())
     }
 
     /// The last line this process knows of: its hash and its line number.
@@ -198,6 +336,137 @@ impl AuditLog {
     pub(crate) fn failing(&self) -> bool {
         self.failing.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+impl Tail {
+    /// Whether the file is due to close as a segment before the next line.
+    fn due(&self, rotation: &Rotation) -> bool {
+        self.len > 0
+            && (self.len >= rotation.max_bytes
+                || rotation
+                    .max_age
+                    .zip(self.since)
+                    .is_some_and(|(age, since)| {
+                        jiff::SignedDuration::try_from(age)
+                            .ok()
+                            .and_then(|age| since.checked_add(age).ok())
+                            .is_some_and(|due| due <= jiff::Timestamp::now())
+                    }))
+    }
+
+    /// Read the head from the file (the caller holds its `flock`): mend its
+    /// tail, then its last line's hash and number. An empty file continues
+    /// the newest closed segment.
+    fn refresh(&mut self, path: &Path) -> std::io::Result<()> {
+        let (hash, len) = mend(&self.file, path)?;
+        if len == 0 {
+            let newest = segments::closed(path)?.pop();
+            let (hash, lines) = match newest {
+                None => (GENESIS.to_string(), 0),
+                Some(s) => {
+                    let f = File::open(&s.path)?;
+                    let (hash, _) = last_hash(&f)?.ok_or_else(|| {
+                        std::io::Error::other(format!(
+                            "{}: its last line is incomplete (a closed segment never changes: restore it from an archive)",
+                            s.path.display()
+                        ))
+                    })?;
+                    (hash, last_number(&f)?.unwrap_or(0))
+                }
+            };
+            (self.hash, self.len, self.lines, self.since) = (hash, 0, lines, None);
+            return Ok(());
+        }
+        let lines = match last_number(&self.file)? {
+            Some(n) => n,
+            // Written before lines were numbered: counted once, then every
+            // new line carries its number.
+            None => count_lines(&self.file, 0, len)?,
+        };
+        (self.hash, self.len, self.lines) = (hash, len, lines);
+        self.since = first_stamp(&self.file)?;
+        Ok(())
+    }
+}
+
+/// Serialised as a line (without its newline), its values bounded so that
+/// whatever a planner, an alert or a tool produced, the line stays one that
+/// `verify`, `show` and `transcript` can read.
+fn encode(mut entry: Entry) -> std::io::Result<Vec<u8>> {
+    if let Some(v) = entry.args.as_mut() {
+        crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
+    }
+    if let Some(v) = entry.detail.as_mut() {
+        crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
+    }
+    serde_json::to_vec(&entry).map_err(std::io::Error::other)
+}
+
+fn open_current(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .read(true)
+        .mode(0o640)
+        .open(path)
+}
+
+/// Whether `file` is the file at `path` now.
+fn same_file(file: &File, path: &Path) -> std::io::Result<bool> {
+    let open = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.dev() == open.dev() && m.ino() == open.ino()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The first line's fields a reader of a segment wants without reading it all.
+#[derive(serde::Deserialize)]
+struct Stamp {
+    ts: Option<String>,
+    n: Option<u64>,
+}
+
+fn first_line(file: &File) -> std::io::Result<Option<Stamp>> {
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(0))?;
+    let mut line = Vec::new();
+    BufReader::new(f.take(MAX_WHOLE_TAIL)).read_until(b'\n', &mut line)?;
+    Ok(serde_json::from_slice(&line).ok())
+}
+
+/// The number of the file's first line (`None`: numbered lines start later, or none).
+fn first_number(file: &File) -> std::io::Result<Option<u64>> {
+    Ok(first_line(file)?.and_then(|s| s.n))
+}
+
+fn first_stamp(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
+    Ok(first_line(file)?
+        .and_then(|s| s.ts)
+        .and_then(|t| t.parse().ok()))
+}
+
+/// The number of the file's last whole line, when it has one.
+pub(super) fn last_number(file: &File) -> std::io::Result<Option<u64>> {
+    let len = file.metadata()?.len();
+    let Some(end) = len.checked_sub(1) else {
+        return Ok(None);
+    };
+    let start = last_newline(file, end)?.map_or(0, |i| i + 1);
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(start))?;
+    let mut line = Vec::with_capacity((end - start) as usize);
+    (&mut f).take(end - start).read_to_end(&mut line)?;
+    Ok(serde_json::from_slice::<Stamp>(&line)
+        .ok()
+        .and_then(|s| s.n))
 }
 
 /// Newlines between byte offsets `from` and `to` of `file`.
@@ -343,7 +612,7 @@ fn last_newline(file: &File, len: u64) -> std::io::Result<Option<u64>> {
 }
 
 /// Hash of the file's last line and the file's length; `None` when the last line is incomplete.
-fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
+pub(super) fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
     let len = file.metadata()?.len();
     if len == 0 {
         return Ok(Some((GENESIS.to_string(), 0)));

@@ -32,6 +32,7 @@
 mod lines;
 mod log;
 mod query;
+mod segments;
 mod verify;
 
 pub(crate) mod head;
@@ -42,6 +43,7 @@ pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use lines::{Dispatched, Queued, RunEnd};
 pub use log::{AuditError, AuditLog, torn_path};
 pub(crate) use query::{process_alive, promotion, run_lines, this_process};
+pub use segments::Rotation;
 pub use verify::{Verification, verify, verify_against};
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +82,9 @@ pub enum Phase {
     Verdict,
     /// A timed kill switch released itself (no run: `run_id` is `-`).
     KillSwitch,
+    /// The first line of the file after a rotation: the segment it follows,
+    /// the segments retention removed, and the state a daemon starts from.
+    Segment,
 }
 
 /// One line of the log.
@@ -135,6 +140,10 @@ pub struct Entry {
     /// Phase-specific detail: the parsed result, the denial, the argv of a dry run, the verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<Value>,
+    /// The line's number in the whole chain, across segments (set as it is
+    /// written; lines written before segments existed have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) n: Option<u64>,
     /// Private: a line is made only by this module's constructors, which
     /// chain it as they write it.
     prev: String,
@@ -158,7 +167,7 @@ mod tests {
     use std::io::Write;
     use std::path::Path;
 
-    fn info() -> RunInfo {
+    pub(super) fn info() -> RunInfo {
         RunInfo {
             run_id: "r1".into(),
             runbook: "rb".into(),

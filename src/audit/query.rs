@@ -2,13 +2,11 @@
 //! and the evidence for promoting a runbook.
 //! Readers go through [`Entry`]'s typed accessors, never the raw strings.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::{Entry, Phase};
+use super::{Entry, Phase, segments};
 use crate::gate::{ApprovedBy, DenyReason};
 
 /// Who is writing a run: this process's pid, its start time (in clock
@@ -122,12 +120,7 @@ pub(crate) fn promotion(
     since: jiff::Timestamp,
 ) -> std::io::Result<Promotion> {
     let mut p = Promotion::default();
-    let reader = match File::open(path) {
-        Ok(f) => BufReader::new(f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
-        Err(e) => return Err(e),
-    };
-    for line in reader.lines() {
+    for line in segments::read(path, Some(since))? {
         let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
             continue;
         };
@@ -184,11 +177,15 @@ pub(crate) fn promotion(
     Ok(p)
 }
 
-/// Every line of one run, in order.
+/// Every line of one run, in order. A run id says when it was made (a
+/// UUIDv7): the read starts there and ends at the run's verdict.
 pub(crate) fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>> {
-    let reader = BufReader::new(File::open(path)?);
+    if !path.exists() {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
+    let from = segments::id_time(run_id).map(|(made, _)| made);
     let mut out = Vec::new();
-    for line in reader.lines() {
+    for line in segments::read(path, from)? {
         let line = line?;
         if !line.contains(run_id) {
             continue;
@@ -196,7 +193,11 @@ pub(crate) fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>
         if let Ok(e) = serde_json::from_str::<Entry>(&line)
             && e.run_id == run_id
         {
+            let last = e.phase == Some(Phase::Verdict);
             out.push(e);
+            if last {
+                break;
+            }
         }
     }
     Ok(out)

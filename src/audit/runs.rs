@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize as _, Serialize};
 
 use super::{Entry, Phase, process_alive};
 use crate::text::NotOfForm;
@@ -75,23 +75,27 @@ impl Filter {
 }
 
 /// Every run in the log that `filter` keeps, oldest first.
+///
+/// What is read follows what is asked: from `since` on (a bisection finds
+/// it); for the newest `limit` runs, the newest segments until they hold
+/// that many; all of history only when nothing bounds it.
 pub(crate) fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSummary>> {
-    let reader = match File::open(path) {
-        Ok(f) => BufReader::new(f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+    let segments = super::segments::list(path)?;
+    let mut out = match (filter.since, filter.limit) {
+        (Some(since), _) => read(super::segments::since(segments, since), Some(since), filter)?,
+        (None, Some(limit)) => {
+            let mut newest = 1;
+            loop {
+                let from = segments.len().saturating_sub(newest);
+                let runs = read(segments[from..].to_vec(), None, filter)?;
+                if runs.len() >= limit || from == 0 {
+                    break runs;
+                }
+                newest *= 2;
+            }
+        }
+        (None, None) => read(segments, None, filter)?,
     };
-    // Streamed: a long log is never held whole in memory.
-    let mut failed = None;
-    let entries = reader
-        .lines()
-        .map_while(|l| l.map_err(|e| failed = Some(e)).ok())
-        .filter_map(|l| serde_json::from_str::<Entry>(&l).ok());
-    let runs = summarize(entries);
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    let mut out: Vec<RunSummary> = runs.into_iter().filter(|r| filter.keeps(r)).collect();
     if let Some(n) = filter.limit
         && out.len() > n
     {
@@ -100,19 +104,47 @@ pub(crate) fn list(path: &Path, filter: &Filter) -> std::io::Result<Vec<RunSumma
     Ok(out)
 }
 
+/// The runs of `segments` (from `since`) that `filter` keeps. A run whose
+/// first line read is not its `queued` or `start` line began before what
+/// was read: it is left out (it is older than asked, or in a segment not read).
+fn read(
+    segments: Vec<super::segments::Segment>,
+    since: Option<jiff::Timestamp>,
+    filter: &Filter,
+) -> std::io::Result<Vec<RunSummary>> {
+    let whole = since.is_none() && segments.first().is_some_and(|s| s.first.unwrap_or(1) <= 1);
+    // Streamed: a long log is never held whole in memory.
+    let mut failed = None;
+    let entries = super::segments::lines(segments, since)
+        .map_while(|l| l.map_err(|e| failed = Some(e)).ok())
+        .filter_map(|l| serde_json::from_str::<Entry>(&l).ok());
+    let runs = summarize(entries);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(runs
+        .into_iter()
+        .filter(|(_, began)| whole || *began)
+        .map(|(r, _)| r)
+        .filter(|r| filter.keeps(r))
+        .collect())
+}
+
 /// One run, read from its own lines only (what `GET /api/v1/runs/{id}` and
 /// a waiting `run --via-daemon` ask for, often).
 pub(crate) fn one(path: &Path, run_id: &str) -> std::io::Result<Option<RunSummary>> {
     match super::run_lines(path, run_id) {
-        Ok(lines) => Ok(summarize(lines).pop()),
+        Ok(lines) => Ok(summarize(lines).pop().map(|(r, _)| r)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }
 
-/// The runs that audit lines describe, in the order they first appear.
-fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
+/// The runs that audit lines describe, in the order they first appear, each
+/// with whether its `queued` or `start` line was among them.
+fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)> {
     let mut order: Vec<String> = Vec::new();
+    let mut began: std::collections::HashSet<String> = Default::default();
     let mut runs: HashMap<String, (RunSummary, Option<Entry>)> = HashMap::new();
     for e in entries {
         if e.run_id == "-" || e.run_id.is_empty() {
@@ -120,6 +152,9 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
         }
         let (run, open) = runs.entry(e.run_id.clone()).or_insert_with(|| {
             order.push(e.run_id.clone());
+            if matches!(e.phase, Some(Phase::Queued | Phase::Start)) {
+                began.insert(e.run_id.clone());
+            }
             (
                 RunSummary {
                     run_id: e.run_id.clone(),
@@ -174,7 +209,8 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<RunSummary> {
             {
                 run.status = "interrupted".into();
             }
-            run
+            let began = began.contains(&run.run_id);
+            (run, began)
         })
         .collect()
 }
@@ -224,9 +260,15 @@ pub(crate) enum RunIdError {
     },
 }
 
-/// The one run id in the log that starts with `prefix`.
+/// The one run id in the log that starts with `prefix`. Run ids say when
+/// they were made (UUIDv7), so the read starts at the earliest time the
+/// prefix allows.
 pub fn resolve(path: &Path, prefix: &str) -> Result<String, RunIdError> {
-    let all = list(path, &Filter::default()).map_err(|source| RunIdError::Read {
+    let filter = Filter {
+        since: super::segments::id_time(prefix).map(|(earliest, _)| earliest),
+        ..Filter::default()
+    };
+    let all = list(path, &filter).map_err(|source| RunIdError::Read {
         path: path.to_path_buf(),
         source,
     })?;
@@ -263,7 +305,9 @@ pub(crate) struct Recovery {
     pub(crate) ends: LastEnds,
 }
 
-/// Read the whole log once for what a restarted daemon needs.
+/// What a restarted daemon needs, read from the current file alone: its
+/// first line carries the state of every closed segment (see
+/// [`segments`](super::segments)), and the lines after it update that.
 pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let reader = match File::open(path) {
         Ok(f) => BufReader::new(f),
@@ -278,6 +322,20 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
             continue;
         };
         match e.phase {
+            Some(Phase::Segment) => {
+                let carried = e.detail.as_ref().map(|d| &d["carried"]);
+                if let Some(c) = carried.and_then(|c| Carried::deserialize(c).ok()) {
+                    for run in c.unfinished {
+                        keys.insert(run.entry.run_id.clone(), run.keys);
+                        open.insert(run.entry.run_id.clone(), run.entry);
+                    }
+                    for end in c.ends {
+                        if let Ok(ended) = end.ended.parse() {
+                            ends.insert((end.runbook, end.host), (ended, end.keys));
+                        }
+                    }
+                }
+            }
             Some(Phase::Queued) => {
                 let k = e
                     .detail
@@ -314,4 +372,52 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         .collect();
     unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
     Ok(Recovery { unfinished, ends })
+}
+
+/// [`Recovery`] as a `segment` line carries it.
+#[derive(Serialize, serde::Deserialize)]
+struct Carried {
+    unfinished: Vec<CarriedRun>,
+    ends: Vec<CarriedEnd>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct CarriedRun {
+    entry: Entry,
+    keys: Vec<String>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct CarriedEnd {
+    runbook: String,
+    host: String,
+    ended: String,
+    keys: Vec<String>,
+}
+
+impl Recovery {
+    /// The state, as the next segment's first line carries it.
+    pub(super) fn to_json(&self) -> serde_json::Value {
+        let carried = Carried {
+            unfinished: self
+                .unfinished
+                .iter()
+                .map(|(entry, keys)| CarriedRun {
+                    entry: entry.clone(),
+                    keys: keys.clone(),
+                })
+                .collect(),
+            ends: self
+                .ends
+                .iter()
+                .map(|((runbook, host), (ended, keys))| CarriedEnd {
+                    runbook: runbook.clone(),
+                    host: host.clone(),
+                    ended: ended.to_string(),
+                    keys: keys.clone(),
+                })
+                .collect(),
+        };
+        serde_json::to_value(carried).unwrap_or_default()
+    }
 }

@@ -9,13 +9,17 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::log::hex;
-use super::{GENESIS, head};
+use super::{GENESIS, head, segments};
 
 /// What `audit verify` found.
 #[derive(Debug)]
 pub struct Verification {
     /// Lines checked.
     pub lines: usize,
+    /// The number of the last line in the whole chain (what `--head` pins).
+    pub last: u64,
+    /// Files read: closed segments and the current file.
+    pub segments: usize,
     /// The hash of the last line (what `--head` pins).
     pub(crate) head: String,
     /// Every problem, in order: (line number, what is wrong). After a bad
@@ -39,62 +43,109 @@ pub fn verify(path: &Path) -> std::io::Result<Verification> {
 
 /// [`verify`], and check the file against heads recorded elsewhere (the
 /// journal, or one pinned by hand): line `lines` must hash to `hash`.
+///
+/// The chain runs through every segment, oldest first, as one sequence of
+/// numbered lines. History may start after line 1 only where retention
+/// removed the segments before it: a `segment` line names each one it
+/// removed with its last hash, and the first line kept must chain to one.
 pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Verification> {
-    let mut reader = BufReader::new(File::open(path)?);
+    let files = segments::list(path)?;
+    if files.is_empty() {
+        // As before segments: a log that is not there is an error to show.
+        File::open(path)?;
+    }
+    let mut n: u64 = files.first().and_then(|s| s.first).unwrap_or(1) - 1;
+    let start = n;
     let mut prev = GENESIS.to_string();
-    let mut n = 0;
-    let mut line = Vec::new();
+    let mut first_prev = None;
+    let mut retired_heads = Vec::new();
     let mut problems = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            break;
-        }
-        n += 1;
-        if line.last() != Some(&b'\n') {
-            problems.push((n, "incomplete line (a write was cut short)".into()));
-            break;
-        }
-        let body = &line[..line.len() - 1];
-        let claimed = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v["prev"].as_str().map(String::from));
-        match claimed {
-            None => problems.push((n, "not a JSON audit line".into())),
-            Some(p) if p != prev => {
-                let what = if n == 1 {
-                    "the first line does not start the chain (lines before it were deleted)"
-                        .to_string()
-                } else {
-                    format!(
+    let mut line = Vec::new();
+    'files: for segment in &files {
+        let mut reader = BufReader::new(File::open(&segment.path)?);
+        let at = |what: String| match segment.first {
+            Some(_) => format!("{what} (in {})", segment.path.display()),
+            None => what,
+        };
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            n += 1;
+            if line.last() != Some(&b'\n') {
+                problems.push((
+                    n as usize,
+                    at("incomplete line (a write was cut short)".into()),
+                ));
+                break 'files;
+            }
+            let body = &line[..line.len() - 1];
+            let parsed = serde_json::from_slice::<Value>(body).ok();
+            let claimed = parsed
+                .as_ref()
+                .and_then(|v| v["prev"].as_str().map(String::from));
+            if let Some(number) = parsed.as_ref().and_then(|v| v["n"].as_u64())
+                && number != n
+            {
+                problems.push((
+                    n as usize,
+                    at(format!(
+                        "numbered {number} where line {n} was due: lines were deleted or inserted before it"
+                    )),
+                ));
+                n = number;
+            }
+            if let Some(v) = &parsed
+                && v["phase"] == "segment"
+                && let Some(gone) = v["detail"]["retired"].as_array()
+            {
+                retired_heads.extend(
+                    gone.iter()
+                        .filter_map(|r| r["head"].as_str().map(String::from)),
+                );
+            }
+            match claimed {
+                None => problems.push((n as usize, at("not a JSON audit line".into()))),
+                Some(p) if n == start + 1 => first_prev = Some(p),
+                Some(p) if p != prev => problems.push((
+                    n as usize,
+                    at(format!(
                         "`prev` does not match line {}: a line was edited, deleted or reordered here",
                         n - 1
-                    )
-                };
-                problems.push((n, what));
+                    )),
+                )),
+                Some(_) => {}
             }
-            Some(_) => {}
-        }
-        prev = hex(&Sha256::digest(body));
-        for h in heads.iter().filter(|h| h.lines == n as u64) {
-            if h.hash != prev {
-                problems.push((
-                    n,
-                    format!(
-                        "does not match the head recorded for line {n} ({}…): the log was rewritten at or before this line",
-                        &h.hash[..12]
-                    ),
-                ));
+            prev = hex(&Sha256::digest(body));
+            for h in heads.iter().filter(|h| h.lines == n) {
+                if h.hash != prev {
+                    problems.push((
+                        n as usize,
+                        at(format!(
+                            "does not match the head recorded for line {n} ({}…): the log was rewritten at or before this line",
+                            &h.hash[..12]
+                        )),
+                    ));
+                }
             }
         }
     }
-    if let Some(h) = heads
-        .iter()
-        .filter(|h| h.lines > n as u64)
-        .max_by_key(|h| h.lines)
+    if let Some(p) = first_prev
+        && p != GENESIS
+        && !retired_heads.contains(&p)
     {
+        problems.insert(
+            0,
+            (
+                start as usize + 1,
+                "the first line does not start the chain (lines before it were deleted, not removed by retention)".into(),
+            ),
+        );
+    }
+    if let Some(h) = heads.iter().filter(|h| h.lines > n).max_by_key(|h| h.lines) {
         problems.push((
-            n + 1,
+            n as usize + 1,
             format!(
                 "the log ends at line {n}, but a head was recorded at line {}: lines were cut off the end",
                 h.lines
@@ -102,7 +153,9 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
         ));
     }
     Ok(Verification {
-        lines: n,
+        lines: (n - start) as usize,
+        last: n,
+        segments: files.len(),
         head: prev,
         problems,
     })

@@ -80,8 +80,17 @@ pub(super) fn audit_verify(
     }
     match audit::verify_against(&path, &heads).map_err(|e| unreadable(&path, e))? {
         v if v.problems.is_empty() => {
-            println!("{}: {} line(s), chain intact", path.display(), v.lines);
-            println!("head: {}:{}", v.head, v.lines);
+            match v.segments {
+                1 => println!("{}: {} line(s), chain intact", path.display(), v.lines),
+                k => println!(
+                    "{}: {} line(s) in {k} segment(s) (lines {}-{}), chain intact",
+                    path.display(),
+                    v.lines,
+                    v.last + 1 - v.lines as u64,
+                    v.last
+                ),
+            }
+            println!("head: {}:{}", v.head, v.last);
             println!("{against}");
             Ok(0)
         }
@@ -90,10 +99,10 @@ pub(super) fn audit_verify(
                 println!("{}:{line}: chain broken: {why}", path.display());
             }
             println!(
-                "{} problem(s) in {} line(s); the first {} line(s) verify",
+                "{} problem(s) in {} line(s); the lines before line {} verify",
                 v.problems.len(),
                 v.lines,
-                v.problems[0].0 - 1
+                v.problems[0].0
             );
             Ok(EXIT_USAGE)
         }

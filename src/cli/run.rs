@@ -16,7 +16,7 @@ use crate::verdict::Verdict;
 
 pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
     let cfg = load(dir)?;
-    let audit = AuditLog::open(&cfg.settings.audit_log)
+    let audit = AuditLog::open_with(&cfg.settings.audit_log, cfg.settings.audit_rotation.clone())
         .map_err(|e| Failed::code(Verdict::Broken.exit_code(), e))?;
     let store = crate::store::Postgres::from_settings(&cfg.settings).map_err(Failed::usage)?;
     let mut runner = Runner::new(Arc::new(cfg), Arc::new(audit));

@@ -51,6 +51,8 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 pub struct Settings {
     /// The hash-chained audit log (`state/audit.jsonl` by default).
     pub audit_log: PathBuf,
+    /// When the log closes a segment, and how long segments stay.
+    pub audit_rotation: Rotation,
     /// Send each run's audit head to the system journal (see the audit module's `head`).
     pub(crate) audit_head_journal: bool,
     /// The key that signs each tier-2 permit sent to a managed host.
@@ -83,6 +85,30 @@ pub struct Settings {
     pub(crate) postgres: Option<SharedState>,
     /// This daemon's name among several: `replica`, or the hostname.
     pub(crate) replica: String,
+}
+
+/// `audit_rotation:`: when the audit log's current file becomes a segment,
+/// and how long segments stay (the audit module's `segments` says how).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotation {
+    /// Close the current file once it holds this many bytes.
+    pub max_bytes: u64,
+    /// ...or once its first line is this old.
+    pub max_age: Option<Duration>,
+    /// Remove closed segments whose last line is older than this (`None`: keep all).
+    pub keep: Option<Duration>,
+}
+
+impl Default for Rotation {
+    /// 16 MiB or 7 days a segment (a few days of a busy fleet; what start-up
+    /// reads at most), kept 400 days (a year of history, and a month to archive it).
+    fn default() -> Self {
+        Rotation {
+            max_bytes: 16 << 20,
+            max_age: Some(Duration::from_secs(7 * 86_400)),
+            keep: Some(Duration::from_secs(400 * 86_400)),
+        }
+    }
 }
 
 /// `state.postgres` of runwarden.yaml.
@@ -257,6 +283,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         Some(n) => n.value as usize,
         None => 4,
     };
+    let audit_rotation = audit_rotation(settings.audit_rotation.as_ref(), &settings_file, diags);
     let shutdown_grace = settings
         .shutdown_grace
         .as_ref()
@@ -335,6 +362,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
         audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
+        audit_rotation,
         audit_head_journal: match &settings.audit_head {
             None => true,
             Some(v) if v.value == "journal" => true,
@@ -745,6 +773,51 @@ fn abs_path(v: &Spanned<String>, field: &str, file: &Path, diags: &mut Diagnosti
         );
     }
     p
+}
+
+/// `audit_rotation:`: each field defaults on its own; `max_age` and `keep`
+/// also take `never` (no rotation by age; keep every segment).
+fn audit_rotation(
+    raw: Option<&raw::AuditRotation>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Rotation {
+    let mut r = Rotation::default();
+    let Some(raw) = raw else {
+        return r;
+    };
+    if let Some(mb) = &raw.max_size_mb {
+        if mb.value == 0 || mb.value > 1 << 20 {
+            diags.at(
+                file,
+                mb.referenced,
+                "audit_rotation.max_size_mb must be between 1 and 1048576 (a daemon's start reads the newest segment whole: 16 is the default)",
+            );
+        }
+        r.max_bytes = mb.value.max(1) << 20;
+    }
+    let never = |v: &Spanned<String>, field: &str, diags: &mut Diagnostics| match v.value.as_str() {
+        "never" => Ok(None),
+        _ => duration(v, field, file, diags).map(Some).ok_or(()),
+    };
+    if let Some(age) = &raw.max_age
+        && let Ok(d) = never(age, "audit_rotation.max_age", diags)
+    {
+        r.max_age = d;
+    }
+    if let Some(keep) = &raw.keep
+        && let Ok(d) = never(keep, "audit_rotation.keep", diags)
+    {
+        if d.is_some_and(|d| d < Duration::from_secs(86_400)) {
+            diags.at(
+                file,
+                keep.referenced,
+                "audit_rotation.keep must be at least 1d (or `never`): it is how long the record of what ran is kept",
+            );
+        }
+        r.keep = d;
+    }
+    r
 }
 
 pub(crate) fn duration(

@@ -24,6 +24,8 @@ pub(crate) struct NameOnly {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Settings {
     pub audit_log: Option<S<String>>,
+    /// When the audit log closes a segment, and how long segments stay.
+    pub(crate) audit_rotation: Option<AuditRotation>,
     /// Where each run's audit head is sent: `journal` (default) or `none`.
     pub(crate) audit_head: Option<S<String>>,
     /// The key that signs tier-2 permits for managed hosts.
@@ -44,6 +46,15 @@ pub(crate) struct Settings {
     pub(crate) state: Option<State>,
     /// This daemon's name among several (default: the hostname).
     pub(crate) replica: Option<S<String>>,
+}
+
+/// `audit_rotation:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuditRotation {
+    pub(crate) max_size_mb: Option<S<u64>>,
+    pub(crate) max_age: Option<S<String>>,
+    pub(crate) keep: Option<S<String>>,
 }
 
 /// `state:` in runwarden.yaml.
