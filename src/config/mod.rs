@@ -786,15 +786,18 @@ fn audit_rotation(
     let Some(raw) = raw else {
         return r;
     };
-    if let Some(mb) = &raw.max_size_mb {
-        if mb.value == 0 || mb.value > 1 << 20 {
-            diags.at(
+    if let Some(size) = &raw.max_size {
+        match bytes(&size.value) {
+            Some(b) if (4 << 10..=1 << 40).contains(&b) => r.max_bytes = b,
+            _ => diags.at(
                 file,
-                mb.referenced,
-                "audit_rotation.max_size_mb must be between 1 and 1048576 (a daemon's start reads the newest segment whole: 16 is the default)",
-            );
+                size.referenced,
+                format!(
+                    "audit_rotation.max_size \"{}\" is not a size between 4KiB and 1TiB: write e.g. 16MiB (the default; a daemon's start reads the current segment whole)",
+                    size.value
+                ),
+            ),
         }
-        r.max_bytes = mb.value.max(1) << 20;
     }
     let never = |v: &Spanned<String>, field: &str, diags: &mut Diagnostics| match v.value.as_str() {
         "never" => Ok(None),
@@ -818,6 +821,24 @@ fn audit_rotation(
         r.keep = d;
     }
     r
+}
+
+/// `16MiB`, `512KiB`, `1GiB` or a number of bytes.
+fn bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let n: u64 = text[..digits].parse().ok()?;
+    let shift = match text[digits..].trim() {
+        "" | "B" => 0,
+        "KiB" | "K" => 10,
+        "MiB" | "M" => 20,
+        "GiB" | "G" => 30,
+        "TiB" | "T" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
 }
 
 pub(crate) fn duration(
@@ -916,6 +937,39 @@ mod tests {
         assert!(
             said("typos.yaml", 9).contains("unknown field `aprove` (did you mean \"approve\"?)"),
             "{text}"
+        );
+    }
+
+    /// `audit_rotation:` takes sizes and durations as a person writes them,
+    /// `never`, and names each bad value with its line.
+    #[test]
+    fn audit_rotation_reads_sizes_and_durations_and_names_each_bad_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = |body: &str| std::fs::write(dir.path().join("runwarden.yaml"), body).unwrap();
+        yaml("audit_rotation:\n  max_size: 512KiB\n  max_age: 1d\n  keep: never\n");
+        let r = Settings::load(dir.path()).unwrap().audit_rotation;
+        assert_eq!(
+            r,
+            Rotation {
+                max_bytes: 512 << 10,
+                max_age: Some(Duration::from_secs(86_400)),
+                keep: None,
+            }
+        );
+        yaml("audit_head: none\n");
+        assert_eq!(
+            Settings::load(dir.path()).unwrap().audit_rotation,
+            Rotation::default()
+        );
+        yaml("audit_rotation:\n  max_size: 16 parsecs\n  max_age: soon\n  keep: 1h\n");
+        let err = Settings::load(dir.path()).unwrap_err();
+        let lines: Vec<(u32, &str)> = err.0.iter().map(|d| (d.line, d.message.as_str())).collect();
+        assert!(
+            matches!(lines[..], [(2, a), (3, b), (4, c)]
+            if a.contains("max_size \"16 parsecs\" is not a size")
+            && b.contains("max_age \"soon\" is not a duration")
+            && c.contains("keep must be at least 1d")),
+            "{lines:?}"
         );
     }
 }

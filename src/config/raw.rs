@@ -52,7 +52,7 @@ pub(crate) struct Settings {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AuditRotation {
-    pub(crate) max_size_mb: Option<S<u64>>,
+    pub(crate) max_size: Option<S<String>>,
     pub(crate) max_age: Option<S<String>>,
     pub(crate) keep: Option<S<String>>,
 }

@@ -141,3 +141,84 @@ fn the_report_and_the_transcript_say_what_each_result_said() {
         "{transcript}"
     );
 }
+
+/// History in segments, as a person meets it: command-line runs close
+/// several segments; a daemon started afterwards still knows the last run of
+/// each host (its cooldown holds, though that run's lines are all in a
+/// closed segment), and `runs`, `transcript` and `audit verify` read across
+/// every segment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_starts_on_rotated_history_and_every_reader_sees_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let settings = dir.path().join("runwarden.yaml");
+    let mut yaml = std::fs::read_to_string(&settings).unwrap();
+    yaml.push_str("audit_rotation:\n  max_size: 4KiB\n");
+    std::fs::write(&settings, yaml).unwrap();
+    let run = |host: &str| {
+        let (code, report) = run_json_on(dir.path(), "disk", host);
+        assert_eq!(code, Some(0), "{report:#}");
+        report["run_id"].as_str().unwrap().to_string()
+    };
+    let mut ids: Vec<String> = (0..3).map(|_| run("web-01")).collect();
+    ids.extend((0..6).map(|_| run("web-02")));
+    let audit = dir.path().join("state/audit.jsonl");
+    let current = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        !current.contains(&ids[2]),
+        "web-01's last run is in a closed segment: {current}"
+    );
+    let closed = std::fs::read_dir(dir.path().join("state"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("audit.jsonl.") && name.ends_with(|c: char| c.is_ascii_digit())
+        })
+        .count();
+    assert!(closed >= 2, "{closed} closed segment(s)");
+
+    let d = Daemon::start(dir.path()).await;
+    let (status, answer) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["outcomes"][0]["result"], "cooldown",
+        "web-01's last run, read from the segment line: {answer:#}"
+    );
+    d.shutdown().await.unwrap();
+
+    let listed: Value = serde_json::from_str(&runwarden_ok(&[
+        "runs".as_ref(),
+        "--json".as_ref(),
+        "--limit".as_ref(),
+        "100".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]))
+    .unwrap();
+    let listed: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    let transcript = runwarden_ok(&[
+        "transcript".as_ref(),
+        ids[0][..13].as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(transcript.contains("disk_usage"), "{transcript}");
+    let verify = runwarden_ok(&[
+        "audit".as_ref(),
+        "verify".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(
+        verify.contains(&format!("in {} segment(s)", closed + 1))
+            && verify.contains("chain intact"),
+        "{verify}"
+    );
+}

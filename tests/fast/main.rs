@@ -322,8 +322,13 @@ fn agent_config(dir: &Path) -> std::path::PathBuf {
 }
 
 fn run_json(dir: &Path, runbook: &str) -> (Option<i32>, Value) {
+    run_json_on(dir, runbook, "me")
+}
+
+/// `runwarden run RUNBOOK --host HOST --json`: its exit code and report.
+fn run_json_on(dir: &Path, runbook: &str, host: &str) -> (Option<i32>, Value) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["run", runbook, "--host", "me", "--json", "--config"])
+        .args(["run", runbook, "--host", host, "--json", "--config"])
         .arg(dir)
         .output()
         .unwrap();
