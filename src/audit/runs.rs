@@ -318,7 +318,16 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let mut open: HashMap<String, Entry> = HashMap::new();
     let mut ends = HashMap::new();
     for line in reader.lines() {
-        let Ok(e) = serde_json::from_str::<Entry>(&line?) else {
+        let line = line?;
+        // Most lines are calls: skip them unparsed (a line's own `phase`
+        // comes before any value a tool or an alert wrote into it).
+        if line
+            .split_once("\"phase\":\"")
+            .is_some_and(|(_, rest)| !RECOVERY_PHASES.iter().any(|p| rest.starts_with(p)))
+        {
+            continue;
+        }
+        let Ok(e) = serde_json::from_str::<Entry>(&line) else {
             continue;
         };
         match e.phase {
@@ -373,6 +382,9 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
     Ok(Recovery { unfinished, ends })
 }
+
+/// The phases start-up reads, as they begin in a line's text.
+const RECOVERY_PHASES: [&str; 4] = ["segment\"", "queued\"", "start\"", "verdict\""];
 
 /// [`Recovery`] as a `segment` line carries it.
 #[derive(Serialize, serde::Deserialize)]
