@@ -12,7 +12,8 @@
 //! daemon's run waits for it, shown as `queued`, until its `max_duration`.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,9 @@ impl std::fmt::Display for Busy {
     }
 }
 
+/// The holder's line is padded to this width (a run id, a pid and a time fit).
+const HOLDER_WIDTH: usize = 160;
+
 /// The lock file of one (runbook, host); both names are checked safe names.
 pub(crate) fn path(state_dir: &Path, runbook: &str, host: &str) -> PathBuf {
     state_dir
@@ -61,7 +65,7 @@ pub(crate) fn try_acquire(
         std::fs::create_dir_all(dir)?;
     }
     // std opens with O_CLOEXEC: tool processes never hold the lock.
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -85,14 +89,17 @@ pub(crate) fn try_acquire(
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(e),
     }
-    file.set_len(0)?;
-    file.rewind()?;
-    writeln!(
-        file,
+    // One write at offset 0, padded to a fixed width so it covers whatever
+    // an earlier holder wrote: no truncation, no seek, no partial line.
+    let mut text = format!(
         "run {run_id}, pid {}, since {}",
         std::process::id(),
         jiff::Timestamp::now()
-    )?;
+    );
+    let width = HOLDER_WIDTH.max(text.len() + 1);
+    text.extend(std::iter::repeat_n(' ', width - 1 - text.len()));
+    text.push('\n');
+    file.write_all_at(text.as_bytes(), 0)?;
     Ok(Ok(RunLock { _file: file }))
 }
 

@@ -281,7 +281,19 @@ impl Scheduler {
                 alert: req.alert.as_ref(),
             })
             .collect();
-        if let Err(e) = self.audit.queued(&lines) {
+        // Written and synced on a blocking thread: an fsync never holds up
+        // the async workers that answer other requests.
+        let entries = AuditLog::queued_lines(&lines);
+        let audit = self.audit.clone();
+        let recorded = tokio::task::spawn_blocking(move || audit.append_synced(entries))
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::audit::AuditError::Io {
+                    path: self.audit.path().to_path_buf(),
+                    source: std::io::Error::other(format!("the writing thread failed: {e}")),
+                })
+            });
+        if let Err(e) = recorded {
             self.metrics.audit_write_failures.inc();
             tracing::error!(
                 "{} accepted trigger(s) could not be recorded, so none starts: {e}",
@@ -382,45 +394,85 @@ impl Scheduler {
     ) {
         self.apply_limit(&config);
         self.active.send_modify(|n| *n += 1);
+        // A free permit: straight to the run's own thread, with no task
+        // between the answer to the trigger and the run's first line.
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            let this = self.clone();
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                let outcome = crate::process::on_own_thread(|| {
+                    runtime.block_on(this.run(&config, &run_id, &req, lease))
+                });
+                this.finish(&config, &run_id, &req, outcome, permit);
+            });
+            return;
+        }
         let this = self.clone();
         tokio::spawn(async move {
             let permit = this.permits.clone().acquire_owned().await;
-            this.metrics
-                .runs_started
-                .with_label_values(&[&req.runbook, req.trigger.as_str()])
-                .inc();
-            this.metrics.runs_in_flight.inc();
-            let runner = Runner {
-                config: config.clone(),
-                audit: this.audit.clone(),
-                killswitch: this.killswitch(&config),
-                store: this.store.clone(),
-                metrics: Some(this.metrics.clone()),
-                shutdown: Some(this.shutdown.clone()),
-                approvals: this.approvals.clone(),
-                approval_webhook: config.settings.approval_webhook.clone(),
-            };
-            this.reports.starting(&run_id);
-            let started = Instant::now();
             // A run blocks on fsync and waits on its tools: it gets a thread of
             // its own, so the webhook and /metrics never wait behind it.
             let runtime = tokio::runtime::Handle::current();
-            let (run_req, id) = (req.clone(), run_id.clone());
+            let inner = this.clone();
+            let (cfg, id, run_req) = (config.clone(), run_id.clone(), req.clone());
             let outcome = tokio::task::spawn_blocking(move || {
                 crate::process::on_own_thread(|| {
-                    runtime.block_on(runner.run_as(&run_req, id, lease))
+                    runtime.block_on(inner.run(&cfg, &id, &run_req, lease))
                 })
             })
             .await
             .unwrap_or_else(|e| {
-                Err(crate::run::StartError::Unreachable(format!(
-                    "the run's thread failed: {e}"
-                )))
+                (
+                    Instant::now(),
+                    Err(crate::run::StartError::Unreachable(format!(
+                        "the run's thread failed: {e}"
+                    ))),
+                )
             });
-            this.end(&config, &run_id, &req, started, outcome);
-            drop(permit);
-            this.active.send_modify(|n| *n -= 1);
+            this.finish(&config, &run_id, &req, outcome, permit);
         });
+    }
+
+    /// One run, from its runner to its report (on the run's own thread).
+    async fn run(
+        &self,
+        config: &Arc<Config>,
+        run_id: &str,
+        req: &RunRequest,
+        lease: Option<Lease>,
+    ) -> (Instant, Result<RunReport, crate::run::StartError>) {
+        self.metrics
+            .runs_started
+            .with_label_values(&[&req.runbook, req.trigger.as_str()])
+            .inc();
+        self.metrics.runs_in_flight.inc();
+        let runner = Runner {
+            config: config.clone(),
+            audit: self.audit.clone(),
+            killswitch: self.killswitch(config),
+            store: self.store.clone(),
+            metrics: Some(self.metrics.clone()),
+            shutdown: Some(self.shutdown.clone()),
+            approvals: self.approvals.clone(),
+            approval_webhook: config.settings.approval_webhook.clone(),
+        };
+        self.reports.starting(run_id);
+        let started = Instant::now();
+        (started, runner.run_as(req, run_id.to_string(), lease).await)
+    }
+
+    /// After a run: its end, then its permit and its place in the count of active runs.
+    fn finish<P>(
+        &self,
+        config: &Config,
+        run_id: &str,
+        req: &RunRequest,
+        (started, outcome): (Instant, Result<RunReport, crate::run::StartError>),
+        permit: P,
+    ) {
+        self.end(config, run_id, req, started, outcome);
+        drop(permit);
+        self.active.send_modify(|n| *n -= 1);
     }
 
     /// A run ended (or could not start): free its (runbook, host) slot,

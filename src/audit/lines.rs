@@ -229,10 +229,10 @@ pub(crate) struct RunEnd {
 }
 
 impl AuditLog {
-    /// Accepted triggers, one write and one fsync for all of them.
-    pub(crate) fn queued(&self, runs: &[Queued<'_>]) -> Result<(), AuditError> {
-        let lines = runs
-            .iter()
+    /// The lines of accepted triggers (one write and one fsync for all of them), made where their borrowed parts live
+    /// and written by [`AuditLog::append_synced`] wherever a sync may block.
+    pub(crate) fn queued_lines(runs: &[Queued<'_>]) -> Vec<Entry> {
+        runs.iter()
             .map(|q| {
                 let mut e = q.run.entry(Phase::Queued, None);
                 let mut detail =
@@ -243,7 +243,11 @@ impl AuditLog {
                 e.detail = Some(detail);
                 e
             })
-            .collect();
+            .collect()
+    }
+
+    /// Lines made by one of this module's constructors, in one write and one fsync.
+    pub(crate) fn append_synced(&self, lines: Vec<Entry>) -> Result<(), AuditError> {
         self.append_all(lines, true)
     }
 

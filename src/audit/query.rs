@@ -14,8 +14,13 @@ use crate::gate::{ApprovedBy, DenyReason};
 /// lines so that a reader can tell a run in progress from one whose process
 /// died, even once the pid is reused.
 pub(crate) fn this_process() -> Value {
-    let pid = std::process::id();
-    serde_json::json!({ "pid": pid, "start": process_start(pid), "boot": boot_id() })
+    // Read once: neither changes while the process lives.
+    static ME: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    ME.get_or_init(|| {
+        let pid = std::process::id();
+        serde_json::json!({ "pid": pid, "start": process_start(pid), "boot": boot_id() })
+    })
+    .clone()
 }
 
 /// Whether the process recorded on `e` (see [`this_process`]) still runs.
