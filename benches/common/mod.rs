@@ -16,23 +16,17 @@ pub fn write(dir: &Path, rel: &str, text: &str) {
     std::fs::write(p, text).unwrap();
 }
 
-/// `n` local hosts `h000`, `h001`... in `root`, whose `ps` is the script
-/// `root/first-call`: it appends the time it ran to `root/marks` (so a bench
-/// sees a tool's first call). The kill switch directory too. The marks file
-/// and the host names.
+/// `n` local hosts `h000`, `h001`... in `root`, whose `ps` is the compiled
+/// program `root/first-call`: it appends the time its `main` began to
+/// `root/out/marks` (so a bench sees a tool's first call, and what it sees is
+/// the same program's start on every side it compares). The kill switch
+/// directory too. The marks file and the host names.
 pub fn marking_hosts(root: &Path, n: usize) -> (std::path::PathBuf, Vec<String>) {
-    use std::os::unix::fs::PermissionsExt;
-    let marks = root.join("marks");
-    let script = root.join("first-call");
-    write(
-        root,
-        "first-call",
-        &format!(
-            "#!/bin/sh\ndate +%s.%N >> {}\necho '1 0 root S 1 0.0 100 init'\n",
-            marks.display()
-        ),
-    );
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Not in the config directory itself: the daemon watches that for
+    // runwarden.yaml, and a mark is no change to its configuration.
+    let marks = root.join("out/marks");
+    std::fs::create_dir_all(root.join("out")).unwrap();
+    let script = stamp(root, &marks);
     write(root, "kill-switch/README", "");
     let hosts: Vec<String> = (0..n).map(|i| format!("h{i:03}")).collect();
     for h in &hosts {
@@ -46,6 +40,41 @@ pub fn marking_hosts(root: &Path, n: usize) -> (std::path::PathBuf, Vec<String>)
         );
     }
     (marks, hosts)
+}
+
+/// `root/first-call`, compiled with `rustc -O`: the first thing its `main`
+/// does is append the time (seconds since the epoch, nanoseconds) to
+/// `marks`; then it prints one process as `ps` would.
+pub fn stamp(root: &Path, marks: &Path) -> std::path::PathBuf {
+    let source = root.join("first-call.rs");
+    write(
+        root,
+        "first-call.rs",
+        &format!(
+            r#"use std::io::Write;
+fn main() {{
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let mut f = std::fs::OpenOptions::new().append(true).create(true).open({marks:?}).unwrap();
+    writeln!(f, "{{}}.{{:09}}", t.as_secs(), t.subsec_nanos()).unwrap();
+    println!("1 0 root S 1 0.0 100 init");
+}}
+"#,
+            marks = marks.display().to_string()
+        ),
+    );
+    let program = root.join("first-call");
+    let out = Command::new("rustc")
+        .args(["-O", "--edition", "2021", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .output()
+        .expect("rustc, to build the stamp program");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    program
 }
 
 pub struct Daemon {
