@@ -268,9 +268,9 @@ impl Scheduler {
         if accepted.is_empty() {
             return Ok(outcomes);
         }
-        // 4. Every accepted trigger is on disk (one write and one fsync for
-        // the batch) before the sender hears so and before its run can write
-        // anything: a trigger answered 2xx is never silently lost, and one
+        // 4. Every accepted trigger is in the log (one write for the batch)
+        // before its run can write anything, and on disk before the sender
+        // hears so: a trigger answered 2xx is never silently lost, and one
         // that could not be recorded is refused so that it is sent again.
         let lines: Vec<Queued> = accepted
             .iter()
@@ -281,34 +281,50 @@ impl Scheduler {
                 alert: req.alert.as_ref(),
             })
             .collect();
-        // Written and synced on a blocking thread: an fsync never holds up
-        // the async workers that answer other requests.
+        // Written on a blocking thread (the log's lock may be held by a
+        // writer's fsync), not yet synced: a write that fails refuses the batch.
         let entries = AuditLog::queued_lines(&lines);
         let audit = self.audit.clone();
-        let recorded = tokio::task::spawn_blocking(move || audit.append_synced(entries))
+        let thread_failed = |e: tokio::task::JoinError| crate::audit::AuditError::Io {
+            path: self.audit.path().to_path_buf(),
+            source: std::io::Error::other(format!("the writing thread failed: {e}")),
+        };
+        let recorded = tokio::task::spawn_blocking(move || audit.append_queued(entries))
             .await
-            .unwrap_or_else(|e| {
-                Err(crate::audit::AuditError::Io {
-                    path: self.audit.path().to_path_buf(),
-                    source: std::io::Error::other(format!("the writing thread failed: {e}")),
-                })
-            });
-        if let Err(e) = recorded {
-            self.metrics.audit_write_failures.inc();
-            tracing::error!(
-                "{} accepted trigger(s) could not be recorded, so none starts: {e}",
-                accepted.len()
-            );
-            let started: Vec<(&RunRequest, String)> = accepted
-                .iter()
-                .map(|(req, id, _)| (*req, id.clone()))
-                .collect();
-            let _ = self.admission.abandon(&started).await;
-            return Err(e.into());
-        }
-        // 5. The runs.
+            .unwrap_or_else(|e| Err(thread_failed(e)));
+        let written = match recorded {
+            Ok(w) => w,
+            Err(e) => {
+                self.metrics.audit_write_failures.inc();
+                tracing::error!(
+                    "{} accepted trigger(s) could not be recorded, so none starts: {e}",
+                    accepted.len()
+                );
+                let started: Vec<(&RunRequest, String)> = accepted
+                    .iter()
+                    .map(|(req, id, _)| (*req, id.clone()))
+                    .collect();
+                let _ = self.admission.abandon(&started).await;
+                return Err(e.into());
+            }
+        };
+        // 5. The runs start while the lines are synced: no run dispatches a
+        // call before its intent line's sync, which covers these lines too,
+        // and the sender hears nothing before this sync (or that one) is done.
+        let count = accepted.len();
         for (req, run_id, lease) in accepted {
             self.start(config.clone(), run_id, req.clone(), lease);
+        }
+        let audit = self.audit.clone();
+        let synced = tokio::task::spawn_blocking(move || audit.sync_through(written))
+            .await
+            .unwrap_or_else(|e| Err(thread_failed(e)));
+        if let Err(e) = synced {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!(
+                "{count} accepted trigger(s) were written but could not be synced; their runs refuse every call (each call's own sync fails the same way), and the sender is told to send again: {e}"
+            );
+            return Err(e.into());
         }
         Ok(outcomes)
     }

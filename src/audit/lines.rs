@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::log::Written;
 use super::{AuditError, AuditLog, Entry, Phase, this_process};
 use crate::config::Autonomy;
 use crate::gate::{ApprovedBy, Denial, Hold, Permit, Proposal};
@@ -229,7 +230,7 @@ pub(crate) struct RunEnd {
 }
 
 impl AuditLog {
-    /// The lines of accepted triggers (one write and one fsync for all of them), made where their borrowed parts live
+    /// The lines of accepted triggers, made where their borrowed parts live
     /// and written by [`AuditLog::append_synced`] wherever a sync may block.
     pub(crate) fn queued_lines(runs: &[Queued<'_>]) -> Vec<Entry> {
         runs.iter()
@@ -246,9 +247,12 @@ impl AuditLog {
             .collect()
     }
 
-    /// Lines made by one of this module's constructors, in one write and one fsync.
-    pub(crate) fn append_synced(&self, lines: Vec<Entry>) -> Result<(), AuditError> {
-        self.append_all(lines, true)
+    /// Accepted triggers' lines in one write, not synced: the caller makes
+    /// them durable with [`AuditLog::sync_through`] before it answers, while
+    /// their runs start (a run's intent sync covers them too, as it covers
+    /// every earlier byte of the file).
+    pub(crate) fn append_queued(&self, lines: Vec<Entry>) -> Result<Written, AuditError> {
+        self.append_at(lines, false)
     }
 
     /// A run begins. Not synced on its own: nothing has run yet, and the

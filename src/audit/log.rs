@@ -58,6 +58,15 @@ struct Tail {
     lines: u64,
     /// When the file's first line was written (for rotation by age).
     since: Option<jiff::Timestamp>,
+    /// How much of the file this process knows to be on disk.
+    synced: u64,
+}
+
+/// Where an unsynced append ended: what [`AuditLog::sync_through`] makes durable.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Written {
+    file: (u64, u64),
+    end: u64,
 }
 
 /// The append-only, hash-chained log, shared by every run of this process
@@ -95,6 +104,7 @@ impl AuditLog {
             len: 0,
             lines: 0,
             since: None,
+            synced: 0,
         };
         (|| {
             tail.file.lock()?;
@@ -124,6 +134,34 @@ impl AuditLog {
 
     /// Append lines in order with one write (and one fsync when `sync`).
     pub(super) fn append_all(&self, entries: Vec<Entry>, sync: bool) -> Result<(), AuditError> {
+        self.append_at(entries, sync).map(|_| ())
+    }
+
+    /// Make everything up to `written` durable, unless a later sync (a
+    /// run's intent line, a rotation) already did.
+    pub(crate) fn sync_through(&self, written: Written) -> Result<(), AuditError> {
+        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        let synced = (|| {
+            let meta = head.file.metadata()?;
+            if (meta.dev(), meta.ino()) != written.file {
+                // Closed as a segment since: a rotation syncs the file it closes.
+                return Ok(());
+            }
+            if head.synced < written.end {
+                let len = meta.len();
+                head.file.sync_data()?;
+                head.synced = head.synced.max(len);
+            }
+            Ok(())
+        })();
+        synced.map_err(|source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// [`append_all`](Self::append_all), saying where the lines ended.
+    pub(super) fn append_at(&self, entries: Vec<Entry>, sync: bool) -> Result<Written, AuditError> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -161,7 +199,14 @@ impl AuditLog {
             head.hash = hash;
             head.len += bytes.len() as u64;
             head.lines += added;
-            Ok(())
+            if sync {
+                head.synced = head.len;
+            }
+            let meta = head.file.metadata()?;
+            Ok(Written {
+                file: (meta.dev(), meta.ino()),
+                end: head.len,
+            })
         })();
         let _ = head.file.unlock();
         self.failing
@@ -262,6 +307,9 @@ impl AuditLog {
             .mode(0o640)
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&next)?;
+        // What the closing file holds is on disk before it closes: a writer
+        // that wrote to it without a sync relies on this (see `sync_through`).
+        head.file.sync_data()?;
         let meta = head.file.metadata()?;
         if nix::unistd::geteuid().is_root() {
             // root (a person's `runwarden run`) rotating the daemon's log
@@ -309,6 +357,7 @@ impl AuditLog {
         head.hash = hash;
         head.lines += 1;
         head.len = bytes.len() as u64;
+        head.synced = head.len;
         head.since = Some(now);
         // Another writer may have found the new file between the swap and
         // the lock: continue after whatever it wrote.
@@ -375,6 +424,7 @@ impl Tail {
                 }
             };
             (self.hash, self.len, self.lines, self.since) = (hash, 0, lines, None);
+            self.synced = 0;
             return Ok(());
         }
         let lines = match last_number(&self.file)? {
@@ -385,6 +435,7 @@ impl Tail {
         };
         (self.hash, self.len, self.lines) = (hash, len, lines);
         self.since = first_stamp(&self.file)?;
+        self.synced = self.synced.min(len);
         Ok(())
     }
 }
@@ -633,5 +684,56 @@ pub(super) fn last_hash(file: &File) -> std::io::Result<Option<(String, u64)>> {
             None if start == 0 => return Ok(Some((hex(&Sha256::digest(body)), len))),
             None => window *= 4,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synced(log: &AuditLog) -> (u64, u64) {
+        let t = log.head.lock().unwrap();
+        (t.synced, t.len)
+    }
+
+    /// The queued lines' write leaves them to a sync: the caller's own, or
+    /// an intent line's that came first, or the rotation that closed their file.
+    #[test]
+    fn an_unsynced_append_is_synced_once_by_whichever_sync_comes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open_with(
+            &path,
+            Rotation {
+                max_bytes: 4096,
+                max_age: None,
+                keep: None,
+            },
+        )
+        .unwrap();
+        let line = || crate::audit::tests::info().entry(Phase::Queued, None);
+        let w = log.append_queued(vec![line()]).unwrap();
+        let (done, len) = synced(&log);
+        assert!(done < w.end && w.end == len);
+        log.sync_through(w).unwrap();
+        assert_eq!(synced(&log), (len, len));
+
+        // An intent line's sync covers an earlier unsynced write.
+        let w = log.append_queued(vec![line()]).unwrap();
+        log.append(line(), true).unwrap();
+        let (done, len) = synced(&log);
+        assert!(done == len && done > w.end);
+
+        // A rotation syncs the file it closes: nothing is left to sync.
+        let w = log.append_queued(vec![line()]).unwrap();
+        while segments::closed(&path).unwrap().is_empty() {
+            log.append(line(), false).unwrap();
+        }
+        log.sync_through(w).unwrap();
+        let (done, _) = synced(&log);
+        assert!(
+            done > 0,
+            "the new file's first line was synced as it was made"
+        );
     }
 }
