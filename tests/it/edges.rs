@@ -511,7 +511,10 @@ fn every_process_a_tool_starts_is_gone_when_the_call_returns_however_it_detaches
         ),
         (
             "a double fork whose middle process exits at once",
-            "/bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 315 & echo \\$! >> {p}; exec /bin/sleep 316\" & exit 0' </dev/null >/dev/null 2>&1 &",
+            // The middle shell is reaped here, before `exec ps`: its exit
+            // would otherwise be a SIGCHLD to ps, which ps takes for a bug
+            // in itself ("please report this bug") and dies of.
+            "/bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 315 & echo \\$! >> {p}; exec /bin/sleep 316\" & exit 0' </dev/null >/dev/null 2>&1 &\nwait $!",
         ),
     ];
     for (what, leak) in trees {
