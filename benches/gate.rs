@@ -27,6 +27,7 @@ use runwarden::config::Config;
 use runwarden::process;
 use runwarden::run::{RunRequest, Runner};
 use runwarden::verdict::Verdict;
+use sha2::Digest as _;
 
 const CALLS: usize = 50;
 /// Rounds, each measuring every variant once, in turn: a ratio is taken
@@ -274,6 +275,29 @@ fn main() {
     println!(
         "  runwarden's own share, ratio to the floor  : {:>7.3}",
         median_f(ratio_floor)
+    );
+
+    // What remains per call beyond the spawn and the sync: the two audit
+    // lines a call writes (intent, result), parsed back from this very log,
+    // serialised and hashed again as the writer does.
+    let log = std::fs::read_to_string(&config.settings.audit_log).unwrap();
+    let pair: Vec<serde_json::Value> = ["\"phase\":\"intent\"", "\"phase\":\"result\""]
+        .iter()
+        .map(|p| serde_json::from_str(log.lines().rev().find(|l| l.contains(p)).unwrap()).unwrap())
+        .collect();
+    const LINES: u32 = 20_000;
+    let t = Instant::now();
+    for _ in 0..LINES / 2 {
+        for v in &pair {
+            let bytes = serde_json::to_vec(std::hint::black_box(v)).unwrap();
+            std::hint::black_box(sha2::Sha256::digest(&bytes));
+        }
+    }
+    let two_lines = t.elapsed() / (LINES / 2);
+    println!(
+        "  two audit lines serialised and hashed      : {:>7.1} us/call ({:.1} % of a gated call)",
+        two_lines.as_secs_f64() * 1e6,
+        two_lines.as_secs_f64() / (g.as_secs_f64() / CALLS as f64) * 100.0
     );
 
     // Five read-only commands: `runwarden run` (whole process) vs ansible-playbook.
