@@ -41,6 +41,8 @@ pub(crate) struct Metrics {
     pub(crate) alerts_received: IntCounterVec,
     /// `runwarden_alert_triggers_total`.
     pub(crate) alert_triggers: IntCounterVec,
+    /// `runwarden_triggers_capped_total`.
+    pub(crate) triggers_capped: IntCounterVec,
     /// `runwarden_audit_write_failures_total`.
     pub(crate) audit_write_failures: IntCounter,
     /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
@@ -261,8 +263,14 @@ impl Metrics {
             alert_triggers: counter(
                 r,
                 "runwarden_alert_triggers_total",
-                "What became of each alert: started, deduplicated, cooldown, out_of_scope, kill_switch, no_match, invalid.",
+                "What became of each alert: started, deduplicated, cooldown, capped, out_of_scope, kill_switch, no_match, invalid.",
                 &["runbook", "result"],
+            ),
+            triggers_capped: counter(
+                r,
+                "runwarden_triggers_capped_total",
+                "Triggers of any kind (alert, schedule, API) refused by a runbook's max_runs on a host: a fix that keeps being needed.",
+                &["runbook", "host"],
             ),
             audit_write_failures,
             audit_heads: counter(

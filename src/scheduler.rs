@@ -216,6 +216,7 @@ impl Scheduler {
                 (Candidate::Run(req), None) => Some(Ask {
                     req,
                     cooldown: config.runbooks.get(&req.runbook).and_then(|r| r.cooldown),
+                    cap: config.runbooks.get(&req.runbook).and_then(|r| r.max_runs),
                     run_id: uuid::Uuid::now_v7().to_string(),
                 }),
                 _ => None,
@@ -359,6 +360,12 @@ impl Scheduler {
     /// Count what became of a candidate, and say so in the log.
     fn count(&self, c: &Candidate, result: TriggerResult) {
         let (runbook, host, _, trigger) = c.names();
+        if result == TriggerResult::Capped {
+            self.metrics
+                .triggers_capped
+                .with_label_values(&[runbook, host])
+                .inc();
+        }
         if trigger == crate::trigger::Trigger::Alert {
             self.metrics
                 .alert_triggers
@@ -585,10 +592,8 @@ impl Scheduler {
     /// deduplication keys, so a restart within a runbook's cooldown does not
     /// allow an immediate rerun. Returns how many runs were closed.
     pub(crate) fn recover(&self) -> std::io::Result<usize> {
-        let crate::audit::runs::Recovery {
-            unfinished,
-            mut ends,
-        } = crate::audit::runs::recovery(self.audit.path())?;
+        let mut record = crate::audit::runs::recovery(self.audit.path())?;
+        let unfinished = std::mem::take(&mut record.unfinished);
         let mut closed = 0;
         // Only runs whose process is gone: a `runwarden run` still going on
         // the command line closes its own run.
@@ -607,11 +612,13 @@ impl Scheduler {
             self.metrics
                 .run_finished(&start.runbook, Verdict::Interrupted.as_str());
             // Its verdict line ends it now, as the log will say after a restart.
-            ends.insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
+            record
+                .ends
+                .insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
             closed += 1;
         }
         if let Some(local) = &self.local {
-            local.restore(ends);
+            local.restore(&record);
         }
         Ok(closed)
     }

@@ -40,6 +40,7 @@ impl Admission for Fleet {
                     host: a.req.host.clone(),
                     keys: a.req.keys.clone(),
                     cooldown: a.cooldown,
+                    cap: a.cap,
                     run_id: a.run_id.clone(),
                     trigger: a.req.trigger.as_str(),
                 })
@@ -62,6 +63,7 @@ impl Admission for Fleet {
                         crate::store::Admitted::Deduplicated => {
                             Admitted::Refused(TriggerResult::Deduplicated)
                         }
+                        crate::store::Admitted::Capped => Admitted::Refused(TriggerResult::Capped),
                     })
                     .collect(),
             };

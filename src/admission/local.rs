@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
+use crate::config::MaxRuns;
 use crate::trigger::RunRequest;
 
 /// The state of one (runbook, host) pair.
@@ -17,6 +18,8 @@ pub(crate) struct Slot {
     ended: Option<Instant>,
     /// Fingerprints and group keys of the current or last run's triggers.
     keys: BTreeSet<String>,
+    /// When its runs started, within the longest `max_runs` window.
+    starts: Vec<Instant>,
 }
 
 impl Slot {
@@ -29,7 +32,31 @@ impl Slot {
             in_flight: false,
             ended: Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)),
             keys: keys.into_iter().collect(),
+            starts: Vec::new(),
         }
+    }
+
+    /// The slot of (runbook, host) as the audit log's `record` leaves it.
+    pub(crate) fn from_record(
+        record: &crate::audit::runs::Recovery,
+        key: &(String, String),
+    ) -> Slot {
+        let slot = match record.ends.get(key) {
+            Some((ended, keys)) => Slot::from_log(*ended, keys.clone()),
+            None => Slot::default(),
+        };
+        slot.with_starts(record.starts.get(key).map_or(&[], Vec::as_slice))
+    }
+
+    /// Runs that started at `times` (from the audit log), for `max_runs`.
+    pub(crate) fn with_starts(mut self, times: &[jiff::Timestamp]) -> Slot {
+        let now = jiff::Timestamp::now();
+        self.starts = times
+            .iter()
+            .filter_map(|t| Duration::try_from(now.duration_since(*t)).ok())
+            .filter_map(|ago| Instant::now().checked_sub(ago))
+            .collect();
+        self
     }
 
     /// A slot whose run holding `keys` is in flight.
@@ -38,6 +65,7 @@ impl Slot {
             in_flight: true,
             ended: None,
             keys: keys.iter().cloned().collect(),
+            starts: Vec::new(),
         }
     }
 
@@ -48,47 +76,66 @@ impl Slot {
             in_flight: false,
             ended: Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)),
             keys: keys.iter().cloned().collect(),
+            starts: Vec::new(),
         }
     }
 
     /// What a trigger with `keys` comes to against this slot, under the
-    /// runbook's `cooldown` and the duplicate `window`: a run in flight, or
-    /// a repeat of the last run's triggers within the window or the
-    /// cooldown, is deduplicated; another within the cooldown waits it out;
-    /// `None`: it starts. How long ago the last run ended comes with it.
+    /// runbook's `cooldown`, its `max_runs` and the duplicate `window`: a
+    /// run in flight, or a repeat of the last run's triggers within the
+    /// window or the cooldown, is deduplicated; another within the cooldown
+    /// waits it out; one past `max_runs` is capped; `None`: it starts. How
+    /// long ago the last run ended comes with it.
     pub(crate) fn refuses(
         &self,
         keys: &[String],
         cooldown: Option<Duration>,
+        cap: Option<MaxRuns>,
         window: Duration,
     ) -> Option<(TriggerResult, Option<Duration>)> {
         if self.in_flight {
             return Some((TriggerResult::Deduplicated, None));
         }
-        let ago = self.ended?.elapsed();
-        let repeat = keys.iter().any(|k| self.keys.contains(k));
-        if repeat && ago < window {
-            return Some((TriggerResult::Deduplicated, Some(ago)));
+        let ago = self.ended.map(|e| e.elapsed());
+        if let Some(ago) = ago {
+            let repeat = keys.iter().any(|k| self.keys.contains(k));
+            if repeat && ago < window {
+                return Some((TriggerResult::Deduplicated, Some(ago)));
+            }
+            if cooldown.is_some_and(|c| ago < c) {
+                return Some(match repeat {
+                    true => (TriggerResult::Deduplicated, Some(ago)),
+                    false => (TriggerResult::Cooldown, Some(ago)),
+                });
+            }
         }
-        if ago >= cooldown? {
-            return None;
-        }
-        Some(match repeat {
-            true => (TriggerResult::Deduplicated, Some(ago)),
-            false => (TriggerResult::Cooldown, Some(ago)),
-        })
+        let cap = cap?;
+        let recent = self.starts.iter().filter(|t| t.elapsed() < cap.per).count();
+        (recent >= cap.count as usize).then_some((TriggerResult::Capped, ago))
     }
 
     /// Decide one trigger, and hold the slot when it starts. A duplicate of
     /// a run in flight adds its keys to that run's.
-    fn admit(&mut self, keys: &[String], cooldown: Option<Duration>, window: Duration) -> Admitted {
-        if let Some((result, _)) = self.refuses(keys, cooldown, window) {
+    fn admit(
+        &mut self,
+        keys: &[String],
+        cooldown: Option<Duration>,
+        cap: Option<MaxRuns>,
+        window: Duration,
+    ) -> Admitted {
+        if let Some((result, _)) = self.refuses(keys, cooldown, cap, window) {
             if self.in_flight {
                 self.keys.extend(keys.iter().cloned());
             }
             return Admitted::Refused(result);
         }
-        *self = Slot::in_flight(keys);
+        let mut starts = std::mem::take(&mut self.starts);
+        starts.retain(|t| t.elapsed() < MaxRuns::LONGEST);
+        starts.push(Instant::now());
+        *self = Slot {
+            starts,
+            ..Slot::in_flight(keys)
+        };
         Admitted::Started(None)
     }
 }
@@ -111,11 +158,11 @@ impl Default for Local {
 
 impl Local {
     /// The slots as the audit log left them: (runbook, host) -> when its last
-    /// run ended and the keys that started it.
-    pub(crate) fn restore(&self, ends: crate::audit::runs::LastEnds) {
+    /// run ended and the keys that started it, and when its recent runs started.
+    pub(crate) fn restore(&self, record: &crate::audit::runs::Recovery) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        for ((runbook, host), (ended, keys)) in ends {
-            slots.insert((runbook, host), Slot::from_log(ended, keys));
+        for key in record.ends.keys().chain(record.starts.keys()) {
+            slots.insert(key.clone(), Slot::from_record(record, key));
         }
     }
 
@@ -136,7 +183,7 @@ impl Local {
                 slots
                     .entry((a.req.runbook.clone(), a.req.host.clone()))
                     .or_default()
-                    .admit(&a.req.keys, a.cooldown, self.window)
+                    .admit(&a.req.keys, a.cooldown, a.cap, self.window)
             })
             .collect()
     }
@@ -159,6 +206,8 @@ impl Admission for Local {
             if let Some(slot) = slots.get_mut(&(req.runbook.clone(), req.host.clone())) {
                 slot.in_flight = false;
                 slot.keys.clear();
+                // It never started: it does not count against `max_runs`.
+                slot.starts.pop();
             }
         }
         Box::pin(async { Ok(()) })
@@ -186,9 +235,19 @@ mod tests {
     }
 
     fn decide(local: &Local, req: &RunRequest, cooldown: Option<Duration>) -> TriggerResult {
+        decide_capped(local, req, cooldown, None)
+    }
+
+    fn decide_capped(
+        local: &Local,
+        req: &RunRequest,
+        cooldown: Option<Duration>,
+        cap: Option<MaxRuns>,
+    ) -> TriggerResult {
         let ask = Ask {
             req,
             cooldown,
+            cap,
             run_id: "r".into(),
         };
         match local.decide(std::slice::from_ref(&ask)).pop() {
@@ -223,6 +282,38 @@ mod tests {
         assert_eq!(d(&["fp3"]), TriggerResult::Started);
     }
 
+    /// `max_runs`: the third run within the window is refused, whatever
+    /// triggers it, until the oldest of the two leaves the window.
+    #[tokio::test(start_paused = true)]
+    async fn max_runs_caps_the_runs_on_a_host_within_its_window() {
+        let local = Local::default();
+        let cap = Some(MaxRuns {
+            count: 2,
+            per: Duration::from_secs(6 * 3600),
+        });
+        let d = |keys: &[&str]| decide_capped(&local, &alert(keys), None, cap);
+        for fp in ["fp1", "fp2"] {
+            assert_eq!(d(&[fp]), TriggerResult::Started);
+            local.ended(&alert(&[]));
+            tokio::time::advance(Duration::from_secs(3600)).await;
+        }
+        assert_eq!(d(&["fp3"]), TriggerResult::Capped);
+        // A run abandoned before it started does not count.
+        tokio::time::advance(Duration::from_secs(4 * 3600)).await;
+        assert_eq!(
+            d(&["fp4"]),
+            TriggerResult::Started,
+            "the first left the window"
+        );
+        let req = alert(&["fp4"]);
+        local.abandon(&[(&req, "r".to_string())]).await.unwrap();
+        assert_eq!(
+            d(&["fp5"]),
+            TriggerResult::Started,
+            "the abandoned one is not counted"
+        );
+    }
+
     /// One table of cases, run here against this machine's own admission
     /// and in the root tier against PostgreSQL's (`it::ha::admission_*`).
     #[tokio::test(start_paused = true)]
@@ -237,16 +328,33 @@ mod tests {
             };
             let local = Local::default();
             let before = &case["before"];
+            let starts: Vec<jiff::Timestamp> = before["starts_s_ago"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|s| {
+                            jiff::Timestamp::now()
+                                - jiff::SignedDuration::from_secs(s.as_i64().unwrap())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             if before["in_flight"] == true {
-                local.set("rb", "web", Slot::in_flight(&keys(&before["keys"])));
+                let slot = Slot::in_flight(&keys(&before["keys"])).with_starts(&starts);
+                local.set("rb", "web", slot);
             } else if let Some(ago) = before["ended_s_ago"].as_u64() {
-                let slot = Slot::ended_ago(Duration::from_secs(ago), &keys(&before["keys"]));
+                let slot = Slot::ended_ago(Duration::from_secs(ago), &keys(&before["keys"]))
+                    .with_starts(&starts);
                 local.set("rb", "web", slot);
             }
             let mut req = alert(&[]);
             req.keys = keys(&case["keys"]);
             let cooldown = case["cooldown_s"].as_u64().map(Duration::from_secs);
-            let got = decide(&local, &req, cooldown);
+            let cap = case["cap"].as_object().map(|c| MaxRuns {
+                count: c["count"].as_u64().unwrap() as u32,
+                per: Duration::from_secs(c["per_s"].as_u64().unwrap()),
+            });
+            let got = decide_capped(&local, &req, cooldown, cap);
             assert_eq!(got.as_str(), case["expect"], "{}", case["case"]);
         }
     }

@@ -56,6 +56,9 @@ pub(crate) enum TriggerResult {
     NoMatch,
     /// The alert holds what cannot be kept (a NUL byte); it starts nothing.
     Invalid,
+    /// The runbook ran on the host as often as its `max_runs` allows within
+    /// the window: a fix that keeps being needed is for a person to look at.
+    Capped,
 }
 
 impl TriggerResult {
@@ -69,6 +72,7 @@ impl TriggerResult {
             TriggerResult::KillSwitch => "kill_switch",
             TriggerResult::NoMatch => "no_match",
             TriggerResult::Invalid => "invalid",
+            TriggerResult::Capped => "capped",
         }
     }
 }
@@ -80,6 +84,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) req: &'a RunRequest,
     /// The runbook's cooldown.
     pub(crate) cooldown: Option<Duration>,
+    /// The runbook's `max_runs`.
+    pub(crate) cap: Option<crate::config::MaxRuns>,
     /// The id its run takes if it starts.
     pub(crate) run_id: String,
 }

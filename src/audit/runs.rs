@@ -303,7 +303,13 @@ pub(crate) struct Recovery {
     /// keys (alert fingerprints, group keys) that started it, for cooldown
     /// and deduplication.
     pub(crate) ends: LastEnds,
+    /// For each (runbook, host): when its runs started within the last
+    /// week (the longest `max_runs` window), oldest first.
+    pub(crate) starts: Starts,
 }
+
+/// (runbook, host) -> when its recent runs started.
+pub(crate) type Starts = HashMap<(String, String), Vec<jiff::Timestamp>>;
 
 /// What a restarted daemon needs, read from the current file alone: its
 /// first line carries the state of every closed segment (see
@@ -317,6 +323,10 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let mut keys: HashMap<String, Vec<String>> = HashMap::new();
     let mut open: HashMap<String, Entry> = HashMap::new();
     let mut ends = HashMap::new();
+    let mut starts: Starts = HashMap::new();
+    let mut counted: std::collections::HashSet<String> = Default::default();
+    let week_ago = jiff::Timestamp::now()
+        - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default();
     for line in reader.lines() {
         let line = line?;
         // Most lines are calls: skip them unparsed (a line's own `phase`
@@ -335,6 +345,8 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
                 let carried = e.detail.as_ref().map(|d| &d["carried"]);
                 if let Some(c) = carried.and_then(|c| Carried::deserialize(c).ok()) {
                     for run in c.unfinished {
+                        // Counted in `starts` where it began.
+                        counted.insert(run.entry.run_id.clone());
                         keys.insert(run.entry.run_id.clone(), run.keys);
                         open.insert(run.entry.run_id.clone(), run.entry);
                     }
@@ -343,25 +355,28 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
                             ends.insert((end.runbook, end.host), (ended, end.keys));
                         }
                     }
+                    for start in c.starts {
+                        let times: Vec<jiff::Timestamp> =
+                            start.at.iter().filter_map(|t| t.parse().ok()).collect();
+                        starts
+                            .entry((start.runbook, start.host))
+                            .or_default()
+                            .extend(times);
+                    }
                 }
             }
-            Some(Phase::Queued) => {
-                let k = e
-                    .detail
-                    .as_ref()
-                    .and_then(|d| d["keys"].as_array())
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|k| k.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                keys.insert(e.run_id.clone(), k);
-                open.insert(e.run_id.clone(), e);
+            Some(Phase::Queued | Phase::Start)
+                if counted.insert(e.run_id.clone())
+                    && let Ok(at) = e.ts.parse::<jiff::Timestamp>()
+                    && at > week_ago =>
+            {
+                starts
+                    .entry((e.runbook.clone(), e.host.clone()))
+                    .or_default()
+                    .push(at);
+                recover_open(e, &mut keys, &mut open);
             }
-            Some(Phase::Start) => {
-                open.insert(e.run_id.clone(), e);
-            }
+            Some(Phase::Queued | Phase::Start) => recover_open(e, &mut keys, &mut open),
             Some(Phase::Verdict) => {
                 open.remove(&e.run_id);
                 let k = keys.remove(&e.run_id).unwrap_or_default();
@@ -380,7 +395,38 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         })
         .collect();
     unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
-    Ok(Recovery { unfinished, ends })
+    for times in starts.values_mut() {
+        times.retain(|t| *t > week_ago);
+        times.sort();
+    }
+    starts.retain(|_, times| !times.is_empty());
+    Ok(Recovery {
+        unfinished,
+        ends,
+        starts,
+    })
+}
+
+/// A `queued` or `start` line: its run is open until its verdict.
+fn recover_open(
+    e: Entry,
+    keys: &mut HashMap<String, Vec<String>>,
+    open: &mut HashMap<String, Entry>,
+) {
+    if e.phase == Some(Phase::Queued) {
+        let k = e
+            .detail
+            .as_ref()
+            .and_then(|d| d["keys"].as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|k| k.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.insert(e.run_id.clone(), k);
+    }
+    open.insert(e.run_id.clone(), e);
 }
 
 /// The phases start-up reads, as they begin in a line's text.
@@ -391,6 +437,15 @@ const RECOVERY_PHASES: [&str; 4] = ["segment\"", "queued\"", "start\"", "verdict
 struct Carried {
     unfinished: Vec<CarriedRun>,
     ends: Vec<CarriedEnd>,
+    #[serde(default)]
+    starts: Vec<CarriedStarts>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct CarriedStarts {
+    runbook: String,
+    host: String,
+    at: Vec<String>,
 }
 
 #[derive(Serialize, serde::Deserialize)]
@@ -427,6 +482,15 @@ impl Recovery {
                     host: host.clone(),
                     ended: ended.to_string(),
                     keys: keys.clone(),
+                })
+                .collect(),
+            starts: self
+                .starts
+                .iter()
+                .map(|((runbook, host), times)| CarriedStarts {
+                    runbook: runbook.clone(),
+                    host: host.clone(),
+                    at: times.iter().map(ToString::to_string).collect(),
                 })
                 .collect(),
         };

@@ -296,6 +296,8 @@ mod tests {
         assert_eq!(open, ["b"]);
         let (_, keys) = &r.ends[&("rb".to_string(), "local".to_string())];
         assert_eq!(keys, &["fp1"]);
+        // Runs a and b started (for `max_runs`), each counted once.
+        assert_eq!(r.starts[&("rb".to_string(), "local".to_string())].len(), 2);
 
         // Another process goes on numbering where the chain is.
         drop(log);

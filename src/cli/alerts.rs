@@ -19,8 +19,8 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> Exit {
         .map_err(|e| Failed::usage(format!("cannot read {}: {e}", file.display())))?;
     let n = Notification::parse(&body)
         .map_err(|e| Failed::usage(format!("{}: {e}", file.display())))?;
-    let ends = match crate::audit::runs::recovery(&config.settings.audit_log) {
-        Ok(r) => r.ends,
+    let record = match crate::audit::runs::recovery(&config.settings.audit_log) {
+        Ok(r) => r,
         Err(e) => {
             eprintln!(
                 "runwarden: cannot read {} for cooldowns: {e}; they are not shown",
@@ -48,7 +48,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool) -> Exit {
                 candidates(&one, &config)
                     .into_iter()
                     .map(|c| {
-                        let mut o = outcome(c, &config, &killswitch, &ends);
+                        let mut o = outcome(c, &config, &killswitch, &record);
                         if o["result"] == "would_start" {
                             let key = (
                                 o["runbook"].as_str().unwrap_or("").to_string(),
@@ -119,7 +119,7 @@ fn outcome(
     c: Candidate,
     config: &Config,
     killswitch: &KillSwitch,
-    ends: &crate::audit::runs::LastEnds,
+    record: &crate::audit::runs::Recovery,
 ) -> Value {
     match c {
         Candidate::NoMatch { why, .. } => json!({ "result": "no_match", "why": why }),
@@ -131,16 +131,11 @@ fn outcome(
             if let Err(engaged) = killswitch.check(&req.runbook) {
                 return json!({ "result": "kill_switch", "runbook": req.runbook, "host": req.host, "why": engaged.to_string() });
             }
-            let cooldown = config.runbooks.get(&req.runbook).and_then(|r| r.cooldown);
-            let refused =
-                ends.get(&(req.runbook.clone(), req.host.clone()))
-                    .and_then(|(ended, keys)| {
-                        Slot::from_log(*ended, keys.clone()).refuses(
-                            &req.keys,
-                            cooldown,
-                            DUPLICATE_WINDOW,
-                        )
-                    });
+            let runbook = config.runbooks.get(&req.runbook);
+            let cooldown = runbook.and_then(|r| r.cooldown);
+            let cap = runbook.and_then(|r| r.max_runs);
+            let refused = Slot::from_record(record, &(req.runbook.clone(), req.host.clone()))
+                .refuses(&req.keys, cooldown, cap, DUPLICATE_WINDOW);
             match refused {
                 None => {
                     json!({ "result": "would_start", "runbook": req.runbook, "host": req.host })
@@ -154,6 +149,16 @@ fn outcome(
                             "this alert started the last run on {}, {ago} ago, within the cooldown",
                             req.host
                         ),
+                        TriggerResult::Capped => match cap {
+                            Some(cap) => format!(
+                                "{} already ran {} time(s) on {} within {} (max_runs): a fix that keeps being needed is for a person to look at",
+                                req.runbook,
+                                cap.count,
+                                req.host,
+                                humantime::format_duration(cap.per)
+                            ),
+                            None => String::new(),
+                        },
                         _ => format!(
                             "its last run on {} ended {ago} ago, within the cooldown of {}",
                             req.host,

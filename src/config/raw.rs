@@ -73,6 +73,14 @@ pub(crate) struct Postgres {
     pub(crate) ca_file: Option<S<String>>,
 }
 
+/// `max_runs:` in a runbook: runs on one host within a window.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MaxRuns {
+    pub(crate) count: S<u32>,
+    pub(crate) per: S<String>,
+}
+
 /// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across
 /// every run, within a sliding window.
 #[derive(Debug, Deserialize)]
@@ -105,6 +113,7 @@ pub(crate) struct Runbook {
     pub(crate) schedule: Option<S<String>>,
     pub(crate) on_alert: Option<OnAlert>,
     pub(crate) cooldown: Option<S<String>>,
+    pub(crate) max_runs: Option<MaxRuns>,
     #[serde(default)]
     pub(crate) tools: Tools,
     #[serde(default)]

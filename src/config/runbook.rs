@@ -40,6 +40,48 @@ impl Autonomy {
     }
 }
 
+/// `max_runs:` in a runbook, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MaxRuns {
+    /// Runs started on the host within `per`, any trigger.
+    pub(crate) count: u32,
+    /// The window, at most [`MaxRuns::LONGEST`].
+    pub(crate) per: Duration,
+}
+
+impl MaxRuns {
+    /// The longest window: what a daemon reads back at start (the newest
+    /// segment, and what the segment line carries) covers a week.
+    pub(crate) const LONGEST: Duration = Duration::from_secs(7 * 86_400);
+}
+
+fn max_runs(raw: &raw::MaxRuns, file: &Path, diags: &mut Diagnostics) -> Option<MaxRuns> {
+    let per = duration(&raw.per, "max_runs.per", file, diags)?;
+    if raw.count.value == 0 {
+        diags.at(
+            file,
+            raw.count.referenced,
+            "max_runs.count must be at least 1 (to stop a runbook from running, remove its triggers or engage its kill switch)",
+        );
+        return None;
+    }
+    if per < Duration::from_secs(60) || per > MaxRuns::LONGEST {
+        diags.at(
+            file,
+            raw.per.referenced,
+            format!(
+                "max_runs.per \"{}\" must be between 1m and 7d",
+                raw.per.value
+            ),
+        );
+        return None;
+    }
+    Some(MaxRuns {
+        count: raw.count.value,
+        per,
+    })
+}
+
 /// Tier-2 calls across every run (and every process on this machine)
 /// within a sliding window: `fleet_budget:` in runwarden.yaml, or in a
 /// runbook for its own calls. Kept by the gate's fleet budget.
@@ -189,6 +231,9 @@ pub(crate) struct Runbook {
     pub(crate) on_alert: Option<OnAlert>,
     /// How long after a run on a host before a trigger may start another there.
     pub(crate) cooldown: Option<Duration>,
+    /// At most this many runs on one host within a window: a trigger past
+    /// it is `capped` (a fix that keeps being needed is a person's problem).
+    pub(crate) max_runs: Option<MaxRuns>,
     /// Tier-1 tools the runbook may call.
     pub(crate) observe: BTreeSet<ToolId>,
     /// Tier-2 tools: standing approval at L3, proposals only at L1.
@@ -373,6 +418,7 @@ pub(super) fn validate(
         .cooldown
         .as_ref()
         .and_then(|c| duration(c, "cooldown", file, diags));
+    let max_runs = raw.max_runs.as_ref().and_then(|m| max_runs(m, file, diags));
     let on_alert = raw.on_alert.as_ref().map(|a| {
         let mut matchers = Vec::new();
         for m in &a.matchers {
@@ -514,6 +560,7 @@ pub(super) fn validate(
         schedule: raw.schedule.map(|s| s.value),
         on_alert,
         cooldown,
+        max_runs,
         observe,
         approve,
         budget,

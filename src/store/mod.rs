@@ -87,6 +87,8 @@ pub(crate) struct Admit {
     pub(crate) keys: Vec<String>,
     /// The runbook's cooldown.
     pub(crate) cooldown: Option<Duration>,
+    /// The runbook's `max_runs`.
+    pub(crate) cap: Option<crate::config::MaxRuns>,
     /// The run id it starts under, if it starts.
     pub(crate) run_id: String,
     /// `alert`, `schedule`, `api`...
@@ -104,6 +106,8 @@ pub(crate) enum Admitted {
     Deduplicated,
     /// The fleet's kill switch is engaged (admission saw it).
     KillSwitch,
+    /// The runbook's `max_runs` on the host is reached, across the fleet.
+    Capped,
 }
 
 /// One replica's own switch file, as it last published it.
@@ -232,6 +236,7 @@ impl Postgres {
             host: host.to_string(),
             keys: Vec::new(),
             cooldown: None,
+            cap: None,
             run_id: run_id.to_string(),
             trigger: "cli",
         };
@@ -261,6 +266,7 @@ impl Postgres {
                 }
                 ("cooldown", _) => Admitted::Cooldown,
                 ("kill_switch", _) => Admitted::KillSwitch,
+                ("capped", _) => Admitted::Capped,
                 _ => Admitted::Deduplicated,
             })
             .collect())

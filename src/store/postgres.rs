@@ -48,6 +48,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("../../migrations/0004_admit_all.sql")),
     (5, include_str!("../../migrations/0005_timed_switch.sql")),
     (6, include_str!("../../migrations/0006_admit_window.sql")),
+    (7, include_str!("../../migrations/0007_max_runs.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -312,11 +313,23 @@ impl Postgres {
             .iter()
             .map(|&i| items[i].cooldown.map(millis))
             .collect();
+        let cap_counts: Vec<Option<i32>> = order
+            .iter()
+            .map(|&i| {
+                items[i]
+                    .cap
+                    .map(|c| i32::try_from(c.count).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let caps_ms: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| items[i].cap.map(|c| millis(c.per)))
+            .collect();
         let (lease, window) = (millis(self.lease), millis(window));
         let rows = self
             .with("recording the triggers", |c| async move {
                 c.query_typed(
-                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                     &[
                         (&runbooks, Type::TEXT_ARRAY),
                         (&hosts, Type::TEXT_ARRAY),
@@ -327,6 +340,8 @@ impl Postgres {
                         (&lease, Type::INT8),
                         (&triggers, Type::TEXT_ARRAY),
                         (&window, Type::INT8),
+                        (&cap_counts, Type::INT4_ARRAY),
+                        (&caps_ms, Type::INT8_ARRAY),
                     ],
                 )
                 .await

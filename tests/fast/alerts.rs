@@ -201,3 +201,77 @@ async fn the_captured_notification_starts_the_shipped_example_and_one_run_sees_b
         "{unmatched:#}"
     );
 }
+
+/// A notification like the captured one, for `host`, with its own
+/// fingerprints and group: no duplicate of an earlier one.
+fn fresh_for(host: &str, tag: &str) -> Value {
+    let mut n = notification();
+    n["groupKey"] = format!("{tag}-{host}").into();
+    for a in n["alerts"].as_array_mut().unwrap() {
+        a["labels"]["instance"] = format!("{host}:9100").into();
+        a["fingerprint"] = format!("{tag}-{host}-{}", a["fingerprint"].as_str().unwrap()).into();
+    }
+    n
+}
+
+/// `max_runs` holds across a restart: the one run allowed on web-01 within
+/// the hour is read back from the audit log, so a new alert for web-01
+/// after the restart is `capped` (counted, and `alerts test` says so with
+/// the reason), while web-02 still has its run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_runs_caps_a_host_across_a_daemon_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let runbook = dir.path().join("runbooks/disk.yaml");
+    let text = std::fs::read_to_string(&runbook).unwrap();
+    std::fs::write(
+        &runbook,
+        text.replace("cooldown: 1h\n", "max_runs: { count: 1, per: 1h }\n"),
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path()).await;
+    assert_eq!(
+        run_to_its_verdict(&d, &fresh_for("web-01", "first")).await["status"],
+        "ok"
+    );
+    d.shutdown().await.unwrap();
+
+    let d = Daemon::start(dir.path()).await;
+    let (status, answer) = post_alerts(&d, &fresh_for("web-01", "second")).await;
+    assert_eq!(status, 200, "{answer}");
+    // Both alerts of the notification name web-01: both are capped.
+    let results: Vec<&Value> = answer["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| &o["result"])
+        .collect();
+    assert_eq!(results, ["capped", "capped"], "{answer:#}");
+    assert_eq!(
+        metric(
+            &d,
+            r#"runwarden_triggers_capped_total{host="web-01",runbook="disk"}"#
+        )
+        .await,
+        Some(2.0)
+    );
+    assert_eq!(
+        run_to_its_verdict(&d, &fresh_for("web-02", "first")).await["status"],
+        "ok",
+        "the cap is per host"
+    );
+    d.shutdown().await.unwrap();
+
+    let file = dir.path().join("third.json");
+    std::fs::write(&file, fresh_for("web-01", "third").to_string()).unwrap();
+    let said = alerts_test(dir.path(), &file);
+    let first = &said["alerts"][0]["outcomes"][0];
+    assert_eq!(first["result"], "capped", "{said:#}");
+    assert!(
+        first["why"]
+            .as_str()
+            .unwrap()
+            .contains("1 time(s) on web-01 within 1h"),
+        "{said:#}"
+    );
+}

@@ -280,6 +280,80 @@ fn wait_verdicts(fleet: &[Replica], n: usize, within: Duration) -> Vec<Value> {
     })
 }
 
+/// `max_runs` across the fleet: three replicas receive every round's alert
+/// for one host at once (each its own fingerprint, so no duplicate stands in
+/// the way); the cap of two runs is counted in the shared state under the
+/// host's lock, so exactly two runs start across all of them, and every
+/// later trigger is `capped`, recorded once with its own outcome.
+#[test]
+fn max_runs_holds_across_three_replicas_racing_for_one_host() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 3, LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook(
+            "rot",
+            &rot_runbook(&site, "h1", 0)
+                .replace("cooldown: 1h\n", "max_runs: { count: 2, per: 1h }\n"),
+        );
+    });
+    let mut results: Vec<String> = Vec::new();
+    for round in 0..4 {
+        let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
+            let posts: Vec<_> = fleet
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let body = notification(&["h1"])
+                        .replace("fp-h1", &format!("fp-h1-{round}-{i}"))
+                        .replace("{}:{", &format!("{{}}:{{round=\"{round}-{i}\","));
+                    s.spawn(move || r.post("/api/v1/alerts", &body))
+                })
+                .collect();
+            posts.into_iter().map(|p| p.join().unwrap()).collect()
+        });
+        for (status, a) in &answers {
+            assert_eq!(*status, 200, "{a}");
+            results.push(a["outcomes"][0]["result"].as_str().unwrap().to_string());
+        }
+        // Each round's run, if any, ends before the next round.
+        for r in &fleet {
+            settled(r);
+        }
+    }
+    let started = results.iter().filter(|r| *r == "started").count();
+    assert_eq!(started, 2, "{results:?}");
+    assert!(
+        results.iter().filter(|r| *r == "capped").count() >= 6,
+        "rounds 3 and 4 are capped on every replica: {results:?}"
+    );
+    assert_eq!(verdicts_of(&fleet).len(), 2, "two runs across the fleet");
+    let recorded = pg.sql(
+        "SELECT outcome, count(*) FROM runwarden_triggers WHERE host = 'h1' GROUP BY outcome ORDER BY outcome",
+    );
+    let capped = results.iter().filter(|r| *r == "capped").count();
+    assert!(
+        recorded.contains(&format!("capped|{capped}")) && recorded.contains("started|2"),
+        "{recorded}"
+    );
+    let metrics: usize = fleet
+        .iter()
+        .map(|r| {
+            let (_, text) = http(&r.addr, "GET", "/metrics", "").unwrap();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("runwarden_triggers_capped_total{host=\"h1\",runbook=\"rot\"}")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(
+        metrics, capped,
+        "each capped trigger counted once, where it arrived"
+    );
+}
+
 #[test]
 fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
     let pg = Pg::start();
@@ -1033,7 +1107,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1, 2, 3, 4, 5, 6]",
+        "applied migration(s) [1, 2, 3, 4, 5, 6, 7]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
@@ -2226,12 +2300,30 @@ fn the_admission_table_on_postgres() {
                 array(&before["keys"])
             ));
         }
+        for (k, ago) in before["starts_s_ago"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            pg.sql(&format!(
+                "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, started_at)
+                 VALUES ('start-{i}-{k}', '{runbook}', 'h', 'other', 1, 'ended', now() - interval '{ago} seconds')"
+            ));
+        }
         let cooldown = match case["cooldown_s"].as_u64() {
             Some(s) => (s * 1000).to_string(),
             None => "NULL".into(),
         };
+        let (count, per) = match case["cap"].as_object() {
+            Some(c) => (
+                c["count"].to_string(),
+                (c["per_s"].as_u64().unwrap() * 1000).to_string(),
+            ),
+            None => ("NULL".into(), "NULL".into()),
+        };
         let got = pg.sql(&format!(
-            "SELECT outcome FROM runwarden_admit('{runbook}', 'h', {}, {cooldown}, 'run-{i}', 'table', 60000, 'alert', {window})",
+            "SELECT outcome FROM runwarden_admit('{runbook}', 'h', {}, {cooldown}, 'run-{i}', 'table', 60000, 'alert', {window}, {count}, {per})",
             array(&case["keys"])
         ));
         assert_eq!(
@@ -2241,8 +2333,8 @@ fn the_admission_table_on_postgres() {
             case["case"]
         );
     }
-    // A replica of the previous version calls the eight-argument form: it
-    // still decides, by the same rule (its run in flight deduplicates).
+    // Replicas of earlier versions call the eight- and nine-argument forms:
+    // they still decide, by the same rule (a run in flight deduplicates).
     let old = |n: u32| {
         pg.sql(&format!(
             "SELECT outcome FROM runwarden_admit('previous', 'h', ARRAY['fp:p']::text[], NULL, 'old-{n}', 'old', 60000, 'alert')"
@@ -2250,4 +2342,8 @@ fn the_admission_table_on_postgres() {
     };
     assert_eq!(old(1).trim(), "started");
     assert_eq!(old(2).trim(), "deduplicated");
+    let nine = pg.sql(&format!(
+        "SELECT outcome FROM runwarden_admit('previous', 'h', ARRAY['fp:q']::text[], NULL, 'nine', 'old', 60000, 'alert', {window})"
+    ));
+    assert_eq!(nine.trim(), "deduplicated");
 }

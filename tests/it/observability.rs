@@ -41,7 +41,7 @@ fn shipped_rules_and_routes_pass_promtool_and_amtool() {
             "alerts/staging.example.rules.yml",
         ],
     );
-    assert!(text.contains("SUCCESS: 24 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 25 rules found"), "{text}");
     let text = run_ok(
         "/usr/bin/promtool",
         &["test", "rules", "alerts/tests/runwarden.rules.test.yml"],
