@@ -132,9 +132,11 @@ fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_da
         );
     }
     e.runbook("disk-remediation", &rb);
+    // A schedule every two seconds, capped at three runs an hour: the
+    // fourth fire on is `capped` (the dashboard's capped panel has data).
     e.runbook(
         "tick",
-        "name: tick\ndescription: t\nhosts: [web-01]\nautonomy: L3\nschedule: \"*/2 * * * * *\"\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+        "name: tick\ndescription: t\nhosts: [web-01]\nautonomy: L3\nschedule: \"*/2 * * * * *\"\nmax_runs: { count: 3, per: 1h }\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
     );
     let token = e.path().join("token");
     write_secret(&token, "obs-token-0123456789abcdef\n");
