@@ -556,3 +556,83 @@ fn a_config_reload_racing_100_runs_in_flight_leaves_each_run_on_one_version() {
     let last_run = audit.iter().rev().find(|l| l["phase"] == "start").unwrap();
     assert_eq!(last_run["runbook_version"], last_version.as_str());
 }
+
+/// The audit log closes segments whoever writes: the daemon's user, or root
+/// running `runwarden run` beside it. A segment root closes, and the file
+/// it starts, stay the owner's (mode and owner copied), so the daemon's
+/// next write goes on; the chain stays one across every segment.
+#[test]
+fn a_segment_closed_by_root_leaves_the_log_to_its_owner() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::process::Command;
+    let e = Estate::new();
+    e.host("local", &local_host("local", "paths: [/tmp]"));
+    e.runbook(
+        "probe",
+        "name: probe\ndescription: t\nhosts: [local]\nautonomy: L3\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "audit_head: none\naudit_rotation:\n  max_size: 4KiB\n",
+    )
+    .unwrap();
+    // The program and the configuration readable by `nobody`; the state its own.
+    let program = e.work().join("runwarden");
+    std::fs::copy(bin(), &program).unwrap();
+    for p in [e.path(), &e.work()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let state = e.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    nix::unistd::chown(&state, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let run = |as_nobody: bool| {
+        let mut c = if as_nobody {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+                .arg(&program);
+            c
+        } else {
+            Command::new(&program)
+        };
+        let out = c
+            .args(["run", "probe", "--host", "local", "--config"])
+            .arg(e.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "as nobody: {as_nobody}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // The owner writes first (as the daemon does when it starts), then
+    // root and the owner take turns.
+    for _ in 0..6 {
+        run(true);
+        run(false);
+    }
+    run(true);
+    let files: Vec<std::fs::DirEntry> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(Result::unwrap)
+        .filter(|f| f.file_name().to_string_lossy().starts_with("audit.jsonl"))
+        .collect();
+    assert!(files.len() >= 3, "segments were closed: {}", files.len());
+    for f in &files {
+        let m = f.metadata().unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o777),
+            (nobody.uid.as_raw(), 0o640),
+            "{}",
+            f.path().display()
+        );
+    }
+    let verify = e.run(&["audit", "verify"]);
+    let said = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success() && said.contains("chain intact"),
+        "{said}"
+    );
+    assert!(said.contains("segment(s)"), "{said}");
+}
