@@ -400,6 +400,41 @@ mod tests {
         assert!(current.contains("\"run_id\":\"b\""), "{current}");
     }
 
+    /// Two writers, each closing segments as its appends come due, from
+    /// two threads at once (as the daemon and a person's `runwarden run`):
+    /// every line is kept, once, in one chain.
+    #[test]
+    fn two_writers_closing_segments_at_once_keep_every_line_in_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let lines_each = 150;
+        std::thread::scope(|s| {
+            for who in ["a", "b"] {
+                let path = path.clone();
+                s.spawn(move || {
+                    let log = AuditLog::open_with(&path, small(None)).unwrap();
+                    filler(&log, who, lines_each);
+                });
+            }
+        });
+        let v = verify(&path).unwrap();
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+        let closed = closed(&path).unwrap();
+        assert!(closed.len() >= 5, "{}", closed.len());
+        // Each writer's lines, once each, plus one `segment` line per rotation.
+        assert_eq!(v.lines, 2 * lines_each as usize + closed.len());
+        let all: Vec<String> = lines(list(&path).unwrap(), None)
+            .map(Result::unwrap)
+            .collect();
+        for who in ["a", "b"] {
+            let mine = all
+                .iter()
+                .filter(|l| l.contains(&format!("\"run_id\":\"{who}\"")))
+                .count();
+            assert_eq!(mine, lines_each as usize, "{who}");
+        }
+    }
+
     #[test]
     fn runs_and_one_run_s_lines_are_found_across_segments() {
         let dir = tempfile::tempdir().unwrap();
