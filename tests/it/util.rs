@@ -95,9 +95,13 @@ impl Estate {
         self.path().join("state/audit.jsonl")
     }
 
+    /// The log's whole lines. Read while a daemon writes, the text may end
+    /// inside a line its writer has not finished copying in: that part,
+    /// after the last newline, is not a line yet.
     pub fn audit(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.audit_path())
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(self.audit_path()).unwrap_or_default();
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        whole
             .lines()
             .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
             .collect()
