@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
@@ -92,7 +92,10 @@ fn main() {
             "runwarden check",
             Box::new(|d, _| time(|| cmd(d, &["check"]))),
         ),
-        ("serve: start to listening", Box::new(|d, _| serve(d))),
+        (
+            "serve: start to listening",
+            Box::new(|d, _| common::start_logging(d, "warn").startup),
+        ),
         (
             "transcript of the newest run",
             Box::new(|d, id| time(|| cmd(d, &["transcript", id]))),
@@ -199,30 +202,6 @@ fn cli_run(dir: &Path) -> String {
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     report["run_id"].as_str().unwrap().to_string()
-}
-
-/// From `runwarden serve` to its "listening on" line; then SIGTERM.
-fn serve(dir: &Path) -> Duration {
-    let t = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(dir)
-        .env("RUNWARDEN_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let took = t.elapsed();
-    assert!(line.contains("listening on"), "{line}");
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    child.wait().unwrap();
-    took
 }
 
 /// One real run's lines, as the binary wrote them; the log is then removed.

@@ -51,6 +51,9 @@ pub fn torn_path(path: &Path) -> PathBuf {
 
 struct Tail {
     file: File,
+    /// The file's device and inode: whether it is still the log's current
+    /// file is one `stat` of the path against these.
+    id: (u64, u64),
     /// Hash of the last line, the file length it was read at, and that
     /// line's number in the whole chain.
     hash: String,
@@ -99,6 +102,7 @@ impl AuditLog {
         }
         let file = open_current(path).map_err(io)?;
         let mut tail = Tail {
+            id: file_id(&file).map_err(io)?,
             file,
             hash: GENESIS.to_string(),
             len: 0,
@@ -141,19 +145,12 @@ impl AuditLog {
     /// run's intent line, a rotation) already did.
     pub(crate) fn sync_through(&self, written: Written) -> Result<(), AuditError> {
         let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
-        let synced = (|| {
-            let meta = head.file.metadata()?;
-            if (meta.dev(), meta.ino()) != written.file {
-                // Closed as a segment since: a rotation syncs the file it closes.
-                return Ok(());
-            }
-            if head.synced < written.end {
-                let len = meta.len();
-                head.file.sync_data()?;
-                head.synced = head.synced.max(len);
-            }
+        // Closed as a segment since: a rotation syncs the file it closes.
+        let synced = if head.id != written.file || head.synced >= written.end {
             Ok(())
-        })();
+        } else {
+            head.file.sync_data().map(|()| head.synced = head.len)
+        };
         synced.map_err(|source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -202,9 +199,8 @@ impl AuditLog {
             if sync {
                 head.synced = head.len;
             }
-            let meta = head.file.metadata()?;
             Ok(Written {
-                file: (meta.dev(), meta.ino()),
+                file: head.id,
                 end: head.len,
             })
         })();
@@ -224,11 +220,12 @@ impl AuditLog {
     fn lock_current(&self, head: &mut Tail) -> std::io::Result<()> {
         loop {
             head.file.lock()?;
-            if same_file(&head.file, &self.path)? {
+            if path_id(&self.path)? == Some(head.id) {
                 break;
             }
             let _ = head.file.unlock();
             head.file = open_current(&self.path)?;
+            head.id = file_id(&head.file)?;
             head.len = u64::MAX;
         }
         if head.file.metadata()?.len() != head.len {
@@ -324,7 +321,7 @@ impl AuditLog {
             // A rotation cut short after this step: the name is already there.
             Err(e)
                 if e.kind() == std::io::ErrorKind::AlreadyExists
-                    && same_file(&head.file, &closed)? => {}
+                    && path_id(&closed)? == Some(head.id) => {}
             Err(e) => return Err(e),
         }
         std::fs::rename(&next, &self.path)?;
@@ -353,6 +350,7 @@ impl AuditLog {
         );
         out.lock()?;
         let _ = head.file.unlock();
+        head.id = file_id(&out)?;
         head.file = out;
         head.hash = hash;
         head.lines += 1;
@@ -462,12 +460,17 @@ fn open_current(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// Whether `file` is the file at `path` now.
-fn same_file(file: &File, path: &Path) -> std::io::Result<bool> {
-    let open = file.metadata()?;
+/// A file's device and inode.
+fn file_id(file: &File) -> std::io::Result<(u64, u64)> {
+    let m = file.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// The device and inode of the file at `path` now, if there is one.
+fn path_id(path: &Path) -> std::io::Result<Option<(u64, u64)>> {
     match std::fs::metadata(path) {
-        Ok(m) => Ok(m.dev() == open.dev() && m.ino() == open.ino()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Ok(m) => Ok(Some((m.dev(), m.ino()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }
