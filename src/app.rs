@@ -144,6 +144,11 @@ pub async fn serve(
     ));
     if let Some(store) = store {
         workers.spawn(store.clone().listen(stop_rx.clone()));
+        workers.spawn(
+            scheduler
+                .clone()
+                .take_queued(store.clone(), stop_rx.clone()),
+        );
         if let Some(approvals) = scheduler.approvals.clone() {
             workers.spawn(crate::store::workers::approval_sync_worker(
                 store.clone(),

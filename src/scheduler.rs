@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::admission::{Admission, Admitted, Ask, Decided, Fleet, Local, TriggerResult};
-use crate::audit::{AuditError, AuditLog, Phase, Queued, RunInfo};
+use crate::audit::{AuditError, AuditLog, Phase, QueueNote, Queued, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
@@ -107,6 +107,14 @@ pub(crate) struct Scheduler {
     store: Option<Arc<Postgres>>,
 }
 
+/// A trigger admission started: run here (with its lease and, with
+/// shared state, the permit held for it) or handed to the fleet's queue.
+struct Accepted<'a> {
+    req: &'a RunRequest,
+    run_id: String,
+    here: Option<(Option<Lease>, Option<OwnedSemaphorePermit>)>,
+}
+
 /// What became of one candidate, and the id of the run it started.
 #[derive(Debug, Clone)]
 pub(crate) struct Outcome {
@@ -162,19 +170,8 @@ impl Scheduler {
         })
     }
 
-    /// Decide what becomes of one trigger, record it, and start the run if it is one.
-    pub(crate) async fn submit(
-        self: &Arc<Self>,
-        req: RunRequest,
-    ) -> Result<TriggerResult, SubmitError> {
-        let mut outcomes = self.submit_all(vec![req]).await?;
-        Ok(outcomes
-            .pop()
-            .map_or(TriggerResult::Deduplicated, |o| o.result))
-    }
-
-    /// Decide a batch of run requests (an API request's hosts): one
-    /// outcome per request, in order.
+    /// Decide a batch of run requests (an API request's hosts, a
+    /// schedule's fire): one outcome per request, in order.
     pub(crate) async fn submit_all(
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
@@ -237,20 +234,49 @@ impl Scheduler {
                 })
             })
             .collect();
-        // 2. Admission decides the rest and records every outcome.
-        let admitted = self.admission.admit(&asks, &decided).await.map_err(|e| {
-            tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
-            e
-        })?;
+        // 2. Admission decides the rest and records every outcome. With
+        // shared state this replica claims only the runs it has a permit for
+        // now; the fleet's queue keeps the others for whichever replica
+        // frees one first.
+        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
+        if self.store.is_some() {
+            self.apply_limit(&config);
+            while held.len() < asks.len()
+                && let Ok(permit) = self.permits.clone().try_acquire_owned()
+            {
+                held.push(permit);
+            }
+        }
+        let admitted = self
+            .admission
+            .admit(&asks, &decided, held.len())
+            .await
+            .map_err(|e| {
+                tracing::error!("the shared state cannot decide triggers, so none starts: {e}");
+                e
+            })?;
         let mut admitted = asks.iter().zip(admitted);
         let mut outcomes = Vec::with_capacity(candidates.len());
-        let mut accepted: Vec<(&RunRequest, String, Option<Lease>)> = Vec::new();
+        let mut accepted: Vec<Accepted> = Vec::new();
         for (c, said) in candidates.iter().zip(&alone) {
             let result = match said {
                 Some(result) => *result,
                 None => match admitted.next() {
                     Some((ask, Admitted::Started(lease))) => {
-                        accepted.push((ask.req, ask.run_id.clone(), lease));
+                        let permit = held.pop();
+                        accepted.push(Accepted {
+                            req: ask.req,
+                            run_id: ask.run_id.clone(),
+                            here: Some((lease, permit)),
+                        });
+                        TriggerResult::Started
+                    }
+                    Some((ask, Admitted::Queued)) => {
+                        accepted.push(Accepted {
+                            req: ask.req,
+                            run_id: ask.run_id.clone(),
+                            here: None,
+                        });
                         TriggerResult::Started
                     }
                     Some((_, Admitted::Refused(result))) => result,
@@ -261,11 +287,13 @@ impl Scheduler {
             // 3. Counted once, whatever decided it.
             self.count(c, result);
             let run_id = match result {
-                TriggerResult::Started => accepted.last().map(|(_, id, _)| id.clone()),
+                TriggerResult::Started => accepted.last().map(|a| a.run_id.clone()),
                 _ => None,
             };
             outcomes.push(Outcome { result, run_id });
         }
+        // Permits not needed after all (a trigger was deduplicated) go back.
+        drop(held);
         if accepted.is_empty() {
             return Ok(outcomes);
         }
@@ -275,11 +303,15 @@ impl Scheduler {
         // that could not be recorded is refused so that it is sent again.
         let lines: Vec<Queued> = accepted
             .iter()
-            .map(|(req, id, _)| Queued {
-                run: run_info(&config, id, req),
-                trigger: req.trigger,
-                keys: &req.keys,
-                alert: req.alert.as_ref(),
+            .map(|a| Queued {
+                run: run_info(&config, &a.run_id, a.req),
+                trigger: a.req.trigger,
+                keys: &a.req.keys,
+                alert: a.req.alert.as_ref(),
+                queue: match a.here {
+                    Some(_) => QueueNote::Here,
+                    None => QueueNote::Handed,
+                },
             })
             .collect();
         // Written on a blocking thread (the log's lock may be held by a
@@ -301,10 +333,8 @@ impl Scheduler {
                     "{} accepted trigger(s) could not be recorded, so none starts: {e}",
                     accepted.len()
                 );
-                let started: Vec<(&RunRequest, String)> = accepted
-                    .iter()
-                    .map(|(req, id, _)| (*req, id.clone()))
-                    .collect();
+                let started: Vec<(&RunRequest, String)> =
+                    accepted.iter().map(|a| (a.req, a.run_id.clone())).collect();
                 let _ = self.admission.abandon(&started).await;
                 return Err(e.into());
             }
@@ -313,8 +343,14 @@ impl Scheduler {
         // call before its intent line's sync, which covers these lines too,
         // and the sender hears nothing before this sync (or that one) is done.
         let count = accepted.len();
-        for (req, run_id, lease) in accepted {
-            self.start(config.clone(), run_id, req.clone(), lease);
+        let mut handed = Vec::new();
+        for a in accepted {
+            match a.here {
+                Some((lease, permit)) => {
+                    self.start(config.clone(), a.run_id, a.req.clone(), lease, permit)
+                }
+                None => handed.push(a.run_id),
+            }
         }
         let audit = self.audit.clone();
         let synced = tokio::task::spawn_blocking(move || audit.sync_through(written))
@@ -327,7 +363,137 @@ impl Scheduler {
             );
             return Err(e.into());
         }
+        // 6. Queued runs whose triggers are now on disk here: any replica
+        // may take them.
+        if let Some(store) = self.store.as_ref().filter(|_| !handed.is_empty()) {
+            self.hand_over(store, &handed).await?;
+        }
         Ok(outcomes)
+    }
+
+    /// Make runs this replica queued takeable by the fleet, trying for as
+    /// long as a lease. Runs the fleet removed meanwhile (this replica
+    /// took longer than a lease to record them) will not run: the sender
+    /// is told to send again.
+    async fn hand_over(&self, store: &Postgres, run_ids: &[String]) -> Result<(), SubmitError> {
+        let give_up = Instant::now() + store.lease;
+        let marked = loop {
+            match store.ready(run_ids).await {
+                Ok(marked) => break marked,
+                Err(e) if Instant::now() >= give_up => {
+                    tracing::error!(
+                        "{} queued run(s) could not be handed to the fleet; they are removed after a lease and the sender is told to send again: {e}",
+                        run_ids.len()
+                    );
+                    return Err(e.into());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        if marked < run_ids.len() {
+            let e = StoreError::Database(format!(
+                "{} of {} queued run(s) were removed before this replica handed them over (it took longer than a lease to record them); they do not run, and the sender is told to send again",
+                run_ids.len() - marked,
+                run_ids.len()
+            ));
+            tracing::error!("{e}");
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// With shared state: whenever this replica has a free run permit,
+    /// take runs from the fleet's queue and start them, as many as it has
+    /// permits free, so admitted work spreads over every replica whichever
+    /// received the trigger. Woken by the queue's notification, by a
+    /// permit coming free, and every second (a notification missed while
+    /// the listening connection was down is not lost).
+    pub(crate) async fn take_queued(
+        self: Arc<Self>,
+        store: Arc<Postgres>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            let config = self.config.borrow().clone();
+            self.apply_limit(&config);
+            // A permit first: only what can start now is taken.
+            let first = tokio::select! {
+                permit = self.permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+                _ = stop.changed() => return,
+            };
+            if *stop.borrow() {
+                return;
+            }
+            let mut held = vec![first];
+            while let Ok(permit) = self.permits.clone().try_acquire_owned() {
+                held.push(permit);
+            }
+            let runbooks: Vec<String> = config.runbooks.keys().cloned().collect();
+            match store.take(held.len(), runbooks).await {
+                Ok(taken) if !taken.is_empty() => {
+                    self.start_taken(&config, taken, held).await;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("the fleet's queue cannot be read: {e}"),
+            }
+            drop(held);
+            tokio::select! {
+                _ = store.queue_ready.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Start runs taken from the fleet's queue, each with one of `held`:
+    /// their triggers go into this machine's log first (not synced: each
+    /// run's intent sync covers them). A run whose line cannot be written
+    /// does not start; its lease expires and a replica closes it
+    /// `interrupted`.
+    async fn start_taken(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        taken: Vec<crate::store::Taken>,
+        mut held: Vec<OwnedSemaphorePermit>,
+    ) {
+        let mut runs = Vec::with_capacity(taken.len());
+        for t in taken {
+            match RunRequest::from_queue(t.runbook.clone(), t.host.clone(), &t.request) {
+                Ok(req) => runs.push((t, req)),
+                Err(e) => {
+                    tracing::error!(run_id = %t.run_id, "a queued run cannot be read ({e}); it does not start, and its lease expires")
+                }
+            }
+        }
+        let lines: Vec<Queued> = runs
+            .iter()
+            .map(|(t, req)| Queued {
+                run: run_info(config, &t.run_id, req),
+                trigger: req.trigger,
+                keys: &req.keys,
+                alert: req.alert.as_ref(),
+                queue: QueueNote::TakenFrom(&t.queued_by),
+            })
+            .collect();
+        let entries = AuditLog::queued_lines(&lines);
+        let audit = self.audit.clone();
+        let written = tokio::task::spawn_blocking(move || audit.append_queued(entries)).await;
+        if !matches!(written, Ok(Ok(_))) {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!(
+                "{} run(s) taken from the fleet's queue could not be recorded here, so none starts; their leases expire and a replica closes them interrupted",
+                runs.len()
+            );
+            return;
+        }
+        for (t, req) in runs {
+            let permit = held.pop();
+            self.start(config.clone(), t.run_id, req, Some(t.lease), permit);
+        }
     }
 
     /// What this daemon says of a run request alone: no such runbook, a
@@ -414,12 +580,13 @@ impl Scheduler {
         run_id: String,
         req: RunRequest,
         lease: Option<Lease>,
+        permit: Option<OwnedSemaphorePermit>,
     ) {
         self.apply_limit(&config);
         self.active.send_modify(|n| *n += 1);
         // A free permit: straight to the run's own thread, with no task
         // between the answer to the trigger and the run's first line.
-        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+        if let Some(permit) = permit.or_else(|| self.permits.clone().try_acquire_owned().ok()) {
             let this = self.clone();
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || {
@@ -644,8 +811,8 @@ fn run_info(config: &Config, run_id: &str, req: &RunRequest) -> RunInfo {
 impl crate::trigger::Submit for Arc<Scheduler> {
     type Error = SubmitError;
 
-    async fn submit(&self, req: RunRequest) -> Result<(), SubmitError> {
-        Scheduler::submit(self, req).await.map(drop)
+    async fn submit(&self, reqs: Vec<RunRequest>) -> Result<(), SubmitError> {
+        Scheduler::submit_all(self, reqs).await.map(drop)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Admission across replicas: the shared PostgreSQL state decides a
 //! notification's triggers in one round trip and one transaction
-//! (`runwarden_admit_all`), a started one with the lease its run holds, and
-//! records what the replica decided alone beside them.
+//! (`runwarden_admit_all`), a started one with the lease its run holds (or
+//! queued for the fleet, when this replica has no run permit free for it),
+//! and records what the replica decided alone beside them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,7 @@ impl Admission for Fleet {
         &'a self,
         asks: &'a [Ask<'a>],
         decided: &'a [Decided<'a>],
+        direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {
         Box::pin(async move {
             let items: Vec<Admit> = asks
@@ -43,17 +45,19 @@ impl Admission for Fleet {
                     cap: a.cap,
                     run_id: a.run_id.clone(),
                     trigger: a.req.trigger.as_str(),
+                    request: a.req.to_queue(),
                 })
                 .collect();
             let admitted: Vec<Admitted> = match items.is_empty() {
                 true => Vec::new(),
                 false => self
                     .store
-                    .admit(&items, self.window)
+                    .admit(&items, self.window, Some(direct))
                     .await?
                     .into_iter()
                     .map(|a| match a {
                         crate::store::Admitted::Started(lease) => Admitted::Started(Some(lease)),
+                        crate::store::Admitted::Queued => Admitted::Queued,
                         crate::store::Admitted::Cooldown => {
                             Admitted::Refused(TriggerResult::Cooldown)
                         }
@@ -84,7 +88,7 @@ impl Admission for Fleet {
                 let claimed: Vec<String> = asks
                     .iter()
                     .zip(&admitted)
-                    .filter(|(_, a)| matches!(a, Admitted::Started(_)))
+                    .filter(|(_, a)| matches!(a, Admitted::Started(_) | Admitted::Queued))
                     .map(|(ask, _)| ask.run_id.clone())
                     .collect();
                 give_back(&self.store, &claimed).await;

@@ -194,6 +194,7 @@ impl Admission for Local {
         &'a self,
         asks: &'a [Ask<'a>],
         _: &'a [Decided<'a>],
+        _direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {
         // The audit log holds this machine's record of every trigger.
         let admitted = self.decide(asks);
@@ -253,6 +254,7 @@ mod tests {
         match local.decide(std::slice::from_ref(&ask)).pop() {
             Some(Admitted::Started(_)) => TriggerResult::Started,
             Some(Admitted::Refused(r)) => r,
+            Some(Admitted::Queued) => panic!("one machine queues nothing for a fleet"),
             None => panic!("one outcome per ask"),
         }
     }

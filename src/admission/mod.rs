@@ -110,6 +110,9 @@ pub(crate) struct Decided<'a> {
 pub(crate) enum Admitted {
     /// It starts a run; with shared state, the run holds this lease.
     Started(Option<Lease>),
+    /// It starts a run that waits in the fleet's queue for whichever
+    /// replica has a free run permit first (this one included).
+    Queued,
     /// It does not: deduplicated, cooldown, or the fleet's kill switch.
     Refused(TriggerResult),
 }
@@ -121,12 +124,16 @@ pub(crate) type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreErro
 /// trigger's outcome.
 pub(crate) trait Admission: Send + Sync {
     /// One outcome per ask, in order; `decided` are recorded with them
-    /// (with shared state, in the fleet's table). An error: nothing was
+    /// (with shared state, in the fleet's table). With shared state, only
+    /// the first `direct` that start are this daemon's to run now (it holds
+    /// that many run permits) and the rest are [`Admitted::Queued`]; on one
+    /// machine every run waits for a permit here. An error: nothing was
     /// admitted, and the sender must be told to retry.
     fn admit<'a>(
         &'a self,
         asks: &'a [Ask<'a>],
         decided: &'a [Decided<'a>],
+        direct: usize,
     ) -> Pending<'a, Vec<Admitted>>;
 
     /// Runs admitted by `admit` that will not start after all (their

@@ -164,6 +164,32 @@ pub(crate) struct Queued<'a> {
     pub(crate) keys: &'a [String],
     /// The alert that started it, if an alert did.
     pub(crate) alert: Option<&'a Value>,
+    /// Where the run waits and runs.
+    pub(crate) queue: QueueNote<'a>,
+}
+
+/// Where an accepted trigger's run runs (with shared state, it may be
+/// another replica's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QueueNote<'a> {
+    /// On this machine.
+    Here,
+    /// Handed to the fleet's queue: whichever replica takes it records its
+    /// run in its own log (`"queue": "fleet"`), and this log holds no end
+    /// for it.
+    Handed,
+    /// Taken here from the fleet's queue, admitted by this replica
+    /// (`"taken_from"`).
+    TakenFrom(&'a str),
+}
+
+/// Whether a `queued` line handed its run to the fleet's queue: the run is
+/// another log's from there on.
+pub(crate) fn handed(e: &super::Entry) -> bool {
+    e.phase == Some(Phase::Queued)
+        && e.detail
+            .as_ref()
+            .is_some_and(|d| d["queue"].as_str() == Some("fleet"))
 }
 
 /// What the history keeps of the alert that started a run: its labels and
@@ -240,6 +266,11 @@ impl AuditLog {
                     json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() });
                 if let Some(a) = q.alert {
                     detail["alert"] = alert_record(a);
+                }
+                match q.queue {
+                    QueueNote::Here => {}
+                    QueueNote::Handed => detail["queue"] = "fleet".into(),
+                    QueueNote::TakenFrom(replica) => detail["taken_from"] = replica.into(),
                 }
                 e.detail = Some(detail);
                 e

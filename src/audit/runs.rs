@@ -5,7 +5,8 @@
 //! verdict line has that verdict; one with a `start` line and no verdict is
 //! `running` while the process that wrote it lives (else `interrupted`,
 //! until a daemon start-up closes it); one with only its `queued` line is
-//! `queued` (or `interrupted`).
+//! `queued` (or `interrupted`), or `handed` when its line handed it to the
+//! fleet's queue (the log of the replica that took it has the rest).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -30,7 +31,7 @@ pub(crate) struct RunSummary {
     pub(crate) trigger: String,
     /// When it started (or was queued).
     pub(crate) started_at: String,
-    /// `queued`, `running`, `interrupted`, or the verdict.
+    /// `queued`, `handed`, `running`, `interrupted`, or the verdict.
     pub(crate) status: String,
     /// When its verdict was written.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -184,6 +185,12 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)
                 }
                 if e.phase == Some(Phase::Start) {
                     run.status = "running".into();
+                }
+                if super::handed(&e) {
+                    // Its run is the log of whichever replica took it.
+                    run.status = "handed".into();
+                    *open = None;
+                    continue;
                 }
                 *open = Some(e);
             }
@@ -340,6 +347,11 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         let Ok(e) = serde_json::from_str::<Entry>(&line) else {
             continue;
         };
+        if super::handed(&e) {
+            // Handed to the fleet's queue: the replica that took it keeps
+            // its run, its end and its count.
+            continue;
+        }
         match e.phase {
             Some(Phase::Segment) => {
                 let carried = e.detail.as_ref().map(|d| &d["carried"]);

@@ -320,6 +320,56 @@ mod tests {
         );
     }
 
+    /// With shared state, a run this replica handed to the fleet's queue is
+    /// the log of whichever replica took it: a restart leaves it alone (no
+    /// `interrupted` verdict for a run another replica may be running), and
+    /// the history says `handed`. One taken from the queue is this log's.
+    #[test]
+    fn a_run_handed_to_the_fleet_is_not_this_logs_to_close_and_one_taken_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).unwrap();
+        let keys = ["fp1".to_string()];
+        let queued = |id: &str, queue| crate::audit::Queued {
+            run: run(id),
+            trigger: crate::trigger::Trigger::Alert,
+            keys: &keys,
+            alert: None,
+            queue,
+        };
+        let lines = AuditLog::queued_lines(&[
+            queued("handed", crate::audit::QueueNote::Handed),
+            queued("taken", crate::audit::QueueNote::TakenFrom("b")),
+        ]);
+        let w = log.append_queued(lines).unwrap();
+        log.sync_through(w).unwrap();
+        let r = runs::recovery(&path).unwrap();
+        let open: Vec<&str> = r
+            .unfinished
+            .iter()
+            .map(|(e, _)| e.run_id.as_str())
+            .collect();
+        assert_eq!(open, ["taken"]);
+        assert_eq!(r.starts[&("rb".to_string(), "local".to_string())].len(), 1);
+        let listed = runs::list(&path, &Default::default()).unwrap();
+        let status = |id: &str| {
+            listed
+                .iter()
+                .find(|s| s.run_id == id)
+                .map(|s| s.status.clone())
+        };
+        assert_eq!(status("handed").as_deref(), Some("handed"));
+        // This test's process wrote it and lives: queued, not interrupted.
+        assert_eq!(status("taken").as_deref(), Some("queued"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let taken: serde_json::Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|l| l["run_id"] == "taken")
+            .unwrap();
+        assert_eq!(taken["detail"]["taken_from"], "b");
+    }
+
     #[test]
     fn retention_removes_old_segments_and_says_so_and_a_hand_deletion_still_shows() {
         let dir = tempfile::tempdir().unwrap();

@@ -63,7 +63,18 @@ pub(crate) struct Transcript {
 }
 
 /// Which planner a run asks for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum PlannerChoice {
     /// The model when the runbook has an agent goal and a model is
     /// configured (after the steps with `agent.after_steps`); else the steps.

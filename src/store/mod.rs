@@ -93,6 +93,9 @@ pub(crate) struct Admit {
     pub(crate) run_id: String,
     /// `alert`, `schedule`, `api`...
     pub(crate) trigger: &'static str,
+    /// What a replica that takes it from the queue runs (see
+    /// [`crate::trigger::RunRequest::to_queue`]).
+    pub(crate) request: String,
 }
 
 /// What the fleet made of one trigger.
@@ -100,6 +103,9 @@ pub(crate) struct Admit {
 pub(crate) enum Admitted {
     /// It starts a run, which holds this lease.
     Started(Lease),
+    /// It starts a run the fleet's queue holds, for whichever replica has a
+    /// free run permit first ([`Postgres::take`]).
+    Queued,
     /// The runbook ran on the host too recently.
     Cooldown,
     /// A run for it is in flight, or it repeats the last run's trigger.
@@ -108,6 +114,23 @@ pub(crate) enum Admitted {
     KillSwitch,
     /// The runbook's `max_runs` on the host is reached, across the fleet.
     Capped,
+}
+
+/// A run taken from the fleet's queue: this replica's to run now.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    /// Its run id, given when it was admitted.
+    pub(crate) run_id: String,
+    /// Its runbook.
+    pub(crate) runbook: String,
+    /// Its host.
+    pub(crate) host: String,
+    /// The lease it runs under.
+    pub(crate) lease: Lease,
+    /// The trigger, as [`crate::trigger::RunRequest::to_queue`] wrote it.
+    pub(crate) request: String,
+    /// The replica that admitted it.
+    pub(crate) queued_by: String,
 }
 
 /// One replica's own switch file, as it last published it.
@@ -239,35 +262,69 @@ impl Postgres {
             cap: None,
             run_id: run_id.to_string(),
             trigger: "cli",
+            request: String::new(),
         };
         Ok(self
-            // No trigger keys: no repeat, so no duplicate window applies.
-            .admit(&[item], Duration::ZERO)
+            // No trigger keys: no repeat, so no duplicate window applies;
+            // the person's run is claimed here and now.
+            .admit(&[item], Duration::ZERO, None)
             .await?
             .pop()
             .unwrap_or(Admitted::Deduplicated))
     }
 
     /// Decide a notification's triggers across the fleet (see
-    /// `runwarden_admit_all`): one outcome per trigger, in order, a started
-    /// one with its lease, renewed from now on.
+    /// `runwarden_admit_all`): one outcome per trigger, in order. The first
+    /// `direct` that start are this replica's to run now, each with its
+    /// lease, renewed from now on; the others that start wait in the
+    /// fleet's queue (`None`: all are this replica's).
     pub(crate) async fn admit(
         self: &Arc<Self>,
         items: &[Admit],
         window: Duration,
+        direct: Option<usize>,
     ) -> Result<Vec<Admitted>, StoreError> {
-        let outcomes = self.admit_all(items, window).await?;
+        let outcomes = self.admit_all(items, window, direct).await?;
         Ok(items
             .iter()
             .zip(outcomes)
-            .map(|(item, (outcome, token))| match (outcome.as_str(), token) {
-                ("started", Some(token)) => {
-                    Admitted::Started(self.lease(&item.runbook, &item.host, &item.run_id, token))
-                }
-                ("cooldown", _) => Admitted::Cooldown,
-                ("kill_switch", _) => Admitted::KillSwitch,
-                ("capped", _) => Admitted::Capped,
-                _ => Admitted::Deduplicated,
+            .map(
+                |(item, (outcome, token, queued))| match (outcome.as_str(), token) {
+                    ("started", Some(_)) if queued => Admitted::Queued,
+                    ("started", Some(token)) => Admitted::Started(self.lease(
+                        &item.runbook,
+                        &item.host,
+                        &item.run_id,
+                        token,
+                    )),
+                    ("cooldown", _) => Admitted::Cooldown,
+                    ("kill_switch", _) => Admitted::KillSwitch,
+                    ("capped", _) => Admitted::Capped,
+                    _ => Admitted::Deduplicated,
+                },
+            )
+            .collect())
+    }
+
+    /// Take up to `limit` runs from the fleet's queue (of the runbooks this
+    /// replica knows), each now this replica's under its lease, renewed
+    /// from now on. No other replica takes the same one.
+    pub(crate) async fn take(
+        self: &Arc<Self>,
+        limit: usize,
+        runbooks: Vec<String>,
+    ) -> Result<Vec<Taken>, StoreError> {
+        Ok(self
+            .take_queued(limit, runbooks)
+            .await?
+            .into_iter()
+            .map(|(run_id, runbook, host, token, request, queued_by)| Taken {
+                lease: self.lease(&runbook, &host, &run_id, token),
+                request,
+                queued_by,
+                run_id,
+                runbook,
+                host,
             })
             .collect())
     }

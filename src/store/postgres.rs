@@ -49,10 +49,17 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../../migrations/0005_timed_switch.sql")),
     (6, include_str!("../../migrations/0006_admit_window.sql")),
     (7, include_str!("../../migrations/0007_max_runs.sql")),
+    (8, include_str!("../../migrations/0008_work_queue.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
 const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
+
+/// How long one migration may take.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The notification channel of the fleet's queue: runs became takeable.
+const QUEUE_CHANNEL: &str = "runwarden_queue";
 
 /// One daemon's (or one command's) connection to the shared state.
 pub(crate) struct Postgres {
@@ -67,6 +74,8 @@ pub(crate) struct Postgres {
     unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
     pub(crate) switch: Arc<FleetSwitch>,
+    /// Woken when runs in the fleet's queue became takeable.
+    pub(crate) queue_ready: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -150,6 +159,7 @@ impl Postgres {
             client: Default::default(),
             unhealthy: Mutex::new(Some("not connected yet".into())),
             switch: Default::default(),
+            queue_ready: Default::default(),
         })
     }
 
@@ -207,8 +217,17 @@ impl Postgres {
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
+        self.within(op_timeout(self.lease), what, f).await
+    }
+
+    /// [`with`](Self::with), within `limit`.
+    async fn within<T, F, Fut>(&self, limit: Duration, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
         let result = match self.client().await {
-            Ok(client) => match tokio::time::timeout(op_timeout(self.lease), f(client)).await {
+            Ok(client) => match tokio::time::timeout(limit, f(client)).await {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(e)) if unreachable(&e) => Err(StoreError::Unreachable(format!(
                     "{what}: {}",
@@ -239,8 +258,11 @@ impl Postgres {
         let mut applied = Vec::new();
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > have) {
             let body = format!("BEGIN;\n{sql}\nCOMMIT;");
-            self.with("migrating", |c| async move { c.batch_execute(&body).await })
-                .await?;
+            // Not a run's operation: a busy server may take its time over DDL.
+            self.within(MIGRATION_TIMEOUT, "migrating", |c| async move {
+                c.batch_execute(&body).await
+            })
+            .await?;
             applied.push(*version);
         }
         Ok(applied)
@@ -296,7 +318,8 @@ impl Postgres {
         &self,
         items: &[super::Admit],
         window: Duration,
-    ) -> Result<Vec<(String, Option<i64>)>, StoreError> {
+        direct: Option<usize>,
+    ) -> Result<Vec<(String, Option<i64>, bool)>, StoreError> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| {
             (&items[a].runbook, &items[a].host).cmp(&(&items[b].runbook, &items[b].host))
@@ -309,6 +332,8 @@ impl Postgres {
         let keys = column(&|a| serde_json::to_string(&a.keys).unwrap_or_default());
         let run_ids = column(&|a| a.run_id.clone());
         let triggers = column(&|a| a.trigger.to_string());
+        let requests = column(&|a| a.request.clone());
+        let direct = direct.map(|d| i32::try_from(d).unwrap_or(i32::MAX));
         let cooldowns: Vec<Option<i64>> = order
             .iter()
             .map(|&i| items[i].cooldown.map(millis))
@@ -329,7 +354,7 @@ impl Postgres {
         let rows = self
             .with("recording the triggers", |c| async move {
                 c.query_typed(
-                    "SELECT n, outcome, token FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                     &[
                         (&runbooks, Type::TEXT_ARRAY),
                         (&hosts, Type::TEXT_ARRAY),
@@ -342,6 +367,8 @@ impl Postgres {
                         (&window, Type::INT8),
                         (&cap_counts, Type::INT4_ARRAY),
                         (&caps_ms, Type::INT8_ARRAY),
+                        (&requests, Type::TEXT_ARRAY),
+                        (&direct, Type::INT4),
                     ],
                 )
                 .await
@@ -354,7 +381,7 @@ impl Postgres {
                 items.len()
             )));
         }
-        let mut out = vec![(String::new(), None); items.len()];
+        let mut out = vec![(String::new(), None, false); items.len()];
         for row in rows {
             let n: i32 = row.get(0);
             let i = usize::try_from(n - 1)
@@ -363,9 +390,56 @@ impl Postgres {
                 .ok_or_else(|| {
                     StoreError::Database(format!("recording the triggers: no trigger {n}"))
                 })?;
-            out[i] = (row.get(1), row.get(2));
+            out[i] = (row.get(1), row.get(2), row.get(3));
         }
         Ok(out)
+    }
+
+    /// The triggers of queued runs admitted here are on this machine's
+    /// disk: other replicas may take them now (see `runwarden_ready`).
+    /// Returns how many were marked; fewer than given means the rest were
+    /// removed as stale (this replica took longer than a lease).
+    pub(crate) async fn ready(&self, run_ids: &[String]) -> Result<usize, StoreError> {
+        let ids = run_ids.to_vec();
+        self.with("releasing queued runs", |c| async move {
+            c.query_typed("SELECT runwarden_ready($1)", &[(&ids, Type::TEXT_ARRAY)])
+                .await
+        })
+        .await
+        .and_then(|rows| {
+            let marked: i32 = one(rows, "releasing queued runs")?.get(0);
+            Ok(usize::try_from(marked).unwrap_or(0))
+        })
+    }
+
+    /// Take up to `limit` queued runs of `runbooks` (see `runwarden_take`):
+    /// run id, runbook, host, token, request, the replica that queued it.
+    #[allow(clippy::type_complexity, reason = "one row of one SQL function")]
+    pub(super) async fn take_queued(
+        &self,
+        limit: usize,
+        runbooks: Vec<String>,
+    ) -> Result<Vec<(String, String, String, i64, String, String)>, StoreError> {
+        let (lease, limit) = (millis(self.lease), i32::try_from(limit).unwrap_or(i32::MAX));
+        let rows = self
+            .with("taking queued runs", |c| async move {
+                c.query_typed(
+                    "SELECT run_id, runbook, host, token, request::text, queued_by
+                     FROM runwarden_take($1, $2, $3, $4)",
+                    &[
+                        (&self.replica, Type::TEXT),
+                        (&lease, Type::INT8),
+                        (&limit, Type::INT4),
+                        (&runbooks, Type::TEXT_ARRAY),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+            .collect())
     }
 
     /// Record triggers this replica decided alone (the kill switch, out of
@@ -407,7 +481,8 @@ impl Postgres {
         let ids = run_ids.to_vec();
         self.with("giving back unrecorded claims", |c| async move {
             c.execute(
-                "WITH gone AS (UPDATE runwarden_runs SET status = 'not_started', ended_at = clock_timestamp()
+                "WITH queued AS (DELETE FROM runwarden_queue WHERE run_id = ANY($1)),
+                      gone AS (UPDATE runwarden_runs SET status = 'not_started', ended_at = clock_timestamp()
                      WHERE run_id = ANY($1) RETURNING runbook, host, token)
                  UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL
                      FROM gone WHERE l.runbook = gone.runbook AND l.host = gone.host AND l.token = gone.token",
@@ -534,6 +609,13 @@ impl Postgres {
                     &[&self.replica],
                 )
                 .await?;
+            // Queued runs whose admitting replica stopped before its disk
+            // had their triggers: their senders were told to retry.
+            c.query_typed(
+                "SELECT runwarden_reap_queue($1)",
+                &[(&millis(self.lease), Type::INT8)],
+            )
+            .await?;
             Ok(rows
                 .iter()
                 .map(|r| Reaped {
@@ -770,7 +852,7 @@ impl Postgres {
     }
 
     async fn listen_once(
-        &self,
+        self: &Arc<Self>,
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let unreachable =
@@ -781,16 +863,23 @@ impl Postgres {
             .await
             .map_err(unreachable)?;
         let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let queue = self.clone();
         let driver = tokio::spawn(async move {
             while let Some(Ok(m)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                if matches!(m, AsyncMessage::Notification(_)) && tx.send(()).is_err() {
-                    break;
+                match m {
+                    AsyncMessage::Notification(n) if n.channel() == QUEUE_CHANNEL => {
+                        queue.queue_ready.notify_one();
+                    }
+                    AsyncMessage::Notification(_) if tx.send(()).is_err() => break,
+                    _ => {}
                 }
             }
         });
         let _stop_driver = AbortOnDrop(driver);
         client
-            .batch_execute(&format!("LISTEN {KILL_SWITCH_CHANNEL}"))
+            .batch_execute(&format!(
+                "LISTEN {KILL_SWITCH_CHANNEL}; LISTEN {QUEUE_CHANNEL}"
+            ))
             .await
             .map_err(unreachable)?;
         loop {

@@ -105,21 +105,25 @@ pub(crate) async fn worker(
             let now = Zoned::now().with_time_zone(tz.clone());
             for (name, fired) in fire_due(&mut next, &crons, &now) {
                 if let Some(rb) = cfg.runbooks.get(&name) {
-                    for host in &rb.hosts {
-                        let submitted = scheduler
-                            .submit(RunRequest {
-                                runbook: name.clone(),
-                                host: host.to_string(),
-                                dry_run: false,
-                                planner: Default::default(),
-                                trigger: Trigger::Schedule,
-                                alert: None,
-                                keys: vec![format!("cron:{}", fired.timestamp())],
-                            })
-                            .await;
-                        if let Err(e) = submitted {
-                            tracing::error!(runbook = %name, %host, "scheduled run not started (its trigger could not be recorded): {e}");
-                        }
+                    // Every host of the fire in one batch: with replicas,
+                    // one round trip decides them all, and the fleet's
+                    // queue spreads what this replica cannot start now.
+                    let reqs: Vec<RunRequest> = rb
+                        .hosts
+                        .iter()
+                        .map(|host| RunRequest {
+                            runbook: name.clone(),
+                            host: host.to_string(),
+                            dry_run: false,
+                            planner: Default::default(),
+                            trigger: Trigger::Schedule,
+                            alert: None,
+                            keys: vec![format!("cron:{}", fired.timestamp())],
+                        })
+                        .collect();
+                    let hosts = reqs.len();
+                    if let Err(e) = scheduler.submit(reqs).await {
+                        tracing::error!(runbook = %name, "{hosts} scheduled run(s) not started (their triggers could not be recorded): {e}");
                     }
                 }
                 metrics

@@ -14,8 +14,10 @@ pub(crate) trait Submit: Send + Sync + 'static {
     /// Why a trigger could not be recorded.
     type Error: std::fmt::Display;
 
-    /// Record `req` and have it decided; an error means it was not recorded.
-    fn submit(&self, req: RunRequest) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Record `reqs` and have them decided, as one batch (with shared
+    /// state, one round trip); an error means none was recorded.
+    fn submit(&self, reqs: Vec<RunRequest>)
+    -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// What started a run.
@@ -64,7 +66,49 @@ pub struct RunRequest {
     pub(crate) planner: crate::planner::PlannerChoice,
 }
 
+/// A run request as the fleet's queue keeps it (its runbook and host are
+/// columns of their own).
+#[derive(Serialize, serde::Deserialize)]
+struct InQueue {
+    trigger: Trigger,
+    keys: Vec<String>,
+    alert: Option<Value>,
+    dry_run: bool,
+    planner: crate::planner::PlannerChoice,
+}
+
 impl RunRequest {
+    /// What the fleet's queue keeps of this request, for the replica that
+    /// takes it: everything but its runbook and host.
+    pub(crate) fn to_queue(&self) -> String {
+        serde_json::to_string(&InQueue {
+            trigger: self.trigger,
+            keys: self.keys.clone(),
+            alert: self.alert.clone(),
+            dry_run: self.dry_run,
+            planner: self.planner,
+        })
+        .unwrap_or_default()
+    }
+
+    /// The request [`to_queue`](Self::to_queue) kept.
+    pub(crate) fn from_queue(
+        runbook: String,
+        host: String,
+        text: &str,
+    ) -> Result<RunRequest, serde_json::Error> {
+        let q: InQueue = serde_json::from_str(text)?;
+        Ok(RunRequest {
+            runbook,
+            host,
+            dry_run: q.dry_run,
+            trigger: q.trigger,
+            alert: q.alert,
+            keys: q.keys,
+            planner: q.planner,
+        })
+    }
+
     /// A run from the command line.
     pub fn cli(runbook: String, host: String, dry_run: bool) -> RunRequest {
         RunRequest {

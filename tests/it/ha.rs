@@ -19,6 +19,8 @@ use crate::util::*;
 mod pg;
 use pg::{PG_PASSWORD, Pg};
 
+mod queue;
+
 /// The hosts' own world, shared by every replica: per host a log, its
 /// logrotate configuration and the record `postrotate` appends to.
 pub struct Site {
@@ -1117,7 +1119,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1, 2, 3, 4, 5, 6, 7]",
+        "applied migration(s) [1, 2, 3, 4, 5, 6, 7, 8]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
@@ -1848,6 +1850,12 @@ fn a_notification_sent_again_after_its_run_ended_is_a_duplicate_on_any_replica_w
     let (_, first) = fleet[0].post("/api/v1/alerts", &body);
     assert_eq!(first["outcomes"][0]["result"], "started", "{first}");
     wait_verdicts(&fleet, 1, Duration::from_secs(10));
+    // Ended in the fleet's record too (its verdict line comes first).
+    wait_for(
+        "the run's end in the shared state",
+        Duration::from_secs(10),
+        || (pg.sql("SELECT status FROM runwarden_runs") == "ended").then_some(()),
+    );
     // The HA pair's second copy, to the other replica, after the run ended.
     let (_, again) = fleet[1].post("/api/v1/alerts", &body);
     assert_eq!(again["outcomes"][0]["result"], "deduplicated", "{again}");

@@ -1,0 +1,191 @@
+//! The fleet's queue: admitted work the receiving replica cannot start now
+//! waits in PostgreSQL for whichever replica has a free run permit, so work
+//! spreads whichever replica received the trigger; a queued run outlives
+//! the replica that admitted it, and none runs twice.
+
+use super::*;
+
+/// `n` hosts `h1`... whose `ps` takes `seconds`, and the runbook `rot` on
+/// all of them with one slow look after its rotation.
+fn slow_hosts(site: &Site, n: usize, seconds: f64) -> (Vec<String>, impl Fn(&Estate) + '_) {
+    let hosts: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
+    let ps = site.slow_ps(seconds);
+    let list = hosts.clone();
+    let setup = move |e: &Estate| {
+        for h in &list {
+            e.host(
+                h,
+                &site.host(h, &format!("binaries: {{ ps: {} }}", ps.display())),
+            );
+        }
+        e.runbook("rot", &rot_runbook(site, &list.join(", "), 1));
+    };
+    (hosts, setup)
+}
+
+/// The `queued` lines of `r`'s log that handed a run to the fleet, and
+/// those that took one from it (with the replica that admitted it).
+fn handed_and_taken(r: &Replica) -> (usize, Vec<String>) {
+    let queued = r.e.audit_phase("queued");
+    let handed = queued
+        .iter()
+        .filter(|l| l["detail"]["queue"] == "fleet")
+        .count();
+    let taken = queued
+        .iter()
+        .filter_map(|l| l["detail"]["taken_from"].as_str().map(String::from))
+        .collect();
+    (handed, taken)
+}
+
+/// Replica `a` alone receives an API request for nine hosts, then `c` alone
+/// an alert for six more; each replica may run one run at a time. Every
+/// replica runs some of them, each host exactly once (its own record of
+/// rotations says so), and the logs say where each run went.
+#[test]
+fn work_one_replica_receives_spreads_over_three_and_no_host_runs_twice() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (hosts, setup) = slow_hosts(&site, 15, 0.4);
+    let fleet = fleet(&pg, 3, LONG, "max_concurrent_runs: 1\n", &setup);
+    let api: Vec<&str> = hosts[..9].iter().map(String::as_str).collect();
+    let results = fleet[0].start_runs("rot", &api);
+    assert!(results.iter().all(|r| r == "started"), "{results:?}");
+    let alerted: Vec<&str> = hosts[9..].iter().map(String::as_str).collect();
+    let (status, answer) = fleet[2].post("/api/v1/alerts", &notification(&alerted));
+    assert_eq!(status, 200, "{answer}");
+    let verdicts = wait_verdicts(&fleet, 15, Duration::from_secs(90));
+    assert!(
+        verdicts.iter().all(|v| v["outcome"] == "ok"),
+        "{verdicts:#?}"
+    );
+    for h in &hosts {
+        assert_eq!(site.rotations(h).len(), 1, "{h} ran once");
+    }
+    // One run per host in the fleet's record, spread over the three.
+    assert_eq!(
+        pg.sql("SELECT count(DISTINCT host), count(*) FROM runwarden_runs WHERE status = 'ended'"),
+        "15|15"
+    );
+    let per: Vec<usize> = fleet.iter().map(|r| r.verdicts().len()).collect();
+    assert_eq!(per.iter().sum::<usize>(), 15, "{per:?}");
+    assert!(
+        per.iter().all(|&n| n >= 1) && per.iter().all(|&n| n <= 11),
+        "every replica ran some of the work: {per:?}"
+    );
+    // The receivers handed what they could not start (they had one permit
+    // at most), and each taker says whose work it took.
+    let (handed_a, _) = handed_and_taken(&fleet[0]);
+    let (handed_c, _) = handed_and_taken(&fleet[2]);
+    assert!((8..=9).contains(&handed_a), "a handed {handed_a}");
+    assert!((5..=6).contains(&handed_c), "c handed {handed_c}");
+    let taken: Vec<String> = fleet.iter().flat_map(|r| handed_and_taken(r).1).collect();
+    assert_eq!(taken.len(), handed_a + handed_c, "{taken:?}");
+    assert_eq!(taken.iter().filter(|t| *t == "a").count(), handed_a);
+    // The receiver's history says where a handed run went; every chain holds.
+    let runs = fleet[0].e.run(&["runs"]);
+    let said = String::from_utf8_lossy(&runs.stdout);
+    assert!(runs.status.success(), "{said}");
+    assert!(said.contains("handed"), "{said}");
+    for r in &fleet {
+        let verify = r.e.run(&["audit", "verify"]);
+        assert!(
+            verify.status.success(),
+            "{}",
+            String::from_utf8_lossy(&verify.stderr)
+        );
+    }
+}
+
+/// Replica `a` admits six runs, starts the one it has a permit for, queues
+/// five, and is killed. The others take the five; `a`'s own run is closed
+/// `interrupted` once its lease lapses; no host runs twice.
+#[test]
+fn a_replica_killed_with_work_queued_leaves_it_to_the_others_and_nothing_runs_twice() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (hosts, setup) = slow_hosts(&site, 6, 1.0);
+    let fleet_ = fleet(&pg, 3, SHORT, "max_concurrent_runs: 1\n", &setup);
+    let names: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    // Only `a` has free permits while it admits: `b` and `c` are stopped
+    // until it is gone, so none of the work can have moved before.
+    fleet_[1].signal(nix::sys::signal::Signal::SIGSTOP);
+    fleet_[2].signal(nix::sys::signal::Signal::SIGSTOP);
+    let results = fleet_[0].start_runs("rot", &names);
+    assert!(results.iter().all(|r| r == "started"), "{results:?}");
+    fleet_[0].signal(nix::sys::signal::Signal::SIGKILL);
+    fleet_[1].signal(nix::sys::signal::Signal::SIGCONT);
+    fleet_[2].signal(nix::sys::signal::Signal::SIGCONT);
+    let done = wait_for("every run closed", Duration::from_secs(60), || {
+        let open =
+            pg.sql("SELECT count(*) FROM runwarden_runs WHERE status IN ('queued', 'running')");
+        let all = pg.sql("SELECT count(*) FROM runwarden_runs");
+        (open == "0" && all == "6").then(|| {
+            pg.sql("SELECT host, status, replica, coalesce(closed_by, '-') FROM runwarden_runs ORDER BY host")
+        })
+    });
+    let rows: Vec<Vec<&str>> = done.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(rows.len(), 6, "{done}");
+    let hosts_seen: std::collections::HashSet<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(hosts_seen.len(), 6, "one run per host: {done}");
+    let interrupted: Vec<&Vec<&str>> = rows.iter().filter(|r| r[1] == "interrupted").collect();
+    assert!(interrupted.len() <= 1, "only a's own run: {done}");
+    for r in &interrupted {
+        assert_eq!(r[2], "a", "{done}");
+        assert!(r[3] == "b" || r[3] == "c", "closed by another: {done}");
+    }
+    for r in rows.iter().filter(|r| r[1] != "interrupted") {
+        assert_eq!(r[1], "ended", "{done}");
+        assert!(
+            r[2] == "b" || r[2] == "c",
+            "taken by a live replica: {done}"
+        );
+    }
+    for h in &hosts {
+        assert!(site.rotations(h).len() <= 1, "{h} rotated at most once");
+    }
+    let ran = hosts
+        .iter()
+        .filter(|h| site.rotations(h).len() == 1)
+        .count();
+    assert!(ran >= 5, "the queued five ran: {ran}");
+}
+
+/// A run queued by a replica that never said its trigger was on disk (it
+/// stopped in between) is taken by nobody; after a lease the fleet removes
+/// it, and its host is free for the next trigger.
+#[test]
+fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_lease() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (_, setup) = slow_hosts(&site, 1, 0.0);
+    let fleet = fleet(&pg, 2, SHORT, "", &setup);
+    let request =
+        r#"{"trigger":"alert","keys":["fp:ghost"],"alert":null,"dry_run":false,"planner":"auto"}"#;
+    let admitted = pg.sql(&format!(
+        "SELECT outcome, queued FROM runwarden_admit_all(ARRAY['rot'], ARRAY['h1'], ARRAY['[\"fp:ghost\"]'], ARRAY[NULL::bigint], ARRAY['ghost-run'], 'ghost', 3000, ARRAY['alert'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY['{request}'], 0)"
+    ));
+    assert_eq!(admitted, "started|t");
+    // While it waits, it holds the host against every other trigger.
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &notification(&["h1"]));
+    assert_eq!(status, 200);
+    assert_eq!(answer["outcomes"][0]["result"], "deduplicated", "{answer}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_queue"), "1");
+    assert!(site.rotations("h1").is_empty(), "nobody took it");
+    let removed = wait_for("the stale run removed", Duration::from_secs(10), || {
+        let row = pg.sql("SELECT status FROM runwarden_runs WHERE run_id = 'ghost-run'");
+        (row == "not_started").then_some(row)
+    });
+    assert_eq!(removed, "not_started");
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_queue"), "0");
+    // Too late to hand it over now.
+    assert_eq!(pg.sql("SELECT runwarden_ready(ARRAY['ghost-run'])"), "0");
+    // The host is free, with no cooldown from a run that never ran.
+    let (status, answer) = fleet[1].post("/api/v1/alerts", &notification(&["h1"]));
+    assert_eq!(status, 200);
+    assert_eq!(answer["outcomes"][0]["result"], "started", "{answer}");
+    wait_for("the rotation", Duration::from_secs(20), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+}
