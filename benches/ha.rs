@@ -7,8 +7,16 @@
 //!    throughput, and every alert's one outcome in `runwarden_triggers`;
 //! 3. database round trips per call: transactions committed for a run of
 //!    60 calls minus one of 10, over 50 (every statement outside a
-//!    transaction block is one round trip and one commit).
+//!    transaction block is one round trip and one commit);
+//! 4. fan-out: one runbook on 500 hosts whose tool takes 20 ms, 4 run
+//!    permits per replica, triggered by its schedule (firing on every
+//!    replica at once) and by one `POST /api/v1/runs` with `all_hosts` to
+//!    one replica: three replicas' time to the last verdict against one
+//!    replica's, how many runs each replica ran, and whether any host ran
+//!    twice. Rounds interleave one and three replicas.
 //!
+//! `RUNWARDEN_BENCH_ONLY=fanout` runs part 4 alone;
+//! `RUNWARDEN_BENCH_ROUNDS` sets its rounds (default 3).
 //! The database is a cluster of the bench's own (tests/support/pg.rs).
 //! Figures only; nothing here asserts a time.
 
@@ -150,6 +158,178 @@ fn storm(addrs: &[String], notifications: usize) -> (Vec<Duration>, Duration) {
     (latencies, wall)
 }
 
+/// How many hosts the fan-out runs on, and how long its tool takes.
+const FAN: usize = 500;
+const TOOL: Duration = Duration::from_millis(20);
+
+/// A config directory for fan-out replica `replica`: `FAN` hosts whose
+/// `ps` takes `TOOL`, runbook `fan` on all of them, scheduled (6 fields, in
+/// UTC) at `at`.
+fn fan_estate(pg: &pg::Pg, replica: &str, at: jiff::Timestamp) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-fan-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let (marks, hosts) = marking_hosts_taking(root, FAN, TOOL);
+    let url = root.join("pg-url");
+    std::fs::write(&url, pg.url()).unwrap();
+    std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    write(
+        root,
+        "runwarden.yaml",
+        &format!(
+            "audit_head: none\nmax_concurrent_runs: 4\nreplica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
+        ),
+    );
+    let t = at.to_zoned(jiff::tz::TimeZone::UTC);
+    write(
+        root,
+        "runbooks/fan.yaml",
+        &format!(
+            "name: fan\ndescription: b\nhosts: [{}]\nautonomy: L3\nschedule: \"{} {} {} * * *\"\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n",
+            hosts.join(", "),
+            t.second(),
+            t.minute(),
+            t.hour()
+        ),
+    );
+    (dir, marks)
+}
+
+/// One fan-out: `replicas` daemons, triggered by the schedule (all of them)
+/// or by one API request to the first. Time to the last verdict, runs per
+/// replica, hosts that ran twice.
+fn fan_out(pg: &pg::Pg, replicas: usize, by_schedule: bool) -> (Duration, Vec<i64>, i64) {
+    pg.sql("TRUNCATE runwarden_triggers, runwarden_runs, runwarden_leases, runwarden_queue");
+    // Far enough ahead for every replica to be listening.
+    let fire = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    let at = if by_schedule {
+        fire
+    } else {
+        // Not today: only the API starts it.
+        fire + jiff::SignedDuration::from_hours(12)
+    };
+    let names = ["a", "b", "c"];
+    let dirs: Vec<_> = (0..replicas)
+        .map(|r| fan_estate(pg, names[r], at).0)
+        .collect();
+    let daemons: Vec<Daemon> = dirs
+        .iter()
+        .map(|d| start_logging(d.path(), "warn"))
+        .collect();
+    let started = if by_schedule {
+        let wait = fire.duration_since(jiff::Timestamp::now());
+        std::thread::sleep(Duration::try_from(wait).unwrap_or_default());
+        Instant::now()
+    } else {
+        let t = Instant::now();
+        let resp = post(
+            &daemons[0].addr,
+            "/api/v1/runs",
+            r#"{"runbook":"fan","all_hosts":true}"#,
+        );
+        assert!(resp.starts_with("HTTP/1.1 202"), "{resp}");
+        t
+    };
+    loop {
+        let ended: usize = pg
+            .sql("SELECT count(*) FROM runwarden_runs WHERE status = 'ended'")
+            .parse()
+            .unwrap();
+        if ended >= FAN {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{ended} of {FAN} ended"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = started.elapsed();
+    if std::env::var("FAN_DEBUG").is_ok() {
+        let cpu = |pid: u32| -> Vec<u64> {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let f: Vec<&str> = st.rsplit(") ").next().unwrap_or("").split(' ').collect();
+            (11..15)
+                .map(|i| f.get(i).and_then(|v| v.parse().ok()).unwrap_or(0))
+                .collect()
+        };
+        for d in &daemons {
+            println!(
+                "daemon utime stime cutime cstime (ticks): {:?}",
+                cpu(d.child.id())
+            );
+        }
+        let mut pgsum = 0u64;
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Ok(pid) = name.parse::<u32>() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.starts_with("postgres") {
+                    let c = cpu(pid);
+                    pgsum += c[0] + c[1];
+                }
+            }
+        }
+        println!("postgres cpu (ticks): {pgsum}");
+    }
+    let per: Vec<i64> = names[..replicas]
+        .iter()
+        .map(|r| {
+            pg.sql(&format!(
+                "SELECT count(*) FROM runwarden_runs WHERE replica = '{r}'"
+            ))
+            .parse()
+            .unwrap()
+        })
+        .collect();
+    let twice: i64 = pg
+        .sql("SELECT count(*) FROM (SELECT host FROM runwarden_runs GROUP BY host HAVING count(*) > 1) t")
+        .parse()
+        .unwrap();
+    drop(daemons);
+    (took, per, twice)
+}
+
+/// 4. Fan-out, one replica against three, rounds interleaved.
+fn fan_outs(pg: &pg::Pg) {
+    let rounds: usize = std::env::var("RUNWARDEN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    println!(
+        "fan-out to {FAN} hosts, a {} ms tool, 4 run permits per replica, {rounds} round(s):",
+        TOOL.as_millis()
+    );
+    for (by_schedule, what) in [
+        (true, "schedule on every replica"),
+        (false, "one API request to one replica"),
+    ] {
+        let mut ratios = Vec::new();
+        for round in 0..rounds {
+            let (one, _, twice_one) = fan_out(pg, 1, by_schedule);
+            let (three, per, twice) = fan_out(pg, 3, by_schedule);
+            let busiest = *per.iter().max().unwrap() as f64 / FAN as f64;
+            let ratio = three.as_secs_f64() / one.as_secs_f64();
+            ratios.push(ratio);
+            println!(
+                "  {what}, round {}: one replica {:.2} s, three {:.2} s = {ratio:.2} of one; runs per replica {per:?} (busiest {:.0} %); hosts run twice: {}",
+                round + 1,
+                one.as_secs_f64(),
+                three.as_secs_f64(),
+                busiest * 100.0,
+                twice + twice_one
+            );
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "  {what}: three replicas take {:.2} of one replica's time (median of {rounds})",
+            ratios[ratios.len() / 2]
+        );
+    }
+}
+
 fn main() {
     let pg = pg::Pg::start();
     let migrated = {
@@ -161,6 +341,10 @@ fn main() {
         "{}",
         String::from_utf8_lossy(&migrated.stderr)
     );
+    if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("fanout") {
+        fan_outs(&pg);
+        return;
+    }
 
     // 1. Alert to first call.
     let (embedded, marks) = estate(None, 1);
@@ -246,4 +430,7 @@ fn main() {
         "database round trips per call: {:.2} ((run of 60 calls: {long} commits) - (run of 10: {short})) / 50",
         (long - short) as f64 / 50.0
     );
+
+    // 4. Fan-out.
+    fan_outs(&pg);
 }

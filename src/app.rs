@@ -291,8 +291,12 @@ async fn killswitch_worker(
     let fleet = store.as_ref().map(|s| s.switch.clone());
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let dir = config.borrow().settings.kill_switch_dir.clone();
-    let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-        let _ = tx.try_send(());
+    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        // Not on opens and reads, this worker's own among them: each look
+        // opens the directory, and would wake it again at once.
+        if e.as_ref().map_or(true, is_change) {
+            let _ = tx.try_send(());
+        }
     })
     .ok();
     if let Some(w) = watcher.as_mut()
@@ -614,14 +618,12 @@ async fn reload_worker(
 /// or removed. Opening and reading files (which every reload does itself)
 /// is not a change, nor is anything under state/.
 fn is_config_change(dir: &Path, e: &notify::Event) -> bool {
-    use notify::EventKind;
-    if !matches!(
-        e.kind,
-        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
-    ) || matches!(
-        e.kind,
-        EventKind::Modify(notify::event::ModifyKind::Metadata(_))
-    ) {
+    if !is_change(e)
+        || matches!(
+            e.kind,
+            notify::EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+        )
+    {
         return false;
     }
     e.paths.iter().any(|p| {
@@ -630,6 +632,16 @@ fn is_config_change(dir: &Path, e: &notify::Event) -> bool {
         (yaml && (parent == Some(&dir.join("runbooks")) || parent == Some(&dir.join("hosts"))))
             || *p == dir.join("runwarden.yaml")
     })
+}
+
+/// Whether an inotify event changed something: a file created, written,
+/// renamed, removed or its metadata changed; not opened, read or closed.
+fn is_change(e: &notify::Event) -> bool {
+    use notify::EventKind;
+    matches!(
+        e.kind,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+    )
 }
 
 /// sha256 of every configuration file's name and bytes: equal fingerprints

@@ -22,11 +22,20 @@ pub fn write(dir: &Path, rel: &str, text: &str) {
 /// the same program's start on every side it compares). The kill switch
 /// directory too. The marks file and the host names.
 pub fn marking_hosts(root: &Path, n: usize) -> (std::path::PathBuf, Vec<String>) {
+    marking_hosts_taking(root, n, Duration::ZERO)
+}
+
+/// [`marking_hosts`] whose `ps` then takes `takes` before it answers.
+pub fn marking_hosts_taking(
+    root: &Path,
+    n: usize,
+    takes: Duration,
+) -> (std::path::PathBuf, Vec<String>) {
     // Not in the config directory itself: the daemon watches that for
     // runwarden.yaml, and a mark is no change to its configuration.
     let marks = root.join("out/marks");
     std::fs::create_dir_all(root.join("out")).unwrap();
-    let script = stamp(root, &marks);
+    let script = stamp_taking(root, &marks, takes);
     write(root, "kill-switch/README", "");
     let hosts: Vec<String> = (0..n).map(|i| format!("h{i:03}")).collect();
     for h in &hosts {
@@ -46,6 +55,11 @@ pub fn marking_hosts(root: &Path, n: usize) -> (std::path::PathBuf, Vec<String>)
 /// does is append the time (seconds since the epoch, nanoseconds) to
 /// `marks`; then it prints one process as `ps` would.
 pub fn stamp(root: &Path, marks: &Path) -> std::path::PathBuf {
+    stamp_taking(root, marks, Duration::ZERO)
+}
+
+/// [`stamp`], sleeping `takes` after its mark: a tool that takes that long.
+pub fn stamp_taking(root: &Path, marks: &Path, takes: Duration) -> std::path::PathBuf {
     let source = root.join("first-call.rs");
     write(
         root,
@@ -56,10 +70,12 @@ fn main() {{
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     let mut f = std::fs::OpenOptions::new().append(true).create(true).open({marks:?}).unwrap();
     writeln!(f, "{{}}.{{:09}}", t.as_secs(), t.subsec_nanos()).unwrap();
+    std::thread::sleep(std::time::Duration::from_micros({micros}));
     println!("1 0 root S 1 0.0 100 init");
 }}
 "#,
-            marks = marks.display().to_string()
+            marks = marks.display().to_string(),
+            micros = takes.as_micros()
         ),
     );
     let program = root.join("first-call");

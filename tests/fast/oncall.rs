@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use super::config;
 
@@ -322,6 +323,82 @@ async fn a_timed_runbook_switch_shows_when_it_ends() {
         "runwarden_kill_switch_until_timestamp_seconds{scope=\"disk\"}",
         |t| (t - soon).abs() < 30.0,
     )
+    .await;
+    d.shutdown().await.unwrap();
+}
+
+/// How often the kill-switch directory (and its files) are opened while
+/// `during` runs: each open is one look by the daemon's kill-switch worker
+/// or gate.
+async fn opens_of(dir: &Path, during: impl std::future::Future<Output = ()>) -> usize {
+    use notify::Watcher;
+    let opens = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = opens.clone();
+    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        if let Ok(e) = e
+            && matches!(
+                e.kind,
+                notify::EventKind::Access(notify::event::AccessKind::Open(_))
+            )
+        {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    })
+    .unwrap();
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    during.await;
+    drop(watcher);
+    opens.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// An idle daemon looks at its kill switch on a change and every few
+/// seconds, not in a loop woken by its own looks: opening the directory
+/// to read it is no change. Nor is a person reading the switch's files
+/// (`ls`, `cat`, `kill-switch status`) a reason to look again and again,
+/// and no read of the configuration reloads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_looks_at_its_kill_switch_on_a_change_not_on_its_own_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::write(
+        dir.path().join("kill-switch/README"),
+        "engage: touch ENGAGED\n",
+    )
+    .unwrap();
+    let d = super::Daemon::start(dir.path()).await;
+    let ks = dir.path().join("kill-switch");
+    let idle = opens_of(&ks, tokio::time::sleep(Duration::from_secs(2))).await;
+    assert!(
+        idle <= 4,
+        "{idle} opens of the kill-switch directory in 2 s of idling"
+    );
+    let reloads = "runwarden_config_reloads_total";
+    let before = super::metric(&d, reloads).await;
+    // A person reads the switch's files and the configuration, often.
+    let reads = opens_of(&ks, async {
+        for _ in 0..50 {
+            let _ = std::fs::read_dir(&ks).unwrap().count();
+            let _ = std::fs::read_to_string(ks.join("README")).unwrap();
+            let _ = std::fs::read_to_string(dir.path().join("runbooks/disk.yaml")).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The person's own 100 opens, and the daemon's few looks.
+    assert!(
+        reads <= 100 + 4,
+        "{reads} opens while a person read 100 times"
+    );
+    // A reload waits for 300 ms of quiet: give it that, and more.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(super::metric(&d, reloads).await, before, "a read reloaded");
+    // A real change is still seen at once.
+    std::fs::write(ks.join("ENGAGED"), "INC-1\n").unwrap();
+    super::wait_metric(&d, "runwarden_kill_switch_engaged{scope=\"global\"}", |v| {
+        v == 1.0
+    })
     .await;
     d.shutdown().await.unwrap();
 }
