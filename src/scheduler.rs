@@ -107,6 +107,13 @@ pub(crate) struct Scheduler {
     store: Option<Arc<Postgres>>,
 }
 
+/// How long the answer to a trigger waits for a run's intent sync to make
+/// its `queued` line durable before syncing it alone: a run that went
+/// straight to its thread reaches its first call's intent line in well
+/// under this; one that makes no call soon (it waits for a person, a
+/// model) costs the sender this much.
+const SYNC_GRACE: Duration = Duration::from_millis(5);
+
 /// A trigger admission started: run here (with its lease and, with
 /// shared state, the permit held for it) or handed to the fleet's queue.
 struct Accepted<'a> {
@@ -344,16 +351,24 @@ impl Scheduler {
         // and the sender hears nothing before this sync (or that one) is done.
         let count = accepted.len();
         let mut handed = Vec::new();
+        let mut running = false;
         for a in accepted {
             match a.here {
                 Some((lease, permit)) => {
-                    self.start(config.clone(), a.run_id, a.req.clone(), lease, permit)
+                    running |= self.start(config.clone(), a.run_id, a.req.clone(), lease, permit)
                 }
                 None => handed.push(a.run_id),
             }
         }
+        // A run that went straight to its thread syncs its intent line
+        // within moments, and that sync covers these lines too: wait a
+        // little for it rather than flush the device twice in a row.
+        let grace = match running {
+            true => SYNC_GRACE,
+            false => Duration::ZERO,
+        };
         let audit = self.audit.clone();
-        let synced = tokio::task::spawn_blocking(move || audit.sync_through(written))
+        let synced = tokio::task::spawn_blocking(move || audit.sync_through_within(written, grace))
             .await
             .unwrap_or_else(|e| Err(thread_failed(e)));
         if let Err(e) = synced {
@@ -573,7 +588,8 @@ impl Scheduler {
     }
 
     /// Start an admitted run: wait for a run permit, then run it on a
-    /// thread of its own and [`end`](Self::end) it.
+    /// thread of its own and [`end`](Self::end) it. True when it went
+    /// straight to its thread (a permit was free), false when it waits.
     fn start(
         self: &Arc<Self>,
         config: Arc<Config>,
@@ -581,7 +597,7 @@ impl Scheduler {
         req: RunRequest,
         lease: Option<Lease>,
         permit: Option<OwnedSemaphorePermit>,
-    ) {
+    ) -> bool {
         self.apply_limit(&config);
         self.active.send_modify(|n| *n += 1);
         // A free permit: straight to the run's own thread, with no task
@@ -595,7 +611,7 @@ impl Scheduler {
                 });
                 this.finish(&config, &run_id, &req, outcome, permit);
             });
-            return;
+            return true;
         }
         let this = self.clone();
         tokio::spawn(async move {
@@ -621,6 +637,7 @@ impl Scheduler {
             });
             this.finish(&config, &run_id, &req, outcome, permit);
         });
+        false
     }
 
     /// One run, from its runner to its report (on the run's own thread).

@@ -279,7 +279,7 @@ impl AuditLog {
     }
 
     /// Accepted triggers' lines in one write, not synced: the caller makes
-    /// them durable with [`AuditLog::sync_through`] before it answers, while
+    /// them durable with [`AuditLog::sync_through_within`] before it answers, while
     /// their runs start (a run's intent sync covers them too, as it covers
     /// every earlier byte of the file).
     pub(crate) fn append_queued(&self, lines: Vec<Entry>) -> Result<Written, AuditError> {

@@ -20,6 +20,7 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -65,7 +66,7 @@ struct Tail {
     synced: u64,
 }
 
-/// Where an unsynced append ended: what [`AuditLog::sync_through`] makes durable.
+/// Where an unsynced append ended: what [`AuditLog::sync_through_within`] makes durable.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Written {
     file: (u64, u64),
@@ -78,6 +79,8 @@ pub struct AuditLog {
     path: PathBuf,
     rotation: Rotation,
     head: Mutex<Tail>,
+    /// Notified whenever a sync made more of the file durable.
+    synced: std::sync::Condvar,
     /// Appends that failed, ever (exported as a metric).
     failures: std::sync::atomic::AtomicU64,
     /// Whether the last append failed (the daemon's health check).
@@ -121,6 +124,7 @@ impl AuditLog {
             path: path.to_path_buf(),
             rotation,
             head: Mutex::new(tail),
+            synced: Default::default(),
             failures: Default::default(),
             failing: Default::default(),
         })
@@ -142,15 +146,28 @@ impl AuditLog {
     }
 
     /// Make everything up to `written` durable, unless a later sync (a
-    /// run's intent line, a rotation) already did.
-    pub(crate) fn sync_through(&self, written: Written) -> Result<(), AuditError> {
-        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+    /// run's intent line, a rotation) already did; first wait up to `grace`
+    /// for a sync already on its way (a run's intent line, written just
+    /// after) to cover it: then one device flush makes both durable, not
+    /// two in a row on the run's way to its first call.
+    pub(crate) fn sync_through_within(
+        &self,
+        written: Written,
+        grace: Duration,
+    ) -> Result<(), AuditError> {
         // Closed as a segment since: a rotation syncs the file it closes.
-        let synced = if head.id != written.file || head.synced >= written.end {
-            Ok(())
-        } else {
-            head.file.sync_data().map(|()| head.synced = head.len)
-        };
+        let covered = |head: &Tail| head.id != written.file || head.synced >= written.end;
+        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut head, _) = self
+            .synced
+            .wait_timeout_while(head, grace, |h| !covered(h))
+            .unwrap_or_else(|p| p.into_inner());
+        if covered(&head) {
+            return Ok(());
+        }
+        let synced = head.file.sync_data().map(|()| head.synced = head.len);
+        drop(head);
+        self.synced.notify_all();
         synced.map_err(|source| AuditError::Io {
             path: self.path.clone(),
             source,
@@ -205,6 +222,10 @@ impl AuditLog {
             })
         })();
         let _ = head.file.unlock();
+        drop(head);
+        if sync {
+            self.synced.notify_all();
+        }
         self.failing
             .store(written.is_err(), std::sync::atomic::Ordering::Relaxed);
         if written.is_err() {
@@ -305,7 +326,7 @@ impl AuditLog {
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&next)?;
         // What the closing file holds is on disk before it closes: a writer
-        // that wrote to it without a sync relies on this (see `sync_through`).
+        // that wrote to it without a sync relies on this (see `sync_through_within`).
         head.file.sync_data()?;
         let meta = head.file.metadata()?;
         if nix::unistd::geteuid().is_root() {
@@ -718,7 +739,7 @@ mod tests {
         let w = log.append_queued(vec![line()]).unwrap();
         let (done, len) = synced(&log);
         assert!(done < w.end && w.end == len);
-        log.sync_through(w).unwrap();
+        log.sync_through_within(w, Duration::ZERO).unwrap();
         assert_eq!(synced(&log), (len, len));
 
         // An intent line's sync covers an earlier unsynced write.
@@ -732,11 +753,51 @@ mod tests {
         while segments::closed(&path).unwrap().is_empty() {
             log.append(line(), false).unwrap();
         }
-        log.sync_through(w).unwrap();
+        log.sync_through_within(w, Duration::ZERO).unwrap();
         let (done, _) = synced(&log);
         assert!(
             done > 0,
             "the new file's first line was synced as it was made"
         );
+    }
+
+    /// Waiting for a sync on its way: the answer comes once another
+    /// thread's synced line (a run's intent) covered the queued one, with
+    /// that line already in the file; with none coming, it syncs alone
+    /// when the grace is over.
+    #[test]
+    fn a_queued_line_waits_for_the_intent_sync_that_covers_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = std::sync::Arc::new(AuditLog::open(&path).unwrap());
+        let line = |id: &str| crate::audit::RunInfo {
+            run_id: id.into(),
+            ..crate::audit::tests::info()
+        };
+        let w = log
+            .append_queued(vec![line("queued").entry(Phase::Queued, None)])
+            .unwrap();
+        let runner = log.clone();
+        let run = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            runner
+                .append(line("intent").entry(Phase::Intent, Some(1)), true)
+                .unwrap();
+        });
+        log.sync_through_within(w, Duration::from_secs(30)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("\"intent\""),
+            "answered before the intent's sync covered the queued line"
+        );
+        run.join().unwrap();
+
+        let w = log
+            .append_queued(vec![line("alone").entry(Phase::Queued, None)])
+            .unwrap();
+        log.sync_through_within(w, Duration::from_millis(20))
+            .unwrap();
+        let (done, len) = synced(&log);
+        assert_eq!((done, len), (w.end, w.end), "synced alone after the grace");
     }
 }
