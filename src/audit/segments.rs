@@ -103,7 +103,11 @@ pub(crate) fn closed(log: &Path) -> std::io::Result<Vec<Segment>> {
 /// The segments that may hold lines stamped at or after `since`: the first
 /// one written to at or after it, and every later one.
 pub(crate) fn since(segments: Vec<Segment>, since: jiff::Timestamp) -> Vec<Segment> {
-    let t = SystemTime::from(since);
+    // With the same slack as the lines themselves: a file's modification
+    // time comes from the kernel's coarse clock (a tick behind the precise
+    // one that stamps lines and run ids), so a segment whose last line was
+    // stamped at `since` can say it was last written a few ms before.
+    let t = SystemTime::from(since.checked_sub(SLACK).unwrap_or(since));
     let skip = segments.iter().take_while(|s| s.modified < t).count();
     // The current file is always read: it may be the one.
     let skip = skip.min(segments.len().saturating_sub(1));
