@@ -577,10 +577,21 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
             outcome
         })
         .collect();
+    // Resolved alerts end what their runs wait for (`on_resolved`).
+    let withdrawn: Vec<Value> = s
+        .scheduler
+        .withdraw(&crate::trigger::alerts::resolved(&notification, &config))
+        .await
+        .into_iter()
+        .map(|r| {
+            json!({ "approval_id": r.id, "run_id": r.run_id, "runbook": r.runbook, "host": r.host })
+        })
+        .collect();
     let body: Value = json!({
         "alerts": notification.alerts.len(),
         "truncated_alerts": notification.truncated_alerts,
         "outcomes": outcomes,
+        "withdrawn": withdrawn,
     });
     (StatusCode::OK, axum::Json(body)).into_response()
 }
@@ -719,7 +730,8 @@ async fn approval_decide(
         Err(
             e @ (DecisionError::StaleDigest
             | DecisionError::AlreadyDecided(_)
-            | DecisionError::Expired(_)),
+            | DecisionError::Expired(_)
+            | DecisionError::Withdrawn(_)),
         ) => problem(StatusCode::CONFLICT, e.to_string()),
     }
 }

@@ -725,6 +725,52 @@ impl Scheduler {
         self.reports.done(run_id, outcome.ok());
     }
 
+    /// Resolved alerts withdraw the approval requests of the runs they
+    /// started (`on_resolved: withdraw_approvals`), here and, with shared
+    /// state, on every replica; the approval webhook hears of each. The
+    /// requests withdrawn. A run already making calls goes on: only a
+    /// request still waiting for a person is withdrawn.
+    pub(crate) async fn withdraw(
+        &self,
+        resolved: &[crate::trigger::alerts::Resolved],
+    ) -> Vec<crate::gate::approvals::Request> {
+        let Some(approvals) = &self.approvals else {
+            return Vec::new();
+        };
+        let config = self.config.borrow().clone();
+        let mut out: Vec<crate::gate::approvals::Request> = Vec::new();
+        for r in resolved {
+            let why = format!(
+                "the alert that started the run ({}) resolved; replica {} heard it from Alertmanager",
+                r.key, config.settings.replica
+            );
+            let mut withdrawn = approvals.withdraw(&r.runbook, &r.host, &r.key, &why);
+            if let Some(store) = &self.store {
+                let state = crate::gate::approvals::State::Withdrawn { why: why.clone() };
+                match store
+                    .withdraw_approvals(&r.runbook, &r.host, &r.key, &state)
+                    .await
+                {
+                    Ok(more) => withdrawn.extend(more),
+                    Err(e) => {
+                        tracing::warn!(runbook = %r.runbook, host = %r.host, "approval requests of other replicas not withdrawn: {e}; they wait until decided or expired")
+                    }
+                }
+            }
+            for req in withdrawn {
+                if out.iter().any(|o| o.id == req.id) {
+                    continue;
+                }
+                tracing::info!(approval_id = %req.id, run_id = %req.run_id, runbook = %req.runbook, host = %req.host, "approval withdrawn: {why}");
+                if let Some(url) = &config.settings.approval_webhook {
+                    crate::gate::approvals::notify(url.clone(), req.clone());
+                }
+                out.push(req);
+            }
+        }
+        out
+    }
+
     /// The shared state, when several daemons share one.
     pub(crate) fn store(&self) -> Option<&Arc<Postgres>> {
         self.store.as_ref()

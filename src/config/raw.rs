@@ -115,6 +115,8 @@ pub(crate) struct Runbook {
     pub(crate) cooldown: Option<S<String>>,
     pub(crate) max_runs: Option<MaxRuns>,
     #[serde(default)]
+    pub(crate) on_resolved: Option<S<String>>,
+    #[serde(default)]
     pub(crate) tools: Tools,
     #[serde(default)]
     pub(crate) budget: Budget,

@@ -214,6 +214,19 @@ pub(crate) struct Agent {
     pub(crate) after_steps: bool,
 }
 
+/// `on_resolved:` in a runbook: what Alertmanager's `resolved` for the
+/// alert that started a run does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum OnResolved {
+    /// Its L2 approval requests still waiting are withdrawn: nobody is
+    /// asked to approve a fix for a problem that went away. A run already
+    /// making calls goes on.
+    #[default]
+    WithdrawApprovals,
+    /// Nothing: the run goes on, and its requests wait for a person.
+    Ignore,
+}
+
 /// A validated runbook.
 #[derive(Debug, Clone)]
 pub(crate) struct Runbook {
@@ -234,6 +247,8 @@ pub(crate) struct Runbook {
     /// At most this many runs on one host within a window: a trigger past
     /// it is `capped` (a fix that keeps being needed is a person's problem).
     pub(crate) max_runs: Option<MaxRuns>,
+    /// What a `resolved` notification of the alert that started a run does.
+    pub(crate) on_resolved: OnResolved,
     /// Tier-1 tools the runbook may call.
     pub(crate) observe: BTreeSet<ToolId>,
     /// Tier-2 tools: standing approval at L3, proposals only at L1.
@@ -361,6 +376,23 @@ pub(super) fn validate(
                 ),
             );
             None
+        }
+    };
+
+    let on_resolved = match raw.on_resolved.as_ref().map(|s| s.value.as_str()) {
+        None | Some("withdraw_approvals") => OnResolved::WithdrawApprovals,
+        Some("ignore") => OnResolved::Ignore,
+        Some(other) => {
+            if let Some(s) = &raw.on_resolved {
+                diags.at(
+                    file,
+                    s.referenced,
+                    format!(
+                        "on_resolved \"{other}\" is not one of withdraw_approvals (the default: a resolved alert withdraws its run's approval requests) or ignore"
+                    ),
+                );
+            }
+            OnResolved::default()
         }
     };
 
@@ -561,6 +593,7 @@ pub(super) fn validate(
         on_alert,
         cooldown,
         max_runs,
+        on_resolved,
         observe,
         approve,
         budget,

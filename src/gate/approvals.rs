@@ -51,6 +51,11 @@ pub(crate) enum State {
         /// What stopped it.
         why: String,
     },
+    /// The alert that started the run resolved: nobody needs to decide.
+    Withdrawn {
+        /// Which alert, and where it was heard.
+        why: String,
+    },
 }
 
 /// Why a run stopped waiting for a person.
@@ -85,6 +90,8 @@ pub(crate) enum Resolution {
     Expired,
     /// The run stopped waiting.
     Cancelled(Cancel),
+    /// The alert that started the run resolved (why, as the request says).
+    Withdrawn(String),
 }
 
 impl Resolution {
@@ -95,6 +102,7 @@ impl Resolution {
             Resolution::Denied(_) => "denied",
             Resolution::Expired => "expired",
             Resolution::Cancelled(_) => "cancelled",
+            Resolution::Withdrawn(_) => "withdrawn",
         }
     }
 }
@@ -126,6 +134,10 @@ pub(crate) struct Request {
     pub(crate) created_at: String,
     /// When it expires unless decided (RFC 3339).
     pub(crate) expires_at: String,
+    /// The trigger keys of the run (an alert's `fp:FINGERPRINT`): a
+    /// resolved alert withdraws the requests of the runs it started.
+    #[serde(default)]
+    pub(crate) keys: Vec<String>,
     /// Where it stands.
     #[serde(flatten)]
     pub(crate) state: State,
@@ -151,6 +163,11 @@ pub(crate) enum DecisionError {
     /// The request expired first.
     #[error("approval request {0} expired before this decision arrived: nothing was approved")]
     Expired(String),
+    /// The alert that started the run resolved first.
+    #[error(
+        "approval request {0} was withdrawn (the alert that started its run resolved): nothing was approved"
+    )]
+    Withdrawn(String),
 }
 
 struct Entry {
@@ -292,6 +309,7 @@ impl Approvals {
             // that nothing they decide now can run.
             return Err(match &e.request.state {
                 State::Expired => DecisionError::Expired(id.to_string()),
+                State::Withdrawn { .. } => DecisionError::Withdrawn(id.to_string()),
                 _ => DecisionError::AlreadyDecided(id.to_string()),
             });
         }
@@ -340,6 +358,7 @@ impl Approvals {
                 // Only a wait cancels its request, and it returns its own
                 // cause; a cancellation read back is the kill switch's.
                 State::Cancelled { why } => return Resolution::Cancelled(Cancel::KillSwitch(why)),
+                State::Withdrawn { why } => return Resolution::Withdrawn(why),
             }
             let end = match cancelled() {
                 Some(cancel) => Some((
@@ -377,6 +396,29 @@ impl Approvals {
         e.request.state = state;
         let _ = e.tx.send(e.request.state.clone());
         true
+    }
+
+    /// Withdraw the pending requests of runs of `runbook` on `host` that
+    /// `key` started (their alert resolved): each waiting run hears it at
+    /// once. The requests withdrawn, as they now stand.
+    pub(crate) fn withdraw(&self, runbook: &str, host: &str, key: &str, why: &str) -> Vec<Request> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for e in entries.values_mut() {
+            let r = &e.request;
+            if r.state == State::Pending
+                && r.runbook == runbook
+                && r.host == host
+                && r.keys.iter().any(|k| k == key)
+            {
+                e.request.state = State::Withdrawn {
+                    why: why.to_string(),
+                };
+                let _ = e.tx.send(e.request.state.clone());
+                out.push(e.request.clone());
+            }
+        }
+        out
     }
 
     /// When request `id` expires, if it is held here.
@@ -487,6 +529,7 @@ mod tests {
             findings: json!({}),
             created_at: String::new(),
             expires_at: String::new(),
+            keys: vec!["fp:abc".into()],
             state: State::Pending,
         }
     }

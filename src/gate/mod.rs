@@ -183,6 +183,9 @@ pub(crate) enum DenyReason {
     /// The run no longer holds its (runbook, host) lease in the shared
     /// state, or cannot prove it does: another replica may have taken over.
     LeaseLost,
+    /// L2: the alert that started the run resolved while the call waited
+    /// for a person; the request was withdrawn (`on_resolved`).
+    AlertResolved,
 }
 
 impl DenyReason {
@@ -204,6 +207,7 @@ impl DenyReason {
             DenyReason::NoApprover => "no_approver",
             DenyReason::Shutdown => "shutdown",
             DenyReason::LeaseLost => "lease_lost",
+            DenyReason::AlertResolved => "alert_resolved",
         }
     }
 
@@ -216,6 +220,7 @@ impl DenyReason {
                 | DenyReason::TimeBudget
                 | DenyReason::Shutdown
                 | DenyReason::LeaseLost
+                | DenyReason::AlertResolved
         )
     }
 }

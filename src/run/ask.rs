@@ -58,6 +58,7 @@ impl RunLoop<'_> {
             digest,
             created_at: String::new(),
             expires_at: String::new(),
+            keys: self.req.keys.clone(),
             state: State::Pending,
         });
         // With shared state, any replica lists it and takes the decision.
@@ -98,7 +99,10 @@ impl RunLoop<'_> {
             .await;
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
         if let (Some(store), Some(req)) = (&self.runner.store, approvals.get(&id))
-            && matches!(resolution, Resolution::Expired | Resolution::Cancelled(_))
+            && matches!(
+                resolution,
+                Resolution::Expired | Resolution::Cancelled(_) | Resolution::Withdrawn(_)
+            )
             && let Err(e) = store.close_approval(&id, &req.state).await
         {
             tracing::warn!(approval_id = %id, "the fleet still shows the request pending ({e}); a decision on it now is refused once it expires");
@@ -137,6 +141,10 @@ impl RunLoop<'_> {
             Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => Err(deny(
                 DenyReason::KillSwitch,
                 format!("approval {id} cancelled: {cause}"),
+            )),
+            Resolution::Withdrawn(why) => Err(deny(
+                DenyReason::AlertResolved,
+                format!("approval {id} withdrawn: {why}"),
             )),
         }
     }

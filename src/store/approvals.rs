@@ -105,6 +105,36 @@ impl Postgres {
         .await
     }
 
+    /// Withdraw the pending requests, on any replica, of runs of `runbook`
+    /// on `host` that trigger key `key` started (their alert resolved):
+    /// the replica whose run waits reads it back within a second. The
+    /// requests withdrawn, as they now stand.
+    pub(crate) async fn withdraw_approvals(
+        &self,
+        runbook: &str,
+        host: &str,
+        key: &str,
+        state: &State,
+    ) -> Result<Vec<Request>, StoreError> {
+        let state = serde_json::to_string(state).unwrap_or_default();
+        self.with("withdrawing approval requests", |c| async move {
+            let rows = c
+                .query(
+                    "UPDATE runwarden_approvals SET state = $4::text::jsonb
+                     WHERE state->>'state' = 'pending' AND request->>'runbook' = $1
+                       AND request->>'host' = $2 AND request->'keys' ? $3
+                     RETURNING (request || state)::text",
+                    &[&runbook, &host, &key, &state],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| serde_json::from_str(r.get::<_, &str>(0)).ok())
+                .collect())
+        })
+        .await
+    }
+
     /// A request this replica stopped waiting on (expired, or the run was
     /// cancelled) ends so in the shared state, unless a decision got there first.
     pub(crate) async fn close_approval(&self, id: &str, state: &State) -> Result<(), StoreError> {

@@ -220,6 +220,46 @@ fn escaped(s: &str) -> String {
     s.replace('\0', "\\0")
 }
 
+/// A `resolved` alert that a runbook with `on_resolved:
+/// withdraw_approvals` takes: the approval requests of the runs it started
+/// on that host are withdrawn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    /// The runbook whose matchers take it.
+    pub(crate) runbook: String,
+    /// The host it names.
+    pub(crate) host: String,
+    /// The trigger key its run carries (`fp:FINGERPRINT`).
+    pub(crate) key: String,
+}
+
+/// The resolved alerts of one notification that withdraw approval
+/// requests, by the same matchers and host label that start runs.
+pub(crate) fn resolved(n: &Notification, config: &Config) -> Vec<Resolved> {
+    let mut out = Vec::new();
+    for alert in n.alerts.iter().filter(|a| a.status == "resolved") {
+        if unkeepable(n, alert).is_some() {
+            continue;
+        }
+        for rb in config.runbooks.values() {
+            let Some(on) = &rb.on_alert else { continue };
+            if rb.on_resolved != crate::config::OnResolved::WithdrawApprovals
+                || !on.matchers.iter().all(|m| m.matches(&alert.labels))
+            {
+                continue;
+            }
+            if let Some(host) = on.host_of(&alert.labels).filter(|h| rb.allows_host(h)) {
+                out.push(Resolved {
+                    runbook: rb.name.clone(),
+                    host,
+                    key: format!("fp:{}", alert.fingerprint),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// The candidates of one notification, in alert order.
 pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
     // Most runbooks name the alert they handle (`alertname="..."`): look only
@@ -353,6 +393,45 @@ mod tests {
             Err(NotANotification::Version(v)) if v == "3"
         ));
         assert!(Notification::parse(b"{\"alerts\": 5}").is_err());
+    }
+
+    /// The captured `resolved` notification names the runbook and host
+    /// its firing twin started, with each alert's own key; a runbook with
+    /// `on_resolved: ignore` names none; firing alerts withdraw nothing.
+    #[test]
+    fn resolved_alerts_name_the_runs_whose_requests_they_withdraw() {
+        let mut config = Config::load(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let n = Notification::parse(RESOLVED.as_bytes()).unwrap();
+        let got = resolved(&n, &config);
+        let keys: Vec<String> = n
+            .alerts
+            .iter()
+            .map(|a| format!("fp:{}", a.fingerprint))
+            .collect();
+        assert_eq!(
+            got,
+            keys.iter()
+                .map(|k| Resolved {
+                    runbook: "disk-almost-full".into(),
+                    host: "web-01".into(),
+                    key: k.clone(),
+                })
+                .collect::<Vec<_>>()
+        );
+        // Their firing twins started runs under the same keys.
+        let firing = Notification::parse(FIRING.as_bytes()).unwrap();
+        let started: Vec<String> = candidates(&firing, &config)
+            .into_iter()
+            .filter_map(|c| match c {
+                Candidate::Run(r) => r.keys.into_iter().next(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started, keys);
+        assert!(resolved(&firing, &config).is_empty());
+        let rb = config.runbooks.get_mut("disk-almost-full").unwrap();
+        std::sync::Arc::make_mut(rb).on_resolved = crate::config::OnResolved::Ignore;
+        assert!(resolved(&n, &config).is_empty());
     }
 
     /// An alert no runbook takes says why: the closest runbook and its

@@ -428,3 +428,129 @@ fn sighup_rereads_the_approvers_so_a_revoked_approver_is_revoked() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(d.settled_runs()[0]["status"], "ok");
 }
+
+const RESOLVED: &str = include_str!("../fixtures/alertmanager/resolved-two-alerts.json");
+
+/// Alertmanager says the alert resolved while the run's tier-2 call waits
+/// for a person: the request is withdrawn (the answer names it), the run
+/// ends at once with its own reason and runs nothing, the audit log says
+/// why, and a decision that arrives afterwards approves nothing.
+/// A loopback HTTP server standing in for a chat bridge: every body POSTed
+/// to it, as it came.
+fn chat_bridge() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&conn);
+            let mut length = 0;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok()
+                && let Ok(v) = serde_json::from_slice(&body)
+            {
+                seen.lock().unwrap().push(v);
+            }
+            let _ = (&conn).write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (url, bodies)
+}
+
+#[test]
+fn a_resolved_alert_withdraws_the_request_its_run_waits_on() {
+    let e = l2_estate("5m");
+    let (url, told) = chat_bridge();
+    let settings = e.path().join("runwarden.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(&settings, format!("{text}approval_webhook: {url}\n")).unwrap();
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    let (status, answer) = d.post_alerts(RESOLVED);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["withdrawn"][0]["approval_id"],
+        id.as_str(),
+        "{answer}"
+    );
+    let run = &d.settled_runs()[0];
+    assert_eq!(run["status"], "denied", "{run:#}");
+    let (_, body) = d.request(
+        "GET",
+        &format!("/api/v1/approvals/{id}"),
+        &[("Authorization", ALICE)],
+        b"",
+    );
+    assert!(body.contains("\"state\":\"withdrawn\""), "{body}");
+    let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("withdrawn"), "{body}");
+    let denied = e.audit_phase("denied");
+    assert_eq!(denied.len(), 1, "{denied:#?}");
+    assert_eq!(
+        denied[0]["detail"]["reason"], "alert_resolved",
+        "{:#}",
+        denied[0]
+    );
+    assert!(!state_file(&e).exists(), "nothing rotated");
+    // The approver was asked, then told it is no longer needed.
+    let states = wait_for("both messages", Duration::from_secs(10), || {
+        let told = told.lock().unwrap();
+        let states: Vec<String> = told
+            .iter()
+            .filter(|b| b["id"] == id.as_str())
+            .map(|b| b["state"].as_str().unwrap_or_default().to_string())
+            .collect();
+        (states.len() == 2).then_some(states)
+    });
+    assert_eq!(states, ["pending", "withdrawn"]);
+    let metrics = d.request("GET", "/metrics", &[], b"").1;
+    assert!(
+        metrics.contains("decision=\"withdrawn\""),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("approvals_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// `on_resolved: ignore` keeps the request waiting for a person, and an
+/// alert of another fingerprint never withdraws a run's request: a person
+/// still decides, and the approved call runs.
+#[test]
+fn a_request_stays_when_the_runbook_ignores_resolution_or_another_alert_resolved() {
+    let e = l2_estate("5m");
+    let d = Daemon::start(&e);
+    let (id, digest) = id_digest(&pending(&d));
+    // Another alert on the same host resolved: not this run's.
+    let other = RESOLVED.replace("d262fe820fddf66b", "0000000000000000");
+    let other = other.replacen("\"fingerprint\":\"", "\"fingerprint\":\"x", 2);
+    let (_, answer) = d.post_alerts(&other);
+    assert_eq!(answer["withdrawn"], json!([]), "{answer}");
+    let rb = e.path().join("runbooks/disk-l2.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(&rb, format!("{text}on_resolved: ignore\n")).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        d.request("GET", "/metrics", &[], b"")
+            .1
+            .contains("runwarden_config_reloads_total{result=\"success\"} 1")
+            .then_some(())
+    });
+    let (_, answer) = d.post_alerts(RESOLVED);
+    assert_eq!(answer["withdrawn"], json!([]), "{answer}");
+    let (status, body) = decide(&d, ALICE, &id, "approve", &digest);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(d.settled_runs()[0]["status"], "ok");
+    assert!(state_file(&e).exists(), "the approved rotation ran");
+}

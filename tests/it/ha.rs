@@ -1318,6 +1318,75 @@ fn an_l2_request_opened_on_one_replica_is_approved_through_another_after_a_third
     );
 }
 
+/// The alert resolves while its run's request waits on replica `a`;
+/// Alertmanager tells replica `b`. The request is withdrawn in the shared
+/// state, `a`'s run hears it within a second and ends without its call,
+/// and a decision through any replica approves nothing.
+#[test]
+fn a_resolved_alert_heard_by_another_replica_withdraws_the_request_a_run_waits_on() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(
+        &pg,
+        2,
+        LONG,
+        "approvers_file: approvers\napproval_timeout: 5m\n",
+        &|e| {
+            e.host("h1", &site.host("h1", ""));
+            write_secret(
+                &e.path().join("approvers"),
+                "alice alice-token-0123456789\n",
+            );
+            e.runbook(
+                "rot",
+                &rot_runbook(&site, "h1", 0).replace("autonomy: L3", "autonomy: L2"),
+            );
+        },
+    );
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &notification(&["h1"]));
+    assert_eq!(status, 200);
+    assert_eq!(answer["outcomes"][0]["result"], "started", "{answer}");
+    let request = wait_for("the request", Duration::from_secs(10), || {
+        approvals_of(&fleet[1])
+            .into_iter()
+            .find(|r| r["state"] == "pending")
+    });
+    let id = request["id"].as_str().unwrap().to_string();
+    let digest = request["digest"].as_str().unwrap().to_string();
+    let resolved = notification(&["h1"]).replace("\"firing\"", "\"resolved\"");
+    let sent = Instant::now();
+    let (status, answer) = fleet[1].post("/api/v1/alerts", &resolved);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["withdrawn"][0]["approval_id"],
+        id.as_str(),
+        "{answer}"
+    );
+    let v = wait_for("the waiting run's verdict", Duration::from_secs(10), || {
+        fleet[0].verdicts().into_iter().next()
+    });
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(v["outcome"], "denied", "{v:#}");
+    let denied = fleet[0].e.audit_phase("denied");
+    assert_eq!(
+        denied[0]["detail"]["reason"], "alert_resolved",
+        "{:#}",
+        denied[0]
+    );
+    assert!(site.rotations("h1").is_empty(), "nothing ran");
+    let (status, body) = decide(&fleet[0], &id, "approve", &digest);
+    assert_eq!(status, 409, "{body}");
+    let shown = approvals_of(&fleet[0])
+        .into_iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap();
+    assert_eq!(shown["state"], "withdrawn", "{shown:#}");
+}
+
 #[test]
 fn a_storm_of_20000_alerts_over_200_hosts_across_three_replicas_never_overlaps_two_runs_of_a_host()
 {
