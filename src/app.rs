@@ -432,13 +432,38 @@ async fn killswitch_worker(
                     .map_or(0.0, |t| t.as_second() as f64),
             );
         }
+        // Looked at again on a change to the directory or to the fleet's
+        // switch, when a timed switch ends, and every few seconds.
+        let now = jiff::Timestamp::now();
+        let next_end = runbooks
+            .iter()
+            .map(|rb| Some(rb.as_str()))
+            .chain([None])
+            .filter_map(|rb| ks.until(rb))
+            .map(|t| t.as_millisecond() as f64 / 1000.0)
+            .chain(fleet.as_ref().and_then(|f| f.next_end()))
+            .filter(|t| *t > now.as_millisecond() as f64 / 1000.0)
+            .reduce(f64::min);
+        let wait = next_end
+            .map(|t| Duration::from_secs_f64(t - now.as_millisecond() as f64 / 1000.0))
+            .map_or(RELOOK, |d| (d + Duration::from_millis(50)).min(RELOOK));
+        let fleet_changed = async {
+            match &fleet {
+                Some(f) => f.changed.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = rx.recv() => {}
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = fleet_changed => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
     }
 }
+
+/// How often the kill-switch worker looks without being told of a change.
+const RELOOK: Duration = Duration::from_secs(5);
 
 /// Reload on SIGHUP and when files under runbooks/ or hosts/ change. A valid
 /// config replaces the old one for the next run; an invalid one is rejected

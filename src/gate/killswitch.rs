@@ -36,12 +36,25 @@ pub(crate) struct FleetSwitch {
     engaged: std::sync::RwLock<Vec<(String, String)>>,
     /// When each timed switch ends (Unix seconds), by scope.
     untils: std::sync::RwLock<Vec<(String, f64)>>,
+    /// Woken when what the database says changed: the daemon's gauges and
+    /// log follow at once.
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 impl FleetSwitch {
     /// What the database says now.
     pub(crate) fn set(&self, engaged: Vec<(String, String)>) {
-        *self.engaged.write().unwrap_or_else(|p| p.into_inner()) = engaged;
+        let mut now = self.engaged.write().unwrap_or_else(|p| p.into_inner());
+        if *now != engaged {
+            *now = engaged;
+            self.changed.notify_one();
+        }
+    }
+
+    /// The earliest time a timed switch of the fleet ends (Unix seconds).
+    pub(crate) fn next_end(&self) -> Option<f64> {
+        let untils = self.untils.read().unwrap_or_else(|p| p.into_inner());
+        untils.iter().map(|(_, t)| *t).reduce(f64::min)
     }
 
     /// When the timed switches end, as the database says now.
