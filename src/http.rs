@@ -531,11 +531,22 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
     clippy::expect_used,
     reason = "submit_all returns one result per request, in order"
 )]
-async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
+async fn alerts(
+    State(s): State<AppState>,
+    query: Result<axum::extract::Query<AlertsQuery>, axum::extract::rejection::QueryRejection>,
+    body: Bytes,
+) -> Response {
+    let q = match query {
+        Ok(q) => q.0,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
+    };
     let notification = match Notification::parse(&body) {
         Ok(n) => n,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e),
     };
+    if q.plan.as_deref().is_some_and(|p| matches!(p, "1" | "true")) {
+        return plan(&s, notification).await;
+    }
     for a in &notification.alerts {
         let status = if a.status == "firing" {
             "firing"
@@ -594,6 +605,42 @@ async fn alerts(State(s): State<AppState>, body: Bytes) -> Response {
         "withdrawn": withdrawn,
     });
     (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// `POST /api/v1/alerts?plan=1`.
+#[derive(serde::Deserialize)]
+struct AlertsQuery {
+    /// `1` or `true`: plan, record and start nothing.
+    plan: Option<String>,
+}
+
+/// What a notification would do here, each run it would start planned
+/// through the real gate, as `runwarden alerts test --plan` says it:
+/// nothing is recorded, counted or started, so a pipeline can test
+/// Alertmanager's routing against the daemon before deploying it.
+async fn plan(s: &AppState, n: Notification) -> Response {
+    let config = s.config.borrow().clone();
+    let killswitch = crate::gate::KillSwitch::new(config.settings.kill_switch_dir.clone())
+        .with_fleet(s.scheduler.store().map(|st| st.switch.clone()));
+    let answer = tokio::task::spawn_blocking(move || {
+        let record = crate::audit::runs::recovery(&config.settings.audit_log)?;
+        Ok::<_, std::io::Error>(crate::plan::notification(
+            &n,
+            &config,
+            &killswitch,
+            &record,
+            true,
+        ))
+    })
+    .await;
+    match answer {
+        Ok(Ok(v)) => (StatusCode::OK, axum::Json(v)).into_response(),
+        Ok(Err(e)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the audit log for cooldowns: {e}"),
+        ),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 /// The approver token of a request, or why it is refused.

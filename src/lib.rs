@@ -82,6 +82,7 @@ pub mod http;
 pub mod install;
 pub mod logging;
 pub mod metrics;
+pub mod plan;
 pub mod planner;
 pub mod process;
 pub mod report;

@@ -337,6 +337,12 @@ pub(crate) enum AlertsCommand {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Also take each run it would start through the real gate: every
+        /// call with its argv and the gate's first decision, steps that
+        /// depend on results not known before they run, a model's scope.
+        /// Nothing runs and nothing is written.
+        #[arg(long)]
+        plan: bool,
         /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
         #[arg(long)]
         config: Option<PathBuf>,

@@ -285,8 +285,14 @@ async fn dispatch(cli: Cli) -> Exit {
         Command::KillSwitch { command } => kill_switch(command).await,
         Command::Db { command } => db::db(command).await,
         Command::Alerts {
-            command: AlertsCommand::Test { file, json, config },
-        } => alerts::alerts_test(&file, &config_dir(config)?, json),
+            command:
+                AlertsCommand::Test {
+                    file,
+                    json,
+                    plan,
+                    config,
+                },
+        } => alerts::alerts_test(&file, &config_dir(config)?, json, plan),
     }
 }
 

@@ -275,3 +275,224 @@ async fn max_runs_caps_a_host_across_a_daemon_restart() {
         "{said:#}"
     );
 }
+
+const APPROVER: &str = "alice-token-0123456789";
+
+/// A config whose host `web-01` runs nothing real: every binary it names
+/// is a tripwire that records that it ran. Runbook `plan` (L3) and
+/// `plan-l2` (L2) take the fixture's alert: a look, a rotation, a step that
+/// reads the look's result, and a look outside the host's paths.
+fn tripwired(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    config(dir);
+    let tripped = dir.join("data/TRIPPED");
+    let wire = dir.join("tripwire");
+    std::fs::write(
+        &wire,
+        format!("#!/bin/sh\necho \"$0 $*\" >> {}\n", tripped.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wire, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.join("data/app.conf");
+    std::fs::write(&conf, "/tmp/app.log {\n  rotate 1\n}\n").unwrap();
+    let approvers = dir.join("approvers");
+    std::fs::write(&approvers, format!("alice {APPROVER}\n")).unwrap();
+    std::fs::set_permissions(&approvers, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let settings = dir.join("runwarden.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(&settings, format!("{text}approvers_file: approvers\n")).unwrap();
+    let binaries = [
+        "systemctl",
+        "journalctl",
+        "logrotate",
+        "df",
+        "du",
+        "ps",
+        "kill",
+    ]
+    .map(|b| format!("{b}: {}", wire.display()))
+    .join(", ");
+    std::fs::write(
+        dir.join("hosts/web-01.yaml"),
+        format!(
+            "name: web-01\nconnection: local\npaths: [{data}]\nlogrotate_configs: [{conf}]\nlogrotate_state: {data}/lr.state\nunits: [app.service]\nbinaries: {{ {binaries} }}\n",
+            data = dir.join("data").display(),
+            conf = conf.display()
+        ),
+    )
+    .unwrap();
+    for (name, autonomy) in [("plan", "L3"), ("plan-l2", "L2")] {
+        std::fs::write(
+            dir.join(format!("runbooks/{name}.yaml")),
+            format!(
+                "name: {name}\ndescription: t\nhosts: [web-01]\nautonomy: {autonomy}\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\n\
+                 tools: {{ observe: [disk_usage, service_status], approve: [rotate_logs] }}\nsteps:\n\
+                 \x20 - id: look\n    call: disk_usage\n    args: {{ path: {data} }}\n\
+                 \x20 - id: rotate\n    call: rotate_logs\n    args: {{ config: {conf} }}\n    reason: \"{{{{ alert.labels.mountpoint }}}} is full\"\n\
+                 \x20 - id: after\n    when: \"steps.look.use_pct > 90\"\n    call: service_status\n    args: {{ unit: app.service }}\n\
+                 \x20 - id: outside\n    call: disk_usage\n    args: {{ path: /etc }}\n",
+                data = dir.join("data").display(),
+                conf = conf.display()
+            ),
+        )
+        .unwrap();
+    }
+    tripped
+}
+
+/// `alerts test --plan` and `POST /api/v1/alerts?plan=1` take each run the
+/// fixture's alert would start through the real gate: the exact argv of
+/// each allowed call (the host's own binaries), `needs_approval` at L2, a
+/// step that reads an earlier result marked as unknown, a path outside the
+/// host's allowlist denied. No tripwire ran, no audit line, run lock or
+/// approval was written; the same notification without `plan` starts runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_goes_through_the_gate_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tripped = tripwired(dir.path());
+    let wire = dir.path().join("tripwire").display().to_string();
+    let file = dir.path().join("notification.json");
+    std::fs::write(&file, notification().to_string()).unwrap();
+    let check_plan = |all: &Value| {
+        let outcomes: Vec<&Value> = all["alerts"][0]["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect();
+        let plan_of = |rb: &str| {
+            outcomes
+                .iter()
+                .find(|o| o["runbook"] == rb)
+                .map(|o| o["plan"]["steps"].clone())
+                .unwrap_or_else(|| panic!("no plan of {rb}: {all:#}"))
+        };
+        let decisions = |steps: &Value| -> Vec<String> {
+            steps
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["decision"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let l3 = plan_of("plan");
+        assert_eq!(
+            decisions(&l3),
+            ["allowed", "allowed", "depends", "denied"],
+            "{l3:#}"
+        );
+        assert_eq!(l3[0]["argv"][0][0], wire.as_str(), "{l3:#}");
+        assert_eq!(l3[1]["argv"][0][0], wire.as_str(), "{l3:#}");
+        assert!(
+            l3[1]["args"]["reason"]
+                .as_str()
+                .unwrap()
+                .ends_with("is full"),
+            "{l3:#}"
+        );
+        assert!(l3[2]["why"].as_str().unwrap().contains("look"), "{l3:#}");
+        assert!(
+            l3[3]["why"]
+                .as_str()
+                .unwrap()
+                .starts_with("invalid_arguments"),
+            "{l3:#}"
+        );
+        let l2 = plan_of("plan-l2");
+        assert_eq!(
+            decisions(&l2),
+            ["allowed", "needs_approval", "depends", "denied"],
+            "{l2:#}"
+        );
+    };
+    // The command line.
+    let out = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--plan".as_ref(),
+        "--json".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+        file.as_os_str(),
+    ]);
+    check_plan(&serde_json::from_str(&out).unwrap());
+    let text = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--plan".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+        file.as_os_str(),
+    ]);
+    assert!(text.contains(&format!("$ {wire}")), "{text}");
+    assert!(text.contains("needs_approval"), "{text}");
+    assert!(!tripped.exists(), "a tripwire ran");
+    assert!(!dir.path().join("state").exists(), "state was written");
+    // The daemon, as a CI pipeline asks it.
+    let d = Daemon::start(dir.path()).await;
+    let audit = dir.path().join("state/audit.jsonl");
+    let before = std::fs::read(&audit).unwrap_or_default();
+    let r = client()
+        .post(d.url("/api/v1/alerts?plan=1"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(notification().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    check_plan(&json_of(r).await);
+    assert!(!tripped.exists(), "a tripwire ran");
+    assert_eq!(
+        std::fs::read(&audit).unwrap_or_default(),
+        before,
+        "an audit line was written"
+    );
+    assert!(
+        !dir.path().join("state/locks").exists(),
+        "a run lock was taken"
+    );
+    let metrics = client()
+        .get(d.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            (l.starts_with("runwarden_alert_triggers_total")
+                || l.starts_with("runwarden_alerts_received_total"))
+                && !l.ends_with(" 0")
+        })
+        .collect();
+    assert!(counted.is_empty(), "a plan was counted: {counted:?}");
+    let approvals = client()
+        .get(d.url("/api/v1/approvals"))
+        .bearer_auth(APPROVER)
+        .send()
+        .await
+        .unwrap();
+    let approvals = json_of(approvals).await;
+    assert_eq!(approvals["approvals"], serde_json::json!([]), "{approvals}");
+    // Without `plan`, the same notification starts the three runs.
+    let (status, answer) = post_alerts(&d, &notification()).await;
+    assert_eq!(status, 200, "{answer}");
+    let started = answer["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["result"] == "started")
+        .count();
+    assert_eq!(started, 3, "{answer:#}");
+    // And the tripwires are live: a real run trips them.
+    for _ in 0..200 {
+        if tripped.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(tripped.exists(), "a real run did not trip the wire");
+    d.shutdown().await.unwrap();
+}
