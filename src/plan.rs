@@ -195,17 +195,7 @@ pub(crate) fn run(config: &Config, req: &RunRequest, killswitch: KillSwitch) -> 
             return out;
         }
     }
-    let mut context = json!({ "run": { "id": "planned", "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
-    if let Some(alert) = &req.alert {
-        let mut first = alert.clone();
-        let all = first
-            .as_object_mut()
-            .and_then(|o| o.remove("alerts"))
-            .unwrap_or_else(|| json!([alert]));
-        context["alert"] = first;
-        context["alerts"] = all;
-    }
-    let mut planner = StepsPlanner::new(runbook.clone(), context);
+    let mut planner = StepsPlanner::new(runbook.clone(), req.template_context("planned"));
     let mut gate = Gate::new(runbook.clone(), host.clone(), killswitch);
     let transcript = Transcript::default();
     let mut steps = Vec::new();
@@ -271,18 +261,13 @@ fn reads_results(step: &crate::config::runbook::Step) -> Vec<String> {
         }
         StepAction::Suggest(text) => texts.push(text),
     }
-    let mut ids = Vec::new();
-    for text in texts {
-        let mut rest = text;
-        while let Some(i) = rest.find("steps.") {
-            rest = &rest[i + "steps.".len()..];
-            let id: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-                .collect();
-            if !id.is_empty() && !ids.contains(&id) {
-                ids.push(id);
-            }
+    let mut ids: Vec<String> = Vec::new();
+    for id in texts
+        .into_iter()
+        .flat_map(crate::planner::steps::references)
+    {
+        if !ids.contains(&id) {
+            ids.push(id);
         }
     }
     ids

@@ -146,20 +146,23 @@ impl StepsPlanner {
 
 /// The first step `when` names (`steps.ID`) whose result is not a success.
 fn unsuccessful_reference(when: &str, transcript: &Transcript) -> Option<String> {
-    let mut rest = when;
-    while let Some(i) = rest.find("steps.") {
-        rest = &rest[i + "steps.".len()..];
-        let id: String = rest
+    references(when).find(|id| {
+        transcript
+            .steps
+            .get(id)
+            .is_some_and(|seen| seen["ok"] != true)
+    })
+}
+
+/// The steps a template or expression names (`steps.ID`), in order.
+pub(crate) fn references(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.match_indices("steps.").filter_map(|(i, _)| {
+        let id: String = text[i + "steps.".len()..]
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
             .collect();
-        if let Some(seen) = transcript.steps.get(&id)
-            && seen["ok"] != true
-        {
-            return Some(id);
-        }
-    }
-    None
+        (!id.is_empty()).then_some(id)
+    })
 }
 
 fn detail(e: &minijinja::Error) -> String {

@@ -14,7 +14,7 @@ mod run_loop;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::audit::{AuditError, AuditLog, RunInfo};
@@ -329,18 +329,7 @@ impl Runner {
             false => Some(self.lock(&runbook, &host.name, &run_id).await?),
         };
         let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file);
-        let mut context = json!({ "run": { "id": run_id, "runbook": runbook.name, "host": host.name, "trigger": req.trigger } });
-        if let Some(alert) = &req.alert {
-            // `alert`: the alert that started the run; `alerts`: every alert
-            // of its notification for this runbook and host (itself first).
-            let mut first = alert.clone();
-            let all = first
-                .as_object_mut()
-                .and_then(|o| o.remove("alerts"))
-                .unwrap_or_else(|| json!([alert]));
-            context["alert"] = first;
-            context["alerts"] = all;
-        }
+        let context = req.template_context(&run_id);
         let planner = self.planner(&runbook, &host, req.planner, context)?;
         let info = RunInfo {
             run_id: run_id.clone(),

@@ -109,6 +109,24 @@ impl RunRequest {
         })
     }
 
+    /// What a run's templates see: `run` (id, runbook, host, trigger) and,
+    /// for an alert, `alert` (the alert that started it) and `alerts`
+    /// (every alert of its notification for this runbook and host, itself
+    /// first).
+    pub(crate) fn template_context(&self, run_id: &str) -> Value {
+        let mut context = serde_json::json!({ "run": { "id": run_id, "runbook": self.runbook, "host": self.host, "trigger": self.trigger } });
+        if let Some(alert) = &self.alert {
+            let mut first = alert.clone();
+            let all = first
+                .as_object_mut()
+                .and_then(|o| o.remove("alerts"))
+                .unwrap_or_else(|| serde_json::json!([alert]));
+            context["alert"] = first;
+            context["alerts"] = all;
+        }
+        context
+    }
+
     /// A run from the command line.
     pub fn cli(runbook: String, host: String, dry_run: bool) -> RunRequest {
         RunRequest {
