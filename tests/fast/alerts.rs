@@ -496,3 +496,59 @@ async fn a_plan_goes_through_the_gate_and_starts_nothing() {
     assert!(tripped.exists(), "a real run did not trip the wire");
     d.shutdown().await.unwrap();
 }
+
+/// A model runbook's plan is the scope its model would get (goal, tools,
+/// host, call budget), not calls: the model picks them at run time. No
+/// model endpoint is asked (none listens at the configured address).
+#[test]
+fn a_model_runbooks_plan_shows_the_scope_its_model_would_get() {
+    let dir = tempfile::tempdir().unwrap();
+    tripwired(dir.path());
+    let settings = dir.path().join("runwarden.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(
+        &settings,
+        format!("{text}model:\n  endpoint: http://127.0.0.1:9/v1\n  name: planner\n"),
+    )
+    .unwrap();
+    let rb = dir.path().join("runbooks/plan.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(
+        &rb,
+        format!("{text}agent:\n  goal: find what fills the disk\n  max_steps: 5\n"),
+    )
+    .unwrap();
+    let file = dir.path().join("notification.json");
+    std::fs::write(&file, notification().to_string()).unwrap();
+    let out = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--plan".as_ref(),
+        "--json".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+        file.as_os_str(),
+    ]);
+    let all: Value = serde_json::from_str(&out).unwrap();
+    let plan = all["alerts"][0]["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["runbook"] == "plan")
+        .map(|o| o["plan"].clone())
+        .unwrap();
+    assert_eq!(
+        plan["model"]["goal"], "find what fills the disk",
+        "{plan:#}"
+    );
+    assert_eq!(
+        plan["model"]["tools"],
+        serde_json::json!(["disk_usage", "service_status", "rotate_logs"]),
+        "{plan:#}"
+    );
+    assert_eq!(plan["model"]["max_steps"], 5);
+    assert!(
+        plan["steps"].is_null(),
+        "the model's calls are not known: {plan:#}"
+    );
+}
