@@ -53,7 +53,7 @@ pub(super) fn check(dir: &Path) -> Exit {
     }
     for r in cfg.runbooks.values() {
         println!(
-            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{} {}",
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{} {}",
             r.name,
             r.autonomy.as_str(),
             r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
@@ -67,6 +67,18 @@ pub(super) fn check(dir: &Path) -> Exit {
             match &r.fleet_budget {
                 Some(b) => format!(" fleet_budget={}", per_window(b)),
                 None => String::new(),
+            },
+            match &r.max_runs {
+                Some(m) => format!(
+                    " max_runs={}/{}",
+                    m.count,
+                    humantime::format_duration(m.per)
+                ),
+                None => String::new(),
+            },
+            match (r.on_alert.is_some(), r.on_resolved) {
+                (true, crate::config::OnResolved::Ignore) => " on_resolved=ignore",
+                _ => "",
             },
             r.source.display()
         );

@@ -117,3 +117,42 @@ fn shared_state_that_cannot_work_is_refused_where_it_is_written() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("sets no `state: postgres:`"), "{stderr}");
 }
+
+/// A runbook's guardrails are in `check`'s line for it: its `max_runs` and
+/// an `on_resolved` that keeps requests waiting; a bad `on_resolved` is
+/// refused at its line.
+#[test]
+fn check_shows_a_runbooks_cap_and_what_a_resolved_alert_does() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let rb = dir.path().join("runbooks/disk.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(
+        &rb,
+        format!("{text}max_runs: {{ count: 3, per: 6h }}\non_resolved: ignore\n"),
+    )
+    .unwrap();
+    let out = runwarden_ok(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("runbook disk"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("max_runs=3/6h"), "{line}");
+    assert!(line.contains("on_resolved=ignore"), "{line}");
+    std::fs::write(&rb, format!("{text}on_resolved: withdraw\n")).unwrap();
+    let bad = runwarden(&[
+        "check".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("disk.yaml:") && said.contains("on_resolved \"withdraw\" is not one of"),
+        "{said}"
+    );
+}
