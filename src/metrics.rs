@@ -66,6 +66,9 @@ pub(crate) struct Metrics {
     pub(crate) fleet_budget_used: GaugeVec,
     /// `runwarden_fleet_budget_limit`: what each fleet budget allows per window.
     pub(crate) fleet_budget_limit: GaugeVec,
+    /// `runwarden_fleet_queued_runs{store="postgres"}`: admitted runs
+    /// waiting in the fleet's queue for a replica with a free run permit.
+    pub(crate) fleet_queued: GaugeVec,
     /// `runwarden_store_up{store="postgres"}`: whether the shared state
     /// answered this daemon's last round trip; absent without `state.postgres`.
     pub(crate) store_up: GaugeVec,
@@ -309,6 +312,12 @@ impl Metrics {
                 "runwarden_fleet_budget_limit",
                 "Tier-2 calls each fleet budget allows per window (scope: all, or a runbook).",
                 &["scope"],
+            ),
+            fleet_queued: gauge_vec(
+                r,
+                "runwarden_fleet_queued_runs",
+                "Admitted runs waiting in the fleet's queue for a replica with a free run permit (the same count on every replica). Absent without state.postgres.",
+                &["store"],
             ),
             store_up: gauge_vec(
                 r,

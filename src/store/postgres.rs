@@ -412,6 +412,16 @@ impl Postgres {
         })
     }
 
+    /// How many admitted runs wait in the fleet's queue.
+    pub(crate) async fn queued(&self) -> Result<i64, StoreError> {
+        self.with("counting queued runs", |c| async move {
+            c.query_one("SELECT count(*) FROM runwarden_queue", &[])
+                .await
+                .map(|r| r.get(0))
+        })
+        .await
+    }
+
     /// Take up to `limit` queued runs of `runbooks` (see `runwarden_take`):
     /// run id, runbook, host, token, request, the replica that queued it.
     #[allow(clippy::type_complexity, reason = "one row of one SQL function")]

@@ -40,7 +40,8 @@ pub(crate) async fn shared_state(config: &Config) -> anyhow::Result<Option<Arc<P
 
 /// With shared state, every second (or a third of the lease): close the
 /// runs whose lease expired, whichever replica ran them, as `interrupted`,
-/// each with its verdict line in this machine's audit log. The same round
+/// each with its verdict line in this machine's audit log, and count the
+/// runs waiting in the fleet's queue (`runwarden_fleet_queued_runs`). The same round
 /// trip keeps `/healthz` current. `on_closed` writes each such run's verdict
 /// line (the scheduler's `closed_elsewhere`, in the daemon).
 pub(crate) async fn reap_worker(
@@ -51,6 +52,7 @@ pub(crate) async fn reap_worker(
 ) {
     let every = (store.lease / 3).min(Duration::from_secs(1));
     let up = metrics.store_up.with_label_values(&["postgres"]);
+    let queued = metrics.fleet_queued.with_label_values(&["postgres"]);
     let mut pruned: Option<tokio::time::Instant> = None;
     loop {
         // At start and every ten minutes, each replica forgets what is a
@@ -66,6 +68,9 @@ pub(crate) async fn reap_worker(
                 up.set(1.0);
                 for run in closed {
                     on_closed(&run);
+                }
+                if let Ok(n) = store.queued().await {
+                    queued.set(n as f64);
                 }
             }
             Err(e) => {

@@ -2200,8 +2200,12 @@ fn prometheus_sees_a_replica_lose_its_store_and_its_leases_on_the_dashboards_sha
             .replace("$job", "runwarden")
             .replace("$instance", ".*");
         wait_for(&format!("data for {expr}"), Duration::from_secs(30), || {
-            seen(&format!("({expr}) > 0"))
-                .or_else(|| seen(&expr).filter(|_| expr.contains("store_up")))
+            // A gauge with data is enough for the store's state and the
+            // queue (0 while nothing waits).
+            seen(&format!("({expr}) > 0")).or_else(|| {
+                seen(&expr)
+                    .filter(|_| expr.contains("store_up") || expr.contains("fleet_queued_runs"))
+            })
         });
     }
     pg.start_again();
