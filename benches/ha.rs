@@ -165,13 +165,13 @@ const TOOL: Duration = Duration::from_millis(20);
 /// A config directory for fan-out replica `replica`: `FAN` hosts whose
 /// `ps` takes `TOOL`, runbook `fan` on all of them, scheduled (6 fields, in
 /// UTC) at `at`.
-fn fan_estate(pg: &pg::Pg, replica: &str, at: jiff::Timestamp) -> (tempfile::TempDir, PathBuf) {
+fn fan_estate(pg: &pg::Pg, replica: &str) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("rw-bench-fan-")
         .tempdir_in("/var/tmp")
         .unwrap();
     let root = dir.path();
-    let (marks, hosts) = marking_hosts_taking(root, FAN, TOOL);
+    let (_, hosts) = marking_hosts_taking(root, FAN, TOOL);
     // A fleet that has run before: each host's run lock is there already
     // (made once, on a host's first run, and kept), so the rounds time the
     // runs, not ext4 allocating 500 inodes.
@@ -188,19 +188,25 @@ fn fan_estate(pg: &pg::Pg, replica: &str, at: jiff::Timestamp) -> (tempfile::Tem
             "audit_head: none\nmax_concurrent_runs: 4\nreplica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
         ),
     );
+    write(root, "hosts.list", &hosts.join(", "));
+    dir
+}
+
+/// Runbook `fan` on every host of the estate at `root`, scheduled (6
+/// fields, in UTC) at `at`.
+fn fan_runbook(root: &Path, at: jiff::Timestamp) {
+    let hosts = std::fs::read_to_string(root.join("hosts.list")).unwrap();
     let t = at.to_zoned(jiff::tz::TimeZone::UTC);
     write(
         root,
         "runbooks/fan.yaml",
         &format!(
-            "name: fan\ndescription: b\nhosts: [{}]\nautonomy: L3\nschedule: \"{} {} {} * * *\"\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n",
-            hosts.join(", "),
+            "name: fan\ndescription: b\nhosts: [{hosts}]\nautonomy: L3\nschedule: \"{} {} {} * * *\"\ntools: {{ observe: [list_processes] }}\nsteps:\n  - call: list_processes\n",
             t.second(),
             t.minute(),
             t.hour()
         ),
     );
-    (dir, marks)
 }
 
 /// One fan-out: `replicas` daemons, triggered by the schedule (all of them)
@@ -208,24 +214,30 @@ fn fan_estate(pg: &pg::Pg, replica: &str, at: jiff::Timestamp) -> (tempfile::Tem
 /// replica, hosts that ran twice.
 fn fan_out(pg: &pg::Pg, replicas: usize, by_schedule: bool) -> (Duration, Vec<i64>, i64) {
     pg.sql("TRUNCATE runwarden_triggers, runwarden_runs, runwarden_leases, runwarden_queue");
-    // Far enough ahead for every replica to be listening.
-    // A whole second: a schedule fires at the second's start.
-    let fire = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 4).unwrap();
+    let names = ["a", "b", "c"];
+    let dirs: Vec<_> = (0..replicas).map(|r| fan_estate(pg, names[r])).collect();
+    // Once the estates are made (rustc and 500 host files each take a
+    // while), far enough ahead for every replica to be listening; a whole
+    // second, as a schedule fires at the second's start.
+    let fire = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 3).unwrap();
     let at = if by_schedule {
         fire
     } else {
         // Not today: only the API starts it.
         fire + jiff::SignedDuration::from_hours(12)
     };
-    let names = ["a", "b", "c"];
-    let dirs: Vec<_> = (0..replicas)
-        .map(|r| fan_estate(pg, names[r], at).0)
-        .collect();
+    for d in &dirs {
+        fan_runbook(d.path(), at);
+    }
     let daemons: Vec<Daemon> = dirs
         .iter()
         .map(|d| start_logging(d.path(), "warn"))
         .collect();
     let started = if by_schedule {
+        assert!(
+            jiff::Timestamp::now() < fire,
+            "the daemons were listening only after the schedule's time: a slower machine needs more than 3 s"
+        );
         let wait = fire.duration_since(jiff::Timestamp::now());
         std::thread::sleep(Duration::try_from(wait).unwrap_or_default());
         fire

@@ -246,7 +246,13 @@ impl Scheduler {
         // now; the fleet's queue keeps the others for whichever replica
         // frees one first.
         let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
-        if self.store.is_some() {
+        // A schedule fires on every replica at once: its runs all go to the
+        // fleet's queue, so no replica holds permits idle while its
+        // admission of the same fire waits on another's row locks.
+        let fire = candidates.iter().all(
+            |c| matches!(c, Candidate::Run(r) if r.trigger == crate::trigger::Trigger::Schedule),
+        );
+        if self.store.is_some() && !fire {
             self.apply_limit(&config);
             while held.len() < asks.len()
                 && let Ok(permit) = self.permits.clone().try_acquire_owned()
