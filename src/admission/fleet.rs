@@ -35,6 +35,9 @@ impl Admission for Fleet {
         direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {
         Box::pin(async move {
+            // What a replica taking it would run: only needed when some of
+            // the asks may go to the queue (more than this replica can start).
+            let may_queue = direct < asks.len();
             let items: Vec<Admit> = asks
                 .iter()
                 .map(|a| Admit {
@@ -45,7 +48,10 @@ impl Admission for Fleet {
                     cap: a.cap,
                     run_id: a.run_id.clone(),
                     trigger: a.req.trigger.as_str(),
-                    request: a.req.to_queue(),
+                    request: match may_queue {
+                        true => a.req.to_queue(),
+                        false => String::new(),
+                    },
                 })
                 .collect();
             let admitted: Vec<Admitted> = match items.is_empty() {

@@ -94,7 +94,8 @@ pub(crate) struct Admit {
     /// `alert`, `schedule`, `api`...
     pub(crate) trigger: &'static str,
     /// What a replica that takes it from the queue runs (see
-    /// [`crate::trigger::RunRequest::to_queue`]).
+    /// [`crate::trigger::RunRequest::to_queue`]); empty when it cannot be
+    /// queued (the replica holds a permit for every ask of the batch).
     pub(crate) request: String,
 }
 
