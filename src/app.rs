@@ -374,14 +374,14 @@ async fn killswitch_worker(
             .kill_switch_since
             .with_label_values(&["global"])
             .set(engaged_at(&ks, None, engaged_global));
+        // When the engaged timed switches end: the worker looks again then.
+        let mut ends: Vec<jiff::Timestamp> = Vec::new();
+        let global_until = ks.until(None).filter(|_| engaged_global);
+        ends.extend(global_until);
         metrics
             .kill_switch_until
             .with_label_values(&["global"])
-            .set(
-                ks.until(None)
-                    .filter(|_| engaged_global)
-                    .map_or(0.0, |t| t.as_second() as f64),
-            );
+            .set(global_until.map_or(0.0, |t| t.as_second() as f64));
         // The fleet's own switch (shared state), on every replica whichever
         // one engaged it: `fleet` for all runs, `fleet:RUNBOOK` for one runbook.
         if let Some(fleet) = &fleet {
@@ -426,26 +426,26 @@ async fn killswitch_worker(
                 .kill_switch_since
                 .with_label_values(&[rb])
                 .set(engaged_at(&ks, Some(rb), on));
-            metrics.kill_switch_until.with_label_values(&[rb]).set(
-                ks.until(Some(rb))
-                    .filter(|_| on)
-                    .map_or(0.0, |t| t.as_second() as f64),
-            );
+            let until = ks.until(Some(rb)).filter(|_| on);
+            ends.extend(until);
+            metrics
+                .kill_switch_until
+                .with_label_values(&[rb])
+                .set(until.map_or(0.0, |t| t.as_second() as f64));
         }
         // Looked at again on a change to the directory or to the fleet's
         // switch, when a timed switch ends, and every few seconds.
         let now = jiff::Timestamp::now();
-        let next_end = runbooks
-            .iter()
-            .map(|rb| Some(rb.as_str()))
-            .chain([None])
-            .filter_map(|rb| ks.until(rb))
-            .map(|t| t.as_millisecond() as f64 / 1000.0)
-            .chain(fleet.as_ref().and_then(|f| f.next_end()))
-            .filter(|t| *t > now.as_millisecond() as f64 / 1000.0)
-            .reduce(f64::min);
-        let wait = next_end
-            .map(|t| Duration::from_secs_f64(t - now.as_millisecond() as f64 / 1000.0))
+        let fleet_end = fleet
+            .as_ref()
+            .and_then(|f| f.next_end())
+            .and_then(|t| jiff::Timestamp::from_millisecond((t * 1000.0) as i64).ok());
+        let wait = ends
+            .into_iter()
+            .chain(fleet_end)
+            .filter_map(|t| Duration::try_from(t.duration_since(now)).ok())
+            .filter(|d| !d.is_zero())
+            .min()
             .map_or(RELOOK, |d| (d + Duration::from_millis(50)).min(RELOOK));
         let fleet_changed = async {
             match &fleet {

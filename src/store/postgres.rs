@@ -412,16 +412,6 @@ impl Postgres {
         })
     }
 
-    /// How many admitted runs wait in the fleet's queue.
-    pub(crate) async fn queued(&self) -> Result<i64, StoreError> {
-        self.with("counting queued runs", |c| async move {
-            c.query_one("SELECT count(*) FROM runwarden_queue", &[])
-                .await
-                .map(|r| r.get(0))
-        })
-        .await
-    }
-
     /// Take up to `limit` queued runs of `runbooks` (see `runwarden_take`):
     /// run id, runbook, host, token, request, the replica that queued it.
     #[allow(clippy::type_complexity, reason = "one row of one SQL function")]
@@ -596,7 +586,9 @@ impl Postgres {
     /// Close every run whose lease expired or was taken over (its replica
     /// died, or lost the database): `interrupted`, closed by this replica.
     /// Rows another replica is closing at the same moment are skipped.
-    pub(crate) async fn reap(&self) -> Result<Vec<Reaped>, StoreError> {
+    /// Also removes queued runs never handed over, and says how many runs
+    /// wait in the fleet's queue now.
+    pub(crate) async fn reap(&self) -> Result<(Vec<Reaped>, i64), StoreError> {
         self.with("closing runs whose lease expired", |c| async move {
             let rows = c
                 .query(
@@ -620,13 +612,17 @@ impl Postgres {
                 )
                 .await?;
             // Queued runs whose admitting replica stopped before its disk
-            // had their triggers: their senders were told to retry.
-            c.query_typed(
-                "SELECT runwarden_reap_queue($1)",
-                &[(&millis(self.lease), Type::INT8)],
-            )
-            .await?;
-            Ok(rows
+            // had their triggers (their senders were told to retry); then
+            // what still waits.
+            let queued: i64 = c
+                .query_typed(
+                    "SELECT runwarden_reap_queue($1), (SELECT count(*) FROM runwarden_queue)",
+                    &[(&millis(self.lease), Type::INT8)],
+                )
+                .await?
+                .first()
+                .map_or(0, |r| r.get(1));
+            let closed = rows
                 .iter()
                 .map(|r| Reaped {
                     run_id: r.get(0),
@@ -634,7 +630,8 @@ impl Postgres {
                     host: r.get(2),
                     replica: r.get(3),
                 })
-                .collect())
+                .collect();
+            Ok((closed, queued))
         })
         .await
     }

@@ -64,13 +64,11 @@ pub(crate) async fn reap_worker(
             }
         }
         match store.reap().await {
-            Ok(closed) => {
+            Ok((closed, waiting)) => {
                 up.set(1.0);
+                queued.set(waiting as f64);
                 for run in closed {
                     on_closed(&run);
-                }
-                if let Ok(n) = store.queued().await {
-                    queued.set(n as f64);
                 }
             }
             Err(e) => {
