@@ -14,6 +14,44 @@ use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
+/// Replace the state file `path` with `bytes`: written beside it, synced,
+/// renamed into place and the directory synced, so a crash leaves the old
+/// file or the new one, never half of one (and a reader without a lock
+/// sees one or the other).
+pub(crate) fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Hold an exclusive `flock` of the lock file `path` (made if missing)
+/// until the returned file drops: the daemon's runs and a person's
+/// `runwarden run` read and replace one state file in turn.
+pub(crate) fn locked(path: &Path) -> std::io::Result<File> {
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o640)
+        .open(path)?;
+    lock.lock()?;
+    Ok(lock)
+}
+
 /// Why a file was not opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {

@@ -37,6 +37,8 @@ pub(crate) struct Metrics {
     pub(crate) budget_exhausted: IntCounterVec,
     /// `runwarden_kill_switch_engaged`.
     pub(crate) kill_switch_engaged: IntGaugeVec,
+    /// `runwarden_runbook_demoted`.
+    pub(crate) runbook_demoted: IntGaugeVec,
     /// `runwarden_alerts_received_total`.
     pub(crate) alerts_received: IntCounterVec,
     /// `runwarden_alert_triggers_total`.
@@ -141,6 +143,16 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(kill_switch_engaged.clone()))
+            .expect("metric registered once");
+        let runbook_demoted = IntGaugeVec::new(
+            Opts::new(
+                "runwarden_runbook_demoted",
+                "1 while a runbook has lost its standing approval (demote_after: its fixes kept failing) and every tier-2 call of it waits for a person; `runwarden promote` restores it. Read every 5 s.",
+            ),
+            &["runbook"],
+        )
+        .expect("metric");
+        r.register(Box::new(runbook_demoted.clone()))
             .expect("metric registered once");
         let audit_write_failures = IntCounter::new(
             "runwarden_audit_write_failures_total",
@@ -257,6 +269,7 @@ impl Metrics {
                 &["runbook"],
             ),
             kill_switch_engaged,
+            runbook_demoted,
             alerts_received: counter(
                 r,
                 "runwarden_alerts_received_total",

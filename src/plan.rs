@@ -23,7 +23,7 @@ use crate::admission::{DUPLICATE_WINDOW, Slot, TriggerResult};
 use crate::audit::runs::Recovery;
 use crate::config::Config;
 use crate::config::runbook::StepAction;
-use crate::gate::{Decision, Gate, KillSwitch};
+use crate::gate::{Decision, Demotions, Gate, KillSwitch};
 use crate::planner::{Next, StepsPlanner, Transcript};
 use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Candidate, Notification, candidates, resolved};
@@ -35,6 +35,7 @@ pub(crate) fn notification(
     n: &Notification,
     config: &Config,
     killswitch: &KillSwitch,
+    demotions: &Demotions,
     record: &Recovery,
     plans: bool,
 ) -> Value {
@@ -97,7 +98,7 @@ pub(crate) fn notification(
                             } else {
                                 starting.insert(key, i);
                                 if let (true, Some(req)) = (plans, req) {
-                                    o["plan"] = run(config, &req, killswitch.clone());
+                                    o["plan"] = run(config, &req, killswitch.clone(), demotions.clone());
                                 }
                             }
                         }
@@ -164,7 +165,12 @@ fn outcome(c: Candidate, config: &Config, killswitch: &KillSwitch, record: &Reco
 /// The run `req` would be, planned through the gate: its steps, each with
 /// the gate's first decision and the argv it would spawn; with a model, the
 /// scope the model would get.
-pub(crate) fn run(config: &Config, req: &RunRequest, killswitch: KillSwitch) -> Value {
+pub(crate) fn run(
+    config: &Config,
+    req: &RunRequest,
+    killswitch: KillSwitch,
+    demotions: Demotions,
+) -> Value {
     let (Some(runbook), Some(host)) = (
         config.runbooks.get(&req.runbook),
         config.hosts.get(&req.host),
@@ -196,7 +202,7 @@ pub(crate) fn run(config: &Config, req: &RunRequest, killswitch: KillSwitch) -> 
         }
     }
     let mut planner = StepsPlanner::new(runbook.clone(), req.template_context("planned"));
-    let mut gate = Gate::new(runbook.clone(), host.clone(), killswitch);
+    let mut gate = Gate::new(runbook.clone(), host.clone(), killswitch, demotions);
     let transcript = Transcript::default();
     let mut steps = Vec::new();
     for step in &runbook.steps {
@@ -220,7 +226,7 @@ pub(crate) fn run(config: &Config, req: &RunRequest, killswitch: KillSwitch) -> 
                 let tool = call.tool.clone();
                 let (decision, action, why) = match gate.check(&call) {
                     Decision::Allow(p) => ("allowed", Some(p.action().clone()), None),
-                    Decision::Hold(h) => ("needs_approval", Some(h.action().clone()), None),
+                    Decision::Hold(h) => ("needs_approval", Some(h.action().clone()), h.demoted().map(String::from)),
                     Decision::Propose(p) => ("proposed", Some(p.action().clone()), None),
                     Decision::Deny(d) => ("denied", None, Some(format!("{}: {}", d.reason.as_str(), d.detail))),
                 };

@@ -663,6 +663,8 @@ impl Scheduler {
             config: config.clone(),
             audit: self.audit.clone(),
             killswitch: self.killswitch(config),
+            demotions: crate::gate::Demotions::new(&config.settings.state_dir)
+                .with_fleet(self.store.as_ref().map(|s| s.demoted.clone())),
             store: self.store.clone(),
             metrics: Some(self.metrics.clone()),
             shutdown: Some(self.shutdown.clone()),

@@ -136,7 +136,7 @@ pub(crate) fn render(lines: &[Entry]) -> String {
                     detail["detail"].as_str().unwrap_or("")
                 );
             }
-            Some(Phase::KillSwitch | Phase::Segment) | None => {}
+            Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment) | None => {}
         }
     }
     if !lines.iter().any(|e| e.phase == Some(Phase::Verdict)) {

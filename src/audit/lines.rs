@@ -374,6 +374,45 @@ impl AuditLog {
         self.append(e, true)
     }
 
+    /// A runbook lost its standing approval (`demote_after`): the runs and
+    /// the calls that failed, which a person reads before promoting it.
+    pub(crate) fn demoted(&self, d: &crate::gate::demotion::Demotion) -> Result<(), AuditError> {
+        let mut e = no_run(&d.runbook, Phase::Autonomy);
+        e.outcome = Some("demoted".into());
+        e.detail = Some(json!({
+            "autonomy": "L2",
+            "by": d.by,
+            "demote_after": { "failures": d.failures, "per_secs": d.per_secs },
+            "evidence": d.evidence,
+            "message": d.summary(),
+        }));
+        self.append(e, true)
+    }
+
+    /// A person gave a demoted runbook its standing approval back
+    /// (`runwarden promote`): who, why, whether they forced it, and the
+    /// demotion it lifted.
+    pub(crate) fn promoted(
+        &self,
+        d: &crate::gate::demotion::Demotion,
+        by: &str,
+        reason: &str,
+        forced: bool,
+    ) -> Result<(), AuditError> {
+        let mut e = no_run(&d.runbook, Phase::Autonomy);
+        e.outcome = Some("promoted".into());
+        e.detail = Some(json!({
+            "autonomy": "L3",
+            "by": by,
+            "reason": reason,
+            "forced": forced,
+            "demoted_since": d.since,
+            "demoted_by": d.by,
+            "evidence_runs": d.evidence.iter().map(|f| &f.run_id).collect::<Vec<_>>(),
+        }));
+        self.append(e, true)
+    }
+
     /// A timed kill switch released itself at its time (`source`: `file`
     /// or `fleet`): who engaged it, why, and until when.
     pub(crate) fn kill_switch_ended(
@@ -381,16 +420,7 @@ impl AuditLog {
         ended: &crate::gate::killswitch::Expired,
         source: &str,
     ) -> Result<(), AuditError> {
-        let run = RunInfo {
-            run_id: "-".into(),
-            runbook: ended.scope.clone(),
-            runbook_version: String::new(),
-            host: String::new(),
-            planner: String::new(),
-            model: None,
-            prompt: None,
-        };
-        let mut e = run.entry(Phase::KillSwitch, None);
+        let mut e = no_run(&ended.scope, Phase::KillSwitch);
         e.outcome = Some("released".into());
         e.detail = Some(json!({
             "scope": ended.scope,
@@ -494,4 +524,18 @@ impl AuditLog {
         });
         self.append(e, true)
     }
+}
+
+/// A line of no run (`run_id` is `-`) about `runbook` (or a switch's scope).
+fn no_run(runbook: &str, phase: Phase) -> Entry {
+    let run = RunInfo {
+        run_id: "-".into(),
+        runbook: runbook.to_string(),
+        runbook_version: String::new(),
+        host: String::new(),
+        planner: String::new(),
+        model: None,
+        prompt: None,
+    };
+    run.entry(phase, None)
 }

@@ -82,6 +82,10 @@ pub enum Phase {
     Verdict,
     /// A timed kill switch released itself (no run: `run_id` is `-`).
     KillSwitch,
+    /// A runbook lost its standing approval (`demoted`, with the failed
+    /// runs that took it) or a person gave it back (`promoted`); no run:
+    /// `run_id` is `-`.
+    Autonomy,
     /// The first line of the file after a rotation: the segment it follows,
     /// the segments retention removed, and the state a daemon starts from.
     Segment,

@@ -233,6 +233,22 @@ pub(crate) enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Give a demoted runbook (`demote_after`) its standing approval back,
+    /// on every replica. Refused while the failed runs that demoted it are
+    /// in their window, unless --force. Exit 0 when promoted, 1 when refused.
+    Promote {
+        /// The runbook, by name.
+        runbook: String,
+        /// Why it is safe again: written to the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Promote even though the failed runs are still in their window.
+        #[arg(long)]
+        force: bool,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Read the audit log.
     Audit {
         /// What to do with the log.

@@ -19,7 +19,7 @@ pub(super) fn load(dir: &Path) -> Result<Config, Failed> {
     })
 }
 
-pub(super) fn check(dir: &Path) -> Exit {
+pub(super) async fn check(dir: &Path) -> Exit {
     let cfg = load(dir)?;
     // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
     match cfg.serve_problems(None) {
@@ -53,7 +53,7 @@ pub(super) fn check(dir: &Path) -> Exit {
     }
     for r in cfg.runbooks.values() {
         println!(
-            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{} {}",
+            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{}{} {}",
             r.name,
             r.autonomy.as_str(),
             r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
@@ -80,8 +80,23 @@ pub(super) fn check(dir: &Path) -> Exit {
                 (true, crate::config::OnResolved::Ignore) => " on_resolved=ignore",
                 _ => "",
             },
+            match &r.demote_after {
+                Some(d) => format!(
+                    " demote_after={}/{}",
+                    d.failures,
+                    humantime::format_duration(d.per)
+                ),
+                None => String::new(),
+            },
             r.source.display()
         );
+    }
+    let (demoted, problem) = super::promote::in_force(&cfg.settings).await;
+    for d in demoted {
+        println!("DEMOTED {}", d.summary());
+    }
+    if let Some(problem) = problem {
+        eprintln!("warning: {problem}");
     }
     match &cfg.settings.fleet_budget {
         Some(b) => println!("fleet budget: {} across every run", per_window(b)),

@@ -342,7 +342,7 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
     Ok(0)
 }
 
-pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> Exit {
+pub(super) async fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> Exit {
     let cfg = load(dir)?;
     let window = humantime::parse_duration(since).map_err(|e| {
         Failed::usage(format!(
@@ -363,12 +363,15 @@ pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path)
         .runbooks
         .get(runbook)
         .map_or("", |r| r.autonomy.as_str());
+    let (demoted, problem) = super::promote::in_force(&cfg.settings).await;
+    let demotion = demoted.into_iter().find(|d| d.runbook == runbook);
     if json {
         println!(
             "{}",
             serde_json::json!({
                 "runbook": runbook,
                 "autonomy": autonomy,
+                "demoted": demotion,
                 "since": from.to_string(),
                 "report": report.to_json(),
             })
@@ -376,6 +379,30 @@ pub(super) fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path)
         return Ok(0);
     }
     println!("runbook {runbook}, autonomy {autonomy}, since {from} ({since})");
+    if let Some(d) = &demotion {
+        println!("DEMOTED {}", d.summary());
+        for f in &d.evidence {
+            let line = format!(
+                "  failed run {} on {} at {}: {}",
+                f.run_id, f.host, f.at, f.detail
+            );
+            println!("{}", crate::text::printable(&line));
+            for c in &f.calls {
+                let line = format!(
+                    "    step {} {} (tier {}): {}",
+                    c.step, c.tool, c.tier, c.error
+                );
+                println!("{}", crate::text::printable(&line));
+            }
+        }
+        println!(
+            "  promote once the evidence leaves its window ({}), or now with --force",
+            d.window_ends()
+        );
+    }
+    if let Some(problem) = problem {
+        eprintln!("warning: {problem}");
+    }
     print!("{report}");
     Ok(0)
 }

@@ -154,17 +154,28 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                     .collect(),
                 Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
             };
+            let (demoted, _) = super::promote::in_force(&settings).await;
             println!(
                 "{}",
                 serde_json::json!({
                     "state": if engaged.is_empty() { "released" } else { "engaged" },
                     "directory": ks.dir(),
                     "engaged": engaged,
+                    "demoted": demoted,
                 })
             );
             Ok(i32::from(!engaged.is_empty()))
         }
         KillSwitchCommand::Status { .. } => {
+            // Not a switch, but what else holds runs back: runbooks whose
+            // changes wait for a person since their fixes kept failing.
+            let (demoted, problem) = super::promote::in_force(&settings).await;
+            for d in demoted {
+                println!("DEMOTED {}", d.summary());
+            }
+            if let Some(problem) = problem {
+                eprintln!("warning: {problem}");
+            }
             match engaged(&ks, fleet.as_deref(), &settings.replica).await {
                 Ok(list) if list.is_empty() => {
                     println!("released: no switch file in {shown}");

@@ -17,6 +17,7 @@ mod history;
 mod host;
 mod killswitch;
 mod man;
+mod promote;
 mod run;
 
 use std::path::PathBuf;
@@ -156,7 +157,7 @@ async fn dispatch(cli: Cli) -> Exit {
         Command::Check {
             config,
             json: false,
-        } => check(&config_dir(config)?),
+        } => check(&config_dir(config)?).await,
         Command::Check { config, json: true } => check::check_json(&config_dir(config)?),
         Command::Tools { json } => tools(json),
         // Both are written to memory first, then printed the way every other
@@ -270,7 +271,13 @@ async fn dispatch(cli: Cli) -> Exit {
             since,
             json,
             config,
-        } => promote_report(&runbook, &since, json, &config_dir(config)?),
+        } => promote_report(&runbook, &since, json, &config_dir(config)?).await,
+        Command::Promote {
+            runbook,
+            reason,
+            force,
+            config,
+        } => promote::promote(&runbook, &reason, force, &config_dir(config)?).await,
         Command::Audit {
             command: AuditCommand::Verify { file, config, head },
         } => audit_verify(file, &config_dir(config)?, head),

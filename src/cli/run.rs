@@ -20,7 +20,18 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
         .map_err(|e| Failed::code(Verdict::Broken.exit_code(), e))?;
     let store = crate::store::Postgres::from_settings(&cfg.settings).map_err(Failed::usage)?;
     let mut runner = Runner::new(Arc::new(cfg), Arc::new(audit));
-    // With shared state, the run holds its lease like the daemon's runs do.
+    // With shared state, the run holds its lease like the daemon's runs do,
+    // and sees the fleet's demotions as they stand when it starts.
+    if let Some(store) = &store {
+        let fleet = store.demotions().await.map_err(|e| {
+            Failed::code(
+                Verdict::Broken.exit_code(),
+                format!("{e}; nothing ran (whether the runbook was demoted cannot be told)"),
+            )
+        })?;
+        store.demoted.set(fleet);
+        runner.demotions = runner.demotions.with_fleet(Some(store.demoted.clone()));
+    }
     runner.store = store;
     match runner.run(&req).await {
         Ok(report) => {

@@ -81,6 +81,15 @@ pub(crate) struct MaxRuns {
     pub(crate) per: S<String>,
 }
 
+/// `demote_after:` in a runbook: failed runs (fleet-wide) that take its
+/// standing approval away.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DemoteAfter {
+    pub(crate) failures: S<u32>,
+    pub(crate) per: S<String>,
+}
+
 /// `fleet_budget:` in runwarden.yaml or a runbook: tier-2 calls across
 /// every run, within a sliding window.
 #[derive(Debug, Deserialize)]
@@ -114,6 +123,7 @@ pub(crate) struct Runbook {
     pub(crate) on_alert: Option<OnAlert>,
     pub(crate) cooldown: Option<S<String>>,
     pub(crate) max_runs: Option<MaxRuns>,
+    pub(crate) demote_after: Option<DemoteAfter>,
     #[serde(default)]
     pub(crate) on_resolved: Option<S<String>>,
     #[serde(default)]

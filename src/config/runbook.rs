@@ -55,8 +55,29 @@ impl MaxRuns {
     pub(crate) const LONGEST: Duration = Duration::from_secs(7 * 86_400);
 }
 
+/// A window of runs counted from history (`max_runs.per`,
+/// `demote_after.per`): 1m to [`MaxRuns::LONGEST`], which is what a
+/// daemon reads back at start.
+fn window(
+    raw: &Spanned<String>,
+    field: &str,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<Duration> {
+    let per = duration(raw, field, file, diags)?;
+    if per < Duration::from_secs(60) || per > MaxRuns::LONGEST {
+        diags.at(
+            file,
+            raw.referenced,
+            format!("{field} \"{}\" must be between 1m and 7d", raw.value),
+        );
+        return None;
+    }
+    Some(per)
+}
+
 fn max_runs(raw: &raw::MaxRuns, file: &Path, diags: &mut Diagnostics) -> Option<MaxRuns> {
-    let per = duration(&raw.per, "max_runs.per", file, diags)?;
+    let per = window(&raw.per, "max_runs.per", file, diags)?;
     if raw.count.value == 0 {
         diags.at(
             file,
@@ -65,19 +86,48 @@ fn max_runs(raw: &raw::MaxRuns, file: &Path, diags: &mut Diagnostics) -> Option<
         );
         return None;
     }
-    if per < Duration::from_secs(60) || per > MaxRuns::LONGEST {
+    Some(MaxRuns {
+        count: raw.count.value,
+        per,
+    })
+}
+
+/// `demote_after:` in a runbook, validated: this many failed runs within
+/// `per`, counted across every host and replica, take the runbook's
+/// standing approval away (the gate's `demotion` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DemoteAfter {
+    /// Failed runs that demote it.
+    pub(crate) failures: u32,
+    /// The window, at most [`MaxRuns::LONGEST`].
+    pub(crate) per: Duration,
+}
+
+fn demote_after(
+    raw: &raw::DemoteAfter,
+    autonomy: Option<Autonomy>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<DemoteAfter> {
+    let per = window(&raw.per, "demote_after.per", file, diags)?;
+    if raw.failures.value == 0 {
         diags.at(
             file,
-            raw.per.referenced,
-            format!(
-                "max_runs.per \"{}\" must be between 1m and 7d",
-                raw.per.value
-            ),
+            raw.failures.referenced,
+            "demote_after.failures must be at least 1",
         );
         return None;
     }
-    Some(MaxRuns {
-        count: raw.count.value,
+    if autonomy.is_some_and(|a| a != Autonomy::L3) {
+        diags.at(
+            file,
+            raw.failures.referenced,
+            "demote_after takes standing approval away, and only an L3 runbook holds it: remove demote_after, or set autonomy: L3",
+        );
+        return None;
+    }
+    Some(DemoteAfter {
+        failures: raw.failures.value,
         per,
     })
 }
@@ -249,6 +299,9 @@ pub(crate) struct Runbook {
     pub(crate) max_runs: Option<MaxRuns>,
     /// What a `resolved` notification of the alert that started a run does.
     pub(crate) on_resolved: OnResolved,
+    /// Failed runs within a window (fleet-wide) after which the runbook
+    /// loses its standing approval until a person restores it.
+    pub(crate) demote_after: Option<DemoteAfter>,
     /// Tier-1 tools the runbook may call.
     pub(crate) observe: BTreeSet<ToolId>,
     /// Tier-2 tools: standing approval at L3, proposals only at L1.
@@ -451,6 +504,10 @@ pub(super) fn validate(
         .as_ref()
         .and_then(|c| duration(c, "cooldown", file, diags));
     let max_runs = raw.max_runs.as_ref().and_then(|m| max_runs(m, file, diags));
+    let demote_after = raw
+        .demote_after
+        .as_ref()
+        .and_then(|d| demote_after(d, autonomy, file, diags));
     let on_alert = raw.on_alert.as_ref().map(|a| {
         let mut matchers = Vec::new();
         for m in &a.matchers {
@@ -594,6 +651,7 @@ pub(super) fn validate(
         cooldown,
         max_runs,
         on_resolved,
+        demote_after,
         observe,
         approve,
         budget,

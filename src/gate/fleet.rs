@@ -13,9 +13,6 @@
 //! never both take the last call. A ledger that cannot be read or written
 //! refuses every tier-2 call until it is fixed or removed.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -151,13 +148,7 @@ pub(crate) fn usage(
 /// for a read that may replace it.
 fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
     std::fs::create_dir_all(state_dir)?;
-    let lock = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o640)
-        .open(state_dir.join("fleet-budget.lock"))?;
-    lock.lock()?;
+    let lock = crate::files::locked(&state_dir.join("fleet-budget.lock"))?;
     Ok((lock, read(state_dir)?))
 }
 
@@ -225,23 +216,12 @@ fn spent(n: usize, b: &FleetBudget, whose: &str, set_in: &'static str) -> FleetR
     }
 }
 
-/// Write the ledger beside itself, sync it, and rename it into place: a
-/// crash leaves the old ledger or the new one, never half of one.
+/// The ledger, replaced whole: a crash leaves the old one or the new one.
 fn replace(path: &Path, book: &Ledger) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.new");
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(book).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::files::replace(
+        path,
+        &serde_json::to_vec(book).map_err(std::io::Error::other)?,
+    )
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! 4. arguments: the tool's own type, then the host's allowlists;
 //! 5. approval: tier 1 runs freely; tier 2 needs the runbook's standing
 //!    approval (L3), waits for a person (L2: [`Decision::Hold`], then
-//!    [`Gate::approved`]) or becomes a proposal that never runs (L1);
+//!    [`Gate::approved`]) or becomes a proposal that never runs (L1); an
+//!    L3 runbook whose fixes kept failing is demoted to L2 here
+//!    ([`demotion`]);
 //! 6. budget: steps, wall time, mutations.
 //!
 //! A refusal is a value ([`Denial`]) with a named [`DenyReason`] that doubles
@@ -25,6 +27,7 @@
 
 pub(crate) mod approvals;
 pub(crate) mod budget;
+pub(crate) mod demotion;
 pub(crate) mod fleet;
 pub(crate) mod killswitch;
 
@@ -37,6 +40,7 @@ use serde_json::Value;
 use crate::config::{Autonomy, Host, Runbook};
 use crate::tools::{self, Action, PathMode, Tier, ToolId};
 pub(crate) use budget::Budget;
+pub(crate) use demotion::Demotions;
 pub(crate) use killswitch::KillSwitch;
 
 /// A call as a planner proposes it: untrusted until the gate has seen it.
@@ -135,6 +139,8 @@ impl Proposal {
 pub struct Hold {
     step: u32,
     action: Action,
+    /// Why an L3 runbook's call waits for a person: its demotion.
+    demoted: Option<String>,
 }
 
 impl Hold {
@@ -145,6 +151,10 @@ impl Hold {
     /// The call, resolved against the host.
     pub(crate) fn action(&self) -> &Action {
         &self.action
+    }
+    /// `Some(why)` when the runbook is L3 but was demoted (see [`demotion`]).
+    pub(crate) fn demoted(&self) -> Option<&str> {
+        self.demoted.as_deref()
     }
 }
 
@@ -314,6 +324,7 @@ pub(crate) struct Gate {
     runbook: Arc<Runbook>,
     host: Arc<Host>,
     killswitch: KillSwitch,
+    demotions: Demotions,
     budget: Budget,
     path_mode: PathMode,
     /// The fleet budgets, and whether permitted calls count (not in a dry run).
@@ -322,7 +333,12 @@ pub(crate) struct Gate {
 
 impl Gate {
     /// The gate for one run of `runbook` on `host`, with a fresh budget.
-    pub(crate) fn new(runbook: Arc<Runbook>, host: Arc<Host>, killswitch: KillSwitch) -> Gate {
+    pub(crate) fn new(
+        runbook: Arc<Runbook>,
+        host: Arc<Host>,
+        killswitch: KillSwitch,
+        demotions: Demotions,
+    ) -> Gate {
         let path_mode = match host.connection {
             crate::config::Connection::Local => PathMode::Resolve,
             crate::config::Connection::Ssh(_) | crate::config::Connection::Agent(_) => {
@@ -334,6 +350,7 @@ impl Gate {
             runbook,
             host,
             killswitch,
+            demotions,
             path_mode,
             fleet: None,
         }
@@ -434,10 +451,19 @@ impl Gate {
                 });
             }
         };
-        // 5. Approval.
+        // 5. Approval. An L3 runbook whose fixes kept failing has lost its
+        // standing approval: its tier-2 calls wait for a person (L2).
+        let demoted = match (tool.tier(), self.runbook.autonomy) {
+            (Tier::Change, Autonomy::L3) => self.demotions.check(&self.runbook.name),
+            _ => None,
+        };
+        let autonomy = match demoted {
+            Some(_) => Autonomy::L2,
+            None => self.runbook.autonomy,
+        };
         let approval = match tool.tier() {
             Tier::Observe => Some(ApprovedBy::Auto),
-            Tier::Change => match self.runbook.autonomy {
+            Tier::Change => match autonomy {
                 Autonomy::L3 if self.runbook.approve.contains(&tool) => {
                     Some(ApprovedBy::Standing(self.runbook.name.clone()))
                 }
@@ -460,7 +486,7 @@ impl Gate {
         if let Err((reason, detail)) = self.budget.check(mutating) {
             return deny(reason, detail, Some(tool));
         }
-        if approval.is_none() && self.runbook.autonomy == Autonomy::L2 {
+        if approval.is_none() && autonomy == Autonomy::L2 {
             // Ask only for a call that could run if approved.
             if let Err((reason, detail)) = self
                 .budget
@@ -472,6 +498,7 @@ impl Gate {
             return Decision::Hold(Hold {
                 step: call.step,
                 action,
+                demoted,
             });
         }
         match approval {
@@ -625,8 +652,49 @@ mod tests {
             cfg.runbooks["rb"].clone(),
             cfg.hosts[host].clone(),
             KillSwitch::new(p.join("kill-switch")),
+            Demotions::new(&p.join("state")),
         );
         (dir, g)
+    }
+
+    /// A demoted L3 runbook: its tier-2 calls wait for a person and say
+    /// why; its tier-1 calls still run; a promotion gives the standing
+    /// approval back to the very next call of the same run.
+    #[test]
+    fn a_demoted_runbook_holds_its_changes_for_a_person_and_still_looks() {
+        let restart = || {
+            call(
+                "restart_service",
+                json!({"unit": "nginx.service", "reason": "stuck"}),
+            )
+        };
+        let look = || call("service_status", json!({"unit": "nginx.service"}));
+        let (d, mut g) = gate("L3", "web", false);
+        let state = d.path().join("state");
+        assert!(matches!(g.check(&restart()), Decision::Allow(_)));
+        let rule = crate::config::DemoteAfter {
+            failures: 1,
+            per: std::time::Duration::from_secs(3600),
+        };
+        let failed = demotion::Failure {
+            run_id: "r1".into(),
+            runbook: "rb".into(),
+            host: "web".into(),
+            at: jiff::Timestamp::now().to_string(),
+            verdict: "failed".into(),
+            detail: "not active".into(),
+            calls: Vec::new(),
+        };
+        demotion::record_local(&state, rule, failed, "m")
+            .unwrap()
+            .expect("demoted");
+        match g.check(&restart()) {
+            Decision::Hold(h) => assert!(h.demoted().unwrap().contains("demoted to L2")),
+            other => panic!("a demoted runbook's change waits for a person: {other:?}"),
+        }
+        assert!(matches!(g.check(&look()), Decision::Allow(_)));
+        demotion::promote_local(&state, "rb", true).unwrap();
+        assert!(matches!(g.check(&restart()), Decision::Allow(_)));
     }
 
     fn call(tool: &str, args: Value) -> ProposedCall {

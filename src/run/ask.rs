@@ -22,9 +22,13 @@ impl RunLoop<'_> {
         let tool = hold.action().tool();
         let deny = |reason, detail: String| Denial::new(hold.step(), reason, detail).of(tool);
         let Some(approvals) = self.runner.approvals.clone() else {
+            let why = match hold.demoted() {
+                Some(demoted) => format!("{demoted}; no person can approve here"),
+                None => "autonomy L2: no person can approve here".into(),
+            };
             return Err(deny(
                 DenyReason::NoApprover,
-                "autonomy L2: no person can approve here; run it under `runwarden serve` with `approvers_file` set".into(),
+                format!("{why}; run it under `runwarden serve` with `approvers_file` set"),
             ));
         };
         let args = hold.action().args_json();

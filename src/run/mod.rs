@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use crate::audit::{AuditError, AuditLog, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
-use crate::gate::KillSwitch;
 use crate::gate::approvals::Approvals;
+use crate::gate::{Demotions, KillSwitch};
 use crate::metrics::Metrics;
 use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
 use crate::verdict::Verdict;
@@ -84,6 +84,8 @@ pub struct Runner {
     pub(crate) audit: Arc<AuditLog>,
     /// The kill switch.
     pub(crate) killswitch: KillSwitch,
+    /// Runbooks that lost their standing approval (`demote_after`).
+    pub(crate) demotions: Demotions,
     /// The daemon's metrics; `None` on the command line.
     pub(crate) metrics: Option<Arc<Metrics>>,
     /// Turns true when the daemon shuts down: the run stops before its next call.
@@ -100,10 +102,12 @@ impl Runner {
     /// A runner for the command line: no metrics, no approvers, no shutdown.
     pub fn new(config: Arc<Config>, audit: Arc<AuditLog>) -> Runner {
         let killswitch = KillSwitch::new(config.settings.kill_switch_dir.clone());
+        let demotions = Demotions::new(&config.settings.state_dir);
         Runner {
             config,
             audit,
             killswitch,
+            demotions,
             metrics: None,
             shutdown: None,
             approvals: None,
@@ -275,6 +279,10 @@ impl Runner {
         };
         let claim = lease.as_ref().map(|l| l as &dyn Claim);
         let outcome = self.run_leased(req, run_id, claim).await;
+        // Before the lease is freed: the next run of it sees the demotion.
+        if let Ok(report) = &outcome {
+            self.count_failure(req, report).await;
+        }
         if let Some(lease) = lease {
             let verdict = match &outcome {
                 Ok(report) => report.verdict,
@@ -289,6 +297,61 @@ impl Runner {
             }
         }
         outcome
+    }
+
+    /// A failed run of a runbook with `demote_after` counts toward its
+    /// demotion, fleet-wide with shared state; the run that reaches it
+    /// writes the `demoted` line with the evidence and says so.
+    async fn count_failure(&self, req: &RunRequest, report: &RunReport) {
+        let Some(rule) = self
+            .config
+            .runbooks
+            .get(&req.runbook)
+            .and_then(|r| r.demote_after)
+        else {
+            return;
+        };
+        let Some(failure) = failure_of(report).filter(|_| !req.dry_run) else {
+            return;
+        };
+        let run_id = failure.run_id.clone();
+        let reached = match &self.store {
+            Some(store) => store
+                .record_failure(&failure, rule)
+                .await
+                .map_err(|e| e.to_string()),
+            None => {
+                let (state, by) = (
+                    self.config.settings.state_dir.clone(),
+                    self.config.settings.replica.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    crate::gate::demotion::record_local(&state, rule, failure, &by)
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+        };
+        match reached {
+            Ok(None) => {}
+            Ok(Some(demotion)) => {
+                tracing::warn!(%run_id, runbook = %demotion.runbook, "{}", demotion.summary());
+                if let Err(e) = self.audit.demoted(&demotion) {
+                    tracing::error!(%run_id, "the demotion could not be audited: {e}");
+                }
+                if let Some(m) = &self.metrics {
+                    m.runbook_demoted
+                        .with_label_values(&[&demotion.runbook])
+                        .set(1);
+                }
+            }
+            Err(e) => tracing::error!(
+                %run_id,
+                runbook = %req.runbook,
+                "this failed run could not be counted toward demote_after: {e}"
+            ),
+        }
     }
 
     async fn run_leased(
@@ -367,6 +430,42 @@ impl Runner {
         .go()
         .await)
     }
+}
+
+/// What `demote_after` counts of a run: a `failed` verdict, or any tier-2
+/// call that did not succeed (its own verification included) whatever the
+/// verdict; `None` for a run that did neither.
+fn failure_of(report: &RunReport) -> Option<crate::gate::demotion::Failure> {
+    use crate::gate::demotion::{FailedCall, Failure};
+    let calls: Vec<FailedCall> = report
+        .steps
+        .iter()
+        .filter_map(|s| {
+            let result = s.result.as_ref().filter(|r| !r.succeeded())?;
+            Some(FailedCall {
+                step: s.step,
+                tool: s.tool.clone().unwrap_or_default(),
+                tier: s.tier.unwrap_or(0),
+                error: result
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "the change was not verified".into()),
+            })
+        })
+        .collect();
+    let changed_and_failed = calls.iter().any(|c| c.tier == 2);
+    if report.verdict != Verdict::Failed && !changed_and_failed {
+        return None;
+    }
+    Some(Failure {
+        run_id: report.run_id.clone(),
+        runbook: report.runbook.clone(),
+        host: report.host.clone(),
+        at: jiff::Timestamp::now().to_string(),
+        verdict: report.verdict.as_str().into(),
+        detail: report.verdict_detail.clone(),
+        calls,
+    })
 }
 
 #[cfg(test)]

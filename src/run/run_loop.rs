@@ -114,6 +114,7 @@ impl RunLoop<'_> {
                 self.runbook.clone(),
                 self.host.clone(),
                 self.runner.killswitch.clone(),
+                self.runner.demotions.clone(),
             )
             .with_fleet(self.fleet(), !self.req.dry_run),
             transcript: Transcript::default(),

@@ -50,6 +50,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (6, include_str!("../../migrations/0006_admit_window.sql")),
     (7, include_str!("../../migrations/0007_max_runs.sql")),
     (8, include_str!("../../migrations/0008_work_queue.sql")),
+    (9, include_str!("../../migrations/0009_demotion.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -57,6 +58,9 @@ const KILL_SWITCH_CHANNEL: &str = "runwarden_kill_switch";
 
 /// How long one migration may take.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The notification channel of demotions and promotions.
+const DEMOTION_CHANNEL: &str = "runwarden_demotion";
 
 /// The notification channel of the fleet's queue: runs became takeable.
 const QUEUE_CHANNEL: &str = "runwarden_queue";
@@ -74,6 +78,8 @@ pub(crate) struct Postgres {
     unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
     pub(crate) switch: Arc<FleetSwitch>,
+    /// The fleet's demoted runbooks, as last heard.
+    pub(crate) demoted: Arc<crate::gate::demotion::FleetDemotions>,
     /// Woken when runs in the fleet's queue became takeable.
     pub(crate) queue_ready: tokio::sync::Notify,
 }
@@ -160,6 +166,7 @@ impl Postgres {
             unhealthy: Mutex::new(Some("not connected yet".into())),
             switch: Default::default(),
             queue_ready: Default::default(),
+            demoted: Default::default(),
         })
     }
 
@@ -837,6 +844,83 @@ impl Postgres {
         })
     }
 
+    /// Record a failed run of a runbook with `demote_after`; the demotion
+    /// if this failure reached it (of racing replicas, exactly one does).
+    pub(crate) async fn record_failure(
+        &self,
+        failure: &crate::gate::demotion::Failure,
+        rule: crate::config::DemoteAfter,
+    ) -> Result<Option<crate::gate::demotion::Demotion>, StoreError> {
+        let evidence = serde_json::to_string(failure)
+            .map_err(|e| StoreError::Database(format!("the failure as JSON: {e}")))?;
+        let (failures, per, keep) = (
+            rule.failures as i32,
+            millis(rule.per),
+            millis(crate::config::MaxRuns::LONGEST),
+        );
+        let replica = self.replica.clone();
+        let text: Option<String> = self
+            .with("recording a failed run", |c| {
+                let (evidence, replica) = (evidence.clone(), replica.clone());
+                async move {
+                    c.query_one(
+                        "SELECT runwarden_record_failure($1, $2, $3::text::jsonb, $4, $5, $6, $7)::text",
+                        &[&failure.run_id, &failure.runbook, &evidence, &failures, &per, &replica, &keep],
+                    )
+                    .await
+                    .map(|r| r.get(0))
+                }
+            })
+            .await?;
+        text.map(|t| serde_json::from_str(&t))
+            .transpose()
+            .map_err(|e| StoreError::Database(format!("the demotion the database returned: {e}")))
+    }
+
+    /// The fleet's demoted runbooks now.
+    pub(crate) async fn demotions(
+        &self,
+    ) -> Result<Vec<crate::gate::demotion::Demotion>, StoreError> {
+        self.with("reading the fleet's demotions", |c| async move {
+            demotions_on(&c).await
+        })
+        .await
+    }
+
+    /// A person restores `runbook`'s standing approval across the fleet.
+    pub(crate) async fn promote(
+        &self,
+        runbook: &str,
+        force: bool,
+    ) -> Result<
+        Result<crate::gate::demotion::Demotion, crate::gate::demotion::PromoteRefused>,
+        StoreError,
+    > {
+        use crate::gate::demotion::PromoteRefused;
+        let row = self
+            .with("promoting a runbook", |c| async move {
+                c.query_one(
+                    "SELECT result, demotion::text FROM runwarden_promote($1, $2)",
+                    &[&runbook, &force],
+                )
+                .await
+            })
+            .await?;
+        let (result, demotion): (String, Option<String>) = (row.get(0), row.get(1));
+        let demotion = demotion
+            .map(|t| serde_json::from_str::<crate::gate::demotion::Demotion>(&t))
+            .transpose()
+            .map_err(|e| {
+                StoreError::Database(format!("the demotion the database returned: {e}"))
+            })?;
+        self.demoted.set(self.demotions().await.unwrap_or_default());
+        Ok(match (result.as_str(), demotion) {
+            ("promoted", Some(d)) => Ok(d),
+            ("window", Some(d)) => Err(PromoteRefused::WindowHolds(Box::new(d))),
+            _ => Err(PromoteRefused::NotDemoted(runbook.to_string())),
+        })
+    }
+
     /// Keep [`Postgres::switch`] current: LISTEN on its own connection,
     /// re-read the table on every notification and every few seconds (a
     /// notification sent while the connection was down is not lost), and
@@ -885,7 +969,7 @@ impl Postgres {
         let _stop_driver = AbortOnDrop(driver);
         client
             .batch_execute(&format!(
-                "LISTEN {KILL_SWITCH_CHANNEL}; LISTEN {QUEUE_CHANNEL}"
+                "LISTEN {KILL_SWITCH_CHANNEL}; LISTEN {QUEUE_CHANNEL}; LISTEN {DEMOTION_CHANNEL}"
             ))
             .await
             .map_err(unreachable)?;
@@ -903,6 +987,8 @@ impl Postgres {
                     .map(|(scope, detail, _)| (scope, detail))
                     .collect(),
             );
+            self.demoted
+                .set(demotions_on(&client).await.map_err(unreachable)?);
             tokio::select! {
                 n = heard.recv() => if n.is_none() {
                     return Err(StoreError::Unreachable("the listening connection closed".into()));
@@ -933,6 +1019,31 @@ async fn switches_on(
     Ok(rows
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// The fleet's demotions. A row that does not read as one still demotes
+/// (fail closed), with what is known of it.
+async fn demotions_on(
+    c: &Client,
+) -> Result<Vec<crate::gate::demotion::Demotion>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT runbook, demotion::text FROM runwarden_demotions ORDER BY runbook",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let runbook: String = r.get(0);
+            serde_json::from_str(r.get::<_, &str>(1)).unwrap_or_else(|e| {
+                crate::gate::demotion::Demotion::unreadable(
+                    &runbook,
+                    format!("a row of runwarden_demotions that does not read ({e})"),
+                )
+            })
+        })
         .collect())
 }
 

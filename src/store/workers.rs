@@ -134,8 +134,9 @@ async fn fleet_usage(
 }
 
 /// Keep `runwarden_fleet_budget_used` and `..._limit` current for the
-/// budgets of the config in force: the ledger is shared with every other
-/// process on this machine, so it is read again every few seconds.
+/// budgets of the config in force, and `runwarden_runbook_demoted`: the
+/// ledger and the demotions are shared with every other process on this
+/// machine (and the fleet), so they are read again every few seconds.
 pub(crate) async fn fleet_worker(
     config: watch::Receiver<Arc<Config>>,
     store: Option<Arc<Postgres>>,
@@ -174,6 +175,23 @@ pub(crate) async fn fleet_worker(
                     .with_label_values(&[&scope])
                     .set(limit as f64);
             }
+        }
+        // Demotions: 0 for each runbook with `demote_after`, 1 for each
+        // demoted one (this machine's files, and the fleet's record).
+        let demotions = crate::gate::Demotions::new(&cfg.settings.state_dir)
+            .with_fleet(store.as_ref().map(|s| s.demoted.clone()));
+        let demoted = tokio::task::spawn_blocking(move || demotions.list())
+            .await
+            .unwrap_or_default();
+        metrics.runbook_demoted.reset();
+        for r in cfg.runbooks.values().filter(|r| r.demote_after.is_some()) {
+            metrics.runbook_demoted.with_label_values(&[&r.name]).set(0);
+        }
+        for d in demoted {
+            metrics
+                .runbook_demoted
+                .with_label_values(&[&d.runbook])
+                .set(1);
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}

@@ -19,6 +19,7 @@ mod api;
 mod check;
 mod cli;
 mod dashboard;
+mod demotion;
 mod history;
 mod layers;
 mod oncall;
