@@ -83,3 +83,5 @@ BEGIN
     PERFORM pg_notify('runwarden_demotion', p_runbook);
     result := 'promoted';
 END $$;
+
+INSERT INTO runwarden_schema (version) VALUES (9);

@@ -19,6 +19,7 @@ use crate::util::*;
 mod pg;
 use pg::{PG_PASSWORD, Pg};
 
+mod demotion;
 mod queue;
 
 /// The hosts' own world, shared by every replica: per host a log, its
