@@ -626,6 +626,120 @@ steps:
     );
 }
 
+/// `demote_after` on real systemd: a restart of `broken.service`, whose
+/// process exits with an error at once, does not bring it back, so
+/// `restart_service`'s own verification fails. After two such runs the
+/// runbook is demoted: the third run restarts nothing and says why, `check`
+/// shows it, and only a person's `promote` (forced, the evidence being
+/// fresh) lets the restart run again.
+#[test]
+fn a_restart_that_does_not_bring_its_unit_back_demotes_the_runbook_until_a_person_promotes_it() {
+    let host = SystemdHost::boot("demote", 90);
+    std::fs::write(
+        host.config().join("runbooks/fix-broken.yaml"),
+        "name: fix-broken
+description: restart the broken service
+hosts: [staging-web-1]
+autonomy: L3
+demote_after: { failures: 2, per: 1h }
+tools:
+  observe: [service_status]
+  approve: [restart_service]
+steps:
+  - id: before
+    call: service_status
+    args: { unit: broken.service }
+  - id: restart
+    call: restart_service
+    args: { unit: broken.service }
+    reason: it is down
+",
+    )
+    .unwrap();
+    let intents = |run_id: &str| {
+        host.audit()
+            .iter()
+            .filter(|l| {
+                l["run_id"] == run_id && l["phase"] == "intent" && l["tool"] == "restart_service"
+            })
+            .count()
+    };
+    let runwarden = |args: &[&str]| {
+        let mut argv = vec!["/usr/local/bin/runwarden"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--config", "/srv/runwarden"]);
+        let out = host.exec(&argv);
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let mut failed = Vec::new();
+    for _ in 0..2 {
+        let (code, report) = host.run("fix-broken");
+        assert_eq!(
+            (code, report["verdict"].as_str()),
+            (1, Some("failed")),
+            "{report:#}"
+        );
+        let restart = step(&report, "restart");
+        // It ran, and did not bring the unit back.
+        assert!(restart["result"].is_object(), "{restart:#}");
+        assert_ne!(restart["status"], "ok", "{restart:#}");
+        let id = report["run_id"].as_str().unwrap().to_string();
+        assert_eq!(intents(&id), 1);
+        failed.push(id);
+    }
+    let audit = host.audit();
+    let demoted = audit
+        .iter()
+        .find(|l| l["phase"] == "autonomy" && l["outcome"] == "demoted")
+        .expect("the second failure demoted the runbook");
+    let evidence = demoted["detail"]["evidence"].as_array().unwrap();
+    assert_eq!(evidence.len(), 2);
+    assert_eq!(evidence[1]["run_id"], failed[1].as_str());
+    assert_eq!(evidence[1]["calls"][0]["tool"], "restart_service");
+
+    // Demoted: the look runs, the restart waits for a person, and none can
+    // approve on the command line.
+    let (code, report) = host.run("fix-broken");
+    assert_eq!(
+        (code, report["verdict"].as_str()),
+        (3, Some("denied")),
+        "{report:#}"
+    );
+    assert_eq!(step(&report, "before")["status"], "ok");
+    let detail = step(&report, "restart")["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(detail.contains("demoted to L2"), "{detail}");
+    assert_eq!(
+        intents(report["run_id"].as_str().unwrap()),
+        0,
+        "nothing restarted"
+    );
+    let (_, check) = runwarden(&["check"]);
+    assert!(check.contains("DEMOTED runbook \"fix-broken\""), "{check}");
+    let (code, refused) = runwarden(&["promote", "fix-broken", "--reason", "fixed the config"]);
+    assert_eq!(code, Some(1), "{refused}");
+    let (code, done) = runwarden(&[
+        "promote",
+        "fix-broken",
+        "--force",
+        "--reason",
+        "fixed the config",
+    ]);
+    assert_eq!(code, Some(0), "{done}");
+    // Given back: the restart runs again.
+    let (_, report) = host.run("fix-broken");
+    assert_eq!(intents(report["run_id"].as_str().unwrap()), 1, "{report:#}");
+}
+
 /// `failed_units` on real systemd: the failed unit the host allows is
 /// listed with its state; a failed unit the host file does not name is
 /// counted and its name appears nowhere in the report or the audit log.
