@@ -309,7 +309,9 @@ pub(crate) fn record_local(
     }
     let demotion = Demotion {
         runbook,
-        since: jiff::Timestamp::now().to_string(),
+        since: jiff::Timestamp::from_millisecond(now)
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+            .to_string(),
         by: by.to_string(),
         failures: rule.failures,
         per_secs: rule.per.as_secs(),
