@@ -155,6 +155,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                 Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
             };
             let (demoted, _) = super::promote::in_force(&settings).await;
+            let (capped, _) = capped(&dir, fleet.as_deref()).await;
             println!(
                 "{}",
                 serde_json::json!({
@@ -162,6 +163,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                     "directory": ks.dir(),
                     "engaged": engaged,
                     "demoted": demoted,
+                    "capped": capped,
                 })
             );
             Ok(i32::from(!engaged.is_empty()))
@@ -173,7 +175,14 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             for d in demoted {
                 println!("DEMOTED {}", d.summary());
             }
-            if let Some(problem) = problem {
+            let (capped, problem_caps) = capped(&dir, fleet.as_deref()).await;
+            for c in capped {
+                println!(
+                    "CAPPED runbook \"{}\" on {}: {} run(s) within {} (max_runs {}); its triggers are refused until {}, when the oldest leaves the window",
+                    c.runbook, c.host, c.runs, c.per, c.max, c.until
+                );
+            }
+            for problem in problem.into_iter().chain(problem_caps) {
                 eprintln!("warning: {problem}");
             }
             match engaged(&ks, fleet.as_deref(), &settings.replica).await {
@@ -230,4 +239,94 @@ async fn engaged(
         )
     }));
     Ok(list)
+}
+
+/// A (runbook, host) whose `max_runs` is reached now: its triggers are
+/// `capped` until the oldest run in the window leaves it.
+#[derive(Debug, serde::Serialize)]
+struct Capped {
+    runbook: String,
+    host: String,
+    /// Runs started within the window.
+    runs: i64,
+    /// The window, as written.
+    per: String,
+    /// `max_runs.count`.
+    max: u32,
+    /// When the oldest run in the window leaves it (RFC 3339).
+    until: String,
+}
+
+/// Every (runbook, host) capped now, from the fleet's record with shared
+/// state, else this machine's audit log; and what could not be read. The
+/// runbooks must load for this (the switch itself needs only runwarden.yaml).
+async fn capped(
+    dir: &std::path::Path,
+    fleet: Option<&crate::store::Postgres>,
+) -> (Vec<Capped>, Option<String>) {
+    let config = match crate::config::Config::load(dir) {
+        Ok(c) => c,
+        Err(_) => {
+            return (
+                Vec::new(),
+                Some("runbooks that reached max_runs are not shown: the configuration does not load (`runwarden check`)".into()),
+            );
+        }
+    };
+    let record = match fleet {
+        Some(_) => None,
+        None => match crate::audit::runs::recovery(&config.settings.audit_log) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                return (
+                    Vec::new(),
+                    Some(format!("runbooks that reached max_runs are not shown: {e}")),
+                );
+            }
+        },
+    };
+    let mut out = Vec::new();
+    for r in config.runbooks.values() {
+        let Some(cap) = r.max_runs else { continue };
+        let mut hosts: Vec<(String, i64, jiff::Timestamp)> = Vec::new();
+        match (fleet, &record) {
+            (Some(store), _) => match store.capped(&r.name, cap.count, cap.per).await {
+                Ok(h) => hosts = h,
+                Err(e) => return (out, Some(format!("the fleet's max_runs: {e}"))),
+            },
+            (None, Some(record)) => {
+                let since = jiff::Timestamp::now()
+                    - jiff::SignedDuration::try_from(cap.per).unwrap_or_default();
+                for h in &r.hosts {
+                    let key = (r.name.clone(), h.to_string());
+                    let starts: Vec<&jiff::Timestamp> = record
+                        .starts
+                        .get(&key)
+                        .map(|s| s.iter().filter(|t| **t > since).collect())
+                        .unwrap_or_default();
+                    if starts.len() >= cap.count as usize
+                        && let Some(oldest) = starts.iter().min()
+                    {
+                        hosts.push((h.to_string(), starts.len() as i64, **oldest));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+        let per = jiff::SignedDuration::try_from(cap.per).unwrap_or_default();
+        out.extend(hosts.into_iter().map(|(host, runs, oldest)| {
+            Capped {
+                runbook: r.name.clone(),
+                host,
+                runs,
+                per: humantime::format_duration(cap.per).to_string(),
+                max: cap.count,
+                until: (oldest + per)
+                    .round(jiff::Unit::Second)
+                    .unwrap_or(oldest + per)
+                    .to_string(),
+            }
+        }));
+    }
+    (out, None)
 }

@@ -664,6 +664,37 @@ impl Postgres {
         .await
     }
 
+    /// The hosts on which `runbook` started `count` runs or more within
+    /// `per` (its `max_runs` reached): each host, its runs in the window,
+    /// and when the oldest of them started.
+    pub(crate) async fn capped(
+        &self,
+        runbook: &str,
+        count: u32,
+        per: Duration,
+    ) -> Result<Vec<(String, i64, jiff::Timestamp)>, StoreError> {
+        let (ms, count) = (millis(per), i64::from(count));
+        let rows = self
+            .with("counting the fleet's recent runs", |c| async move {
+                c.query(
+                    "SELECT host, count(*), (extract(epoch FROM min(started_at)) * 1000)::bigint
+                     FROM runwarden_runs
+                     WHERE runbook = $1 AND started_at > clock_timestamp() - $2::bigint * interval '1 millisecond'
+                     GROUP BY host HAVING count(*) >= $3 ORDER BY host",
+                    &[&runbook, &ms, &count],
+                )
+                .await
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let oldest = jiff::Timestamp::from_millisecond(r.get(2)).unwrap_or_default();
+                (r.get(0), r.get(1), oldest)
+            })
+            .collect())
+    }
+
     /// Forget triggers, ended runs and approval requests older than `age`
     /// (the fleet's counters prune themselves in each fence).
     pub(crate) async fn prune(&self, age: Duration) -> Result<(), StoreError> {

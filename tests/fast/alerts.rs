@@ -274,6 +274,36 @@ async fn max_runs_caps_a_host_across_a_daemon_restart() {
             .contains("1 time(s) on web-01 within 1h"),
         "{said:#}"
     );
+    // On-call's status names each capped host (both ran their one run).
+    let out = runwarden(&[
+        "kill-switch",
+        "status",
+        "--config",
+        dir.path().to_str().unwrap(),
+    ]);
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a cap is not a switch: {status}"
+    );
+    for host in ["web-01", "web-02"] {
+        assert!(
+            status.contains(&format!(
+                "CAPPED runbook \"disk\" on {host}: 1 run(s) within 1h (max_runs 1)"
+            )),
+            "{status}"
+        );
+    }
+    let out = runwarden(&[
+        "kill-switch",
+        "status",
+        "--json",
+        "--config",
+        dir.path().to_str().unwrap(),
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["capped"][0]["host"], "web-01", "{json:#}");
 }
 
 const APPROVER: &str = "alice-token-0123456789";

@@ -355,6 +355,13 @@ fn max_runs_holds_across_three_replicas_racing_for_one_host() {
         metrics, capped,
         "each capped trigger counted once, where it arrived"
     );
+    // On-call sees the cap from any replica, the fleet's count of runs.
+    let out = fleet[2].e.run(&["kill-switch", "status"]);
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains("CAPPED runbook \"rot\" on h1: 2 run(s) within 1h"),
+        "{status}"
+    );
 }
 
 #[test]
