@@ -3,7 +3,7 @@ use runwarden::gate::Hold;
 use runwarden::tools::Action;
 
 fn hold(action: Action) -> Hold {
-    Hold { step: 1, action }
+    Hold { step: 1, action, demoted: None }
 }
 
 fn main() {}
