@@ -41,7 +41,7 @@ fn shipped_rules_and_routes_pass_promtool_and_amtool() {
             "alerts/staging.example.rules.yml",
         ],
     );
-    assert!(text.contains("SUCCESS: 25 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 26 rules found"), "{text}");
     let text = run_ok(
         "/usr/bin/promtool",
         &["test", "rules", "alerts/tests/runwarden.rules.test.yml"],
@@ -124,7 +124,7 @@ const NODE_METRICS: &str = "node_filesystem_avail_bytes{instance=\"web-01:9100\"
 fn estate_alert_to_runwarden_to_burst_alert_to_a_person_and_the_dashboard_has_data() {
     let e = Estate::new();
     let conf = rotating_host(&e, "web-01");
-    let mut rb = "name: disk-remediation\ndescription: t\nhosts: [web-01]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"NodeFilesystemAlmostFull\"', 'env=\"staging\"']\n  host_label: instance\ncooldown: 1h\ntools: { observe: [disk_usage], approve: [rotate_logs] }\nbudget: { max_mutations: 3 }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n".to_string();
+    let mut rb = "name: disk-remediation\ndescription: t\nhosts: [web-01]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"NodeFilesystemAlmostFull\"', 'env=\"staging\"']\n  host_label: instance\ncooldown: 1h\ndemote_after: { failures: 3, per: 1h }\ntools: { observe: [disk_usage], approve: [rotate_logs] }\nbudget: { max_mutations: 3 }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n".to_string();
     for i in 0..4 {
         rb += &format!(
             "  - call: rotate_logs\n    args: {{ config: {} }}\n    reason: \"{{{{ alert.labels.mountpoint }}}} almost full (rotation {i})\"\n",
