@@ -771,7 +771,7 @@ impl Scheduler {
                 }
                 tracing::info!(approval_id = %req.id, run_id = %req.run_id, runbook = %req.runbook, host = %req.host, "approval withdrawn: {why}");
                 if let Some(url) = &config.settings.approval_webhook {
-                    crate::gate::approvals::notify(url.clone(), req.clone());
+                    approvals.notify(url.clone(), req.clone());
                 }
                 out.push(req);
             }

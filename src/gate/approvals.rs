@@ -186,6 +186,10 @@ pub(crate) struct Approvals {
     refused: std::sync::atomic::AtomicBool,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
+    /// The approval webhook's last POST of each request still being sent:
+    /// the next one of the same request waits for it, so a chat bridge
+    /// hears `pending` before `withdrawn`.
+    sending: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
 }
 
 /// A decision's comment as it is kept: no control characters, at most 500.
@@ -226,6 +230,7 @@ impl Approvals {
             refused: Default::default(),
             timeout,
             entries: Mutex::default(),
+            sending: Mutex::default(),
         })
     }
 
@@ -470,32 +475,49 @@ impl Approvals {
     }
 }
 
-/// POST a pending approval request to the configured webhook, in the background.
-/// Its answer changes nothing: only a decision through the API approves.
-pub(crate) fn notify(url: String, request: Request) {
-    tokio::spawn(async move {
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(5))
-            .build();
-        if let Ok(client) = client {
-            let body = serde_json::to_vec(&request).unwrap_or_default();
-            let post = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body);
-            if let Err(e) = post.send().await {
-                // The URL may carry a token: name only its host.
-                let host = reqwest::Url::parse(&url)
-                    .ok()
-                    .and_then(|u| u.host_str().map(String::from))
-                    .unwrap_or_default();
-                tracing::warn!(
-                    "approval webhook at {host}: {}",
-                    crate::error_chain(&e.without_url())
-                );
+impl Approvals {
+    /// POST `request` as it stands to the approval webhook at `url`, in the
+    /// background, after any POST of the same request still on its way
+    /// (one request's messages arrive in the order they were sent; others
+    /// do not wait). Its answer changes nothing: only a decision through
+    /// the API approves.
+    pub(crate) fn notify(&self, url: String, request: Request) {
+        let mut sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+        sending.retain(|_, h| !h.is_finished());
+        let before = sending.remove(&request.id);
+        let id = request.id.clone();
+        let post = tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
             }
-        }
-    });
+            post(&url, &request).await;
+        });
+        sending.insert(id, post);
+    }
+}
+
+/// One POST of an approval request to the webhook at `url`.
+async fn post(url: &str, request: &Request) {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build();
+    let Ok(client) = client else { return };
+    let body = serde_json::to_vec(request).unwrap_or_default();
+    let post = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Err(e) = post.send().await {
+        // The URL may carry a token: name only its host.
+        let host = reqwest::Url::parse(url)
+            .ok()
+            .and_then(|u| u.host_str().map(String::from))
+            .unwrap_or_default();
+        tracing::warn!(
+            "approval webhook at {host}: {}",
+            crate::error_chain(&e.without_url())
+        );
+    }
 }
 
 #[cfg(test)]
@@ -532,6 +554,71 @@ mod tests {
             keys: vec!["fp:abc".into()],
             state: State::Pending,
         }
+    }
+
+    /// A chat bridge that answers a `pending` message slowly still hears
+    /// the same request's `withdrawn` after it, never before; another
+    /// request's message does not wait for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_requests_messages_reach_the_webhook_in_the_order_sent() {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/chat", listener.local_addr().unwrap());
+        let heard: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
+        let log = heard.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(3) {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let mut stream = stream.unwrap();
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    let mut len = 0;
+                    loop {
+                        let mut line = String::new();
+                        reader.read_line(&mut line).unwrap();
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    reader.read_exact(&mut body).unwrap();
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    if v["state"] == "pending" && v["id"] == "slow" {
+                        std::thread::sleep(Duration::from_millis(400));
+                    }
+                    log.lock().unwrap().push(format!(
+                        "{} {}",
+                        v["id"].as_str().unwrap(),
+                        v["state"].as_str().unwrap()
+                    ));
+                    stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .unwrap();
+                });
+            }
+        });
+        let (_d, a) = approvals();
+        a.notify(url.clone(), request("slow"));
+        let mut withdrawn = request("slow");
+        withdrawn.state = State::Withdrawn {
+            why: "resolved".into(),
+        };
+        a.notify(url.clone(), withdrawn);
+        a.notify(url, request("other"));
+        let started = std::time::Instant::now();
+        while heard.lock().unwrap().len() < 3 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                heard.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let heard = heard.lock().unwrap().clone();
+        assert_eq!(heard, ["other pending", "slow pending", "slow withdrawn"]);
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl RunLoop<'_> {
             m.approvals_pending.inc();
         }
         if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
-            approvals::notify(url.clone(), req);
+            approvals.notify(url.clone(), req);
         }
         r.detail = Some(format!("waiting for approval {id}"));
         let deadline = s.gate.budget().deadline();
