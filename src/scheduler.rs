@@ -327,17 +327,21 @@ impl Scheduler {
                 },
             })
             .collect();
-        // Written on a blocking thread (the log's lock may be held by a
-        // writer's fsync), not yet synced: a write that fails refuses the batch.
+        // Written here when the log is free this instant, else on a
+        // blocking thread (the log's lock may be held by a writer's
+        // fsync); not yet synced. A write that fails refuses the batch.
         let entries = AuditLog::queued_lines(&lines);
         let audit = self.audit.clone();
         let thread_failed = |e: tokio::task::JoinError| crate::audit::AuditError::Io {
             path: self.audit.path().to_path_buf(),
             source: std::io::Error::other(format!("the writing thread failed: {e}")),
         };
-        let recorded = tokio::task::spawn_blocking(move || audit.append_queued(entries))
-            .await
-            .unwrap_or_else(|e| Err(thread_failed(e)));
+        let recorded = match self.audit.try_append_queued(entries) {
+            Ok(recorded) => recorded,
+            Err(entries) => tokio::task::spawn_blocking(move || audit.append_queued(entries))
+                .await
+                .unwrap_or_else(|e| Err(thread_failed(e))),
+        };
         let written = match recorded {
             Ok(w) => w,
             Err(e) => {

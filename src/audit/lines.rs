@@ -286,6 +286,16 @@ impl AuditLog {
         self.append_at(lines, false)
     }
 
+    /// [`append_queued`](Self::append_queued) from an async worker: only
+    /// if nothing is to wait for (see [`AuditLog::try_append_at`]);
+    /// `Err(lines)` to write from a thread that may wait.
+    pub(crate) fn try_append_queued(
+        &self,
+        lines: Vec<Entry>,
+    ) -> Result<Result<Written, AuditError>, Vec<Entry>> {
+        self.try_append_at(lines)
+    }
+
     /// A run begins. Not synced on its own: nothing has run yet, and the
     /// first synced line carries it to disk.
     pub(crate) fn start(

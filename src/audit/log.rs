@@ -66,6 +66,13 @@ struct Tail {
     synced: u64,
 }
 
+/// How an append takes the log: waiting for it, or only if it is free now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Take {
+    Wait,
+    IfFree,
+}
+
 /// Where an unsynced append ended: what [`AuditLog::sync_through_within`] makes durable.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Written {
@@ -176,15 +183,58 @@ impl AuditLog {
 
     /// [`append_all`](Self::append_all), saying where the lines ended.
     pub(super) fn append_at(&self, entries: Vec<Entry>, sync: bool) -> Result<Written, AuditError> {
+        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        match self.append_locked(head, entries, sync, Take::Wait) {
+            Ok(written) => written,
+            // Waiting, the log is always taken.
+            Err(_) => Err(AuditError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other("the log was not taken"),
+            }),
+        }
+    }
+
+    /// Append `entries`, unsynced, only if that cannot wait on anything:
+    /// no thread of this process holds the log (a writer's fsync), no
+    /// other process holds its `flock`, no rotation is due and no other
+    /// process appended since. For an async worker, which must never
+    /// block; `Err(entries)`: write them from a thread that may wait.
+    pub(crate) fn try_append_at(
+        &self,
+        entries: Vec<Entry>,
+    ) -> Result<Result<Written, AuditError>, Vec<Entry>> {
+        let head = match self.head.try_lock() {
+            Ok(head) => head,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(entries),
+        };
+        self.append_locked(head, entries, false, Take::IfFree)
+    }
+
+    fn append_locked(
+        &self,
+        mut head: std::sync::MutexGuard<'_, Tail>,
+        entries: Vec<Entry>,
+        sync: bool,
+        take: Take,
+    ) -> Result<Result<Written, AuditError>, Vec<Entry>> {
         let io = |source| AuditError::Io {
             path: self.path.clone(),
             source,
         };
-        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        if take == Take::IfFree {
+            match self.lock_current_if_free(&mut head) {
+                Ok(true) => {}
+                Ok(false) => return Err(entries),
+                Err(e) => return Ok(Err(io(e))),
+            }
+        }
         let written = (|| {
-            self.lock_current(&mut head)?;
-            if head.due(&self.rotation) {
-                self.rotate(&mut head)?;
+            if take == Take::Wait {
+                self.lock_current(&mut head)?;
+                if head.due(&self.rotation) {
+                    self.rotate(&mut head)?;
+                }
             }
             let mut hash = head.hash.clone();
             let mut bytes = Vec::new();
@@ -232,7 +282,25 @@ impl AuditLog {
             self.failures
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        written.map_err(io)
+        Ok(written.map_err(io))
+    }
+
+    /// [`lock_current`](Self::lock_current) only if nothing is to wait for
+    /// or do first: the `flock` is free, the file is still the log, nobody
+    /// else appended, no rotation is due. `false` (nothing held): not now.
+    fn lock_current_if_free(&self, head: &mut Tail) -> std::io::Result<bool> {
+        match head.file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        let free = path_id(&self.path)? == Some(head.id)
+            && head.file.metadata()?.len() == head.len
+            && !head.due(&self.rotation);
+        if !free {
+            let _ = head.file.unlock();
+        }
+        Ok(free)
     }
 
     /// Take the `flock` of the file that is the log now (another writer may
@@ -718,6 +786,63 @@ mod tests {
     fn synced(log: &AuditLog) -> (u64, u64) {
         let t = log.head.lock().unwrap();
         (t.synced, t.len)
+    }
+
+    /// An async worker writes queued lines itself only when nothing is to
+    /// wait for: not while a thread holds the log (a writer's fsync), not
+    /// while another process holds its `flock`, not when a rotation is due.
+    /// Lines it could not write come back, and the chain stays whole.
+    #[test]
+    fn a_write_that_would_wait_is_handed_back_not_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open_with(
+            &path,
+            Rotation {
+                max_bytes: 2048,
+                max_age: None,
+                keep: None,
+            },
+        )
+        .unwrap();
+        let line = || crate::audit::tests::info().entry(Phase::Queued, None);
+        log.append(line(), true).unwrap();
+        // Free: written at once.
+        assert!(matches!(log.try_append_queued(vec![line()]), Ok(Ok(_))));
+        // A thread holds the log.
+        let held = log.head.lock().unwrap();
+        let back = log.try_append_queued(vec![line(), line()]).unwrap_err();
+        assert_eq!(back.len(), 2);
+        drop(held);
+        // Another process (another open file description) holds its flock.
+        let other = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        other.lock().unwrap();
+        assert!(log.try_append_queued(vec![line()]).is_err());
+        other.unlock().unwrap();
+        // Another process appended: its head must be read first, by a
+        // write that may wait; after that the log is free again.
+        let another = AuditLog::open(&path).unwrap();
+        another.append(line(), false).unwrap();
+        assert!(log.try_append_queued(vec![line()]).is_err());
+        log.append_queued(vec![line()]).unwrap();
+        assert!(matches!(log.try_append_queued(vec![line()]), Ok(Ok(_))));
+        // A rotation is due: that is a waiting thread's to do.
+        while log.head.lock().unwrap().len < 2048 {
+            assert!(matches!(log.try_append_queued(vec![line()]), Ok(Ok(_))));
+        }
+        assert!(log.try_append_queued(vec![line()]).is_err());
+        log.append_queued(vec![line()]).unwrap();
+        let v = crate::audit::verify::verify(&path).unwrap();
+        assert!(v.broken().is_none(), "{:?}", v.problems);
+        assert_eq!(
+            segments::closed(&path).unwrap().len(),
+            1,
+            "one rotation, by the waiting write ({} files verified)",
+            v.segments
+        );
     }
 
     /// The queued lines' write leaves them to a sync: the caller's own, or
