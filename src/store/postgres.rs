@@ -51,6 +51,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (7, include_str!("../../migrations/0007_max_runs.sql")),
     (8, include_str!("../../migrations/0008_work_queue.sql")),
     (9, include_str!("../../migrations/0009_demotion.sql")),
+    (10, include_str!("../../migrations/0010_schedule_fires.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -358,10 +359,11 @@ impl Postgres {
             .map(|&i| items[i].cap.map(|c| millis(c.per)))
             .collect();
         let (lease, window) = (millis(self.lease), millis(window));
+        let fire = fire_of(items);
         let rows = self
             .with("recording the triggers", |c| async move {
                 c.query_typed(
-                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                     &[
                         (&runbooks, Type::TEXT_ARRAY),
                         (&hosts, Type::TEXT_ARRAY),
@@ -376,6 +378,7 @@ impl Postgres {
                         (&caps_ms, Type::INT8_ARRAY),
                         (&requests, Type::TEXT_ARRAY),
                         (&direct, Type::INT4),
+                        (&fire, Type::TEXT),
                     ],
                 )
                 .await
@@ -1084,6 +1087,17 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// The schedule fire a batch is, when it is one: every trigger a
+/// `schedule` of one runbook with the same fire key (`cron:TIME`). Every
+/// replica fires it; the first to admit it decides all of its hosts.
+fn fire_of(items: &[super::Admit]) -> Option<String> {
+    let first = items.first()?;
+    let one_fire = items
+        .iter()
+        .all(|a| a.trigger == "schedule" && a.runbook == first.runbook && a.keys == first.keys);
+    (one_fire && first.keys.len() == 1).then(|| format!("{} {}", first.runbook, first.keys[0]))
 }
 
 /// The one row a function with OUT parameters returns.

@@ -200,3 +200,79 @@ fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_
         (site.rotations("h1").len() == 1).then_some(())
     });
 }
+
+/// A schedule fires on all three replicas at the same second. The first
+/// replica to admit the fire decides its six hosts; the others see it
+/// taken and decide nothing (no second row per host in the fleet's record
+/// of triggers); the work spreads over the three through the queue, and
+/// each host runs once.
+#[test]
+fn a_schedule_firing_on_three_replicas_is_decided_once_and_each_host_runs_once() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (hosts, setup) = slow_hosts(&site, 6, 0.4);
+    // A second of the day a few seconds from now: the fire comes once.
+    let at = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(6))
+        .to_zoned(jiff::tz::TimeZone::UTC);
+    let schedule = format!(
+        "schedule: \"{} {} {} * * *\"\n",
+        at.second(),
+        at.minute(),
+        at.hour()
+    );
+    let fleet = fleet(
+        &pg,
+        3,
+        LONG,
+        "max_concurrent_runs: 1\ntimezone: UTC\n",
+        &|e| {
+            setup(e);
+            let rb = std::fs::read_to_string(e.path().join("runbooks/rot.yaml")).unwrap();
+            e.runbook("rot", &rb.replace("cooldown: 1h\n", &schedule));
+        },
+    );
+    let verdicts = wait_verdicts(&fleet, 6, Duration::from_secs(60));
+    assert!(
+        verdicts.iter().all(|v| v["outcome"] == "ok"),
+        "{verdicts:#?}"
+    );
+    for h in &hosts {
+        assert_eq!(site.rotations(h).len(), 1, "{h} ran once");
+    }
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_fires"), "1");
+    assert_eq!(
+        pg.sql("SELECT outcome, count(*) FROM runwarden_triggers GROUP BY outcome"),
+        "started|6",
+        "the fire was decided once"
+    );
+    let per: Vec<usize> = fleet.iter().map(|r| r.verdicts().len()).collect();
+    assert!(per.iter().filter(|&&n| n >= 1).count() >= 2, "{per:?}");
+}
+
+/// Driven in SQL: a fire whose admission rolled back (its replica died
+/// before committing) is not taken: the next replica to admit it decides
+/// its hosts. A committed fire is: admitting it again decides nothing.
+#[test]
+fn a_fire_whose_admission_rolled_back_is_admitted_by_the_next_replica() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (_, setup) = slow_hosts(&site, 1, 0.1);
+    let fleet = fleet(&pg, 1, LONG, "", &setup);
+    drop(fleet);
+    let admit = |run_id: &str| {
+        format!(
+            "SELECT outcome FROM runwarden_admit_all(ARRAY['rot'], ARRAY['h1'], ARRAY['[\"cron:1\"]'], ARRAY[NULL::bigint], \
+             ARRAY['{run_id}'], 'x', 15000, ARRAY['schedule'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], \
+             ARRAY['{{}}'], 0, 'rot cron:1')"
+        )
+    };
+    pg.sql(&format!("BEGIN; {}; ROLLBACK", admit("r0")));
+    assert_eq!(pg.sql("SELECT count(*) FROM runwarden_fires"), "0");
+    assert_eq!(pg.sql(&admit("r1")), "started");
+    assert_eq!(pg.sql(&admit("r2")), "deduplicated");
+    assert_eq!(
+        pg.sql("SELECT count(*) FROM runwarden_runs WHERE run_id = 'r2'"),
+        "0",
+        "the second admission claimed nothing"
+    );
+}
