@@ -2306,12 +2306,22 @@ fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead
     assert_eq!(answered.len(), hosts.len());
     // Every run ends: `ok`, or `interrupted` when its replica was stopped
     // under it (runs are not resumed; Alertmanager's repeat starts anew).
-    wait_for("every run ended", Duration::from_secs(60), || {
-        (pg.sql("SELECT count(*) FROM runwarden_runs WHERE status <> 'ended'")
-            .trim()
-            == "0")
-            .then_some(())
-    });
+    // On a timeout, say which runs are still open and what the queue holds.
+    let open = || {
+        pg.sql(
+            "SELECT run_id, host, status, coalesce(replica, '-') FROM runwarden_runs WHERE status <> 'ended' ORDER BY host",
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !open().trim().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runs not ended after 60 s:\n{}\nqueue:\n{}",
+            open(),
+            pg.sql("SELECT run_id, host, ready FROM runwarden_queue ORDER BY host")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let verdicts = pg.sql("SELECT host, verdict FROM runwarden_runs ORDER BY host");
     for h in &hosts {
         let rotated = site.rotations(h).len();
