@@ -66,13 +66,6 @@ struct Tail {
     synced: u64,
 }
 
-/// How an append takes the log: waiting for it, or only if it is free now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Take {
-    Wait,
-    IfFree,
-}
-
 /// Where an unsynced append ended: what [`AuditLog::sync_through_within`] makes durable.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Written {
@@ -183,15 +176,14 @@ impl AuditLog {
 
     /// [`append_all`](Self::append_all), saying where the lines ended.
     pub(super) fn append_at(&self, entries: Vec<Entry>, sync: bool) -> Result<Written, AuditError> {
-        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
-        match self.append_locked(head, entries, sync, Take::Wait) {
-            Ok(written) => written,
-            // Waiting, the log is always taken.
-            Err(_) => Err(AuditError::Io {
-                path: self.path.clone(),
-                source: std::io::Error::other("the log was not taken"),
-            }),
-        }
+        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        let written = self.lock_current(&mut head).and_then(|()| {
+            if head.due(&self.rotation) {
+                self.rotate(&mut head)?;
+            }
+            write_lines(&mut head, entries, sync)
+        });
+        self.release(head, written, sync)
     }
 
     /// Append `entries`, unsynced, only if that cannot wait on anything:
@@ -203,77 +195,29 @@ impl AuditLog {
         &self,
         entries: Vec<Entry>,
     ) -> Result<Result<Written, AuditError>, Vec<Entry>> {
-        let head = match self.head.try_lock() {
+        let mut head = match self.head.try_lock() {
             Ok(head) => head,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Err(entries),
         };
-        self.append_locked(head, entries, false, Take::IfFree)
+        if !self.lock_current_if_free(&mut head) {
+            return Err(entries);
+        }
+        let written = write_lines(&mut head, entries, false);
+        Ok(self.release(head, written, false))
     }
 
-    fn append_locked(
+    /// After an append: give the `flock` back, wake whoever waits for a
+    /// sync this one made, and count a failure.
+    fn release(
         &self,
-        mut head: std::sync::MutexGuard<'_, Tail>,
-        entries: Vec<Entry>,
-        sync: bool,
-        take: Take,
-    ) -> Result<Result<Written, AuditError>, Vec<Entry>> {
-        let io = |source| AuditError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        if take == Take::IfFree {
-            match self.lock_current_if_free(&mut head) {
-                Ok(true) => {}
-                Ok(false) => return Err(entries),
-                Err(e) => return Ok(Err(io(e))),
-            }
-        }
-        let written = (|| {
-            if take == Take::Wait {
-                self.lock_current(&mut head)?;
-                if head.due(&self.rotation) {
-                    self.rotate(&mut head)?;
-                }
-            }
-            let mut hash = head.hash.clone();
-            let mut bytes = Vec::new();
-            let added = entries.len() as u64;
-            for (i, mut entry) in entries.into_iter().enumerate() {
-                entry.prev = hash;
-                entry.n = Some(head.lines + 1 + i as u64);
-                let line = encode(entry)?;
-                hash = hex(&Sha256::digest(&line));
-                bytes.extend_from_slice(&line);
-                bytes.push(b'\n');
-            }
-            let wrote = head
-                .file
-                .write_all(&bytes)
-                .and_then(|()| if sync { head.file.sync_data() } else { Ok(()) });
-            if let Err(e) = wrote {
-                // A full disk can take half a line: cut it off, so the log
-                // stays a chain of whole lines and works again when space returns.
-                let _ = head.file.set_len(head.len);
-                return Err(e);
-            }
-            if head.len == 0 {
-                head.since = Some(jiff::Timestamp::now());
-            }
-            head.hash = hash;
-            head.len += bytes.len() as u64;
-            head.lines += added;
-            if sync {
-                head.synced = head.len;
-            }
-            Ok(Written {
-                file: head.id,
-                end: head.len,
-            })
-        })();
+        head: std::sync::MutexGuard<'_, Tail>,
+        written: std::io::Result<Written>,
+        synced: bool,
+    ) -> Result<Written, AuditError> {
         let _ = head.file.unlock();
         drop(head);
-        if sync {
+        if synced {
             self.synced.notify_all();
         }
         self.failing
@@ -282,25 +226,27 @@ impl AuditLog {
             self.failures
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(written.map_err(io))
+        written.map_err(|source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// [`lock_current`](Self::lock_current) only if nothing is to wait for
     /// or do first: the `flock` is free, the file is still the log, nobody
-    /// else appended, no rotation is due. `false` (nothing held): not now.
-    fn lock_current_if_free(&self, head: &mut Tail) -> std::io::Result<bool> {
-        match head.file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    /// else appended, no rotation is due. `false` (nothing held, whatever
+    /// went wrong is left to a write that may wait): not now.
+    fn lock_current_if_free(&self, head: &mut Tail) -> bool {
+        if head.file.try_lock().is_err() {
+            return false;
         }
-        let free = path_id(&self.path)? == Some(head.id)
-            && head.file.metadata()?.len() == head.len
+        let free = path_id(&self.path).is_ok_and(|id| id == Some(head.id))
+            && head.file.metadata().is_ok_and(|m| m.len() == head.len)
             && !head.due(&self.rotation);
         if !free {
             let _ = head.file.unlock();
         }
-        Ok(free)
+        free
     }
 
     /// Take the `flock` of the file that is the log now (another writer may
@@ -530,6 +476,45 @@ impl Tail {
 /// Serialised as a line (without its newline), its values bounded so that
 /// whatever a planner, an alert or a tool produced, the line stays one that
 /// `verify`, `show` and `transcript` can read.
+/// Chain `entries` to the head and write them in one write (synced when
+/// `sync`); the caller holds the head and the file's `flock`. A write that
+/// fails is cut off: a full disk can take half a line, and the log stays a
+/// chain of whole lines that works again when space returns.
+fn write_lines(head: &mut Tail, entries: Vec<Entry>, sync: bool) -> std::io::Result<Written> {
+    let mut hash = head.hash.clone();
+    let mut bytes = Vec::new();
+    let added = entries.len() as u64;
+    for (i, mut entry) in entries.into_iter().enumerate() {
+        entry.prev = hash;
+        entry.n = Some(head.lines + 1 + i as u64);
+        let line = encode(entry)?;
+        hash = hex(&Sha256::digest(&line));
+        bytes.extend_from_slice(&line);
+        bytes.push(b'\n');
+    }
+    let wrote = head
+        .file
+        .write_all(&bytes)
+        .and_then(|()| if sync { head.file.sync_data() } else { Ok(()) });
+    if let Err(e) = wrote {
+        let _ = head.file.set_len(head.len);
+        return Err(e);
+    }
+    if head.len == 0 {
+        head.since = Some(jiff::Timestamp::now());
+    }
+    head.hash = hash;
+    head.len += bytes.len() as u64;
+    head.lines += added;
+    if sync {
+        head.synced = head.len;
+    }
+    Ok(Written {
+        file: head.id,
+        end: head.len,
+    })
+}
+
 fn encode(mut entry: Entry) -> std::io::Result<Vec<u8>> {
     if let Some(v) = entry.args.as_mut() {
         crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
