@@ -91,7 +91,7 @@ pub(super) async fn check(dir: &Path) -> Exit {
             r.source.display()
         );
     }
-    let (demoted, problem) = super::promote::in_force(&cfg.settings).await;
+    let (demoted, problem) = super::promote::in_force(&cfg.settings, None).await;
     for d in demoted {
         println!("DEMOTED {}", d.summary());
     }

@@ -363,7 +363,7 @@ pub(super) async fn promote_report(runbook: &str, since: &str, json: bool, dir: 
         .runbooks
         .get(runbook)
         .map_or("", |r| r.autonomy.as_str());
-    let (demoted, problem) = super::promote::in_force(&cfg.settings).await;
+    let (demoted, problem) = super::promote::in_force(&cfg.settings, None).await;
     let demotion = demoted.into_iter().find(|d| d.runbook == runbook);
     if json {
         println!(

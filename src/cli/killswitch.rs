@@ -154,7 +154,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                     .collect(),
                 Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
             };
-            let (demoted, _) = super::promote::in_force(&settings).await;
+            let (demoted, _) = super::promote::in_force(&settings, fleet.clone()).await;
             let (capped, _) = capped(&dir, fleet.as_deref()).await;
             println!(
                 "{}",
@@ -171,7 +171,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
         KillSwitchCommand::Status { .. } => {
             // Not a switch, but what else holds runs back: runbooks whose
             // changes wait for a person since their fixes kept failing.
-            let (demoted, problem) = super::promote::in_force(&settings).await;
+            let (demoted, problem) = super::promote::in_force(&settings, fleet.clone()).await;
             for d in demoted {
                 println!("DEMOTED {}", d.summary());
             }

@@ -107,22 +107,29 @@ pub(super) async fn promote(runbook: &str, reason: &str, force: bool, dir: &Path
 }
 
 /// The demotions in force: this machine's and, with shared state, the
-/// fleet's (`Err`: the fleet's could not be read, with this machine's).
+/// fleet's, read through `fleet` when the caller holds a connection
+/// already; and what could not be read.
 pub(super) async fn in_force(
     settings: &crate::config::Settings,
+    fleet: Option<std::sync::Arc<crate::store::Postgres>>,
 ) -> (Vec<Demotion>, Option<String>) {
-    let mut demotions = crate::gate::Demotions::new(&settings.state_dir);
-    let mut problem = None;
-    match crate::store::Postgres::from_settings(settings) {
+    let demotions = crate::gate::Demotions::new(&settings.state_dir);
+    let store = match fleet {
+        Some(store) => Ok(Some(store)),
+        None => crate::store::Postgres::from_settings(settings),
+    };
+    let unread =
+        |e: crate::store::StoreError| Some(format!("the fleet's demotions cannot be read: {e}"));
+    let (demotions, problem) = match store {
         Ok(Some(store)) => match store.demotions().await {
             Ok(list) => {
                 store.demoted.set(list);
-                demotions = demotions.with_fleet(Some(store.demoted.clone()));
+                (demotions.with_fleet(Some(store.demoted.clone())), None)
             }
-            Err(e) => problem = Some(format!("the fleet's demotions cannot be read: {e}")),
+            Err(e) => (demotions, unread(e)),
         },
-        Ok(None) => {}
-        Err(e) => problem = Some(format!("the fleet's demotions cannot be read: {e}")),
-    }
+        Ok(None) => (demotions, None),
+        Err(e) => (demotions, unread(e)),
+    };
     (demotions.list(), problem)
 }

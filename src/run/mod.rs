@@ -320,18 +320,14 @@ impl Runner {
                 .record_failure(&failure, rule)
                 .await
                 .map_err(|e| e.to_string()),
-            None => {
-                let (state, by) = (
-                    self.config.settings.state_dir.clone(),
-                    self.config.settings.replica.clone(),
-                );
-                tokio::task::spawn_blocking(move || {
-                    crate::gate::demotion::record_local(&state, rule, failure, &by)
-                })
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-            }
+            // On the run's own thread, as its audit lines are written.
+            None => crate::gate::demotion::record_local(
+                &self.config.settings.state_dir,
+                rule,
+                failure,
+                &self.config.settings.replica,
+            )
+            .map_err(|e| e.to_string()),
         };
         match reached {
             Ok(None) => {}
