@@ -339,6 +339,11 @@ impl AuditLog {
             .mode(0o640)
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&next)?;
+        // Locked before it takes the log's name: a writer that finds the new
+        // file waits until this one's append is written, and never finds the
+        // new file free, filling and closing it while this writer still
+        // takes it for the log.
+        out.lock()?;
         // What the closing file holds is on disk before it closes: a writer
         // that wrote to it without a sync relies on this (see `sync_through_within`).
         head.file.sync_data()?;
@@ -383,7 +388,6 @@ impl AuditLog {
                 n => format!("; {n} segment(s) older than the retention removed"),
             }
         );
-        out.lock()?;
         let _ = head.file.unlock();
         head.id = file_id(&out)?;
         head.file = out;
@@ -392,11 +396,6 @@ impl AuditLog {
         head.len = bytes.len() as u64;
         head.synced = head.len;
         head.since = Some(now);
-        // Another writer may have found the new file between the swap and
-        // the lock: continue after whatever it wrote.
-        if head.file.metadata()?.len() != head.len {
-            head.refresh(&self.path)?;
-        }
         Ok(())
     }
 

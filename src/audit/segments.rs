@@ -454,20 +454,28 @@ mod tests {
         assert!(current.contains("\"run_id\":\"b\""), "{current}");
     }
 
-    /// Two writers, each closing segments as its appends come due, from
-    /// two threads at once (as the daemon and a person's `runwarden run`):
-    /// every line is kept, once, in one chain.
-    #[test]
-    fn two_writers_closing_segments_at_once_keep_every_line_in_one_chain() {
+    /// Writers closing segments as their appends come due, each with its
+    /// own open file (as the daemon and people's `runwarden run`s), from
+    /// threads at once: every line is kept, once, in one chain. `fresh`
+    /// writers open the log again for every line, as short-lived commands.
+    fn writers_at_once(writers: &[&str], fresh: bool) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let lines_each = 150;
         std::thread::scope(|s| {
-            for who in ["a", "b"] {
+            for who in writers {
                 let path = path.clone();
                 s.spawn(move || {
-                    let log = AuditLog::open_with(&path, small(None)).unwrap();
-                    filler(&log, who, lines_each);
+                    if fresh {
+                        for i in 0..lines_each {
+                            let log = AuditLog::open_with(&path, small(None)).unwrap();
+                            log.append(run(who).entry(Phase::Result, Some(i)), false)
+                                .unwrap();
+                        }
+                    } else {
+                        let log = AuditLog::open_with(&path, small(None)).unwrap();
+                        filler(&log, who, lines_each);
+                    }
                 });
             }
         });
@@ -476,17 +484,35 @@ mod tests {
         let closed = closed(&path).unwrap();
         assert!(closed.len() >= 5, "{}", closed.len());
         // Each writer's lines, once each, plus one `segment` line per rotation.
-        assert_eq!(v.lines, 2 * lines_each as usize + closed.len());
+        assert_eq!(v.lines, writers.len() * lines_each as usize + closed.len());
         let all: Vec<String> = lines(list(&path).unwrap(), None)
             .map(Result::unwrap)
             .collect();
-        for who in ["a", "b"] {
+        for who in writers {
             let mine = all
                 .iter()
                 .filter(|l| l.contains(&format!("\"run_id\":\"{who}\"")))
                 .count();
             assert_eq!(mine, lines_each as usize, "{who}");
         }
+    }
+
+    #[test]
+    fn two_writers_closing_segments_at_once_keep_every_line_in_one_chain() {
+        writers_at_once(&["a", "b"], false);
+    }
+
+    /// A writer that finds a file just swapped in as the log must not fill
+    /// and close it while the writer that swapped it in still takes it for
+    /// the log (that one's next line would land in a closed segment).
+    #[test]
+    fn four_writers_closing_segments_at_once_never_write_to_a_closed_one() {
+        writers_at_once(&["a", "b", "c", "d"], false);
+    }
+
+    #[test]
+    fn writers_opening_the_log_for_every_line_keep_one_chain() {
+        writers_at_once(&["a", "b", "c"], true);
     }
 
     #[test]
