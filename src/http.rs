@@ -442,6 +442,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
         .collect();
     match s.scheduler.submit_all(reqs).await {
         Ok(results) => {
+            let pending = pending(&results);
             let outcomes: Vec<Value> = hosts
                 .iter()
                 .zip(results)
@@ -449,11 +450,11 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
                     json!({ "host": host, "result": o.result.as_str(), "run_id": o.run_id })
                 })
                 .collect();
-            (
+            answer(
                 StatusCode::ACCEPTED,
-                axum::Json(json!({ "runbook": runbook.name, "outcomes": outcomes })),
+                json!({ "runbook": runbook.name, "outcomes": outcomes }),
+                pending,
             )
-                .into_response()
         }
         Err(e) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -569,6 +570,7 @@ async fn alerts(
             );
         }
     };
+    let pending = pending(&outcomes);
     let outcomes: Vec<Value> = candidates
         .iter()
         .zip(outcomes)
@@ -604,7 +606,33 @@ async fn alerts(
         "outcomes": outcomes,
         "withdrawn": withdrawn,
     });
-    (StatusCode::OK, axum::Json(body)).into_response()
+    answer(StatusCode::OK, body, pending)
+}
+
+/// Whether a trigger of the batch met a run another replica has not yet
+/// recorded ([`TriggerResult::Pending`]).
+fn pending(outcomes: &[crate::scheduler::Outcome]) -> bool {
+    outcomes
+        .iter()
+        .any(|o| o.result == crate::admission::TriggerResult::Pending)
+}
+
+/// A batch's answer: `status` with its outcomes, or 503 with the same
+/// outcomes when one of them is pending, so the sender sends the batch
+/// again (Alertmanager does, with backoff). The others are duplicates of
+/// themselves by then: nothing starts twice.
+fn answer(status: StatusCode, mut body: Value, pending: bool) -> Response {
+    if !pending {
+        return (status, axum::Json(body)).into_response();
+    }
+    body["error"] = "a host is held by a run another replica admitted and has not yet recorded (it may have stopped); nothing of this request is lost if it is sent again: retry"
+        .into();
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// `POST /api/v1/alerts?plan=1`.

@@ -114,6 +114,18 @@ pub(crate) struct Scheduler {
 /// model) costs the sender this much.
 const SYNC_GRACE: Duration = Duration::from_millis(5);
 
+/// The longest a trigger is asked again while another replica's run that
+/// holds its host is unconfirmed (see [`Scheduler::submit_candidates`]),
+/// well inside Alertmanager's 10 s webhook timeout.
+const PENDING_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a batch is a schedule's fire (every candidate a schedule's run).
+fn a_fire(candidates: &[Candidate]) -> bool {
+    candidates
+        .iter()
+        .all(|c| matches!(c, Candidate::Run(r) if r.trigger == crate::trigger::Trigger::Schedule))
+}
+
 /// A trigger admission started: run here (with its lease and, with
 /// shared state, the permit held for it) or handed to the fleet's queue.
 struct Accepted<'a> {
@@ -196,17 +208,63 @@ impl Scheduler {
     ///
     /// An error means the accepted triggers could not be recorded: none of
     /// them starts, and the sender must be told to retry.
+    ///
+    /// A trigger that meets a run another replica admitted and has not yet
+    /// confirmed ([`TriggerResult::Pending`]) is asked again, backing off,
+    /// for up to [`PENDING_WAIT`], after this batch's own runs are
+    /// confirmed (so two replicas never wait on each other): a live
+    /// replica confirms within milliseconds, and only one that stopped
+    /// leaves the trigger `pending`, which the sender is told to retry.
     pub(crate) async fn submit_candidates(
         self: &Arc<Self>,
         candidates: Vec<Candidate>,
     ) -> Result<Vec<Outcome>, SubmitError> {
         let _one_batch_at_a_time = self.submitting.lock().await;
+        // A schedule's fire is decided once (`runwarden_fires`) and has no
+        // sender to tell: its pending hosts are recorded as they are.
+        let fire = a_fire(&candidates);
+        let mut outcomes = self.submit_batch(&candidates, false).await?;
+        let give_up = Instant::now() + if fire { Duration::ZERO } else { PENDING_WAIT };
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let pending: Vec<usize> = (0..outcomes.len())
+                .filter(|&i| outcomes[i].result == TriggerResult::Pending)
+                .collect();
+            if pending.is_empty() {
+                return Ok(outcomes);
+            }
+            let last = Instant::now() + pause >= give_up;
+            if !last {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            let again: Vec<Candidate> = pending.iter().map(|&i| candidates[i].clone()).collect();
+            let retried = self.submit_batch(&again, last).await?;
+            for (i, outcome) in pending.into_iter().zip(retried) {
+                outcomes[i] = outcome;
+            }
+            if last {
+                return Ok(outcomes);
+            }
+        }
+    }
+
+    /// One pass of [`submit_candidates`](Self::submit_candidates). A
+    /// pending outcome of admission is neither counted nor recorded (it is
+    /// asked again); with `give_up`, every candidate is decided `pending`
+    /// here and recorded as such.
+    async fn submit_batch(
+        self: &Arc<Self>,
+        candidates: &[Candidate],
+        give_up: bool,
+    ) -> Result<Vec<Outcome>, SubmitError> {
         let config = self.config.borrow().clone();
         // 1. What this daemon says alone, and what it asks admission.
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut alone: Vec<Option<TriggerResult>> = Vec::with_capacity(candidates.len());
-        for c in &candidates {
+        for c in candidates {
             alone.push(match c {
+                Candidate::Run(_) if give_up => Some(TriggerResult::Pending),
                 Candidate::Run(req) => self.alone(&config, req, &mut engaged),
                 Candidate::OutOfScope { .. } => Some(TriggerResult::OutOfScope),
                 Candidate::NoMatch { .. } => Some(TriggerResult::NoMatch),
@@ -249,9 +307,7 @@ impl Scheduler {
         // A schedule fires on every replica at once: its runs all go to the
         // fleet's queue, so no replica holds permits idle while its
         // admission of the same fire waits on another's row locks.
-        let fire = candidates.iter().all(
-            |c| matches!(c, Candidate::Run(r) if r.trigger == crate::trigger::Trigger::Schedule),
-        );
+        let fire = a_fire(candidates);
         if self.store.is_some() && !fire {
             self.apply_limit(&config);
             while held.len() < asks.len()
@@ -297,8 +353,11 @@ impl Scheduler {
                     None => TriggerResult::Deduplicated,
                 },
             };
-            // 3. Counted once, whatever decided it.
-            self.count(c, result);
+            // 3. Counted once, whatever decided it (a pending one when it
+            // is given up on).
+            if said.is_some() || result != TriggerResult::Pending {
+                self.count(c, result);
+            }
             let run_id = match result {
                 TriggerResult::Started => accepted.last().map(|a| a.run_id.clone()),
                 _ => None,
@@ -360,6 +419,7 @@ impl Scheduler {
         // call before its intent line's sync, which covers these lines too,
         // and the sender hears nothing before this sync (or that one) is done.
         let count = accepted.len();
+        let ids: Vec<String> = accepted.iter().map(|a| a.run_id.clone()).collect();
         let mut handed = Vec::new();
         let mut running = false;
         for a in accepted {
@@ -388,38 +448,56 @@ impl Scheduler {
             );
             return Err(e.into());
         }
-        // 6. Queued runs whose triggers are now on disk here: any replica
-        // may take them.
-        if let Some(store) = self.store.as_ref().filter(|_| !handed.is_empty()) {
-            self.hand_over(store, &handed).await?;
+        // 6. The fleet hears that these triggers are on disk here: a retry
+        // of one is a duplicate from now on, and queued runs may be taken.
+        if let Some(store) = &self.store {
+            self.confirm(store, &ids, &handed).await?;
         }
         Ok(outcomes)
     }
 
-    /// Make runs this replica queued takeable by the fleet, trying for as
-    /// long as a lease. Runs the fleet removed meanwhile (this replica
-    /// took longer than a lease to record them) will not run: the sender
-    /// is told to send again.
-    async fn hand_over(&self, store: &Postgres, run_ids: &[String]) -> Result<(), SubmitError> {
+    /// Tell the fleet that runs admitted here have their triggers on disk
+    /// (see [`Postgres::recorded`]). Runs this replica queued become
+    /// takeable: for them it tries for as long as a lease, and runs the
+    /// fleet removed meanwhile (this replica took longer than a lease to
+    /// record them) will not run, so the sender is told to send again.
+    /// When every run is this replica's own, one try: those runs go on
+    /// whatever the answer, and until they end a retry of their trigger is
+    /// answered `pending` rather than lost.
+    async fn confirm(
+        &self,
+        store: &Postgres,
+        ids: &[String],
+        handed: &[String],
+    ) -> Result<(), SubmitError> {
+        if handed.is_empty() {
+            if let Err(e) = store.recorded(ids, &[]).await {
+                tracing::warn!(
+                    "{} run(s) started here could not be confirmed to the fleet; they go on, and a trigger for their hosts is answered `pending` (retry) until they end: {e}",
+                    ids.len()
+                );
+            }
+            return Ok(());
+        }
         let give_up = Instant::now() + store.lease;
         let marked = loop {
-            match store.ready(run_ids).await {
+            match store.recorded(ids, handed).await {
                 Ok(marked) => break marked,
                 Err(e) if Instant::now() >= give_up => {
                     tracing::error!(
                         "{} queued run(s) could not be handed to the fleet; they are removed after a lease and the sender is told to send again: {e}",
-                        run_ids.len()
+                        handed.len()
                     );
                     return Err(e.into());
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
-        if marked < run_ids.len() {
+        if marked < handed.len() {
             let e = StoreError::Database(format!(
                 "{} of {} queued run(s) were removed before this replica handed them over (it took longer than a lease to record them); they do not run, and the sender is told to send again",
-                run_ids.len() - marked,
-                run_ids.len()
+                handed.len() - marked,
+                handed.len()
             ));
             tracing::error!("{e}");
             return Err(e.into());

@@ -58,7 +58,7 @@ impl Admission for Fleet {
                 true => Vec::new(),
                 false => self
                     .store
-                    .admit(&items, self.window, Some(direct))
+                    .admit(&items, self.window, Some(direct), true)
                     .await?
                     .into_iter()
                     .map(|a| match a {
@@ -74,6 +74,9 @@ impl Admission for Fleet {
                             Admitted::Refused(TriggerResult::Deduplicated)
                         }
                         crate::store::Admitted::Capped => Admitted::Refused(TriggerResult::Capped),
+                        crate::store::Admitted::Pending => {
+                            Admitted::Refused(TriggerResult::Pending)
+                        }
                     })
                     .collect(),
             };

@@ -59,6 +59,12 @@ pub(crate) enum TriggerResult {
     /// The runbook ran on the host as often as its `max_runs` allows within
     /// the window: a fix that keeps being needed is for a person to look at.
     Capped,
+    /// Another replica admitted a run for the host that its disk does not
+    /// hold yet: it may die before it does, and then this trigger would be
+    /// the only trace of the alert. Not accepted; the sender retries (the
+    /// webhook answers 503) and by then that run is confirmed, a duplicate,
+    /// or gone, and the retry starts one.
+    Pending,
 }
 
 impl TriggerResult {
@@ -73,6 +79,7 @@ impl TriggerResult {
             TriggerResult::NoMatch => "no_match",
             TriggerResult::Invalid => "invalid",
             TriggerResult::Capped => "capped",
+            TriggerResult::Pending => "pending",
         }
     }
 }

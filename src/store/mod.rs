@@ -115,6 +115,9 @@ pub(crate) enum Admitted {
     KillSwitch,
     /// The runbook's `max_runs` on the host is reached, across the fleet.
     Capped,
+    /// A run another replica admitted holds the host, and that replica has
+    /// not yet said its disk holds the trigger (see `runwarden_recorded`).
+    Pending,
 }
 
 /// A run taken from the fleet's queue: this replica's to run now.
@@ -268,7 +271,7 @@ impl Postgres {
         Ok(self
             // No trigger keys: no repeat, so no duplicate window applies;
             // the person's run is claimed here and now.
-            .admit(&[item], Duration::ZERO, None)
+            .admit(&[item], Duration::ZERO, None, false)
             .await?
             .pop()
             .unwrap_or(Admitted::Deduplicated))
@@ -278,14 +281,17 @@ impl Postgres {
     /// `runwarden_admit_all`): one outcome per trigger, in order. The first
     /// `direct` that start are this replica's to run now, each with its
     /// lease, renewed from now on; the others that start wait in the
-    /// fleet's queue (`None`: all are this replica's).
+    /// fleet's queue (`None`: all are this replica's). With `confirm`, the
+    /// caller says [`recorded`](Postgres::recorded) once its disk holds the
+    /// triggers, and until then a retry of one is [`Admitted::Pending`].
     pub(crate) async fn admit(
         self: &Arc<Self>,
         items: &[Admit],
         window: Duration,
         direct: Option<usize>,
+        confirm: bool,
     ) -> Result<Vec<Admitted>, StoreError> {
-        let outcomes = self.admit_all(items, window, direct).await?;
+        let outcomes = self.admit_all(items, window, direct, confirm).await?;
         Ok(items
             .iter()
             .zip(outcomes)
@@ -301,6 +307,7 @@ impl Postgres {
                     ("cooldown", _) => Admitted::Cooldown,
                     ("kill_switch", _) => Admitted::KillSwitch,
                     ("capped", _) => Admitted::Capped,
+                    ("pending", _) => Admitted::Pending,
                     _ => Admitted::Deduplicated,
                 },
             )

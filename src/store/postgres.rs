@@ -52,6 +52,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (8, include_str!("../../migrations/0008_work_queue.sql")),
     (9, include_str!("../../migrations/0009_demotion.sql")),
     (10, include_str!("../../migrations/0010_schedule_fires.sql")),
+    (
+        11,
+        include_str!("../../migrations/0011_unrecorded_runs.sql"),
+    ),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -321,12 +325,15 @@ impl Postgres {
     /// Decide a notification's triggers across the fleet, in one round
     /// trip and one transaction; see `runwarden_admit_all`. They go sorted
     /// by (runbook, host), so two replicas lock rows in the same order; the
-    /// outcomes come back in the order given.
+    /// outcomes come back in the order given. With `confirm`, the runs
+    /// that start wait for [`recorded`](Self::recorded): until then a
+    /// trigger for their host is `pending`, not a duplicate.
     pub(super) async fn admit_all(
         &self,
         items: &[super::Admit],
         window: Duration,
         direct: Option<usize>,
+        confirm: bool,
     ) -> Result<Vec<(String, Option<i64>, bool)>, StoreError> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| {
@@ -363,7 +370,7 @@ impl Postgres {
         let rows = self
             .with("recording the triggers", |c| async move {
                 c.query_typed(
-                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                     &[
                         (&runbooks, Type::TEXT_ARRAY),
                         (&hosts, Type::TEXT_ARRAY),
@@ -379,6 +386,7 @@ impl Postgres {
                         (&requests, Type::TEXT_ARRAY),
                         (&direct, Type::INT4),
                         (&fire, Type::TEXT),
+                        (&confirm, Type::BOOL),
                     ],
                 )
                 .await
@@ -405,19 +413,27 @@ impl Postgres {
         Ok(out)
     }
 
-    /// The triggers of queued runs admitted here are on this machine's
-    /// disk: other replicas may take them now (see `runwarden_ready`).
-    /// Returns how many were marked; fewer than given means the rest were
-    /// removed as stale (this replica took longer than a lease).
-    pub(crate) async fn ready(&self, run_ids: &[String]) -> Result<usize, StoreError> {
-        let ids = run_ids.to_vec();
-        self.with("releasing queued runs", |c| async move {
-            c.query_typed("SELECT runwarden_ready($1)", &[(&ids, Type::TEXT_ARRAY)])
-                .await
+    /// The triggers of runs admitted here are on this machine's disk: a
+    /// retry of one is now a duplicate, and those `queued` may be taken
+    /// by any replica (see `runwarden_recorded`). Returns how many queued
+    /// runs were marked; fewer than given means the rest were removed as
+    /// stale (this replica took longer than a lease).
+    pub(crate) async fn recorded(
+        &self,
+        run_ids: &[String],
+        queued: &[String],
+    ) -> Result<usize, StoreError> {
+        let (ids, queued) = (run_ids.to_vec(), queued.to_vec());
+        self.with("confirming recorded runs", |c| async move {
+            c.query_typed(
+                "SELECT runwarden_recorded($1, $2)",
+                &[(&ids, Type::TEXT_ARRAY), (&queued, Type::TEXT_ARRAY)],
+            )
+            .await
         })
         .await
         .and_then(|rows| {
-            let marked: i32 = one(rows, "releasing queued runs")?.get(0);
+            let marked: i32 = one(rows, "confirming recorded runs")?.get(0);
             Ok(usize::try_from(marked).unwrap_or(0))
         })
     }

@@ -156,8 +156,11 @@ fn a_replica_killed_with_work_queued_leaves_it_to_the_others_and_nothing_runs_tw
 }
 
 /// A run queued by a replica that never said its trigger was on disk (it
-/// stopped in between) is taken by nobody; after a lease the fleet removes
-/// it, and its host is free for the next trigger.
+/// stopped in between, as one of the previous version would) is taken by
+/// nobody; after a lease the fleet removes it, and its host is free. The
+/// sender of that trigger heard no 2xx and retries, perhaps to another
+/// replica: the retry must not be told "deduplicated" by the run it
+/// retries, or the alert is lost until its next repeat.
 #[test]
 fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_lease() {
     let pg = Pg::start();
@@ -166,6 +169,7 @@ fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_
     let fleet = fleet(&pg, 2, SHORT, "", &setup);
     let request =
         r#"{"trigger":"alert","keys":["fp:ghost"],"alert":null,"dry_run":false,"planner":"auto"}"#;
+    // The previous version's form, which confirms nothing itself.
     let admitted = pg.sql(&format!(
         "SELECT outcome, queued FROM runwarden_admit_all(ARRAY['rot'], ARRAY['h1'], ARRAY['[\"fp:ghost\"]'], ARRAY[NULL::bigint], ARRAY['ghost-run'], 'ghost', 3000, ARRAY['alert'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY['{request}'], 0)"
     ));
@@ -177,11 +181,15 @@ fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_
             .any(|l| l == "runwarden_fleet_queued_runs{store=\"postgres\"} 1")
             .then_some(())
     });
-    // While it waits, it holds the host against every other trigger.
+    // While it waits, it holds the host, and the retry is told to retry.
     let (status, answer) = fleet[0].post("/api/v1/alerts", &notification(&["h1"]));
-    assert_eq!(status, 200);
-    assert_eq!(answer["outcomes"][0]["result"], "deduplicated", "{answer}");
-    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "pending", "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("retry"),
+        "{answer}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(pg.sql("SELECT count(*) FROM runwarden_queue"), "1");
     assert!(site.rotations("h1").is_empty(), "nobody took it");
     let removed = wait_for("the stale run removed", Duration::from_secs(10), || {
@@ -192,10 +200,74 @@ fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_
     assert_eq!(pg.sql("SELECT count(*) FROM runwarden_queue"), "0");
     // Too late to hand it over now.
     assert_eq!(pg.sql("SELECT runwarden_ready(ARRAY['ghost-run'])"), "0");
-    // The host is free, with no cooldown from a run that never ran.
+    // The host is free, with no cooldown from a run that never ran: the
+    // sender's next retry starts the run.
     let (status, answer) = fleet[1].post("/api/v1/alerts", &notification(&["h1"]));
     assert_eq!(status, 200);
     assert_eq!(answer["outcomes"][0]["result"], "started", "{answer}");
+    wait_for("the rotation", Duration::from_secs(20), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    // The fleet's record: the pending answer once, then the start.
+    assert_eq!(
+        pg.sql("SELECT string_agg(outcome, ',' ORDER BY id) FROM runwarden_triggers WHERE host = 'h1' AND replica <> 'ghost'"),
+        "pending,started"
+    );
+}
+
+/// The same with a run a replica claimed for itself (it had a free run
+/// permit) and then stopped before its disk held the trigger: the retry is
+/// answered 503 until that claim's lease runs out, then starts the run. A
+/// run whose replica did confirm it is a plain duplicate, and a trigger
+/// that meets a run confirmed while it asks again is one too (200).
+#[test]
+fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_the_retry() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (_, setup) = slow_hosts(&site, 3, 0.0);
+    let fleet = fleet(&pg, 2, SHORT, "", &setup);
+    // As this version admits: claimed here (one permit), to be confirmed.
+    let claim = |host: &str, run: &str| {
+        pg.sql(&format!(
+            "SELECT outcome, queued FROM runwarden_admit_all(ARRAY['rot'], ARRAY['{host}'], ARRAY['[\"fp:{host}\"]'], ARRAY[NULL::bigint], ARRAY['{run}'], 'ghost', 3000, ARRAY['alert'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY['{{}}'], 1, NULL, true)"
+        ))
+    };
+    assert_eq!(claim("h1", "lost-run"), "started|f");
+    assert_eq!(claim("h2", "kept-run"), "started|f");
+    assert_eq!(
+        pg.sql("SELECT runwarden_recorded(ARRAY['kept-run'], ARRAY[]::text[])"),
+        "0"
+    );
+    let asked = std::time::Instant::now();
+    let (status, answer) = fleet[0].post("/api/v1/alerts", &notification(&["h1", "h2"]));
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "asked again for a second first: {:?}",
+        asked.elapsed()
+    );
+    let results: Vec<&str> = (0..2)
+        .map(|i| answer["outcomes"][i]["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["pending", "deduplicated"], "{answer}");
+    assert!(site.rotations("h1").is_empty());
+    // A run confirmed while the trigger asks again: a duplicate, answered 200.
+    assert_eq!(claim("h3", "late-run"), "started|f");
+    let (status, answer) = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(150));
+            pg.sql("SELECT runwarden_recorded(ARRAY['late-run'], ARRAY[]::text[])")
+        });
+        fleet[1].post("/api/v1/alerts", &notification(&["h3"]))
+    });
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "deduplicated", "{answer}");
+    // The lost claim's lease runs out (3 s, never renewed): the retry starts.
+    let started = wait_for("the retry to start", Duration::from_secs(10), || {
+        let (status, answer) = fleet[1].post("/api/v1/alerts", &notification(&["h1"]));
+        (status == 200).then_some(answer)
+    });
+    assert_eq!(started["outcomes"][0]["result"], "started", "{started}");
     wait_for("the rotation", Duration::from_secs(20), || {
         (site.rotations("h1").len() == 1).then_some(())
     });
