@@ -6,10 +6,15 @@
 -- `recorded = false` (when its replica says it will confirm), the replica
 -- confirms it once its disk has the trigger (`runwarden_recorded`), and a
 -- trigger for a host held by an unconfirmed run is answered `pending`: the
--- replica asks again for a moment, then tells its sender to retry. By then the run is confirmed (a true duplicate), or its
--- lease ran out or the queue's reaper removed it (the retry starts a run).
-ALTER TABLE runwarden_leases ADD COLUMN recorded boolean NOT NULL DEFAULT true;
-CREATE INDEX runwarden_leases_unrecorded ON runwarden_leases (run_id) WHERE NOT recorded;
+-- replica asks again for a moment, then tells its sender to retry. By then
+-- the run is confirmed (a true duplicate), or its lease ran out or the
+-- queue's reaper removed it, and the retry starts a run. A run closed
+-- unconfirmed never ran: it is `not_started`, and no cooldown counts from it.
+--
+-- The mark is the run's, not its lease's: confirming touches only this
+-- replica's own runs' rows, never a lease row another replica's admission
+-- holds, so a confirmation and an admission never wait on each other.
+ALTER TABLE runwarden_runs ADD COLUMN recorded boolean NOT NULL DEFAULT true;
 
 CREATE FUNCTION runwarden_admit(
     p_runbook text, p_host text, p_keys text[], p_cooldown_ms bigint,
@@ -32,7 +37,8 @@ BEGIN
                WHERE scope IN ('global', p_runbook) AND (until IS NULL OR until > now_)) THEN
         outcome := 'kill_switch';
     ELSIF l.expires_at IS NOT NULL AND l.expires_at > now_
-            AND (NOT l.recorded
+            AND (EXISTS (SELECT 1 FROM runwarden_runs r
+                         WHERE r.run_id = l.run_id AND NOT r.recorded)
                  OR EXISTS (SELECT 1 FROM runwarden_queue q
                             WHERE q.run_id = l.run_id AND NOT q.ready)) THEN
         -- Held by a run whose trigger no replica has on disk yet (a queue
@@ -62,12 +68,11 @@ BEGIN
                 replica = CASE WHEN queued THEN NULL ELSE p_replica END,
                 expires_at = CASE WHEN queued THEN 'infinity'::timestamptz
                                   ELSE now_ + p_lease_ms * interval '1 millisecond' END,
-                keys = p_keys,
-                recorded = NOT p_confirm
+                keys = p_keys
             WHERE runbook = p_runbook AND host = p_host;
-        INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status)
+        INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, recorded)
             VALUES (p_run_id, p_runbook, p_host, p_replica, l.token + 1,
-                    CASE WHEN queued THEN 'queued' ELSE 'running' END);
+                    CASE WHEN queued THEN 'queued' ELSE 'running' END, NOT p_confirm);
         IF queued THEN
             INSERT INTO runwarden_queue (run_id, runbook, host, request, queued_by)
                 VALUES (p_run_id, p_runbook, p_host, p_request, p_replica);
@@ -170,7 +175,7 @@ $$;
 CREATE FUNCTION runwarden_recorded(p_run_ids text[], p_queued text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE runwarden_leases SET recorded = true
+    UPDATE runwarden_runs SET recorded = true
         WHERE run_id = ANY(p_run_ids) AND NOT recorded;
     RETURN CASE WHEN cardinality(p_queued) > 0 THEN runwarden_ready(p_queued) ELSE 0 END;
 END $$;

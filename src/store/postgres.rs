@@ -559,7 +559,9 @@ impl Postgres {
         Ok((row.get(0), row.get(1)))
     }
 
-    /// Renew the lease; `false`: it is not this run's any more.
+    /// Renew the lease; `false`: it is not this run's any more. A run
+    /// renewed is one this replica has on disk: confirmed, should its
+    /// confirmation after the trigger's sync have failed.
     pub(crate) async fn renew(&self, lease: &super::LeaseId) -> Result<bool, StoreError> {
         let ms = millis(self.lease);
         self.with("renewing the lease", |c| async move {
@@ -570,7 +572,7 @@ impl Postgres {
                          WHERE runbook = $1 AND host = $2 AND token = $3 AND run_id = $4
                            AND expires_at > clock_timestamp()
                          RETURNING run_id)
-                     UPDATE runwarden_runs SET heartbeat_at = clock_timestamp()
+                     UPDATE runwarden_runs SET heartbeat_at = clock_timestamp(), recorded = true
                      WHERE run_id IN (SELECT run_id FROM renewed) RETURNING 1",
                     &[
                         (&lease.runbook, Type::TEXT),
@@ -618,22 +620,31 @@ impl Postgres {
         self.with("closing runs whose lease expired", |c| async move {
             let rows = c
                 .query(
+                    // A run its replica never confirmed (it stopped before
+                    // its disk had the trigger) never ran: `not_started`,
+                    // and no cooldown counts from it, so the sender's retry
+                    // starts the run.
                     "WITH dead AS (
-                         SELECT r.run_id FROM runwarden_runs r
+                         SELECT r.run_id, NOT r.recorded AS unrecorded
+                         FROM runwarden_runs r
                          JOIN runwarden_leases l ON l.runbook = r.runbook AND l.host = r.host
                          WHERE r.status = 'running'
                            AND (l.token <> r.token OR l.expires_at IS NULL OR l.expires_at <= clock_timestamp())
                          FOR UPDATE OF r SKIP LOCKED),
                      closed AS (
-                         UPDATE runwarden_runs r SET status = 'interrupted', verdict = 'interrupted',
-                             ended_at = clock_timestamp(), closed_by = $1
+                         UPDATE runwarden_runs r
+                             SET status = CASE WHEN dead.unrecorded THEN 'not_started' ELSE 'interrupted' END,
+                                 verdict = CASE WHEN dead.unrecorded THEN NULL ELSE 'interrupted' END,
+                                 ended_at = clock_timestamp(), closed_by = $1
                          FROM dead WHERE r.run_id = dead.run_id
-                         RETURNING r.run_id, r.runbook, r.host, r.replica, r.token),
+                         RETURNING r.run_id, r.runbook, r.host, r.replica, r.token, dead.unrecorded),
                      freed AS (
-                         UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL, ended_at = clock_timestamp()
+                         UPDATE runwarden_leases l
+                             SET expires_at = NULL, run_id = NULL,
+                                 ended_at = CASE WHEN closed.unrecorded THEN l.ended_at ELSE clock_timestamp() END
                          FROM closed WHERE l.runbook = closed.runbook AND l.host = closed.host AND l.token = closed.token
                          RETURNING 1)
-                     SELECT run_id, runbook, host, replica FROM closed",
+                     SELECT run_id, runbook, host, replica FROM closed WHERE NOT unrecorded",
                     &[&self.replica],
                 )
                 .await?;

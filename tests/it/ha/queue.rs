@@ -273,6 +273,69 @@ fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_
     });
 }
 
+/// The same through a real Alertmanager: the replica that claimed the
+/// host stopped before recording its run (its admission is made here as it
+/// makes it), so the notification Alertmanager sends is answered 503
+/// `pending`; Alertmanager retries on its own, and once the claim's lease
+/// runs out a retry starts the run. The alert is not lost.
+#[test]
+fn alertmanager_retries_a_pending_alert_until_the_stopped_replicas_claim_runs_out() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (_, setup) = slow_hosts(&site, 1, 0.0);
+    let fleet = fleet(&pg, 2, SHORT, "", &setup);
+    let config = format!(
+        "route:\n  receiver: runwarden\n  group_by: [alertname, instance]\n  group_wait: 1s\n  group_interval: 30s\n  repeat_interval: 1h\nreceivers:\n  - name: runwarden\n    webhook_configs:\n      - url: http://{}/api/v1/alerts\n        send_resolved: false\n",
+        fleet[0].addr
+    );
+    let work = tempfile::tempdir().unwrap();
+    let am = alertmanager(work.path(), &config);
+    // A 6 s lease, from now: Alertmanager is up.
+    let claimed = pg.sql(
+        "SELECT outcome, queued FROM runwarden_admit_all(ARRAY['rot'], ARRAY['h1'], ARRAY['[\"fp:x\"]'], ARRAY[NULL::bigint], ARRAY['lost-run'], 'stopped', 6000, ARRAY['alert'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY['{}'], 1, NULL, true)",
+    );
+    assert_eq!(claimed, "started|f");
+    let alert =
+        json!([{ "labels": { "alertname": "LogsFull", "instance": "h1:9100" } }]).to_string();
+    let (status, body) = http(&am.1, "POST", "/api/v2/alerts", &alert).unwrap();
+    assert_eq!(status, 200, "{body}");
+    // Well inside the 30 s group interval: Alertmanager's own retries.
+    wait_for("the rotation", Duration::from_secs(25), || {
+        (site.rotations("h1").len() == 1).then_some(())
+    });
+    let record = pg.sql(
+        "SELECT string_agg(outcome, ',' ORDER BY id) FROM runwarden_triggers WHERE replica = 'a'",
+    );
+    let (last, before) = record
+        .rsplit_once(',')
+        .map(|(b, l)| (l, b))
+        .unwrap_or(("", ""));
+    assert!(
+        last == "started" && !before.is_empty() && before.split(',').all(|o| o == "pending"),
+        "answered pending until the claim ran out, then started: {record}"
+    );
+    // The claim that never ran is closed as such (by the next reaping), and
+    // no cooldown counted from it held the retry back.
+    let closed = wait_for("the lost claim closed", Duration::from_secs(5), || {
+        let row = pg.sql(
+            "SELECT status, coalesce(verdict, '-') FROM runwarden_runs WHERE run_id = 'lost-run'",
+        );
+        (row != "running|-").then_some(row)
+    });
+    assert_eq!(closed, "not_started|-");
+    let (_, metrics) = http(&am.1, "GET", "/metrics", "").unwrap();
+    let failed: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("alertmanager_notification_requests_failed_total")
+                && l.contains("webhook")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(failed >= 1.0, "Alertmanager saw the 503: {failed}");
+    assert_eq!(site.rotations("h1").len(), 1);
+}
+
 /// A schedule fires on all three replicas at the same second. The first
 /// replica to admit the fire decides its six hosts; the others see it
 /// taken and decide nothing (no second row per host in the fleet's record
