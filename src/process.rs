@@ -261,25 +261,25 @@ pub fn on_own_thread<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Niceness of tool processes (and the threads that wait on them): remediation
-/// is background work, and the daemon's webhook must stay responsive under load.
+/// Niceness of tool processes: remediation is background work, and the
+/// daemon's webhook must stay responsive under load.
 pub const TOOL_NICE: i32 = 10;
 
-fn lower_priority() {
-    thread_local! {
-        static NICED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    // Nothing raises a thread's priority again once lowered: ask once per thread.
-    if NICED.replace(true) {
-        return;
-    }
-    // Linux nice values are per thread and inherited by children spawned from it.
-    // SAFETY: getpriority/setpriority take plain integers; 0 means the calling thread.
+/// Lower a tool process to [`TOOL_NICE`] as soon as it is spawned (what it
+/// starts inherits it). The process, not the thread that spawns it: a nice
+/// value is per thread and never raised again without privilege, and the
+/// threads that start tools are reused for the daemon's own work (the
+/// audit log's syncs that the answer to a trigger waits for, the next
+/// run's gate and intent line), which must not run as background work.
+fn lower_priority_of(pid: u32) {
+    let pid = nix::libc::id_t::from(pid);
+    // SAFETY: getpriority/setpriority take plain integers; `pid` is our
+    // child, not yet reaped, so it cannot be another process.
     unsafe {
         *nix::libc::__errno_location() = 0;
-        let now = nix::libc::getpriority(nix::libc::PRIO_PROCESS, 0);
+        let now = nix::libc::getpriority(nix::libc::PRIO_PROCESS, pid);
         if now < TOOL_NICE {
-            nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, TOOL_NICE);
+            nix::libc::setpriority(nix::libc::PRIO_PROCESS, pid, TOOL_NICE);
         }
     }
 }
@@ -315,7 +315,6 @@ pub(crate) fn kill_group(pid: Option<u32>) {
 }
 
 fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
-    lower_priority();
     let started = std::time::Instant::now();
     let deadline = limits.deadline.into_std();
     let spawn_error = |source| SpawnError::Spawn {
@@ -333,6 +332,7 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = escapees::spawn(|| command.spawn()).map_err(spawn_error)?;
+    lower_priority_of(child.id());
     let _forget = escapees::Forget(child.id());
     let group = Pid::from_raw(child.id() as i32);
     let pidfd = match pidfd_open(child.id()) {
@@ -525,6 +525,55 @@ mod tests {
             kill_grace: Duration::from_millis(300),
             jail: std::env::temp_dir(),
         }
+    }
+
+    /// The tool runs at [`TOOL_NICE`]; the thread that started it does
+    /// not, so the daemon's own work later on that thread is not slowed.
+    #[test]
+    fn a_tool_runs_niced_and_the_thread_that_started_it_does_not() {
+        // SAFETY: getpriority takes plain integers; 0 is this thread.
+        let mine = || unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, 0) };
+        let before = mine();
+        // A duration no other test uses: how this tool is found in /proc.
+        let seconds = format!("0.4{}", std::process::id());
+        let wanted = format!("/usr/bin/sleep\0{seconds}\0");
+        let nice = std::thread::scope(|s| {
+            let seen = s.spawn(|| {
+                let until = std::time::Instant::now() + Duration::from_secs(5);
+                while std::time::Instant::now() < until {
+                    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                        let dir = entry.path();
+                        if std::fs::read(dir.join("cmdline")).ok().as_deref()
+                            != Some(wanted.as_bytes())
+                        {
+                            continue;
+                        }
+                        // Lowered just after the spawn: look once it is well under way.
+                        std::thread::sleep(Duration::from_millis(100));
+                        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+                        // After the command's name: state is field 3, nice field 19.
+                        let fields: Vec<&str> = stat
+                            .rsplit_once(')')
+                            .map(|(_, rest)| rest.split_whitespace().collect())
+                            .unwrap_or_default();
+                        if let Some(nice) = fields.get(16).and_then(|n| n.parse::<i32>().ok()) {
+                            return Some(nice);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                None
+            });
+            let out = run_blocking(
+                &Argv::new(Path::new("/usr/bin/sleep")).arg(&seconds),
+                &limits(5.0),
+            )
+            .unwrap();
+            assert_eq!(out.exit_code, Some(0));
+            seen.join().unwrap()
+        });
+        assert_eq!(nice, Some(TOOL_NICE.max(before)), "the tool's nice value");
+        assert_eq!(mine(), before, "the thread that started it keeps its own");
     }
 
     #[tokio::test]

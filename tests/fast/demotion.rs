@@ -51,6 +51,29 @@ fn renewal_that_fails(dir: &Path) -> std::path::PathBuf {
     again
 }
 
+/// The threads of this process whose nice value is not the process's own,
+/// with their names.
+fn niced_threads() -> Vec<String> {
+    let nice = |stat: &str| -> Option<i32> {
+        // After the command's name: state is field 3, nice field 19.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(16)?
+            .parse()
+            .ok()
+    };
+    let own = nice(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            (nice(&stat) != own).then_some(stat)
+        })
+        .collect()
+}
+
 async fn run_renew(d: &Daemon) -> Value {
     let r = client()
         .post(d.url("/api/v1/runs"))
@@ -113,6 +136,9 @@ async fn a_fix_that_keeps_failing_demotes_its_runbook_until_a_person_promotes_it
         assert_eq!(renew["verified"], false, "{renew:#}");
         failed.push(report["run_id"].as_str().unwrap().to_string());
     }
+    // The renewals ran as background work; no thread of the daemon (this
+    // process) was lowered with them.
+    assert_eq!(niced_threads(), Vec::<String>::new());
     // The second failure demoted it: audited with the evidence, exported.
     wait_metric(&d, demoted, |v| v == 1.0).await;
     let lines = audit_lines(dir);
