@@ -9,7 +9,9 @@
 -- replica asks again for a moment, then tells its sender to retry. By then
 -- the run is confirmed (a true duplicate), or its lease ran out or the
 -- queue's reaper removed it, and the retry starts a run. A run closed
--- unconfirmed never ran: it is `not_started`, and no cooldown counts from it.
+-- unconfirmed never ran: it is `not_started`, and neither a cooldown nor a
+-- runbook's `max_runs` counts it (nor one still unconfirmed, which holds
+-- its host while its lease lasts and never ran once the lease is gone).
 --
 -- The mark is the run's, not its lease's: confirming touches only this
 -- replica's own runs' rows, never a lease row another replica's admission
@@ -57,6 +59,7 @@ BEGIN
     ELSIF p_cap_count IS NOT NULL
             AND (SELECT count(*) FROM runwarden_runs
                  WHERE runbook = p_runbook AND host = p_host
+                   AND recorded AND status <> 'not_started'
                    AND started_at > now_ - p_cap_ms * interval '1 millisecond') >= p_cap_count THEN
         outcome := 'capped';
     ELSE

@@ -709,7 +709,8 @@ impl Postgres {
                 c.query(
                     "SELECT host, count(*), (extract(epoch FROM min(started_at)) * 1000)::bigint
                      FROM runwarden_runs
-                     WHERE runbook = $1 AND started_at > clock_timestamp() - $2::bigint * interval '1 millisecond'
+                     WHERE runbook = $1 AND recorded AND status <> 'not_started'
+                       AND started_at > clock_timestamp() - $2::bigint * interval '1 millisecond'
                      GROUP BY host HAVING count(*) >= $3 ORDER BY host",
                     &[&runbook, &ms, &count],
                 )

@@ -225,7 +225,13 @@ fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_
     let pg = Pg::start();
     let site = Site::new();
     let (_, setup) = slow_hosts(&site, 3, 0.0);
-    let fleet = fleet(&pg, 2, SHORT, "", &setup);
+    // One run an hour: the claim that never ran must not use it up.
+    let fleet = fleet(&pg, 2, SHORT, "", &|e| {
+        setup(e);
+        let path = e.path().join("runbooks/rot.yaml");
+        let rb = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(path, format!("{rb}max_runs: {{ count: 1, per: 1h }}\n")).unwrap();
+    });
     // As this version admits: claimed here (one permit), to be confirmed.
     let claim = |host: &str, run: &str| {
         pg.sql(&format!(
