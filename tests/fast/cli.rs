@@ -7,13 +7,16 @@ use super::*;
 fn a_closed_stdout_ends_a_command_quietly_with_141() {
     use std::io::Read;
     use std::process::{Command, Stdio};
+    // Closed before the command starts: its first write meets no reader,
+    // however quickly it writes (it could fit a whole pipe's buffer).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
     let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
         .args(["tools", "--json"])
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
     let mut err = String::new();
     child
         .stderr
