@@ -183,4 +183,68 @@ BEGIN
     RETURN CASE WHEN cardinality(p_queued) > 0 THEN runwarden_ready(p_queued) ELSE 0 END;
 END $$;
 
+-- A run that proves its lease for a call is about to make it: from then on
+-- it counts as a run that ran (for the reaper, a cooldown and `max_runs`),
+-- whatever became of its confirmation, so a change is never left out of
+-- them. As version 1's, but for that mark.
+CREATE OR REPLACE FUNCTION runwarden_fence(
+    p_runbook text, p_host text, p_run_id text, p_token bigint, p_lease_ms bigint,
+    p_replica text, p_mutating boolean,
+    p_scopes text[], p_limits bigint[], p_windows_ms bigint[], p_keep_ms bigint,
+    OUT verdict text, OUT detail text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    l runwarden_leases;
+    k runwarden_kill_switch;
+    used bigint;
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    SELECT * INTO l FROM runwarden_leases
+        WHERE runbook = p_runbook AND host = p_host FOR UPDATE;
+    IF NOT FOUND OR l.token <> p_token OR l.run_id IS DISTINCT FROM p_run_id THEN
+        verdict := 'lease_lost';
+        detail := format('another claim (token %s, replica %s) has taken over this run''s lease (token %s)',
+                         l.token, coalesce(l.replica, 'none'), p_token);
+        RETURN;
+    END IF;
+    IF l.expires_at IS NULL OR l.expires_at <= now_ THEN
+        verdict := 'lease_lost';
+        detail := format('the lease (token %s) expired %s ago without renewal', p_token,
+                         coalesce((now_ - l.expires_at)::text, 'some time'));
+        RETURN;
+    END IF;
+    SELECT * INTO k FROM runwarden_kill_switch WHERE scope IN ('global', p_runbook)
+        ORDER BY scope = 'global' DESC LIMIT 1;
+    IF FOUND THEN
+        verdict := 'kill_switch';
+        detail := format('kill switch engaged for the fleet (%s) by %s at %s: %s',
+                         k.scope, k.engaged_by, k.engaged_at, k.reason);
+        RETURN;
+    END IF;
+    IF p_mutating AND coalesce(array_length(p_limits, 1), 0) > 0 THEN
+        -- One counter for the fleet: two replicas never both take the last call.
+        PERFORM pg_advisory_xact_lock(hashtext('runwarden_fleet_budget'));
+        FOR i IN 1 .. array_length(p_limits, 1) LOOP
+            SELECT count(*) INTO used FROM runwarden_fleet_calls
+                WHERE at > now_ - p_windows_ms[i] * interval '1 millisecond'
+                  AND (p_scopes[i] IS NULL OR runbook = p_scopes[i]);
+            IF used >= p_limits[i] THEN
+                verdict := 'fleet_budget';
+                detail := format('%s: %s of %s tier-2 calls in the last %s are spent across the fleet',
+                                 CASE WHEN p_scopes[i] IS NULL THEN 'the fleet budget of runwarden.yaml'
+                                      ELSE format('runbook %s''s fleet budget', p_scopes[i]) END,
+                                 used, p_limits[i], p_windows_ms[i] * interval '1 millisecond');
+                RETURN;
+            END IF;
+        END LOOP;
+        INSERT INTO runwarden_fleet_calls (runbook, replica, run_id, keep_until)
+            VALUES (p_runbook, p_replica, p_run_id, now_ + p_keep_ms * interval '1 millisecond');
+        DELETE FROM runwarden_fleet_calls WHERE keep_until < now_;
+    END IF;
+    UPDATE runwarden_leases SET expires_at = now_ + p_lease_ms * interval '1 millisecond'
+        WHERE runbook = p_runbook AND host = p_host;
+    UPDATE runwarden_runs SET heartbeat_at = now_, recorded = true WHERE run_id = p_run_id;
+    verdict := 'ok';
+END $$;
+
 INSERT INTO runwarden_schema (version) VALUES (11);

@@ -224,7 +224,7 @@ fn a_queued_run_never_handed_over_is_taken_by_nobody_and_frees_its_host_after_a_
 fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_the_retry() {
     let pg = Pg::start();
     let site = Site::new();
-    let (_, setup) = slow_hosts(&site, 3, 0.0);
+    let (_, setup) = slow_hosts(&site, 4, 0.0);
     // One run an hour: the claim that never ran must not use it up.
     let fleet = fleet(&pg, 2, SHORT, "", &|e| {
         setup(e);
@@ -243,6 +243,13 @@ fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_
     assert_eq!(
         pg.sql("SELECT runwarden_recorded(ARRAY['kept-run'], ARRAY[]::text[])"),
         "0"
+    );
+    // Unconfirmed, but it proved its lease for a call: it counts as a run
+    // that ran, however its replica ends.
+    assert_eq!(claim("h4", "fenced-run"), "started|f");
+    assert_eq!(
+        pg.sql("SELECT verdict FROM runwarden_fence('rot', 'h4', 'fenced-run', 1, 3000, 'ghost', false, ARRAY[]::text[], ARRAY[]::bigint[], ARRAY[]::bigint[], 0)"),
+        "ok"
     );
     let asked = std::time::Instant::now();
     let (status, answer) = fleet[0].post("/api/v1/alerts", &notification(&["h1", "h2"]));
@@ -274,6 +281,13 @@ fn a_run_claimed_by_a_replica_that_stopped_before_recording_it_does_not_swallow_
         (status == 200).then_some(answer)
     });
     assert_eq!(started["outcomes"][0]["result"], "started", "{started}");
+    let closed = wait_for("the claims closed", Duration::from_secs(10), || {
+        let rows = pg.sql(
+            "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM runwarden_runs WHERE run_id IN ('lost-run', 'fenced-run')",
+        );
+        (!rows.contains("running")).then_some(rows)
+    });
+    assert_eq!(closed, "fenced-run:interrupted,lost-run:not_started");
     wait_for("the rotation", Duration::from_secs(20), || {
         (site.rotations("h1").len() == 1).then_some(())
     });
