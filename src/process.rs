@@ -276,7 +276,6 @@ fn lower_priority_of(pid: u32) {
     // SAFETY: getpriority/setpriority take plain integers; `pid` is our
     // child, not yet reaped, so it cannot be another process.
     unsafe {
-        *nix::libc::__errno_location() = 0;
         let now = nix::libc::getpriority(nix::libc::PRIO_PROCESS, pid);
         if now < TOOL_NICE {
             nix::libc::setpriority(nix::libc::PRIO_PROCESS, pid, TOOL_NICE);

@@ -472,9 +472,6 @@ impl Tail {
     }
 }
 
-/// Serialised as a line (without its newline), its values bounded so that
-/// whatever a planner, an alert or a tool produced, the line stays one that
-/// `verify`, `show` and `transcript` can read.
 /// Chain `entries` to the head and write them in one write (synced when
 /// `sync`); the caller holds the head and the file's `flock`. A write that
 /// fails is cut off: a full disk can take half a line, and the log stays a
@@ -514,6 +511,9 @@ fn write_lines(head: &mut Tail, entries: Vec<Entry>, sync: bool) -> std::io::Res
     })
 }
 
+/// Serialised as a line (without its newline), its values bounded so that
+/// whatever a planner, an alert or a tool produced, the line stays one that
+/// `verify`, `show` and `transcript` can read.
 fn encode(mut entry: Entry) -> std::io::Result<Vec<u8>> {
     if let Some(v) = entry.args.as_mut() {
         crate::text::fit(v, crate::text::MAX_VALUE_DEPTH);
