@@ -8,13 +8,20 @@
 //! 3. a scheduled fan-out to 500 hosts with `max_concurrent_runs: 8`: the
 //!    most runs in flight at any sample, every host's verdict, wall time;
 //! 4. the kill switch (50 trials): time from `touch kill-switch/ENGAGED` to the last tool
-//!    call dispatched by a runbook making calls back to back.
+//!    call dispatched by a runbook making calls back to back;
+//! 5. alert to the tool's own `main`, against adnanh/webhook running the same
+//!    compiled program, interleaved alert by alert, with what one synced
+//!    append costs the same disk in the same run (`RUNWARDEN_BENCH_ONLY=latency`
+//!    for this part alone; `RUNWARDEN_BENCH_LATENCY_DIR=/dev/shm` to put both
+//!    sides' files on tmpfs and see what is left when a sync is free;
+//!    `RUNWARDEN_BENCH_SAMPLES=FILE` for every alert's figures).
 //!
 //! Figures only; nothing here asserts a time.
 
 // A measurement harness: a failed setup step should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -228,10 +235,10 @@ fn main() {
 /// runwarden (parse, match, dedupe, gate, audit intent fsynced, spawn) and for
 /// adnanh/webhook (Debian `webhook`) running a command for the same POST.
 fn webhook_to_first_call() {
-    const ALERTS: usize = 500;
+    const ALERTS: usize = 1000;
     let dir = tempfile::Builder::new()
         .prefix("rw-bench-latency-")
-        .tempdir_in("/var/tmp")
+        .tempdir_in(std::env::var("RUNWARDEN_BENCH_LATENCY_DIR").unwrap_or("/var/tmp".into()))
         .unwrap();
     let root = dir.path();
     let (marks, hosts) = marking_hosts(root, ALERTS);
@@ -259,6 +266,10 @@ fn webhook_to_first_call() {
     };
     let now = || jiff::Timestamp::now().as_nanosecond() as f64 / 1e9;
     // One alert (the `seen`-th mark to come): send, wait for the tool's mark.
+    // The tool stamps its own start, so this side only needs to notice it:
+    // it looks every 2 ms rather than spin beside what it measures on two
+    // cores, and lets both servers finish their work (runwarden's verdict
+    // line, webhook's reaping) before the next alert, one at a time.
     let one = |addr: &str, path: &str, body: &str, seen: usize| -> Duration {
         let sent = now();
         let resp = post(addr, path, body);
@@ -266,16 +277,36 @@ fn webhook_to_first_call() {
         let t = Instant::now();
         while marks_seen() < seen {
             assert!(t.elapsed() < Duration::from_secs(10), "no call for {body}");
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_millis(2));
         }
-        Duration::from_secs_f64((last_mark() - sent).max(0.0))
+        let took = Duration::from_secs_f64((last_mark() - sent).max(0.0));
+        std::thread::sleep(Duration::from_millis(10));
+        took
+    };
+    // The durability floor, in the same run and the same directory: what
+    // appending an intent-sized line and `fdatasync` costs this disk now.
+    // runwarden pays it once before every call; webhook never does.
+    let floor_file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(root.join("sync-floor"))
+        .unwrap();
+    let line = format!("{}\n", "x".repeat(1500));
+    let synced = || -> Duration {
+        let t = Instant::now();
+        (&floor_file).write_all(line.as_bytes()).unwrap();
+        floor_file.sync_data().unwrap();
+        let took = t.elapsed();
+        std::thread::sleep(Duration::from_millis(10));
+        took
     };
     let alert = |i: usize| {
         format!(
             r#"{{"receiver":"rw","status":"firing","alerts":[{{"status":"firing","labels":{{"alertname":"Latency","instance":"h{i:03}:9100"}},"annotations":{{}},"fingerprint":"f{i}"}}],"version":"4","groupKey":"g{i}","truncatedAlerts":0}}"#
         )
     };
-    let d = start(root);
+    // Its log lines go to /dev/null, as webhook's do below: written, not shown.
+    let d = start_quiet(root);
     let webhook = Path::new("/usr/bin/webhook").exists().then(|| {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -314,17 +345,30 @@ fn webhook_to_first_call() {
     // Interleaved, alert by alert, so both sides meet the same moments of
     // the machine's noise.
     let _ = std::fs::remove_file(&marks);
-    let (mut rw, mut wh) = (Vec::new(), Vec::new());
+    let (mut rw, mut wh, mut sync) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..ALERTS {
         rw.push(one(&d.addr, "/api/v1/alerts", &alert(i), marks_seen() + 1));
         if let Some((_, addr)) = &webhook {
             let body = format!(r#"{{"n":{i}}}"#);
             wh.push(one(addr, "/hooks/run", &body, marks_seen() + 1));
         }
+        sync.push(synced());
     }
     drop(d);
+    // `RUNWARDEN_BENCH_SAMPLES=FILE`: every alert's figures in send order
+    // (index, runwarden ms, webhook ms, sync ms), to see when a tail came.
+    if let Ok(path) = std::env::var("RUNWARDEN_BENCH_SAMPLES") {
+        let rows: String = (0..rw.len())
+            .map(|i| {
+                let w = wh.get(i).map_or(f64::NAN, |w| ms(*w));
+                format!("{i},{:.3},{w:.3},{:.3}\n", ms(rw[i]), ms(sync[i]))
+            })
+            .collect();
+        std::fs::write(path, rows).unwrap();
+    }
     rw.sort();
     wh.sort();
+    sync.sort();
     println!("webhook to first tool call, {ALERTS} alerts, one at a time, interleaved:");
     println!(
         "  runwarden p50 / p99              : {:>7.2} / {:.2} ms",
@@ -343,9 +387,19 @@ fn webhook_to_first_call() {
         ms(percentile(&wh, 0.99))
     );
     println!(
+        "  append + fdatasync, same disk    : {:>7.2} / {:.2} ms (the floor runwarden pays once per call)",
+        ms(percentile(&sync, 0.5)),
+        ms(percentile(&sync, 0.99))
+    );
+    println!(
         "  ratio runwarden / webhook        : p50 {:.2}, p99 {:.2} (target <= 1.5 on both)",
         ms(percentile(&rw, 0.5)) / ms(percentile(&wh, 0.5)),
         ms(percentile(&rw, 0.99)) / ms(percentile(&wh, 0.99))
+    );
+    println!(
+        "  runwarden - webhook at p50       : {:>7.2} ms, the sync's p50 {:.2} ms of it",
+        ms(percentile(&rw, 0.5)) - ms(percentile(&wh, 0.5)),
+        ms(percentile(&sync, 0.5))
     );
 }
 

@@ -113,12 +113,23 @@ pub fn start(dir: &Path) -> Daemon {
 
 /// `runwarden serve` on a free loopback port, logging at `level`.
 pub fn start_logging(dir: &Path, level: &str) -> Daemon {
+    spawn_daemon(dir, level, Stdio::inherit())
+}
+
+/// [`start`] whose log lines go to /dev/null: written, not shown (for a
+/// comparison with a server whose own log is discarded).
+pub fn start_quiet(dir: &Path) -> Daemon {
+    spawn_daemon(dir, "info", Stdio::null())
+}
+
+fn spawn_daemon(dir: &Path, level: &str, log: Stdio) -> Daemon {
     let t = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(dir)
         .env("RUNWARDEN_LOG", level)
         .stdout(Stdio::piped())
+        .stderr(log)
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -139,14 +150,18 @@ pub fn start_logging(dir: &Path, level: &str) -> Daemon {
     }
 }
 
+/// One POST, sent as Alertmanager's Go client sends it: the whole request
+/// in one write on a `TCP_NODELAY` socket. (`write!` straight to the socket
+/// would send each piece of the format string as its own segment, and how
+/// fast a server reassembles those is no part of what a bench compares.)
 pub fn post(addr: &str, path: &str, body: &str) -> String {
     let mut c = TcpStream::connect(addr).unwrap();
-    write!(
-        c,
+    c.set_nodelay(true).unwrap();
+    let request = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    c.write_all(request.as_bytes()).unwrap();
     let mut resp = String::new();
     c.read_to_string(&mut resp).unwrap();
     resp
