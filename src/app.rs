@@ -49,6 +49,27 @@ pub struct Listening {
     pub(crate) hosts: usize,
 }
 
+/// Make the run locks' files of alert-triggered runbooks ahead of their
+/// first alert, in the background (see [`crate::runlock::make_ahead`]).
+fn make_lock_files_ahead(config: Arc<Config>) {
+    tokio::task::spawn_blocking(move || {
+        let pairs = config
+            .runbooks
+            .values()
+            .filter(|r| r.on_alert.is_some())
+            .flat_map(|r| r.hosts.iter().map(|h| (r.name.as_str(), &**h)));
+        let state = &config.settings.state_dir;
+        match crate::runlock::make_ahead(state, pairs) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!("made {n} run lock file(s) ahead of their first alert"),
+            Err(e) => tracing::warn!(
+                "cannot make run lock files ahead in {}: {e}; each is made when its run starts",
+                state.join("locks").display()
+            ),
+        }
+    });
+}
+
 /// Run the daemon until `shutdown` resolves. `ready` hears once everything
 /// listens and every signal handler is installed.
 pub async fn serve(
@@ -119,6 +140,7 @@ pub async fn serve(
             "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"
         );
     }
+    make_lock_files_ahead(config.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -610,7 +632,9 @@ async fn reload_worker(
                 let problems = secrets.reload(&new);
                 metrics.init_series(&new);
                 needs_restart(&config.borrow().settings, &new.settings);
-                config.send_replace(Arc::new(new));
+                let new = Arc::new(new);
+                make_lock_files_ahead(new.clone());
+                config.send_replace(new);
                 let why = if explicit { "SIGHUP" } else { "a file changed" };
                 if problems.is_empty() {
                     metrics.config_reloads.with_label_values(&["success"]).inc();

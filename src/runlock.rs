@@ -10,6 +10,11 @@
 //!
 //! The command line refuses to start while the lock is held (exit 75); the
 //! daemon's run waits for it, shown as `queued`, until its `max_duration`.
+//!
+//! The daemon makes the files of its alert-triggered runs ahead of their
+//! first alert ([`make_ahead`]): a file created at a run's start is a new
+//! inode, and on ext4 that rides on the run's first intent sync, which the
+//! tool waits for.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -103,9 +108,98 @@ pub(crate) fn try_acquire(
     Ok(Ok(RunLock { _file: file }))
 }
 
+/// The most lock files [`make_ahead`] creates at one load: a fleet's
+/// alert-triggered pairs fit, and a config of tens of thousands of them
+/// does not fill the state directory with files no run may ever take (the
+/// rest are made at their first run, as without it).
+pub(crate) const AHEAD_LIMIT: usize = 10_000;
+
+/// Create the lock files of these (runbook, host) pairs that do not exist
+/// yet, empty and unsynced (the filesystem's own commit makes them durable
+/// within seconds; one lost to a crash is made again at its first run), at
+/// most [`AHEAD_LIMIT`]. Returns how many were made.
+pub(crate) fn make_ahead<'a>(
+    state_dir: &Path,
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> std::io::Result<usize> {
+    let dir = state_dir.join("locks");
+    std::fs::create_dir_all(&dir)?;
+    let present: std::collections::HashSet<std::ffi::OsString> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    let mut made = 0;
+    for (runbook, host) in pairs {
+        if made == AHEAD_LIMIT {
+            break;
+        }
+        let path = path(state_dir, runbook, host);
+        if path.file_name().is_some_and(|n| present.contains(n)) {
+            continue;
+        }
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .open(&path)
+        {
+            Ok(_) => made += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(made)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_files_made_ahead_leave_a_holders_file_alone_and_still_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = try_acquire(dir.path(), "rb", "web", "r1").unwrap().unwrap();
+        let made = make_ahead(dir.path(), [("rb", "web"), ("rb", "db"), ("other", "db")]).unwrap();
+        assert_eq!(made, 2, "web's file was there already");
+        let web = std::fs::read_to_string(path(dir.path(), "rb", "web")).unwrap();
+        assert!(
+            web.starts_with("run r1, pid "),
+            "the holder's line is kept: {web:?}"
+        );
+        assert_eq!(
+            std::fs::metadata(path(dir.path(), "rb", "db"))
+                .unwrap()
+                .len(),
+            0
+        );
+        // A made file locks like any other, and says who holds it.
+        let db = try_acquire(dir.path(), "rb", "db", "r2").unwrap().unwrap();
+        let busy = try_acquire(dir.path(), "rb", "db", "r3")
+            .unwrap()
+            .unwrap_err();
+        assert!(busy.holder.contains("run r2"), "{busy}");
+        assert!(try_acquire(dir.path(), "rb", "web", "r4").unwrap().is_err());
+        drop((held, db));
+        assert_eq!(
+            make_ahead(dir.path(), [("rb", "web"), ("rb", "db")]).unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn making_lock_files_ahead_stops_at_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts: Vec<String> = (0..AHEAD_LIMIT + 5).map(|i| format!("h{i}")).collect();
+        let made = make_ahead(dir.path(), hosts.iter().map(|h| ("rb", h.as_str()))).unwrap();
+        assert_eq!(made, AHEAD_LIMIT);
+        let files = std::fs::read_dir(dir.path().join("locks")).unwrap().count();
+        assert_eq!(files, AHEAD_LIMIT);
+        // The rest are made at their first run.
+        assert!(
+            try_acquire(dir.path(), "rb", &hosts[AHEAD_LIMIT + 4], "r1")
+                .unwrap()
+                .is_ok()
+        );
+    }
 
     #[test]
     fn one_holder_at_a_time_and_released_on_drop() {

@@ -287,3 +287,77 @@ fn a_relative_config_directory_reloads_on_edits() {
     let _ = daemon.kill();
     let _ = daemon.wait();
 }
+
+/// The lock files of alert-triggered runs are made when the daemon starts
+/// and when a reload adds a runbook, before any alert: a file made at a
+/// run's start would ride on its first intent sync. A scheduled runbook's
+/// are not (nothing waits on its start), and a file a run holds is left as
+/// it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_files_of_alert_triggered_runs_are_made_ahead_at_start_and_at_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let locks = dir.path().join("state/locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    std::fs::write(
+        locks.join("disk@web-01.lock"),
+        "run r0, pid 1, since then\n",
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path()).await;
+    until_locks(&locks, &["disk@web-01.lock", "disk@web-02.lock"]).await;
+    assert_eq!(
+        std::fs::read_to_string(locks.join("disk@web-01.lock")).unwrap(),
+        "run r0, pid 1, since then\n",
+        "a file that was there is not touched"
+    );
+    assert_eq!(
+        std::fs::metadata(locks.join("disk@web-02.lock"))
+            .unwrap()
+            .len(),
+        0
+    );
+    let data = dir.path().join("data");
+    for (name, trigger) in [
+        (
+            "late",
+            "on_alert:\n  matchers: ['alertname=\"Late\"']\n  host_label: instance\n",
+        ),
+        ("weekly", "schedule: \"0 3 * * 1\"\n"),
+    ] {
+        std::fs::write(
+            dir.path().join(format!("runbooks/{name}.yaml")),
+            format!(
+                "name: {name}\ndescription: d\nhosts: [web-02]\nautonomy: L3\n{trigger}tools:\n  observe: [disk_usage]\nsteps:\n  - call: disk_usage\n    args: {{ path: {} }}\n",
+                data.display()
+            ),
+        )
+        .unwrap();
+    }
+    let made = ["disk@web-01.lock", "disk@web-02.lock", "late@web-02.lock"];
+    until_locks(&locks, &made).await;
+    d.shutdown().await.unwrap();
+}
+
+/// Wait until `locks` holds exactly the files `want` (sorted).
+async fn until_locks(locks: &Path, want: &[&str]) {
+    let files = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(locks)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let t = Instant::now();
+    while files() != want {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "lock files: {:?}, want {want:?}",
+            files()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
