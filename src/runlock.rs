@@ -108,16 +108,16 @@ pub(crate) fn try_acquire(
     Ok(Ok(RunLock { _file: file }))
 }
 
-/// The most lock files [`make_ahead`] creates at one load: a fleet's
-/// alert-triggered pairs fit, and a config of tens of thousands of them
-/// does not fill the state directory with files no run may ever take (the
-/// rest are made at their first run, as without it).
+/// [`make_ahead`] makes no file once the lock directory holds this many: a
+/// fleet's alert-triggered pairs fit, and a config of tens of thousands of
+/// them does not fill the state directory with files no run may ever take
+/// (the rest are made at their first run, as without it).
 pub(crate) const AHEAD_LIMIT: usize = 10_000;
 
 /// Create the lock files of these (runbook, host) pairs that do not exist
 /// yet, empty and unsynced (the filesystem's own commit makes them durable
-/// within seconds; one lost to a crash is made again at its first run), at
-/// most [`AHEAD_LIMIT`]. Returns how many were made.
+/// within seconds; one lost to a crash is made again at its first run),
+/// until the directory holds [`AHEAD_LIMIT`]. Returns how many were made.
 pub(crate) fn make_ahead<'a>(
     state_dir: &Path,
     pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -127,9 +127,10 @@ pub(crate) fn make_ahead<'a>(
     let present: std::collections::HashSet<std::ffi::OsString> = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
+    let room = AHEAD_LIMIT.saturating_sub(present.len());
     let mut made = 0;
     for (runbook, host) in pairs {
-        if made == AHEAD_LIMIT {
+        if made == room {
             break;
         }
         let path = path(state_dir, runbook, host);
@@ -191,8 +192,11 @@ mod tests {
         let hosts: Vec<String> = (0..AHEAD_LIMIT + 5).map(|i| format!("h{i}")).collect();
         let made = make_ahead(dir.path(), hosts.iter().map(|h| ("rb", h.as_str()))).unwrap();
         assert_eq!(made, AHEAD_LIMIT);
-        let files = std::fs::read_dir(dir.path().join("locks")).unwrap().count();
-        assert_eq!(files, AHEAD_LIMIT);
+        let files = || std::fs::read_dir(dir.path().join("locks")).unwrap().count();
+        assert_eq!(files(), AHEAD_LIMIT);
+        // The limit is the directory's, not one load's: a restart makes none.
+        let made = make_ahead(dir.path(), hosts.iter().map(|h| ("rb", h.as_str()))).unwrap();
+        assert_eq!((made, files()), (0, AHEAD_LIMIT));
         // The rest are made at their first run.
         assert!(
             try_acquire(dir.path(), "rb", &hosts[AHEAD_LIMIT + 4], "r1")
