@@ -861,20 +861,26 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
             r.name,
             at.duration_since(engaged)
         );
-        // Nothing was dispatched or finished after the stop, in the log's
-        // own order (its line numbers; a wall clock can step back between
-        // two lines a millisecond apart).
-        let after: Vec<Value> =
-            r.e.audit()
-                .into_iter()
-                .filter(|l| l["n"].as_u64() > denied["n"].as_u64())
+        // No run that was stopped dispatched or finished a call after its
+        // stop, in the log's own order (its line numbers: a wall clock can
+        // step back between two lines a millisecond apart).
+        let audit = r.e.audit();
+        for stop in audit.iter().filter(|l| l["phase"] == "denied") {
+            let after: Vec<&Value> = audit
+                .iter()
+                .filter(|l| l["run_id"] == stop["run_id"] && l["n"].as_u64() > stop["n"].as_u64())
                 .filter(|l| l["phase"] == "intent" || l["phase"] == "result")
                 .collect();
-        assert!(
-            after.is_empty(),
-            "replica {} after its stop: {after:#?}",
-            r.name
-        );
+            let order: Vec<String> = audit
+                .iter()
+                .map(|l| format!("{} {} {} {}", l["n"], l["phase"], l["run_id"], l["step"]))
+                .collect();
+            assert!(
+                after.is_empty(),
+                "replica {}: a call after its run's stop {stop}: {after:#?}\nthe log: {order:#?}",
+                r.name
+            );
+        }
     }
     // Every replica shows the fleet's switch on /metrics, not only the one
     // it was engaged through (the dashboard and the alert read it there).
