@@ -97,6 +97,10 @@ if [ "$1" = configure ]; then
     fi
   done
   [ -d /var/lib/runwarden ] || install -d -o runwarden -g runwarden -m 0750 /var/lib/runwarden
+  # The daemon removes a timed switch a person engaged (root's file) when
+  # its time comes: the switch directory is its group's to write.
+  ks=/etc/runwarden/kill-switch
+  if [ -d "$ks" ] && [ "$(stat -c %G:%a "$ks")" = runwarden:750 ]; then chmod 0770 "$ks"; fi
   # Root's agent on this machine takes a tier-2 call only with a permit the
   # daemon signs: make the daemon's key, and the agent's policy with its
   # public half, once.

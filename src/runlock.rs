@@ -16,10 +16,9 @@
 //! inode, and on ext4 that rides on the run's first intent sync, which the
 //! tool waits for.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The exclusive right to run one runbook on one host; released on drop.
@@ -67,16 +66,12 @@ pub(crate) fn try_acquire(
 ) -> std::io::Result<Result<RunLock, Busy>> {
     let path = path(state_dir, runbook, host);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::files::make_dir(dir)?;
     }
-    // std opens with O_CLOEXEC: tool processes never hold the lock.
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o640)
-        .open(&path)?;
+    // Opened O_CLOEXEC: tool processes never hold the lock. Never through
+    // a link planted in the state directory (root's `runwarden run` would
+    // write its holder line into whatever it points at).
+    let file = crate::files::open_state(&path, crate::files::Create::IfMissing, 0o640)?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -123,7 +118,7 @@ pub(crate) fn make_ahead<'a>(
     pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> std::io::Result<usize> {
     let dir = state_dir.join("locks");
-    std::fs::create_dir_all(&dir)?;
+    crate::files::make_dir(&dir)?;
     let present: std::collections::HashSet<std::ffi::OsString> = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
@@ -137,12 +132,7 @@ pub(crate) fn make_ahead<'a>(
         if path.file_name().is_some_and(|n| present.contains(n)) {
             continue;
         }
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o640)
-            .open(&path)
-        {
+        match crate::files::open_state(&path, crate::files::Create::New, 0o640) {
             Ok(_) => made += 1,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
@@ -219,5 +209,23 @@ mod tests {
         );
         drop(first);
         assert!(try_acquire(dir.path(), "rb", "web", "r4").unwrap().is_ok());
+    }
+
+    /// The holder line is never written through a link planted where the
+    /// lock file goes (root's `runwarden run` would overwrite its target).
+    #[test]
+    fn the_lock_is_never_taken_through_a_planted_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let lock = path(dir.path(), "rb", "web");
+        std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&victim, &lock).unwrap();
+        let e = try_acquire(dir.path(), "rb", "web", "r1").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        // Making ahead leaves the planted name alone, and writes nothing.
+        assert_eq!(make_ahead(dir.path(), [("rb", "web")]).unwrap(), 0);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     }
 }

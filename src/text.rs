@@ -37,6 +37,21 @@ pub(crate) fn printable(text: &str) -> String {
     out
 }
 
+/// `text` safe to print on one line: as [`printable`], with newlines (and
+/// carriage returns) escaped too, so a value from a file or a tool can
+/// never start a line of its own (a journal record, a fake report line).
+pub(crate) fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || invisible(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// How deep an untrusted JSON value may nest where runwarden keeps it (an
 /// audit line, a report, a model's prompt). serde_json reads at most 128
 /// levels; a kept value stays well inside that.

@@ -100,8 +100,8 @@ impl AuditLog {
             path: path.to_path_buf(),
             source,
         };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            crate::files::make_dir(parent).map_err(io)?;
         }
         let file = open_current(path).map_err(io)?;
         let mut tail = Tail {
@@ -525,12 +525,9 @@ fn encode(mut entry: Entry) -> std::io::Result<Vec<u8>> {
 }
 
 fn open_current(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .append(true)
-        .create(true)
-        .read(true)
-        .mode(0o640)
-        .open(path)
+    // Never through a link planted where the log should be: root's
+    // `runwarden run` would append its lines to whatever it points at.
+    crate::files::open_append(path, 0o640)
 }
 
 /// A file's device and inode.
@@ -691,33 +688,10 @@ fn chains(file: &File, cut: u64, len: u64) -> std::io::Result<bool> {
     Ok(line.get("prev").and_then(Value::as_str) == Some(before.as_str()))
 }
 
-/// The file fragments are set aside in: appended to, owner-only, never
-/// through a symlink, and only if it is a regular file.
+/// The file fragments are set aside in: appended to, owner-only, and
+/// opened as every state file is (never through a link, a regular file).
 fn open_aside(aside: &Path) -> std::io::Result<File> {
-    let out = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(aside)
-        .map_err(|e| match e.raw_os_error() {
-            Some(nix::libc::ELOOP) => std::io::Error::other(format!(
-                "{} is a symlink; refused (move it away: fragments are never written through a link)",
-                aside.display()
-            )),
-            Some(nix::libc::ENXIO) => std::io::Error::other(format!(
-                "{} is not a regular file; refused (move it away)",
-                aside.display()
-            )),
-            _ => std::io::Error::new(e.kind(), format!("{}: {e}", aside.display())),
-        })?;
-    if !out.metadata()?.is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file; refused (move it away)",
-            aside.display()
-        )));
-    }
-    Ok(out)
+    crate::files::open_append(aside, 0o600)
 }
 
 /// The offset of the last `\n` before `len`, if any.

@@ -43,6 +43,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
         }
     }
     let fleet = super::db::shared(&dir)?;
+    sweep(&ks, &settings);
     let shown = ks.dir().display();
     match command {
         KillSwitchCommand::Engage {
@@ -52,10 +53,7 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             ..
         } => {
             let until = match (for_, until) {
-                (Some(d), _) => Some(
-                    jiff::Timestamp::now()
-                        + jiff::SignedDuration::try_from(d).map_err(Failed::usage)?,
-                ),
+                (Some(d), _) => Some(timed_for(d)?),
                 (None, Some(t)) if t <= jiff::Timestamp::now() => {
                     return Err(Failed::usage(format!("--until {t} is in the past")));
                 }
@@ -69,14 +67,34 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             });
             if let Some(store) = &fleet {
                 let by = format!("{}@{}", crate::gate::killswitch::who(), settings.replica);
+                // Timed by the database's clock: how long from now, not an
+                // end read off this machine's clock.
+                let asked = jiff::Timestamp::now();
+                let for_ = until.map(|t| {
+                    std::time::Duration::try_from(t.duration_since(asked)).unwrap_or_default()
+                });
                 match store
-                    .engage(runbook.unwrap_or("global"), &by, &reason, until)
+                    .engage(runbook.unwrap_or("global"), &by, &reason, for_)
                     .await
                 {
-                    Ok(()) => {
+                    Ok(done) => {
+                        let timed = match (done.until, for_) {
+                            (None, Some(_)) => "; it stays untimed: an untimed switch was in force, which a timed engage never shortens".to_string(),
+                            (None, None) => String::new(),
+                            (Some(t), _) => format!("; it releases itself at {t} by the database's clock"),
+                        };
                         println!(
                             "engaged for the fleet: every replica's runs stop before their next call{timed}"
                         );
+                        let skew = done.clock.duration_since(asked).abs();
+                        if skew > jiff::SignedDuration::from_secs(5) {
+                            eprintln!(
+                                "warning: this machine's clock is {:.0}s off the database's ({} here, {} there); the switch's end follows the database's",
+                                skew.as_secs_f64(),
+                                asked,
+                                done.clock
+                            );
+                        }
                         return Ok(0);
                     }
                     Err(e) => eprintln!(
@@ -85,11 +103,22 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
                 }
             }
             match ks.engage(runbook, &reason, until) {
-                Ok(path) => {
+                Ok(done) => {
+                    let timed = match (done.until, until) {
+                        (None, Some(_)) => "; it stays untimed: an untimed switch was in force, which a timed engage never shortens".to_string(),
+                        (Some(t), Some(asked)) if t != asked => format!(
+                            "; it releases itself at {t} ({}), the later end of the two",
+                            crate::gate::killswitch::time_left(t)
+                        ),
+                        _ => timed,
+                    };
                     println!(
                         "engaged: {} (runs stop before their next call){timed}",
-                        path.display()
+                        done.path.display()
                     );
+                    if let Some(kept) = done.kept {
+                        println!("kept the switch in force before it: {kept}");
+                    }
                     match fleet {
                         Some(_) => Err(Failed::code(
                             1,
@@ -203,6 +232,64 @@ pub(super) async fn kill_switch(command: KillSwitchCommand) -> Exit {
             }
         }
     }
+}
+
+/// Remove this machine's timed switches whose time has come, as the
+/// daemon does (only the file read goes), each with its audit line: with
+/// no daemon running, or one whose account cannot remove a file a person
+/// engaged, the gate already lets runs through, and `status` must say what
+/// the gate does.
+fn sweep(ks: &KillSwitch, settings: &crate::config::Settings) {
+    let ended = ks.sweep_expired();
+    if ended.is_empty() {
+        return;
+    }
+    let audit =
+        crate::audit::AuditLog::open_with(&settings.audit_log, settings.audit_rotation.clone());
+    for e in ended {
+        eprintln!(
+            "runwarden: the timed kill switch ({}) engaged by {} ended at {}; removed",
+            e.scope,
+            crate::text::one_line(&e.engaged_by),
+            e.until
+        );
+        match &audit {
+            Ok(log) => {
+                if let Err(err) = log.kill_switch_ended(&e, "file") {
+                    eprintln!("runwarden: its end could not be audited: {err}");
+                }
+            }
+            Err(err) => eprintln!("runwarden: its end could not be audited: {err}"),
+        }
+    }
+}
+
+/// The shortest and longest `--for` a timed switch takes: one shorter than
+/// a second stops nothing a person could see, and one past a century is
+/// a typo for an untimed switch.
+const SHORTEST: std::time::Duration = std::time::Duration::from_secs(1);
+const LONGEST: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// When a switch engaged now `--for d` ends, or why `d` is refused.
+fn timed_for(d: std::time::Duration) -> Result<jiff::Timestamp, Failed> {
+    if d < SHORTEST {
+        return Err(Failed::usage(format!(
+            "--for {} stops nothing: a timed switch holds at least 1s (omit --for for a switch that holds until released)",
+            humantime::format_duration(d)
+        )));
+    }
+    if d > LONGEST {
+        return Err(Failed::usage(format!(
+            "--for {} is past a century: omit --for for a switch that holds until released",
+            humantime::format_duration(d)
+        )));
+    }
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
+        .ok_or_else(|| {
+            Failed::usage("--for is too long: omit --for for a switch that holds until released")
+        })
 }
 
 /// What stops runs now: this machine's switch files and, with shared state,

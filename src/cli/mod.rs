@@ -123,14 +123,31 @@ pub(crate) type Exit = Result<i32, Failed>;
 /// typed from the wrong directory must never act on a directory no daemon
 /// reads (a kill switch engaged in `./kill-switch` stops nothing).
 pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
-    if let Some(dir) = given {
-        return Ok(dir);
-    }
-    if let Some(dir) = std::env::var_os("RUNWARDEN_CONFIG").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir));
+    // Named: it must be there (a typo must not become a new directory of
+    // kill-switch files nothing reads).
+    let named = given
+        .map(|d| (d, "--config"))
+        .or_else(|| {
+            std::env::var_os("RUNWARDEN_CONFIG")
+                .filter(|d| !d.is_empty())
+                .map(|d| (PathBuf::from(d), "RUNWARDEN_CONFIG"))
+        });
+    if let Some((dir, how)) = named {
+        return match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => Ok(dir),
+            Ok(_) => Err(Failed::usage(format!(
+                "{how} {}: not a directory (give the directory that holds runwarden.yaml)",
+                dir.display()
+            ))),
+            Err(e) => Err(Failed::usage(format!(
+                "{how} {}: {e} (give the directory that holds runwarden.yaml, the one the daemon runs with)",
+                dir.display()
+            ))),
+        };
     }
     let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     if here.join("runwarden.yaml").is_file() {
+        trusted(&here)?;
         return Ok(PathBuf::from("."));
     }
     let packaged = std::path::Path::new(PACKAGED_CONFIG);
@@ -141,6 +158,40 @@ pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
         "which configuration? No --config, no RUNWARDEN_CONFIG, no runwarden.yaml in {} and no {PACKAGED_CONFIG}: give --config DIR (the directory the daemon runs with)",
         here.display()
     )))
+}
+
+/// A configuration found in the current directory (not named) is used
+/// only if it could have been written by no one but this user or root:
+/// `runwarden.yaml` and its directory owned by either and writable by no
+/// other (group or others). Root typing a command in another user's
+/// checkout would otherwise run that user's hosts, binaries and runbooks.
+fn trusted(here: &std::path::Path) -> Result<(), Failed> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    for path in [here.to_path_buf(), here.join("runwarden.yaml")] {
+        let meta = std::fs::symlink_metadata(&path)
+            .map_err(|e| Failed::usage(format!("{}: {e}", path.display())))?;
+        let owner = meta.uid();
+        let why = if owner != me && owner != 0 {
+            let name = nix::unistd::User::from_uid(owner.into())
+                .ok()
+                .flatten()
+                .map_or(owner.to_string(), |u| u.name);
+            format!("is owned by {name}, not by you or root")
+        } else if meta.mode() & 0o022 != 0 {
+            format!("is writable by {}", if meta.mode() & 0o002 != 0 { "everyone" } else { "its group" })
+        } else if meta.file_type().is_symlink() {
+            "is a symbolic link".to_string()
+        } else {
+            continue;
+        };
+        return Err(Failed::usage(format!(
+            "the configuration found in the current directory is not trusted: {} {why}, so someone else could choose what runs as you. Name it to use it anyway (--config {} or RUNWARDEN_CONFIG), or run from another directory",
+            path.display(),
+            here.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Where the package puts the configuration.

@@ -245,12 +245,11 @@ fn demoted_file(state_dir: &Path, runbook: &str) -> PathBuf {
 }
 
 fn read_demotion(file: &Path) -> std::io::Result<Option<Demotion>> {
-    match std::fs::read(file) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+    match crate::files::read_state(file)? {
+        Some(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(std::io::Error::other),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+        None => Ok(None),
     }
 }
 
@@ -260,16 +259,15 @@ struct Ledger {
 }
 
 fn read_ledger(state_dir: &Path) -> std::io::Result<Ledger> {
-    match std::fs::read(state_dir.join(LEDGER)) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
-        Err(e) => Err(e),
+    match crate::files::read_state(&state_dir.join(LEDGER))? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
+        None => Ok(Ledger::default()),
     }
 }
 
 fn write_ledger(state_dir: &Path, ledger: &Ledger) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(ledger).map_err(std::io::Error::other)?;
-    crate::files::replace(&state_dir.join(LEDGER), &bytes)
+    crate::files::replace(&state_dir.join(LEDGER), &bytes, 0o640)
 }
 
 /// Failures are kept for the longest window a rule may have.
@@ -284,10 +282,28 @@ pub(crate) fn record_local(
     failure: Failure,
     by: &str,
 ) -> std::io::Result<Option<Demotion>> {
-    std::fs::create_dir_all(state_dir)?;
+    crate::files::make_dir(state_dir)?;
     let _lock = crate::files::locked(&state_dir.join(LOCK))?;
     let now = jiff::Timestamp::now().as_millisecond();
-    let mut ledger = read_ledger(state_dir)?;
+    // A ledger that cannot be read cannot show the rule unreached: it is set
+    // aside for a person and this failure demotes (fail closed), and the
+    // count starts again in a new ledger.
+    let (mut ledger, unreadable) = match read_ledger(state_dir) {
+        Ok(ledger) => (ledger, None),
+        Err(e) => {
+            let from = state_dir.join(LEDGER);
+            let aside = state_dir.join(format!("{LEDGER}.unreadable-{now}"));
+            std::fs::rename(&from, &aside)?;
+            (
+                Ledger::default(),
+                Some(format!(
+                    "{by}, whose failure ledger {} could not be read ({e}; set aside as {})",
+                    from.display(),
+                    aside.display()
+                )),
+            )
+        }
+    };
     ledger
         .failures
         .retain(|f| f.at_ms() > now - KEEP.as_millis() as i64);
@@ -304,7 +320,7 @@ pub(crate) fn record_local(
         .into_iter()
         .filter(|f| f.runbook == runbook && f.at_ms() > since)
         .collect();
-    if evidence.len() < rule.failures as usize {
+    if evidence.len() < rule.failures as usize && unreadable.is_none() {
         return Ok(None);
     }
     let demotion = Demotion {
@@ -312,14 +328,14 @@ pub(crate) fn record_local(
         since: jiff::Timestamp::from_millisecond(now)
             .unwrap_or_else(|_| jiff::Timestamp::now())
             .to_string(),
-        by: by.to_string(),
+        by: unreadable.unwrap_or_else(|| by.to_string()),
         failures: rule.failures,
         per_secs: rule.per.as_secs(),
         evidence,
     };
-    std::fs::create_dir_all(state_dir.join(DIR))?;
+    crate::files::make_dir(&state_dir.join(DIR))?;
     let bytes = serde_json::to_vec_pretty(&demotion).map_err(std::io::Error::other)?;
-    crate::files::replace(&file, &bytes)?;
+    crate::files::replace(&file, &bytes, 0o640)?;
     Ok(Some(demotion))
 }
 
@@ -500,5 +516,58 @@ mod tests {
         assert!(demotions.check("fix").unwrap().contains("by replica-b"));
         fleet.set(Vec::new());
         assert_eq!(demotions.check("fix"), None);
+    }
+
+    /// A demotion file that is a FIFO, a link (dangling or not) or a
+    /// directory demotes at once and never blocks; a failure ledger that
+    /// cannot be read demotes the runbook whose failure it could not count,
+    /// and is set aside for a person.
+    #[test]
+    fn state_files_that_cannot_be_read_fail_closed_and_never_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        std::fs::create_dir_all(state.join(DIR)).unwrap();
+        let demotions = Demotions::new(state);
+        let file = demoted_file(state, "fix");
+        let plants: [(&str, &dyn Fn()); 3] = [
+            ("a FIFO", &|| {
+                nix::unistd::mkfifo(&file, nix::sys::stat::Mode::S_IRWXU).unwrap()
+            }),
+            ("a dangling link", &|| {
+                std::os::unix::fs::symlink(state.join("gone"), &file).unwrap()
+            }),
+            ("a directory", &|| std::fs::create_dir(&file).unwrap()),
+        ];
+        for (what, plant) in plants {
+            plant();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let d = Demotions::new(state);
+            std::thread::spawn(move || tx.send(d.check("fix")).unwrap());
+            let said = rx
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("{what}: the check blocked"));
+            assert!(said.unwrap().contains("cannot be read"), "{what}");
+            assert_eq!(demotions.list()[0].runbook, "fix", "{what}");
+            if file.is_dir() {
+                std::fs::remove_dir(&file).unwrap();
+            } else {
+                std::fs::remove_file(&file).unwrap();
+            }
+        }
+        // The ledger: a corrupt one demotes at the first failure it could not count.
+        std::fs::write(state.join(LEDGER), "{ half").unwrap();
+        let d = record_local(state, RULE, failure("r1", "web-1", 0), "m")
+            .unwrap()
+            .expect("demoted: the failures before it cannot be counted");
+        assert!(d.by.contains("could not be read"), "{}", d.by);
+        assert!(demotions.check("fix").is_some());
+        let aside: Vec<String> = std::fs::read_dir(state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("demotion-failures.json.unreadable-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "set aside for a person");
+        // A new ledger counts again.
+        assert_eq!(read_ledger(state).unwrap().failures.len(), 1);
     }
 }

@@ -147,7 +147,7 @@ pub(crate) fn usage(
 /// The ledger, read under its lock (held until the returned file drops),
 /// for a read that may replace it.
 fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
-    std::fs::create_dir_all(state_dir)?;
+    crate::files::make_dir(state_dir)?;
     let lock = crate::files::locked(&state_dir.join("fleet-budget.lock"))?;
     Ok((lock, read(state_dir)?))
 }
@@ -156,10 +156,9 @@ fn open(state_dir: &Path) -> std::io::Result<(std::fs::File, Ledger)> {
 /// replaced whole (renamed into place), so a read without the lock sees
 /// one ledger or the next, never half of one.
 fn read(state_dir: &Path) -> std::io::Result<Ledger> {
-    match std::fs::read(state_dir.join("fleet-budget.json")) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
-        Err(e) => Err(e),
+    match crate::files::read_state(&state_dir.join("fleet-budget.json"))? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
+        None => Ok(Ledger::default()),
     }
 }
 
@@ -221,6 +220,7 @@ fn replace(path: &Path, book: &Ledger) -> std::io::Result<()> {
     crate::files::replace(
         path,
         &serde_json::to_vec(book).map_err(std::io::Error::other)?,
+        0o640,
     )
 }
 

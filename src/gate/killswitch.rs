@@ -13,7 +13,7 @@
 //! no `until` (or one that cannot be read) is untimed: it holds until a
 //! person releases it.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The file name of the global switch.
@@ -221,36 +221,59 @@ impl KillSwitch {
         Ok(())
     }
 
-    /// Engage atomically (write a temporary file, then rename): who, when,
-    /// why, and until when (`None`: until a person releases it).
+    /// Engage: who, when, why, and until when (`None`: until a person
+    /// releases it), written whole and renamed into place. A switch in
+    /// force is never weakened: an untimed one stays untimed, of two timed
+    /// ones the later end wins, and the earlier reasons are kept.
     pub(crate) fn engage(
         &self,
         runbook: Option<&str>,
         reason: &str,
         until: Option<jiff::Timestamp>,
-    ) -> std::io::Result<PathBuf> {
-        std::fs::create_dir_all(&self.dir)?;
+    ) -> std::io::Result<EngagedFile> {
+        crate::files::make_dir(&self.dir)?;
+        let _lock = self.lock()?;
         let target = self.file(runbook);
-        let tmp = self
-            .dir
-            .join(format!(".{}.tmp-{}", GLOBAL, std::process::id()));
+        let now = jiff::Timestamp::now();
+        let before = read_file(&target).filter(|b| !b.expired(now));
+        let until = match &before {
+            // An untimed switch (or one that cannot be read) holds.
+            Some(b) if b.until.is_none() => None,
+            Some(b) => until.zip(b.until).map(|(a, b)| a.max(b)),
+            None => until,
+        };
         let mut body = format!(
-            "engaged_by: {}\nengaged_at: {}\nreason: {}\n",
+            "engaged_by: {}\nengaged_at: {now}\nreason: {}\n",
             who(),
-            jiff::Timestamp::now(),
-            reason.replace('\n', " ")
+            crate::text::one_line(reason)
         );
         if let Some(t) = until {
             body.push_str(&format!("until: {t}\n"));
         }
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(body.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)?;
-        if let Ok(d) = std::fs::File::open(&self.dir) {
-            let _ = d.sync_all();
+        let kept = before.as_ref().map(SwitchFile::summary);
+        if let Some(b) = &before {
+            // What the earlier engagements said, the latest first, bounded.
+            body.push_str(&format!("earlier: {}\n", b.summary()));
+            for line in b.text.lines().filter(|l| l.starts_with("earlier:")).take(8) {
+                body.push_str(line);
+                body.push('\n');
+            }
         }
-        Ok(target)
+        crate::files::replace(&target, body.as_bytes(), 0o644)?;
+        Ok(EngagedFile {
+            path: target,
+            until,
+            kept,
+        })
+    }
+
+    /// An exclusive `flock` of the switch directory itself: an engage and
+    /// the removal of an expired switch never interleave (no file is made
+    /// for it, so a watcher of the directory sees nothing).
+    fn lock(&self) -> std::io::Result<std::fs::File> {
+        let dir = std::fs::File::open(&self.dir)?;
+        dir.lock()?;
+        Ok(dir)
     }
 
     /// Remove the switch file; false when it was not engaged.
@@ -262,7 +285,7 @@ impl KillSwitch {
         }
     }
 
-    /// Every engaged switch file and what it says.
+    /// Every switch file in force and what it says.
     pub(crate) fn status(&self) -> Result<Vec<(String, String)>, Engaged> {
         if let Some(detail) = self.dir_problem() {
             return Err(Engaged {
@@ -270,9 +293,13 @@ impl KillSwitch {
                 detail,
             });
         }
+        // What the gate holds to: an expired timed switch stops nothing,
+        // so it is not listed as engaged (`sweep_expired` removes it).
+        let now = jiff::Timestamp::now();
         let mut out: Vec<(String, String)> = self
             .switch_files()
             .into_iter()
+            .filter(|(_, file)| !read_file(file).is_some_and(|r| r.expired(now)))
             .map(|(scope, file)| (scope, describe(&file)))
             .collect();
         out.sort();
@@ -299,19 +326,80 @@ impl KillSwitch {
     }
 }
 
-/// The switch file's text, cut short ("" when it cannot be read).
-fn read_switch(file: &Path) -> String {
-    let mut text = String::new();
-    // Never blocks: a FIFO named ENGAGED still engages, it is just not read.
-    if let Ok(f) = crate::files::open_regular(file, false) {
-        let _ = f.take(2048).read_to_string(&mut text);
-    }
-    text
+/// What [`KillSwitch::engage`] wrote.
+#[derive(Debug)]
+pub(crate) struct EngagedFile {
+    /// The switch file.
+    pub(crate) path: PathBuf,
+    /// Until when it holds now (`None`: until released).
+    pub(crate) until: Option<jiff::Timestamp>,
+    /// The switch that was in force before, which this one kept.
+    pub(crate) kept: Option<String>,
 }
 
-/// The `until:` a switch file names, if it names a readable one.
+/// A switch file as read: its text, which file it was, and until when it
+/// holds.
+#[derive(Debug)]
+struct SwitchFile {
+    text: String,
+    /// Device, inode and modification time (ns) of the file read.
+    id: (u64, u64, i128),
+    /// `None`: untimed (no `until:`, or one that cannot be read, or a file
+    /// touched since it was engaged).
+    until: Option<jiff::Timestamp>,
+}
+
+/// A file touched this long after its `engaged_at` was engaged again by
+/// hand (`touch ENGAGED`): it no longer releases itself.
+const TOUCHED: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
+impl SwitchFile {
+    fn expired(&self, now: jiff::Timestamp) -> bool {
+        self.until.is_some_and(|t| t <= now)
+    }
+
+    fn summary(&self) -> String {
+        let by = field(&self.text, "engaged_by").unwrap_or("?");
+        let at = field(&self.text, "engaged_at").unwrap_or("?");
+        let reason = field(&self.text, "reason").unwrap_or("(no reason given)");
+        let until = self
+            .until
+            .map_or("untimed".to_string(), |t| format!("until {t}"));
+        format!("{by} at {at}, {until}: {reason}")
+    }
+}
+
+/// The switch file at `file`, if there is one (a FIFO, a link or a file
+/// that cannot be read is there, untimed, with no text).
+fn read_file(file: &Path) -> Option<SwitchFile> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(file).ok()?;
+    let mtime =
+        |m: &std::fs::Metadata| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    let mut text = String::new();
+    let mut id = (meta.dev(), meta.ino(), mtime(&meta));
+    // Never blocks: a FIFO named ENGAGED still engages, it is just not read.
+    if let Ok(f) = crate::files::open_regular(file, false) {
+        if let Ok(m) = f.metadata() {
+            id = (m.dev(), m.ino(), mtime(&m));
+        }
+        let _ = f.take(2048).read_to_string(&mut text);
+    }
+    let engaged_at = field(&text, "engaged_at").and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let modified = jiff::Timestamp::from_nanosecond(id.2).ok();
+    let until = field(&text, "until")
+        .and_then(|u| u.parse::<jiff::Timestamp>().ok())
+        // Touched since: engaged again by hand, untimed.
+        .filter(|_| match (engaged_at, modified) {
+            (Some(at), Some(m)) => at.checked_add(TOUCHED).is_ok_and(|end| m <= end),
+            _ => true,
+        });
+    Some(SwitchFile { text, id, until })
+}
+
+/// The `until:` of a switch file in force as it stands (see [`SwitchFile::until`]).
 fn until_of(file: &Path) -> Option<jiff::Timestamp> {
-    field(&read_switch(file), "until")?.parse().ok()
+    read_file(file)?.until
 }
 
 /// One `key: value` line of a switch file.
@@ -335,21 +423,66 @@ pub(crate) fn time_left(t: jiff::Timestamp) -> String {
 /// The switch file's content (who, when, why, until when and how long is
 /// left), cut short; a bare `touch` says so.
 fn describe(file: &Path) -> String {
-    let text = read_switch(file);
-    let mut lines: Vec<String> = text
+    let Some(read) = read_file(file) else {
+        return format!("{} exists (no reason given)", file.display());
+    };
+    let mut lines: Vec<String> = read
+        .text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(String::from)
+        .map(crate::text::one_line)
         .collect();
-    if let Some(t) = field(&text, "until").and_then(|u| u.parse().ok()) {
-        lines.push(time_left(t));
+    match read.until {
+        Some(t) => lines.push(time_left(t)),
+        None if field(&read.text, "until").is_some() => {
+            lines.push("untimed: touched after it was engaged".into())
+        }
+        None => {}
     }
     if lines.is_empty() {
         format!("{} exists (no reason given)", file.display())
     } else {
         format!("{} ({})", file.display(), lines.join("; "))
     }
+}
+
+/// Remove `file` if it is still the file `id` names: renamed aside first,
+/// then compared; another file is put back (unless yet another took its
+/// name meanwhile, which then stays). True when it was removed.
+fn remove_if_same(file: &Path, id: (u64, u64, i128)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(name) = file.file_name() else {
+        return false;
+    };
+    let mut aside_name = std::ffi::OsString::from(".");
+    aside_name.push(name);
+    aside_name.push(format!(".expired-{}", std::process::id()));
+    let aside = file.with_file_name(aside_name);
+    if std::fs::rename(file, &aside).is_err() {
+        return false;
+    }
+    let same = std::fs::symlink_metadata(&aside).is_ok_and(|m| {
+        (
+            m.dev(),
+            m.ino(),
+            i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        ) == id
+    });
+    if same {
+        return std::fs::remove_file(&aside).is_ok();
+    }
+    let back = nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        &aside,
+        nix::fcntl::AT_FDCWD,
+        file,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    );
+    if back.is_err() {
+        let _ = std::fs::remove_file(&aside);
+    }
+    false
 }
 
 /// A timed switch whose time has come, as the daemon removes it.
@@ -367,23 +500,29 @@ pub(crate) struct Expired {
 
 impl KillSwitch {
     /// Remove every timed switch file whose time has come, and say which.
+    /// Only the file that was read goes: under the directory's lock (an
+    /// engage waits), it is renamed aside and removed only if it is still
+    /// the file read; one engaged or touched by hand in between is put back.
     pub(crate) fn sweep_expired(&self) -> Vec<Expired> {
         let now = jiff::Timestamp::now();
         let mut out = Vec::new();
+        let Ok(_lock) = self.lock() else {
+            return out;
+        };
         for (scope, file) in self.switch_files() {
-            let text = read_switch(&file);
-            let Some(until) = field(&text, "until").and_then(|u| u.parse::<jiff::Timestamp>().ok())
-            else {
+            let Some(read) = read_file(&file).filter(|r| r.expired(now)) else {
                 continue;
             };
-            if until > now || std::fs::remove_file(&file).is_err() {
+            #[cfg(test)]
+            tests::before_removal(&file);
+            if !remove_if_same(&file, read.id) {
                 continue;
             }
             out.push(Expired {
                 scope,
-                engaged_by: field(&text, "engaged_by").unwrap_or("?").to_string(),
-                reason: field(&text, "reason").unwrap_or("").to_string(),
-                until,
+                engaged_by: field(&read.text, "engaged_by").unwrap_or("?").to_string(),
+                reason: field(&read.text, "reason").unwrap_or("").to_string(),
+                until: read.until.unwrap_or(now),
             });
         }
         out
@@ -445,6 +584,9 @@ mod tests {
             "{e}"
         );
         assert!(ks.sweep_expired().is_empty());
+        // Released, then engaged again with an end already past (an
+        // engage over a switch in force would keep its later end).
+        ks.release(None).unwrap();
         let past = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1);
         ks.engage(None, "INC-124", Some(past)).unwrap();
         ks.engage(Some("disk"), "no end", None).unwrap();
@@ -458,5 +600,159 @@ mod tests {
         assert!(!ks.file_of(None).exists());
         assert_eq!(ks.check("disk").unwrap_err().scope, "disk");
         assert!(ks.until(Some("disk")).is_none());
+    }
+
+    type Hook = Box<dyn Fn(&Path)>;
+    type Way = (&'static str, fn(&Path));
+
+    thread_local! {
+        /// What a test does between a sweep's read of an expired switch and
+        /// its removal (the window an on-call's new engage may fall in).
+        static BEFORE_REMOVAL: std::cell::RefCell<Option<Hook>> =
+            std::cell::RefCell::new(None);
+    }
+
+    pub(super) fn before_removal(file: &Path) {
+        BEFORE_REMOVAL.with(|h| {
+            if let Some(hook) = h.borrow().as_ref() {
+                hook(file)
+            }
+        });
+    }
+
+    fn expire_in_place(ks: &KillSwitch, runbook: Option<&str>) {
+        // As engage writes it, with an end already past.
+        let at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+        let body = format!(
+            "engaged_by: alice\nengaged_at: {at}\nreason: maintenance\nuntil: {}\n",
+            at + jiff::SignedDuration::from_secs(30)
+        );
+        let file = ks.file_of(runbook);
+        std::fs::write(&file, body).unwrap();
+        let mtime = std::time::SystemTime::from(at);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    }
+
+    /// A switch engaged (by engage's own rename, by a config tool's, or by
+    /// `touch` over the old file) while a sweep removes the expired one it
+    /// read is never removed: only the file read goes.
+    #[test]
+    fn the_sweep_of_an_expired_switch_never_removes_one_engaged_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = KillSwitch::new(dir.path());
+        let ways: [Way; 3] = [
+            ("a new file renamed into place", |file| {
+                let tmp = file.with_extension("tmp");
+                std::fs::write(&tmp, "engaged_by: bob\nreason: new incident\n").unwrap();
+                std::fs::rename(&tmp, file).unwrap();
+            }),
+            ("a file written in place", |file| {
+                std::fs::write(file, "engaged_by: bob\nreason: new incident\n").unwrap();
+            }),
+            ("touch", |file| {
+                std::fs::File::options()
+                    .write(true)
+                    .open(file)
+                    .unwrap()
+                    .set_modified(std::time::SystemTime::now())
+                    .unwrap();
+            }),
+        ];
+        for (how, engage) in ways {
+            expire_in_place(&ks, None);
+            assert!(
+                ks.check("disk").is_ok(),
+                "{how}: the expired switch stops nothing"
+            );
+            BEFORE_REMOVAL.with(|h| *h.borrow_mut() = Some(Box::new(engage)));
+            let swept = ks.sweep_expired();
+            BEFORE_REMOVAL.with(|h| *h.borrow_mut() = None);
+            assert!(swept.is_empty(), "{how}: {swept:?}");
+            let e = ks.check("disk").expect_err(how);
+            assert_eq!(e.scope, "global", "{how}");
+            assert!(ks.until(None).is_none(), "{how}: the new switch is untimed");
+            assert_eq!(
+                std::fs::read_dir(dir.path()).unwrap().count(),
+                1,
+                "{how}: nothing left aside"
+            );
+            ks.release(None).unwrap();
+        }
+        // Without a race, the expired one goes.
+        expire_in_place(&ks, Some("disk"));
+        assert_eq!(ks.sweep_expired().len(), 1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// An engage never weakens a switch in force: a timed one over an
+    /// untimed one stays untimed, of two timed ones the later end wins,
+    /// and both reasons are kept; over an expired one it starts afresh.
+    #[test]
+    fn an_engage_never_weakens_the_switch_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = KillSwitch::new(dir.path());
+        let in_ = |s| jiff::Timestamp::now() + jiff::SignedDuration::from_secs(s);
+        ks.engage(None, "INC-1 hands off", None).unwrap();
+        let done = ks.engage(None, "maintenance", Some(in_(2))).unwrap();
+        assert_eq!(done.until, None);
+        assert!(done.kept.unwrap().contains("INC-1 hands off"));
+        assert_eq!(ks.until(None), None);
+        let e = ks.check("disk").unwrap_err();
+        assert!(
+            e.detail.contains("maintenance") && e.detail.contains("INC-1 hands off"),
+            "{e}"
+        );
+        ks.release(None).unwrap();
+        // Two timed: the later end, whichever came first.
+        let (late, early) = (in_(7200), in_(60));
+        ks.engage(Some("disk"), "long", Some(late)).unwrap();
+        assert_eq!(
+            ks.engage(Some("disk"), "short", Some(early)).unwrap().until,
+            Some(late)
+        );
+        assert_eq!(ks.until(Some("disk")), Some(late));
+        // An untimed engage over a timed one: untimed.
+        assert_eq!(
+            ks.engage(Some("disk"), "for good", None).unwrap().until,
+            None
+        );
+        assert_eq!(ks.until(Some("disk")), None);
+        // A `touch` of a timed switch engages it again by hand: untimed.
+        ks.release(Some("disk")).unwrap();
+        ks.engage(None, "timed", Some(late)).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(ks.file_of(None))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(ks.until(None), None);
+        assert!(
+            ks.status().unwrap()[0]
+                .1
+                .contains("touched after it was engaged")
+        );
+        // Over an expired one: afresh, as asked.
+        expire_in_place(&ks, None);
+        let done = ks.engage(None, "next", Some(early)).unwrap();
+        assert_eq!((done.until, done.kept), (Some(early), None));
+    }
+
+    /// `status` agrees with the gate: an expired switch is not in force.
+    #[test]
+    fn status_lists_no_expired_switch_as_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = KillSwitch::new(dir.path());
+        expire_in_place(&ks, None);
+        assert!(ks.check_global().is_ok());
+        assert_eq!(ks.status().unwrap(), Vec::new());
+        ks.engage(Some("disk"), "x", None).unwrap();
+        assert_eq!(ks.status().unwrap().len(), 1);
     }
 }

@@ -774,33 +774,52 @@ impl Postgres {
             .map_err(|e| StoreError::Database(format!("listing the fleet's runs: {e}")))
     }
 
-    /// Engage the fleet's switch for `scope` (`global` or a runbook), until
-    /// `until` if given, and tell every replica at once.
+    /// Engage the fleet's switch for `scope`, for `for_` from now by the
+    /// database's clock (`None`: until released), never weakening one in
+    /// force: an untimed switch stays untimed, of two timed ones the later
+    /// end wins, and the earlier reason is kept. Returns when it ends now
+    /// and the database's clock, so the caller can tell its own skew.
     pub(crate) async fn engage(
         &self,
         scope: &str,
         by: &str,
         reason: &str,
-        until: Option<jiff::Timestamp>,
-    ) -> Result<(), StoreError> {
-        let until = until.map(|t| t.to_string());
-        self.with("engaging the fleet's kill switch", |c| {
-            let until = until.clone();
-            async move {
-                c.execute(
-                    "WITH s AS (INSERT INTO runwarden_kill_switch (scope, engaged_by, reason, until)
-                         VALUES ($1, $2, $3, $5::text::timestamptz)
-                         ON CONFLICT (scope) DO UPDATE SET engaged_by = $2, reason = $3,
-                             engaged_at = clock_timestamp(), until = $5::text::timestamptz
-                         RETURNING scope)
-                     SELECT pg_notify($4, scope) FROM s",
-                    &[&scope, &by, &reason, &KILL_SWITCH_CHANNEL, &until],
+        for_: Option<Duration>,
+    ) -> Result<Engaged, StoreError> {
+        let secs = for_.map(|d| d.as_secs_f64());
+        let row = self
+            .with("engaging the fleet's kill switch", |c| async move {
+                c.query_one(
+                    "WITH s AS (INSERT INTO runwarden_kill_switch AS k (scope, engaged_by, reason, until)
+                         VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $5::float8))
+                         ON CONFLICT (scope) DO UPDATE SET
+                             engaged_by = $2,
+                             engaged_at = clock_timestamp(),
+                             reason = CASE WHEN k.until IS NULL OR k.until > clock_timestamp()
+                                 THEN left($3 || ' (earlier: ' || k.engaged_by || ': ' || k.reason || ')', 4000)
+                                 ELSE $3 END,
+                             until = CASE
+                                 WHEN k.until IS NOT NULL AND k.until <= clock_timestamp() THEN EXCLUDED.until
+                                 WHEN k.until IS NULL OR EXCLUDED.until IS NULL THEN NULL
+                                 ELSE greatest(k.until, EXCLUDED.until) END
+                         RETURNING scope, until)
+                     SELECT s.until::text, clock_timestamp()::text, pg_notify($4, s.scope) FROM s",
+                    &[&scope, &by, &reason, &KILL_SWITCH_CHANNEL, &secs],
                 )
                 .await
-            }
+            })
+            .await?;
+        let until: Option<String> = row.get(0);
+        let now: String = row.get(1);
+        let parse = |t: &str| {
+            t.replace(' ', "T")
+                .parse::<jiff::Timestamp>()
+                .map_err(|e| StoreError::Database(format!("the database's time {t:?}: {e}")))
+        };
+        Ok(Engaged {
+            until: until.as_deref().map(parse).transpose()?,
+            clock: parse(&now)?,
         })
-        .await
-        .map(drop)
     }
 
     /// Remove the fleet's timed switches whose time has come; what was
@@ -1159,6 +1178,15 @@ fn op_timeout(lease: Duration) -> Duration {
 
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The fleet's switch as an engage left it.
+#[derive(Debug)]
+pub(crate) struct Engaged {
+    /// When it ends now (`None`: until released), by the database's clock.
+    pub(crate) until: Option<jiff::Timestamp>,
+    /// The database's clock when it was engaged.
+    pub(crate) clock: jiff::Timestamp,
 }
 
 #[cfg(test)]

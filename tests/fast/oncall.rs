@@ -402,3 +402,120 @@ async fn the_daemon_looks_at_its_kill_switch_on_a_change_not_on_its_own_reads() 
     .await;
     d.shutdown().await.unwrap();
 }
+
+/// A configuration named by `--config` or RUNWARDEN_CONFIG that is not
+/// there is an error for every command: nothing is created where it was
+/// meant to be (a typo never becomes a kill-switch directory nothing reads).
+#[test]
+fn a_named_configuration_that_is_not_there_is_an_error_for_every_command() {
+    let cwd = tempfile::tempdir().unwrap();
+    let typo = cwd.path().join("typo");
+    let commands: [&[&str]; 6] = [
+        &["kill-switch", "engage", "--reason", "INC-1"],
+        &["kill-switch", "status"],
+        &["kill-switch", "release"],
+        &["check"],
+        &["run", "disk", "--host", "web-01"],
+        &["runs"],
+    ];
+    for args in commands {
+        let mut with_flag: Vec<&str> = args.to_vec();
+        with_flag.extend(["--config", typo.to_str().unwrap()]);
+        for (how, args, env) in [
+            ("--config", with_flag.as_slice(), None),
+            ("RUNWARDEN_CONFIG", args, Some(typo.as_path())),
+        ] {
+            let (code, said) = runwarden_in(cwd.path(), args, env);
+            assert_eq!(code, Some(2), "{how} {args:?}: {said}");
+            assert!(said.contains(how) && said.contains("typo"), "{how} {args:?}: {said}");
+            assert!(!typo.exists(), "{how} {args:?} created {}", typo.display());
+        }
+    }
+}
+
+/// A configuration found in the current directory is used only when no one
+/// but this user (or root) could have written it: one writable by its
+/// group or by everyone, or (as root) owned by another user, is refused
+/// with the owner and the fix; named with --config it is used.
+#[test]
+fn a_configuration_in_the_current_directory_is_used_only_if_it_is_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let conf = tempfile::tempdir().unwrap();
+    config(conf.path());
+    let yaml = conf.path().join("runwarden.yaml");
+    let (code, said) = runwarden_in(conf.path(), &["check"], None);
+    assert_eq!(code, Some(0), "{said}");
+    let mode = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    for (what, path, m) in [
+        ("its group", yaml.as_path(), 0o664),
+        ("everyone", conf.path(), 0o777),
+    ] {
+        let before = std::fs::metadata(path).unwrap().permissions().mode();
+        mode(path, m);
+        for args in [&["check"][..], &["kill-switch", "engage", "--reason", "x"][..]] {
+            let (code, said) = runwarden_in(conf.path(), args, None);
+            assert_eq!(code, Some(2), "{what}: {said}");
+            assert!(
+                said.contains("not trusted") && said.contains(&format!("writable by {what}")) && said.contains("--config"),
+                "{what}: {said}"
+            );
+        }
+        assert!(!conf.path().join("kill-switch/ENGAGED").exists());
+        let dir = conf.path().to_str().unwrap();
+        let (code, said) = runwarden_in(conf.path(), &["check", "--config", dir], None);
+        assert_eq!(code, Some(0), "named, it is used: {said}");
+        mode(path, before & 0o7777);
+    }
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::chown(conf.path(), Some(65534), Some(65534)).unwrap();
+        let (code, said) = runwarden_in(conf.path(), &["run", "disk", "--host", "web-01"], None);
+        assert_eq!(code, Some(2), "{said}");
+        assert!(said.contains("is owned by nobody, not by you or root"), "{said}");
+        assert!(!conf.path().join("state").exists(), "nothing ran");
+    }
+}
+
+/// `engage --for` that would stop nothing, or that is past any time, is
+/// refused (exit 2, never a panic); a timed engage over an untimed switch
+/// keeps it untimed and both reasons; with no daemon running, `status`
+/// removes an expired timed switch (with its audit line) and says
+/// released, as the gate lets runs through.
+#[test]
+fn the_kill_switch_is_never_weakened_and_status_agrees_with_the_gate() {
+    let conf = tempfile::tempdir().unwrap();
+    config(conf.path());
+    let ks = |args: &[&str]| {
+        let mut all = vec!["kill-switch"];
+        all.extend(args);
+        runwarden_in(conf.path(), &all, None)
+    };
+    for d in ["0s", "1ns", "999ms", "100000000y"] {
+        let (code, said) = ks(&["engage", "--reason", "x", "--for", d]);
+        assert_eq!(code, Some(2), "--for {d}: {said}");
+        assert!(said.contains("--for"), "{said}");
+        assert!(!conf.path().join("kill-switch/ENGAGED").exists(), "--for {d}");
+    }
+    let (code, said) = ks(&["engage", "--reason", "INC-7 hands off"]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = ks(&["engage", "--reason", "maintenance", "--for", "2s"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("stays untimed") && said.contains("INC-7 hands off"), "{said}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let (code, said) = ks(&["status"]);
+    assert_eq!(code, Some(1), "still engaged: {said}");
+    assert!(said.contains("INC-7 hands off") && said.contains("maintenance"), "{said}");
+    ks(&["release"]);
+    // Expired, no daemon: status removes it, audits it, and says released.
+    let (code, said) = ks(&["engage", "--reason", "short", "--for", "1s"]);
+    assert_eq!(code, Some(0), "{said}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, said) = ks(&["status"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("released") && said.contains("ended"), "{said}");
+    assert!(!conf.path().join("kill-switch/ENGAGED").exists());
+    let audit = std::fs::read_to_string(conf.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit.lines().any(|l| l.contains("\"released\"") && l.contains("short")),
+        "{audit}"
+    );
+}
