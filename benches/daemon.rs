@@ -14,7 +14,11 @@
 //!    append costs the same disk in the same run (`RUNWARDEN_BENCH_ONLY=latency`
 //!    for this part alone; `RUNWARDEN_BENCH_LATENCY_DIR=/dev/shm` to put both
 //!    sides' files on tmpfs and see what is left when a sync is free;
-//!    `RUNWARDEN_BENCH_SAMPLES=FILE` for every alert's figures).
+//!    `RUNWARDEN_BENCH_SAMPLES=FILE` for every alert's figures);
+//! 6. one notification whose alerts all name one (runbook, host), as
+//!    Alertmanager groups them: 100 (the baseline), 1,000 and 10,000
+//!    alerts, the answer's time, its time per alert against the baseline's
+//!    and the daemon's peak RSS (`RUNWARDEN_BENCH_ONLY=group` for this part alone).
 //!
 //! Figures only; nothing here asserts a time.
 
@@ -45,6 +49,10 @@ fn main() {
     // `RUNWARDEN_BENCH_ONLY=latency`: just the alert-to-tool comparison.
     if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("latency") {
         webhook_to_first_call();
+        return;
+    }
+    if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("group") {
+        one_group();
         return;
     }
     let dir = tempfile::Builder::new()
@@ -229,6 +237,71 @@ fn main() {
         "  trials where a call started after the file existed: {late_calls} (each one already past the gate when the file appeared)"
     );
     webhook_to_first_call();
+    one_group();
+}
+
+/// Part 6: one notification, all its alerts for one (runbook, host), a
+/// fresh host each time, so each starts one run and deduplicates the rest.
+fn one_group() {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-group-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    write(root, "kill-switch/README", "");
+    write(root, "runwarden.yaml", "");
+    let sizes = [100usize, 1_000, 10_000];
+    let hosts: Vec<String> = (0..sizes.len()).map(|i| format!("g-{i}")).collect();
+    for h in &hosts {
+        write(
+            root,
+            &format!("hosts/{h}.yaml"),
+            &format!("name: {h}\nconnection: local\npaths: [/tmp]\n"),
+        );
+    }
+    write(
+        root,
+        "runbooks/group.yaml",
+        &format!(
+            "name: group\ndescription: b\nhosts: [{}]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"DiskAlmostFull\"']\n  host_label: instance\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n",
+            hosts.join(", ")
+        ),
+    );
+    let d = start_quiet(root);
+    std::thread::sleep(Duration::from_millis(500));
+    println!("one notification, every alert for one (runbook, host):");
+    let mut base_per_alert = None;
+    for (size, host) in sizes.iter().zip(&hosts) {
+        // A dozen labels and two annotations each, as node_exporter's
+        // filesystem alerts carry.
+        let alerts: Vec<String> = (0..*size)
+            .map(|i| {
+                format!(r#"{{"status":"firing","labels":{{"alertname":"DiskAlmostFull","instance":"{host}","device":"/dev/sd{i}","fstype":"ext4","job":"node","mountpoint":"/srv/m{i}","severity":"warning","team":"storage","env":"staging","region":"eu-1","cluster":"c1","service":"files"}},"annotations":{{"summary":"{host} /srv/m{i} is almost full","description":"Filesystem /srv/m{i} on {host} has less than 10% free."}},"startsAt":"2026-11-30T09:50:08.716Z","endsAt":"0001-01-01T00:00:00Z","generatorURL":"","fingerprint":"{i:016x}"}}"#)
+            })
+            .collect();
+        let body = format!(
+            r#"{{"receiver":"rw","status":"firing","alerts":[{}],"groupLabels":{{}},"commonLabels":{{}},"commonAnnotations":{{}},"externalURL":"","version":"4","groupKey":"group-{host}","truncatedAlerts":0}}"#,
+            alerts.join(",")
+        );
+        let t = Instant::now();
+        let resp = post(&d.addr, "/api/v1/alerts", &body);
+        let took = t.elapsed();
+        assert!(
+            resp.starts_with("HTTP/1.1 200"),
+            "{}",
+            &resp[..resp.len().min(300)]
+        );
+        let per_alert = took.as_secs_f64() / *size as f64;
+        let base = *base_per_alert.get_or_insert(per_alert);
+        println!(
+            "  {size:>6} alerts ({:>5.1} MB): answered in {:>8.1} ms, {:>6.1} µs per alert ({:.2}x the 100-alert baseline's), peak RSS {:>6.1} MB",
+            body.len() as f64 / 1e6,
+            ms(took),
+            per_alert * 1e6,
+            per_alert / base,
+            rss_kb(d.child.id(), "VmHWM:") as f64 / 1024.0
+        );
+    }
 }
 
 /// Wall time from sending an alert to the first tool process starting, for

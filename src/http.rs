@@ -38,8 +38,13 @@ use crate::scheduler::Scheduler;
 use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Notification, candidates};
 
-/// Largest webhook body accepted.
+/// Largest request body accepted, but for notifications.
 pub(crate) const MAX_BODY: usize = 1 << 20;
+
+/// Largest Alertmanager notification accepted: a group of 10,000 alerts
+/// with a dozen labels each fits (refused, Alertmanager would retry it
+/// for ever and nothing would start). Its cost is linear in what it holds.
+pub(crate) const MAX_NOTIFICATION: usize = 8 << 20;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -141,7 +146,10 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/api/v1/runs", get(runs).post(start_runs))
         .route("/api/v1/runs/{id}", get(run))
-        .route("/api/v1/alerts", post(alerts))
+        .route(
+            "/api/v1/alerts",
+            post(alerts).layer(DefaultBodyLimit::max(MAX_NOTIFICATION)),
+        )
         .route("/api/v1/fleet/runs", get(fleet_runs))
         .route("/api/v1/approvals", get(approvals_list))
         .route("/api/v1/approvals/{id}", get(approval_show))
@@ -438,6 +446,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             alert: None,
             keys: Vec::new(),
             planner: Default::default(),
+            together: None,
         })
         .collect();
     match s.scheduler.submit_all(reqs).await {
@@ -534,19 +543,19 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
 )]
 async fn alerts(
     State(s): State<AppState>,
-    query: Result<axum::extract::Query<AlertsQuery>, axum::extract::rejection::QueryRejection>,
+    query: axum::extract::RawQuery,
     body: Bytes,
 ) -> Response {
-    let q = match query {
-        Ok(q) => q.0,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
+    let plan = match plan_asked(query.0.as_deref()) {
+        Ok(plan) => plan,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, why),
     };
     let notification = match Notification::parse(&body) {
         Ok(n) => n,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e),
     };
-    if q.plan.as_deref().is_some_and(|p| matches!(p, "1" | "true")) {
-        return plan(&s, notification).await;
+    if plan {
+        return plan_notification(&s, notification).await;
     }
     for a in &notification.alerts {
         let status = if a.status == "firing" {
@@ -560,7 +569,7 @@ async fn alerts(
     let candidates = candidates(&notification, &config);
     // Every candidate goes to the scheduler, which counts and records each
     // once; the answer says what became of each, and why when it is known.
-    let outcomes = match s.scheduler.submit_candidates(candidates.clone()).await {
+    let outcomes = match s.scheduler.submit_candidates(&candidates).await {
         Ok(outcomes) => outcomes,
         // Nothing was recorded and nothing starts: Alertmanager retries a 5xx.
         Err(e) => {
@@ -635,18 +644,42 @@ fn answer(status: StatusCode, mut body: Value, pending: bool) -> Response {
         .into_response()
 }
 
-/// `POST /api/v1/alerts?plan=1`.
-#[derive(serde::Deserialize)]
-struct AlertsQuery {
-    /// `1` or `true`: plan, record and start nothing.
-    plan: Option<String>,
+/// Whether `POST /api/v1/alerts` is asked to plan only: `plan=1|true`
+/// plans, `plan=0|false` (or no query) runs. Anything else is refused
+/// rather than taken as a live notification: a `plan` of another value or
+/// spelling (`plan=yes`, a bare `plan`, `PLAN=1`, `plan=1%00`), a repeated
+/// `plan`, or a parameter the webhook does not take.
+fn plan_asked(query: Option<&str>) -> Result<bool, String> {
+    let mut plan = None;
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let shown = crate::text::one_line(&key);
+        if key != "plan" {
+            return Err(format!(
+                "unknown query parameter {shown:?}: the webhook takes only plan=true or plan=false; nothing was started"
+            ));
+        }
+        let asked = match value.as_ref() {
+            "1" | "true" => true,
+            "0" | "false" => false,
+            other => {
+                return Err(format!(
+                    "plan={:?} is neither true nor false (plan=true plans, plan=false or no plan runs); nothing was started",
+                    crate::text::one_line(other)
+                ));
+            }
+        };
+        if plan.replace(asked).is_some() {
+            return Err("plan is given twice; nothing was started".into());
+        }
+    }
+    Ok(plan.unwrap_or(false))
 }
 
 /// What a notification would do here, each run it would start planned
 /// through the real gate, as `runwarden alerts test --plan` says it:
 /// nothing is recorded, counted or started, so a pipeline can test
 /// Alertmanager's routing against the daemon before deploying it.
-async fn plan(s: &AppState, n: Notification) -> Response {
+async fn plan_notification(s: &AppState, n: Notification) -> Response {
     let config = s.config.borrow().clone();
     let killswitch = crate::gate::KillSwitch::new(config.settings.kill_switch_dir.clone())
         .with_fleet(s.scheduler.store().map(|st| st.switch.clone()));

@@ -195,8 +195,8 @@ impl Scheduler {
         self: &Arc<Self>,
         reqs: Vec<RunRequest>,
     ) -> Result<Vec<Outcome>, SubmitError> {
-        self.submit_candidates(reqs.into_iter().map(Candidate::Run).collect())
-            .await
+        let candidates: Vec<Candidate> = reqs.into_iter().map(Candidate::Run).collect();
+        self.submit_candidates(&candidates).await
     }
 
     /// Decide every candidate of a notification (or any batch of triggers):
@@ -217,13 +217,13 @@ impl Scheduler {
     /// leaves the trigger `pending`, which the sender is told to retry.
     pub(crate) async fn submit_candidates(
         self: &Arc<Self>,
-        candidates: Vec<Candidate>,
+        candidates: &[Candidate],
     ) -> Result<Vec<Outcome>, SubmitError> {
         let _one_batch_at_a_time = self.submitting.lock().await;
         // A schedule's fire is decided once (`runwarden_fires`) and has no
         // sender to tell: its pending hosts are recorded as they are.
-        let fire = a_fire(&candidates);
-        let mut outcomes = self.submit_batch(&candidates, false).await?;
+        let fire = a_fire(candidates);
+        let mut outcomes = self.submit_batch(candidates, false).await?;
         let give_up = Instant::now() + if fire { Duration::ZERO } else { PENDING_WAIT };
         let mut pause = Duration::from_millis(2);
         loop {
@@ -379,7 +379,7 @@ impl Scheduler {
                 run: run_info(&config, &a.run_id, a.req),
                 trigger: a.req.trigger,
                 keys: &a.req.keys,
-                alert: a.req.alert.as_ref(),
+                req: a.req,
                 queue: match a.here {
                     Some(_) => QueueNote::Here,
                     None => QueueNote::Handed,
@@ -578,7 +578,7 @@ impl Scheduler {
                 run: run_info(config, &t.run_id, req),
                 trigger: req.trigger,
                 keys: &req.keys,
-                alert: req.alert.as_ref(),
+                req,
                 queue: QueueNote::TakenFrom(&t.queued_by),
             })
             .collect();
@@ -882,6 +882,7 @@ impl Scheduler {
                 trigger: crate::trigger::Trigger::Api,
                 alert: None,
                 keys: Vec::new(),
+                together: None,
             },
         );
         info.planner = String::new();
@@ -1060,7 +1061,7 @@ mod tests {
             },
         ];
         let got: Vec<TriggerResult> = s
-            .submit_candidates(candidates)
+            .submit_candidates(&candidates)
             .await
             .unwrap()
             .into_iter()

@@ -162,8 +162,8 @@ pub(crate) struct Queued<'a> {
     pub(crate) trigger: Trigger,
     /// Its deduplication keys (read back at start-up).
     pub(crate) keys: &'a [String],
-    /// The alert that started it, if an alert did.
-    pub(crate) alert: Option<&'a Value>,
+    /// The request, for the alert that started it, if an alert did.
+    pub(crate) req: &'a crate::trigger::RunRequest,
     /// Where the run waits and runs.
     pub(crate) queue: QueueNote<'a>,
 }
@@ -197,7 +197,7 @@ pub(crate) fn handed(e: &super::Entry) -> bool {
 /// notification's labels for this run, when there were several), bounded
 /// and with control characters escaped, so a line stays readable whatever
 /// Alertmanager was sent.
-pub(crate) fn alert_record(alert: &Value) -> Value {
+pub(crate) fn alert_record(alert: &Value, together: &[Value]) -> Value {
     fn clean(s: &str, max: usize) -> String {
         let mut out: String = s
             .chars()
@@ -234,8 +234,8 @@ pub(crate) fn alert_record(alert: &Value) -> Value {
             out[key] = clean(text, 500).into();
         }
     }
-    if let Some(all) = alert["alerts"].as_array().filter(|a| a.len() > 1) {
-        out["alerts"] = all.iter().take(10).map(labels).collect();
+    if together.len() > 1 {
+        out["alerts"] = together.iter().take(10).map(labels).collect();
     }
     out
 }
@@ -264,8 +264,8 @@ impl AuditLog {
                 let mut e = q.run.entry(Phase::Queued, None);
                 let mut detail =
                     json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() });
-                if let Some(a) = q.alert {
-                    detail["alert"] = alert_record(a);
+                if let Some(a) = &q.req.alert {
+                    detail["alert"] = alert_record(a, &q.req.alerts_seen());
                 }
                 match q.queue {
                     QueueNote::Here => {}
@@ -304,7 +304,7 @@ impl AuditLog {
         trigger: Trigger,
         dry_run: bool,
         autonomy: Autonomy,
-        alert: Option<&Value>,
+        req: &crate::trigger::RunRequest,
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Start, None);
         let mut detail = json!({
@@ -313,8 +313,8 @@ impl AuditLog {
             "autonomy": autonomy.as_str(),
             "process": this_process(),
         });
-        if let Some(a) = alert {
-            detail["alert"] = alert_record(a);
+        if let Some(a) = &req.alert {
+            detail["alert"] = alert_record(a, &req.alerts_seen());
         }
         e.detail = Some(detail);
         self.append(e, false)

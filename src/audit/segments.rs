@@ -334,11 +334,12 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path).unwrap();
         let keys = ["fp1".to_string()];
+        let req = crate::trigger::RunRequest::cli("rb".into(), "web".into(), false);
         let queued = |id: &str, queue| crate::audit::Queued {
             run: run(id),
             trigger: crate::trigger::Trigger::Alert,
             keys: &keys,
-            alert: None,
+            req: &req,
             queue,
         };
         let lines = AuditLog::queued_lines(&[

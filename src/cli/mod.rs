@@ -125,13 +125,11 @@ pub(crate) type Exit = Result<i32, Failed>;
 pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
     // Named: it must be there (a typo must not become a new directory of
     // kill-switch files nothing reads).
-    let named = given
-        .map(|d| (d, "--config"))
-        .or_else(|| {
-            std::env::var_os("RUNWARDEN_CONFIG")
-                .filter(|d| !d.is_empty())
-                .map(|d| (PathBuf::from(d), "RUNWARDEN_CONFIG"))
-        });
+    let named = given.map(|d| (d, "--config")).or_else(|| {
+        std::env::var_os("RUNWARDEN_CONFIG")
+            .filter(|d| !d.is_empty())
+            .map(|d| (PathBuf::from(d), "RUNWARDEN_CONFIG"))
+    });
     if let Some((dir, how)) = named {
         return match std::fs::metadata(&dir) {
             Ok(m) if m.is_dir() => Ok(dir),
@@ -179,7 +177,14 @@ fn trusted(here: &std::path::Path) -> Result<(), Failed> {
                 .map_or(owner.to_string(), |u| u.name);
             format!("is owned by {name}, not by you or root")
         } else if meta.mode() & 0o022 != 0 {
-            format!("is writable by {}", if meta.mode() & 0o002 != 0 { "everyone" } else { "its group" })
+            format!(
+                "is writable by {}",
+                if meta.mode() & 0o002 != 0 {
+                    "everyone"
+                } else {
+                    "its group"
+                }
+            )
         } else if meta.file_type().is_symlink() {
             "is a symbolic link".to_string()
         } else {

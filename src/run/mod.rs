@@ -399,13 +399,10 @@ impl Runner {
             model: planner.model().map(String::from),
             prompt: planner.model().map(|_| crate::planner::model::prompt_tag()),
         };
-        if let Err(e) = self.audit.start(
-            &info,
-            req.trigger,
-            req.dry_run,
-            runbook.autonomy,
-            req.alert.as_ref(),
-        ) {
+        if let Err(e) = self
+            .audit
+            .start(&info, req.trigger, req.dry_run, runbook.autonomy, req)
+        {
             if let Some(m) = &self.metrics {
                 m.audit_write_failures.inc();
             }

@@ -318,6 +318,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                         "group_key": n.group_key,
                     })),
                     keys: keys(),
+                    together: None,
                 })),
                 None => out.push(Candidate::OutOfScope {
                     runbook: rb.name.clone(),
@@ -342,27 +343,31 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
             });
         }
     }
-    // A run started by a notification sees every alert of it for its
-    // runbook and host (`/` and `/var` filling at once), not only the first.
-    let mut together: std::collections::HashMap<(String, String), Vec<Value>> = Default::default();
+    // A run started by a notification sees the alerts of it for its
+    // runbook and host (`/` and `/var` filling at once), not only the
+    // first: one list per pair, shared by its requests, so memory and
+    // time stay linear in the notification whatever it holds.
+    let mut together: std::collections::HashMap<(&str, &str), crate::trigger::Together> =
+        Default::default();
     for c in &out {
         if let Candidate::Run(r) = c {
-            together
-                .entry((r.runbook.clone(), r.host.clone()))
-                .or_default()
-                .push(r.alert.clone().unwrap_or(Value::Null));
+            let t = together.entry((&r.runbook, &r.host)).or_default();
+            t.total += 1;
+            if t.alerts.len() < crate::trigger::TOGETHER {
+                t.alerts.push(r.alert.clone().unwrap_or(Value::Null));
+            }
         }
     }
+    let together: std::collections::HashMap<
+        (String, String),
+        std::sync::Arc<crate::trigger::Together>,
+    > = together
+        .into_iter()
+        .map(|((rb, h), t)| ((rb.to_string(), h.to_string()), std::sync::Arc::new(t)))
+        .collect();
     for c in &mut out {
-        if let Candidate::Run(r) = c
-            && let Some(alert) = r.alert.as_mut()
-        {
-            alert["alerts"] = Value::Array(
-                together
-                    .get(&(r.runbook.clone(), r.host.clone()))
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+        if let Candidate::Run(r) = c {
+            r.together = together.get(&(r.runbook.clone(), r.host.clone())).cloned();
         }
     }
     out
@@ -483,5 +488,62 @@ mod tests {
             got[0].starts_with("out_of_scope: host \"web-01\" is not one of the runbook's hosts"),
             "{got:?}"
         );
+    }
+
+    /// 10,000 alerts of one notification for one (runbook, host): their
+    /// requests share one bounded list of them (no copy per alert), and
+    /// each run sees its own alert first, then the others, at most 100.
+    #[test]
+    fn the_alerts_of_one_host_share_one_bounded_list() {
+        let config = Config::load(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let mut v: Value = serde_json::from_str(FIRING).unwrap();
+        let first = v["alerts"][0].clone();
+        v["alerts"] = (0..10_000)
+            .map(|i| {
+                let mut a = first.clone();
+                a["labels"]["mountpoint"] = format!("/m{i}").into();
+                a["fingerprint"] = format!("{i:016x}").into();
+                a
+            })
+            .collect();
+        let n = Notification::parse(v.to_string().as_bytes()).unwrap();
+        let out = candidates(&n, &config);
+        let runs: Vec<&RunRequest> = out
+            .iter()
+            .filter_map(|c| match c {
+                Candidate::Run(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs.len(), 10_000);
+        let shared = runs[0].together.clone().unwrap();
+        assert!(
+            runs.iter()
+                .all(|r| std::sync::Arc::ptr_eq(r.together.as_ref().unwrap(), &shared))
+        );
+        assert_eq!(
+            (shared.alerts.len(), shared.total),
+            (crate::trigger::TOGETHER, 10_000)
+        );
+        let seen = runs[5000].alerts_seen();
+        assert_eq!(seen.len(), crate::trigger::TOGETHER);
+        assert_eq!(seen[0]["fingerprint"], format!("{:016x}", 5000));
+        assert_eq!(seen[1]["fingerprint"], format!("{:016x}", 0));
+        let seen = runs[1].alerts_seen();
+        assert_eq!(seen[0]["fingerprint"], format!("{:016x}", 1));
+        assert_eq!(seen[1]["fingerprint"], format!("{:016x}", 0));
+        assert_eq!(
+            seen[2]["fingerprint"],
+            format!("{:016x}", 2),
+            "itself not twice"
+        );
+        // Through the fleet's queue and back, the same.
+        let back = RunRequest::from_queue(
+            "disk-almost-full".into(),
+            "web-01".into(),
+            &runs[1].to_queue(),
+        )
+        .unwrap();
+        assert_eq!(back.alerts_seen(), runs[1].alerts_seen());
     }
 }

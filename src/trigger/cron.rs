@@ -118,6 +118,7 @@ pub(crate) async fn worker(
                             planner: Default::default(),
                             trigger: Trigger::Schedule,
                             alert: None,
+                            together: None,
                             keys: vec![format!("cron:{}", fired.timestamp())],
                         })
                         .collect();

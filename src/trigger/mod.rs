@@ -64,6 +64,24 @@ pub struct RunRequest {
     pub(crate) keys: Vec<String>,
     /// Who picks the calls.
     pub(crate) planner: crate::planner::PlannerChoice,
+    /// For alert triggers: the notification's alerts for this runbook and
+    /// host (at most [`TOGETHER`], in the notification's order), one list
+    /// shared by each of their requests. A notification of thousands of
+    /// alerts for one pair is one list, not a copy of it per alert.
+    pub(crate) together: Option<std::sync::Arc<Together>>,
+}
+
+/// How many of a notification's alerts for one (runbook, host) its run
+/// sees as `alerts` (Alertmanager may send thousands in one group).
+pub(crate) const TOGETHER: usize = 100;
+
+/// The alerts of one notification for one (runbook, host).
+#[derive(Debug, Default)]
+pub(crate) struct Together {
+    /// The first [`TOGETHER`] of them.
+    pub(crate) alerts: Vec<Value>,
+    /// How many there were.
+    pub(crate) total: usize,
 }
 
 /// A run request as the fleet's queue keeps it (its runbook and host are
@@ -81,10 +99,18 @@ impl RunRequest {
     /// What the fleet's queue keeps of this request, for the replica that
     /// takes it: everything but its runbook and host.
     pub(crate) fn to_queue(&self) -> String {
+        // The alerts seen together ride inside the alert, as `alerts`: the
+        // shape every release's replica reads from the queue.
+        let alert = self.alert.clone().map(|mut a| {
+            if self.together.is_some() && a.is_object() {
+                a["alerts"] = Value::Array(self.alerts_seen());
+            }
+            a
+        });
         serde_json::to_string(&InQueue {
             trigger: self.trigger,
             keys: self.keys.clone(),
-            alert: self.alert.clone(),
+            alert,
             dry_run: self.dry_run,
             planner: self.planner,
         })
@@ -97,7 +123,20 @@ impl RunRequest {
         host: String,
         text: &str,
     ) -> Result<RunRequest, serde_json::Error> {
-        let q: InQueue = serde_json::from_str(text)?;
+        let mut q: InQueue = serde_json::from_str(text)?;
+        let together = q
+            .alert
+            .as_mut()
+            .and_then(Value::as_object_mut)
+            .and_then(|o| o.remove("alerts"))
+            .and_then(|all| match all {
+                Value::Array(mut alerts) => {
+                    let total = alerts.len();
+                    alerts.truncate(TOGETHER);
+                    Some(std::sync::Arc::new(Together { alerts, total }))
+                }
+                _ => None,
+            });
         Ok(RunRequest {
             runbook,
             host,
@@ -106,6 +145,7 @@ impl RunRequest {
             alert: q.alert,
             keys: q.keys,
             planner: q.planner,
+            together,
         })
     }
 
@@ -116,15 +156,37 @@ impl RunRequest {
     pub(crate) fn template_context(&self, run_id: &str) -> Value {
         let mut context = serde_json::json!({ "run": { "id": run_id, "runbook": self.runbook, "host": self.host, "trigger": self.trigger } });
         if let Some(alert) = &self.alert {
-            let mut first = alert.clone();
-            let all = first
-                .as_object_mut()
-                .and_then(|o| o.remove("alerts"))
-                .unwrap_or_else(|| serde_json::json!([alert]));
-            context["alert"] = first;
-            context["alerts"] = all;
+            context["alert"] = alert.clone();
+            context["alerts"] = Value::Array(self.alerts_seen());
         }
         context
+    }
+
+    /// The alerts this request's run sees together: its own first, then
+    /// the others of its notification for this runbook and host (at most
+    /// [`TOGETHER`] in all).
+    pub(crate) fn alerts_seen(&self) -> Vec<Value> {
+        let Some(alert) = &self.alert else {
+            return Vec::new();
+        };
+        let mut own = alert.clone();
+        // `run --alert` with a whole notification: the list is in the alert.
+        let embedded = own.as_object_mut().and_then(|o| o.remove("alerts"));
+        let others: Vec<Value> = match (&self.together, embedded) {
+            (Some(t), _) => t.alerts.clone(),
+            (None, Some(Value::Array(all))) => all,
+            (None, _) => Vec::new(),
+        };
+        let fingerprint = own.get("fingerprint").cloned();
+        let mut out = Vec::with_capacity(others.len().min(TOGETHER) + 1);
+        out.push(own);
+        out.extend(
+            others
+                .into_iter()
+                .filter(|a| fingerprint.is_none() || a.get("fingerprint") != fingerprint.as_ref())
+                .take(TOGETHER - 1),
+        );
+        out
     }
 
     /// A run from the command line.
@@ -137,6 +199,7 @@ impl RunRequest {
             alert: None,
             keys: Vec::new(),
             planner: Default::default(),
+            together: None,
         }
     }
 }

@@ -592,3 +592,113 @@ fn a_model_runbooks_plan_shows_the_scope_its_model_would_get() {
         "the model's calls are not known: {plan:#}"
     );
 }
+
+/// A `plan` parameter that is not exactly true or false (another value, a
+/// bare `plan`, another spelling, a NUL byte, twice), or a parameter the
+/// webhook does not take, is a 400 and starts nothing; `plan=true` plans
+/// and `plan=false` runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_parameter_that_is_not_true_or_false_is_refused_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let post = |query: &'static str| {
+        let url = d.url(&format!("/api/v1/alerts{query}"));
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(notification().to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    for query in [
+        "?plan=yes",
+        "?plan",
+        "?plan=",
+        "?PLAN=1",
+        "?Plan=true",
+        "?plan=1%00",
+        "?plan%00=1",
+        "?plan=TRUE",
+        "?plan=1&plan=1",
+        "?plan=1&x=2",
+        "?dry_run=1",
+    ] {
+        let (status, said) = post(query).await;
+        assert_eq!(status, 400, "{query}: {said}");
+        assert!(said.contains("nothing was started"), "{query}: {said}");
+    }
+    let audit = dir.path().join("state/audit.jsonl");
+    let lines = || std::fs::read_to_string(&audit).unwrap_or_default();
+    assert!(
+        !lines().contains("\"queued\""),
+        "a refused query started a run"
+    );
+    let (status, said) = post("?plan=true").await;
+    assert_eq!(status, 200, "{said}");
+    assert!(!lines().contains("\"queued\""), "a plan started a run");
+    let (status, said) = post("?plan=false").await;
+    assert_eq!(status, 200, "{said}");
+    assert!(said.contains("started"), "{said}");
+    d.shutdown().await.unwrap();
+}
+
+/// One notification of 5,000 alerts for one (runbook, host), larger than
+/// any other request may be: accepted, every alert answered, one run
+/// started and the rest deduplicated against it, and the run's record
+/// lists a bounded few of them (the cost is linear in the notification).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_of_thousands_of_alerts_for_one_host_starts_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let mut body = notification();
+    let first = body["alerts"][0].clone();
+    let alerts: Vec<Value> = (0..5000)
+        .map(|i| {
+            let mut a = first.clone();
+            a["labels"]["mountpoint"] = format!("/m{i}").into();
+            a["fingerprint"] = format!("{i:016x}").into();
+            a
+        })
+        .collect();
+    body["alerts"] = Value::Array(alerts);
+    assert!(
+        body.to_string().len() > 1 << 20,
+        "larger than any other request"
+    );
+    let (status, answer) = post_alerts(&d, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let outcomes = answer["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 5000);
+    let started = outcomes.iter().filter(|o| o["result"] == "started").count();
+    let deduplicated = outcomes
+        .iter()
+        .filter(|o| o["result"] == "deduplicated")
+        .count();
+    assert_eq!((started, deduplicated), (1, 4999), "{:#}", outcomes[0]);
+    let run_id = outcomes[0]["run_id"].as_str().unwrap();
+    let v = verdict_of(&d, run_id).await;
+    assert_eq!(v["status"], "ok", "{v:#}");
+    let audit = std::fs::read_to_string(dir.path().join("state/audit.jsonl")).unwrap();
+    let start: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["phase"] == "start" && l["run_id"] == run_id)
+        .unwrap();
+    assert_eq!(
+        start["detail"]["alert"]["alerts"].as_array().unwrap().len(),
+        10
+    );
+    assert!(
+        audit.len() < 64 << 10,
+        "the log stays small: {} bytes",
+        audit.len()
+    );
+    d.shutdown().await.unwrap();
+}

@@ -427,7 +427,10 @@ fn a_named_configuration_that_is_not_there_is_an_error_for_every_command() {
         ] {
             let (code, said) = runwarden_in(cwd.path(), args, env);
             assert_eq!(code, Some(2), "{how} {args:?}: {said}");
-            assert!(said.contains(how) && said.contains("typo"), "{how} {args:?}: {said}");
+            assert!(
+                said.contains(how) && said.contains("typo"),
+                "{how} {args:?}: {said}"
+            );
             assert!(!typo.exists(), "{how} {args:?} created {}", typo.display());
         }
     }
@@ -445,18 +448,24 @@ fn a_configuration_in_the_current_directory_is_used_only_if_it_is_trusted() {
     let yaml = conf.path().join("runwarden.yaml");
     let (code, said) = runwarden_in(conf.path(), &["check"], None);
     assert_eq!(code, Some(0), "{said}");
-    let mode = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    let mode =
+        |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
     for (what, path, m) in [
         ("its group", yaml.as_path(), 0o664),
         ("everyone", conf.path(), 0o777),
     ] {
         let before = std::fs::metadata(path).unwrap().permissions().mode();
         mode(path, m);
-        for args in [&["check"][..], &["kill-switch", "engage", "--reason", "x"][..]] {
+        for args in [
+            &["check"][..],
+            &["kill-switch", "engage", "--reason", "x"][..],
+        ] {
             let (code, said) = runwarden_in(conf.path(), args, None);
             assert_eq!(code, Some(2), "{what}: {said}");
             assert!(
-                said.contains("not trusted") && said.contains(&format!("writable by {what}")) && said.contains("--config"),
+                said.contains("not trusted")
+                    && said.contains(&format!("writable by {what}"))
+                    && said.contains("--config"),
                 "{what}: {said}"
             );
         }
@@ -470,7 +479,10 @@ fn a_configuration_in_the_current_directory_is_used_only_if_it_is_trusted() {
         std::os::unix::fs::chown(conf.path(), Some(65534), Some(65534)).unwrap();
         let (code, said) = runwarden_in(conf.path(), &["run", "disk", "--host", "web-01"], None);
         assert_eq!(code, Some(2), "{said}");
-        assert!(said.contains("is owned by nobody, not by you or root"), "{said}");
+        assert!(
+            said.contains("is owned by nobody, not by you or root"),
+            "{said}"
+        );
         assert!(!conf.path().join("state").exists(), "nothing ran");
     }
 }
@@ -493,17 +505,26 @@ fn the_kill_switch_is_never_weakened_and_status_agrees_with_the_gate() {
         let (code, said) = ks(&["engage", "--reason", "x", "--for", d]);
         assert_eq!(code, Some(2), "--for {d}: {said}");
         assert!(said.contains("--for"), "{said}");
-        assert!(!conf.path().join("kill-switch/ENGAGED").exists(), "--for {d}");
+        assert!(
+            !conf.path().join("kill-switch/ENGAGED").exists(),
+            "--for {d}"
+        );
     }
     let (code, said) = ks(&["engage", "--reason", "INC-7 hands off"]);
     assert_eq!(code, Some(0), "{said}");
     let (code, said) = ks(&["engage", "--reason", "maintenance", "--for", "2s"]);
     assert_eq!(code, Some(0), "{said}");
-    assert!(said.contains("stays untimed") && said.contains("INC-7 hands off"), "{said}");
+    assert!(
+        said.contains("stays untimed") && said.contains("INC-7 hands off"),
+        "{said}"
+    );
     std::thread::sleep(Duration::from_millis(2500));
     let (code, said) = ks(&["status"]);
     assert_eq!(code, Some(1), "still engaged: {said}");
-    assert!(said.contains("INC-7 hands off") && said.contains("maintenance"), "{said}");
+    assert!(
+        said.contains("INC-7 hands off") && said.contains("maintenance"),
+        "{said}"
+    );
     ks(&["release"]);
     // Expired, no daemon: status removes it, audits it, and says released.
     let (code, said) = ks(&["engage", "--reason", "short", "--for", "1s"]);
@@ -511,11 +532,16 @@ fn the_kill_switch_is_never_weakened_and_status_agrees_with_the_gate() {
     std::thread::sleep(Duration::from_millis(1500));
     let (code, said) = ks(&["status"]);
     assert_eq!(code, Some(0), "{said}");
-    assert!(said.contains("released") && said.contains("ended"), "{said}");
+    assert!(
+        said.contains("released") && said.contains("ended"),
+        "{said}"
+    );
     assert!(!conf.path().join("kill-switch/ENGAGED").exists());
     let audit = std::fs::read_to_string(conf.path().join("state/audit.jsonl")).unwrap();
     assert!(
-        audit.lines().any(|l| l.contains("\"released\"") && l.contains("short")),
+        audit
+            .lines()
+            .any(|l| l.contains("\"released\"") && l.contains("short")),
         "{audit}"
     );
 }
