@@ -82,7 +82,7 @@ pub fn init(filter: tracing_subscriber::EnvFilter, json: bool) {
     }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| OneLine(std::io::stderr()))
         // Log files get plain text, a terminal gets colour.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match (json, under_journald()) {
@@ -90,5 +90,59 @@ pub fn init(filter: tracing_subscriber::EnvFilter, json: bool) {
         // Never reached unless the journal's socket failed: no second timestamp.
         (false, true) => logs.without_time().init(),
         (false, false) => logs.init(),
+    }
+}
+
+/// A writer of whole log lines: a newline inside one (a value a message
+/// quotes) is written as `\n`, so every event stays one line, and one
+/// record for journald reading a stream (a quoted `\n<0>` never becomes a
+/// priority-0 record of its own).
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !body.iter().any(|&b| b == b'\n' || b == b'\r') {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b => out.push(b),
+            }
+        }
+        if body.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    /// A log line that quotes a newline (and a priority prefix after it)
+    /// stays one line.
+    #[test]
+    fn a_quoted_newline_never_starts_a_log_line() {
+        let mut out = super::OneLine(Vec::new());
+        out.write_all(b"WARN lock held by run x\n<0>EMERGENCY\r\n")
+            .unwrap();
+        out.write_all(b"INFO plain\n").unwrap();
+        let text = String::from_utf8(out.0).unwrap();
+        assert_eq!(
+            text,
+            "WARN lock held by run x\\n<0>EMERGENCY\\r\nINFO plain\n"
+        );
+        assert_eq!(text.lines().count(), 2);
     }
 }

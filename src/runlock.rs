@@ -77,7 +77,8 @@ pub(crate) fn try_acquire(
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = (&file).take(512).read_to_string(&mut holder);
-            let holder = holder.trim().to_string();
+            // Written by whoever could write the file: shown escaped.
+            let holder = crate::text::one_line(holder.trim());
             return Ok(Err(Busy {
                 path,
                 holder: if holder.is_empty() {
@@ -227,5 +228,28 @@ mod tests {
         // Making ahead leaves the planted name alone, and writes nothing.
         assert_eq!(make_ahead(dir.path(), [("rb", "web")]).unwrap(), 0);
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    }
+
+    /// What the holder wrote is shown escaped: whoever can write the lock
+    /// file cannot move on-call's cursor or start a line of its own.
+    #[test]
+    fn a_holders_text_is_shown_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = try_acquire(dir.path(), "rb", "web", "r1").unwrap().unwrap();
+        std::fs::write(
+            path(dir.path(), "rb", "web"),
+            "run x\n<0>EMERGENCY \u{1b}[2J\u{202e}gnp.exe",
+        )
+        .unwrap();
+        let busy = try_acquire(dir.path(), "rb", "web", "r2")
+            .unwrap()
+            .unwrap_err();
+        let said = busy.to_string();
+        assert!(!said.chars().any(|c| c.is_control()), "{said:?}");
+        assert!(
+            said.contains("run x\\u{a}<0>EMERGENCY \\u{1b}[2J\\u{202e}gnp.exe"),
+            "{said}"
+        );
+        drop(held);
     }
 }

@@ -90,14 +90,20 @@ impl Failed {
     /// Say it, once, and give the exit code.
     fn report(self) -> i32 {
         let err = crate::logging::prefix(crate::logging::Priority::Err);
+        // Each line gets the priority, and whatever a message quotes (a
+        // lock file's holder, a file's name) is shown escaped: a quoted
+        // `\n<0>` can neither start a journal record of its own nor move
+        // a terminal's cursor.
         if let Some(listing) = self.listing {
-            for line in listing.lines() {
+            for line in crate::text::printable(&listing).lines() {
                 eprintln!("{err}{line}");
             }
         }
         if let Some(error) = self.error {
             let said = crate::chain_text(error.chain().map(|e| e.to_string()));
-            eprintln!("{err}runwarden: {said}");
+            for line in crate::text::printable(&format!("runwarden: {said}")).lines() {
+                eprintln!("{err}{line}");
+            }
         }
         self.code
     }
