@@ -716,6 +716,10 @@ fn parse<T: serde::de::DeserializeOwned>(
                 diag::unknown_fields::<T>(file, text, msg, loc, diags);
                 return None;
             }
+            if msg.starts_with("duplicate mapping key") {
+                diags.at(file, loc, duplicate_key(text, &msg, loc));
+                return None;
+            }
             let msg = if msg.contains("tabs disallowed") {
                 format!(
                     "{msg}: YAML indents with spaces only; replace the tab at the start of line {line} with spaces"
@@ -732,6 +736,39 @@ fn parse<T: serde::de::DeserializeOwned>(
             diags.at(file, loc, msg);
             None
         }
+    }
+}
+
+/// `duplicate key K (first at line N)`: the key a mapping holds twice,
+/// from the YAML crate's own message, and the earlier line where the same
+/// key starts at the same column.
+fn duplicate_key(text: &str, msg: &str, loc: serde_saphyr::Location) -> String {
+    let key = msg
+        .strip_prefix("duplicate mapping key: ")
+        .and_then(|k| k.split(", set ").next())
+        .map(str::trim)
+        .unwrap_or("");
+    if key.is_empty() {
+        return "duplicate key: this mapping holds a key twice; keep one".into();
+    }
+    let (line, column) = (loc.line() as usize, loc.column() as usize);
+    let first = text
+        .lines()
+        .take(line.saturating_sub(1))
+        .enumerate()
+        .find_map(|(i, l)| {
+            let t = l.trim_start();
+            let at = l.len() - t.len() + 1;
+            let k = t
+                .split_once(':')?
+                .0
+                .trim()
+                .trim_matches(|c| c == '"' || c == '\'');
+            (at == column && k == key).then_some(i + 1)
+        });
+    match first {
+        Some(n) => format!("duplicate key {key} (first at line {n}); keep one"),
+        None => format!("duplicate key {key}; keep one"),
     }
 }
 

@@ -13,7 +13,7 @@ use super::{Ctx, Outcome, ToolResult, from_process, poll, privileged};
 use crate::host::Host;
 use crate::process::Argv;
 
-const PROPERTIES: &str = "Id,LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,Result,ExecMainStatus,NRestarts,UnitFileState";
+const PROPERTIES: &str = "Id,Type,LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,ActiveEnterTimestampMonotonic,ExecMainStartTimestampMonotonic,Result,ExecMainStatus,NRestarts,UnitFileState";
 /// How long a changed unit must stay active before the change counts as verified.
 const SETTLE: Duration = Duration::from_millis(500);
 /// Longest wait for a unit to come back after a restart or reload.
@@ -54,6 +54,10 @@ impl UnitState {
     }
     pub(crate) fn main_pid(&self) -> u64 {
         self.get("MainPID").parse().unwrap_or(0)
+    }
+    /// A monotonic timestamp property (µs since boot; 0 when never).
+    fn monotonic(&self, k: &str) -> u64 {
+        self.get(k).parse().unwrap_or(0)
     }
     pub(crate) fn found(&self) -> bool {
         !matches!(self.get("LoadState"), "not-found" | "")
@@ -117,12 +121,11 @@ async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
     }
     let restart = verb == "restart";
     let expect = |s: &UnitState| {
-        s.active()
-            && if restart {
-                before.main_pid() == 0 || s.main_pid() != before.main_pid()
-            } else {
-                s.main_pid() == before.main_pid()
-            }
+        if restart {
+            restarted(&before, s).is_some()
+        } else {
+            s.active() && s.main_pid() == before.main_pid()
+        }
     };
     let until = (tokio::time::Instant::now() + VERIFY_WAIT).min(ctx.deadline);
     let settled = poll(until, Duration::from_millis(100), || async {
@@ -149,23 +152,19 @@ async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
         Err(s) => (false, s),
     };
     result.data["after"] = after.to_json();
-    result.data["evidence"] = json!(if verified {
-        if restart {
-            format!(
-                "active with a new main pid ({} -> {})",
-                before.main_pid(),
-                after.main_pid()
-            )
-        } else {
-            format!("active, main pid {} unchanged", after.main_pid())
+    result.data["evidence"] = json!(match (verified, restart) {
+        (true, true) => restarted(&before, &after).unwrap_or_default(),
+        (true, false) if after.main_pid() == 0 => {
+            "active (it has no main pid to compare; a reload proves no more than that)".to_string()
         }
-    } else {
-        format!(
-            "not verified: ActiveState={} MainPID={} (was {})",
+        (true, false) => format!("active, main pid {} unchanged", after.main_pid()),
+        (false, _) => format!(
+            "not verified: ActiveState={} MainPID={} (was {}), Result={}",
             after.get("ActiveState"),
             after.main_pid(),
-            before.main_pid()
-        )
+            before.main_pid(),
+            after.get("Result")
+        ),
     });
     result.verified = Some(verified);
     if !verified {
@@ -175,6 +174,33 @@ async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
         ));
     }
     result
+}
+
+/// Whether `after` shows the unit restarted since `before`, and how: a
+/// unit with a main process has a new one; a unit with none (a oneshot)
+/// entered its active state anew, or (one that does not stay active) ran
+/// again and exited 0. An unchanged pid of 0 proves nothing and is no
+/// restart.
+fn restarted(before: &UnitState, after: &UnitState) -> Option<String> {
+    let (was, now) = (before.main_pid(), after.main_pid());
+    if now != 0 {
+        return (after.active() && now != was)
+            .then(|| format!("active with a new main pid ({was} -> {now})"));
+    }
+    let entered = |s: &UnitState| s.monotonic("ActiveEnterTimestampMonotonic");
+    if after.active() && entered(after) > entered(before) {
+        return Some(format!(
+            "active again since {} (it has no main pid: it entered its active state anew)",
+            after.get("ActiveEnterTimestamp")
+        ));
+    }
+    let started = |s: &UnitState| s.monotonic("ExecMainStartTimestampMonotonic");
+    (after.get("Type") == "oneshot"
+        && !after.active()
+        && after.get("Result") == "success"
+        && after.get("ExecMainStatus") == "0"
+        && started(after) > started(before))
+    .then(|| "ran again and exited 0 (a oneshot that does not stay active)".to_string())
 }
 
 /// What a `service_status` result said, in a person's words.
@@ -293,5 +319,73 @@ mod tests {
             "Id=no-such.service\nLoadState=not-found\nActiveState=inactive\nMainPID=0\n",
         );
         assert!(!missing.found());
+    }
+
+    /// A restart is verified by what changed, never by an unchanged pid of
+    /// 0 (in the form `systemctl show` prints; the root tier restarts real
+    /// oneshots under systemd): a service's new main
+    /// pid; a oneshot's new activation; a oneshot that does not stay
+    /// active, run again to success.
+    #[test]
+    fn a_restart_is_verified_only_by_what_changed() {
+        let state = |text: &str| UnitState::parse(text);
+        let simple = "Id=demo.service\nType=simple\nLoadState=loaded\nActiveState=active\nSubState=running\nMainPID=312\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let remain = "Id=once.service\nType=oneshot\nLoadState=loaded\nActiveState=active\nSubState=exited\nMainPID=0\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let gone = "Id=flush.service\nType=oneshot\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\nActiveEnterTimestamp=\nActiveEnterTimestampMonotonic=0\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let cases: [(&str, &str, String, bool); 7] = [
+            (
+                "a service's new pid",
+                simple,
+                simple.replace("MainPID=312", "MainPID=400"),
+                true,
+            ),
+            ("a service's same pid", simple, simple.to_string(), false),
+            (
+                "a oneshot 0 -> 0, not entered anew",
+                remain,
+                remain.to_string(),
+                false,
+            ),
+            (
+                "a oneshot entered anew",
+                remain,
+                remain.replace("=5000000", "=9000000"),
+                true,
+            ),
+            (
+                "a oneshot that failed",
+                remain,
+                remain
+                    .replace("ActiveState=active", "ActiveState=failed")
+                    .replace("=5000000", "=9000000"),
+                false,
+            ),
+            (
+                "a oneshot run again to success",
+                gone,
+                gone.replace("=4990000", "=8990000"),
+                true,
+            ),
+            (
+                "a oneshot run again, exit 1",
+                gone,
+                gone.replace("=4990000", "=8990000")
+                    .replace("ExecMainStatus=0", "ExecMainStatus=1")
+                    .replace("Result=success", "Result=exit-code"),
+                false,
+            ),
+        ];
+        for (what, before, after, ok) in cases {
+            let said = restarted(&state(before), &state(&after));
+            assert_eq!(said.is_some(), ok, "{what}: {said:?}");
+        }
+        assert!(
+            restarted(
+                &state(remain),
+                &state(&remain.replace("=5000000", "=9000000"))
+            )
+            .unwrap()
+            .contains("entered its active state anew")
+        );
     }
 }

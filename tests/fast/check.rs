@@ -156,3 +156,44 @@ fn check_shows_a_runbooks_cap_and_what_a_resolved_alert_does() {
         "{said}"
     );
 }
+
+/// A key written twice in one mapping is named with both lines, in
+/// runwarden's words, not the YAML crate's advice about its own options;
+/// in settings, a host, a runbook, and nested.
+#[test]
+fn a_key_written_twice_is_named_with_both_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let settings = std::fs::read_to_string(dir.path().join("runwarden.yaml")).unwrap();
+    let runbook = std::fs::read_to_string(dir.path().join("runbooks/disk.yaml")).unwrap();
+    for (file, text, says) in [
+        (
+            "runwarden.yaml",
+            format!("{settings}audit_head: none\n"),
+            "runwarden.yaml:4:1: duplicate key audit_head (first at line 3)",
+        ),
+        (
+            "hosts/web-01.yaml",
+            "name: web-01\nconnection: local\nname: web-02\n".to_string(),
+            "web-01.yaml:3:1: duplicate key name (first at line 1)",
+        ),
+        (
+            "runbooks/disk.yaml",
+            runbook.replace(
+                "  observe: [disk_usage]\n",
+                "  observe: [disk_usage]\n  observe: [disk_usage]\n",
+            ),
+            "disk.yaml:11:3: duplicate key observe (first at line 10)",
+        ),
+    ] {
+        let before = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        std::fs::write(dir.path().join(file), &text).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{file}: {stderr}");
+        assert!(stderr.contains(says), "{file}: {stderr}");
+        assert!(!stderr.contains("DuplicateKeyPolicy"), "{file}: {stderr}");
+        std::fs::write(dir.path().join(file), before).unwrap();
+    }
+}

@@ -46,7 +46,7 @@ struct SystemdHost {
 
 const HOST_FILE: &str = "connection: local
 paths: [/, /var, /var/log]
-units: [nginx.service, logrotate.service, logrotate.timer, demo.service, broken.service, missing.service]
+units: [nginx.service, logrotate.service, logrotate.timer, demo.service, broken.service, missing.service, once.service, flush.service, flaky.service]
 logrotate_configs: [/etc/logrotate.conf]
 certificates:
   web:
@@ -624,6 +624,77 @@ steps:
         report["verdict"], "failed",
         "the missing unit is a failed observation"
     );
+}
+
+/// `restart_service` on units with no main pid, under real systemd: a
+/// oneshot that stays active is verified by its new activation, one that
+/// does not stay active by running again to success, and one whose second
+/// run fails is not verified; none of them by a pid that went 0 -> 0.
+#[test]
+fn a_restart_of_a_unit_without_a_main_pid_is_verified_by_what_changed() {
+    let host = SystemdHost::boot("oneshot", 90);
+    host.setup(
+        "printf '[Service]\\nType=oneshot\\nRemainAfterExit=yes\\nExecStart=/bin/true\\n' >/etc/systemd/system/once.service; \
+         printf '[Service]\\nType=oneshot\\nExecStart=/bin/true\\n' >/etc/systemd/system/flush.service; \
+         printf '[Service]\\nType=oneshot\\nRemainAfterExit=yes\\nExecStart=/bin/sh -c \"test ! -e /run/flaky; r=$$?; touch /run/flaky; exit $$r\"\\n' >/etc/systemd/system/flaky.service; \
+         systemctl daemon-reload && systemctl start once.service flush.service flaky.service",
+    );
+    std::fs::write(
+        host.config().join("runbooks/oneshots.yaml"),
+        "name: oneshots
+description: restart units that have no main pid
+hosts: [staging-web-1]
+autonomy: L3
+tools:
+  approve: [restart_service]
+budget: { max_steps: 3, max_mutations: 3 }
+steps:
+  - id: once
+    call: restart_service
+    args: { unit: once.service }
+    reason: test
+  - id: flush
+    call: restart_service
+    args: { unit: flush.service }
+    reason: test
+  - id: flaky
+    call: restart_service
+    args: { unit: flaky.service }
+    reason: test
+",
+    )
+    .unwrap();
+    let (_, report) = host.run("oneshots");
+    let once = &step(&report, "once")["result"];
+    assert_eq!(once["verified"], true, "{once:#}");
+    assert!(
+        once["data"]["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("entered its active state anew"),
+        "{once:#}"
+    );
+    let flush = &step(&report, "flush")["result"];
+    assert_eq!(flush["verified"], true, "{flush:#}");
+    assert!(
+        flush["data"]["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("ran again and exited 0"),
+        "{flush:#}"
+    );
+    let flaky = &step(&report, "flaky")["result"];
+    assert_ne!(flaky["verified"], true, "{flaky:#}");
+    for s in [once, flush, flaky] {
+        assert!(
+            !s["data"]["evidence"]
+                .as_str()
+                .unwrap_or("")
+                .contains("0 -> 0"),
+            "{s:#}"
+        );
+    }
+    assert_eq!(report["verdict"], "failed", "{report:#}");
 }
 
 /// `demote_after` on real systemd: a restart of `broken.service`, whose
