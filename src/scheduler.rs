@@ -364,6 +364,7 @@ impl Scheduler {
             };
             outcomes.push(Outcome { result, run_id });
         }
+        self.audit_refused_fires(candidates, &outcomes).await;
         // Permits not needed after all (a trigger was deduplicated) go back.
         drop(held);
         if accepted.is_empty() {
@@ -899,6 +900,38 @@ impl Scheduler {
             .run_finished(&run.runbook, Verdict::Interrupted.as_str());
     }
 
+    /// A schedule's fire the kill switch refused is in the audit log, one
+    /// line per runbook naming its hosts (an alert's refusal is answered to
+    /// its sender; a schedule has no sender).
+    async fn audit_refused_fires(&self, candidates: &[Candidate], outcomes: &[Outcome]) {
+        let mut refused: Vec<(String, Vec<String>)> = Vec::new();
+        for (c, o) in candidates.iter().zip(outcomes) {
+            let (runbook, host, _, trigger) = c.names();
+            if trigger != crate::trigger::Trigger::Schedule || o.result != TriggerResult::KillSwitch
+            {
+                continue;
+            }
+            match refused.iter_mut().find(|(r, _)| r == runbook) {
+                Some((_, hosts)) => hosts.push(host.to_string()),
+                None => refused.push((runbook.to_string(), vec![host.to_string()])),
+            }
+        }
+        if refused.is_empty() {
+            return;
+        }
+        let audit = self.audit.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            refused
+                .iter()
+                .try_for_each(|(runbook, hosts)| audit.schedule_refused(runbook, hosts))
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            self.metrics.audit_write_failures.inc();
+            tracing::error!("a schedule's fire the kill switch refused could not be audited");
+        }
+    }
+
     /// Wait until no run task is left, at most `grace`; true when all ended.
     pub(crate) async fn wait_idle(&self, grace: Duration) -> bool {
         let mut rx = self.active.subscribe();
@@ -1087,5 +1120,33 @@ mod tests {
         assert_eq!(counted("none", TriggerResult::NoMatch), 1);
         assert_eq!(counted("rb", TriggerResult::OutOfScope), 1);
         assert!(s.wait_idle(Duration::from_secs(20)).await, "the run ended");
+    }
+
+    /// A schedule's fire the kill switch refuses leaves an audit line
+    /// naming the runbook and its hosts; an alert's refusal (answered to its
+    /// sender) and a fire that starts leave none.
+    #[tokio::test(start_paused = true)]
+    async fn a_schedule_the_kill_switch_refused_is_in_the_audit_log() {
+        let (dir, _config, s) = scheduler();
+        let lines = || -> Vec<serde_json::Value> {
+            std::fs::read_to_string(dir.path().join("state/audit.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .filter(|l: &serde_json::Value| l["outcome"] == "refused")
+                .collect()
+        };
+        std::fs::write(dir.path().join("kill-switch/ENGAGED"), "").unwrap();
+        let mut fire = RunRequest::cli("rb".into(), "web".into(), false);
+        fire.trigger = crate::trigger::Trigger::Schedule;
+        let got = s.submit_all(vec![fire.clone()]).await.unwrap();
+        assert_eq!(got[0].result, TriggerResult::KillSwitch);
+        let refused = lines();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0]["runbook"], "rb");
+        assert_eq!(refused[0]["detail"]["hosts"][0], "web");
+        let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
+        assert_eq!(got[0].result, TriggerResult::KillSwitch);
+        assert_eq!(lines().len(), 1, "an alert's refusal is its answer");
     }
 }

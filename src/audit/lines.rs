@@ -316,6 +316,13 @@ impl AuditLog {
         if let Some(a) = &req.alert {
             detail["alert"] = alert_record(a, &req.alerts_seen());
         }
+        if trigger == Trigger::Cli {
+            // A person's run says whose it was (and, under sudo, who asked).
+            detail["user"] = crate::gate::killswitch::who().into();
+            if let Some(by) = std::env::var("SUDO_USER").ok().filter(|u| !u.is_empty()) {
+                detail["sudo_user"] = crate::text::one_line(&by).into();
+            }
+        }
         e.detail = Some(detail);
         self.append(e, false)
     }
@@ -439,6 +446,23 @@ impl AuditLog {
             "reason": ended.reason,
             "until": ended.until.to_string(),
             "message": "the timed kill switch released itself at its time",
+        }));
+        self.append(e, true)
+    }
+
+    /// A schedule's fire the kill switch kept from starting on `hosts`: a
+    /// weekly job that did not run leaves a trace of why.
+    pub(crate) fn schedule_refused(
+        &self,
+        runbook: &str,
+        hosts: &[String],
+    ) -> Result<(), AuditError> {
+        let mut e = no_run(runbook, Phase::KillSwitch);
+        e.outcome = Some("refused".into());
+        e.detail = Some(json!({
+            "trigger": Trigger::Schedule,
+            "hosts": hosts,
+            "message": "the kill switch was engaged when the schedule fired: no run started on these hosts",
         }));
         self.append(e, true)
     }

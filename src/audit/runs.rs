@@ -45,6 +45,9 @@ pub(crate) struct RunSummary {
     /// The alert that started it (labels, summary, description).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) alert: Option<serde_json::Value>,
+    /// Who started it by hand (`runwarden run`), and who asked through sudo.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) user: Option<String>,
 }
 
 /// Which runs to list.
@@ -168,6 +171,7 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)
                     detail: None,
                     dry_run: false,
                     alert: None,
+                    user: None,
                 },
                 None,
             )
@@ -181,6 +185,12 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)
                     run.dry_run |= d["dry_run"].as_bool().unwrap_or(false);
                     if !d["alert"].is_null() {
                         run.alert = Some(d["alert"].clone());
+                    }
+                    if let Some(u) = d["user"].as_str() {
+                        run.user = Some(match d["sudo_user"].as_str() {
+                            Some(by) => format!("{u} (sudo by {by})"),
+                            None => u.to_string(),
+                        });
                     }
                 }
                 if e.phase == Some(Phase::Start) {

@@ -182,6 +182,13 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                 "approve": r.approve.iter().map(|t| t.name()).collect::<Vec<_>>(),
                 "steps": r.steps.len(),
                 "schedule": r.schedule,
+                // Which alerts start it: each matcher as Alertmanager writes
+                // one, the label naming the host and its mapped values.
+                "on_alert": r.on_alert.as_ref().map(|on| serde_json::json!({
+                    "matchers": on.matchers.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "host_label": on.host_label,
+                    "host_map": on.host_map,
+                })),
                 "model_planned": r.agent.is_some(),
                 "fleet_budget": r.fleet_budget.as_ref().map(fleet_json),
                 "file": r.source,

@@ -146,6 +146,17 @@ pub(super) fn runs(
         if r.dry_run {
             line += " (dry run)";
         }
+        if let Some(u) = &r.user {
+            line += &format!("  by {u}");
+        }
+        // Why it did not end `ok`, in its verdict's words.
+        if let Some(why) = r
+            .detail
+            .as_deref()
+            .filter(|_| !matches!(r.status.as_str(), "ok" | "running" | "queued"))
+        {
+            line += &format!("  ({})", why.chars().take(160).collect::<String>());
+        }
         if let Some(a) = &r.alert {
             let name = a["labels"]["alertname"].as_str().unwrap_or("?");
             line += &format!("  alert {name}");

@@ -236,7 +236,9 @@ impl Tool for DiskUsage {
     }
 
     fn said(data: &Value) -> Option<String> {
-        Some(said(data))
+        // A call that failed measured nothing: its error says why, and no
+        // "null% used of ?" stands in for figures it never had.
+        data["use_pct"].is_number().then(|| said(data))
     }
 }
 
@@ -276,5 +278,27 @@ mod tests {
         assert_eq!(list.len(), 2);
         assert_eq!(list[0]["path"], "/var/b");
         assert!(!cut);
+    }
+
+    /// A result without figures (the call failed) says nothing in
+    /// figures: no `null%`, no `?` sizes.
+    #[test]
+    fn a_failed_measure_says_no_figures() {
+        assert_eq!(<DiskUsage as Tool>::said(&json!({ "path": "/gone" })), None);
+        let said = crate::tools::said(
+            "disk_usage",
+            &json!({ "path": "/gone", "stderr": "du: cannot access" }),
+        )
+        .unwrap();
+        assert!(
+            !said.contains("null%") && !said.contains("? free"),
+            "{said}"
+        );
+        let ok = json!({ "use_pct": 93, "size_bytes": 16u64 << 20, "avail_bytes": 1u64 << 20, "fstype": "tmpfs", "filesystem": "tmpfs", "mount_point": "/x" });
+        assert!(
+            <DiskUsage as Tool>::said(&ok)
+                .unwrap()
+                .starts_with("93% used of 16.0 MiB")
+        );
     }
 }

@@ -105,6 +105,15 @@ fn kill_switch_status_and_check_speak_json_and_audit_show_names_a_denial() {
     let v: Value = serde_json::from_slice(&check.stdout).unwrap();
     assert_eq!(v["ok"], true, "{v}");
     assert_eq!(v["runbooks"][0]["name"], "disk", "{v}");
+    // Which alert starts it, as Alertmanager writes a matcher.
+    assert_eq!(
+        v["runbooks"][0]["on_alert"]["matchers"][0], "alertname=\"DiskAlmostFull\"",
+        "{v}"
+    );
+    assert_eq!(
+        v["runbooks"][0]["on_alert"]["host_label"], "instance",
+        "{v}"
+    );
     std::fs::write(
         dir.path().join("runbooks/broken.yaml"),
         "name: broken\ndescription: t\nhosts: [web-01]\nautonomy: L1\nschedule: \"0 3 31 2 *\"\n",

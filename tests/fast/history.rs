@@ -222,3 +222,36 @@ async fn a_daemon_starts_on_rotated_history_and_every_reader_sees_all_of_it() {
         "{verify}"
     );
 }
+
+/// A run by hand records whose it was, and `runs` shows it, with why a run
+/// that did not end `ok` ended as it did (here the gate's denial: the path
+/// to measure is gone).
+#[test]
+fn the_history_says_who_ran_it_by_hand_and_why_it_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::remove_dir(dir.path().join("data")).unwrap();
+    let cfg = dir.path().to_str().unwrap();
+    let out = runwarden(&["run", "disk", "--host", "web-01", "--config", cfg]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs = runwarden(&["runs", "--config", cfg]);
+    let text = String::from_utf8_lossy(&runs.stdout);
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    assert!(text.contains(&format!("by {me}")), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("denied"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("(step 1"), "the verdict's why: {line}");
+    let json = runwarden(&["runs", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v[0]["user"], me.as_str(), "{v:#}");
+}
