@@ -143,6 +143,10 @@ pub(crate) fn config_dir(given: Option<PathBuf>) -> Result<PathBuf, Failed> {
                 "{how} {}: not a directory (give the directory that holds runwarden.yaml)",
                 dir.display()
             ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failed::usage(format!(
+                "{how} {} does not exist (give the directory that holds runwarden.yaml, the one the daemon runs with)",
+                dir.display()
+            ))),
             Err(e) => Err(Failed::usage(format!(
                 "{how} {}: {e} (give the directory that holds runwarden.yaml, the one the daemon runs with)",
                 dir.display()

@@ -13,7 +13,7 @@ use super::{Ctx, Outcome, ToolResult, from_process, poll, privileged};
 use crate::host::Host;
 use crate::process::Argv;
 
-const PROPERTIES: &str = "Id,Type,LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,ActiveEnterTimestampMonotonic,ExecMainStartTimestampMonotonic,Result,ExecMainStatus,NRestarts,UnitFileState";
+const PROPERTIES: &str = "Id,Type,LoadState,ActiveState,SubState,MainPID,ActiveEnterTimestamp,ActiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,Result,ExecMainStatus,NRestarts,UnitFileState";
 /// How long a changed unit must stay active before the change counts as verified.
 const SETTLE: Duration = Duration::from_millis(500);
 /// Longest wait for a unit to come back after a restart or reload.
@@ -74,6 +74,12 @@ impl UnitState {
             "exec_main_status": self.get("ExecMainStatus").parse::<i64>().unwrap_or(0),
             "n_restarts": self.get("NRestarts").parse::<u64>().unwrap_or(0),
             "unit_file_state": self.get("UnitFileState"),
+            "type": self.get("Type"),
+            // When it last entered its active state and last left its
+            // inactive one, i.e. started (µs since boot): a restart of a
+            // unit with no main pid is told by these.
+            "active_enter_monotonic_us": self.monotonic("ActiveEnterTimestampMonotonic"),
+            "inactive_exit_monotonic_us": self.monotonic("InactiveExitTimestampMonotonic"),
         })
     }
 }
@@ -176,11 +182,13 @@ async fn change(ctx: &Ctx<'_>, unit: &str, verb: &str) -> ToolResult {
     result
 }
 
-/// Whether `after` shows the unit restarted since `before`, and how: a
-/// unit with a main process has a new one; a unit with none (a oneshot)
-/// entered its active state anew, or (one that does not stay active) ran
-/// again and exited 0. An unchanged pid of 0 proves nothing and is no
-/// restart.
+/// Whether `after` shows the unit restarted since `before` (asked once
+/// `systemctl restart` has exited 0), and how: a unit with a main process
+/// has a new one; a unit with none entered its active state anew; a
+/// oneshot that does not stay active is forgotten by systemd once it ends,
+/// so its evidence is the restart's own job, which for a oneshot completes
+/// only when its command has exited 0 (and it is not `failed` since). An
+/// unchanged pid of 0 proves nothing and is no restart.
 fn restarted(before: &UnitState, after: &UnitState) -> Option<String> {
     let (was, now) = (before.main_pid(), after.main_pid());
     if now != 0 {
@@ -194,13 +202,12 @@ fn restarted(before: &UnitState, after: &UnitState) -> Option<String> {
             after.get("ActiveEnterTimestamp")
         ));
     }
-    let started = |s: &UnitState| s.monotonic("ExecMainStartTimestampMonotonic");
     (after.get("Type") == "oneshot"
-        && !after.active()
-        && after.get("Result") == "success"
-        && after.get("ExecMainStatus") == "0"
-        && started(after) > started(before))
-    .then(|| "ran again and exited 0 (a oneshot that does not stay active)".to_string())
+        && matches!(after.get("ActiveState"), "inactive")
+        && after.get("Result") == "success")
+        .then(|| {
+            "ran again and exited 0 (a oneshot that does not stay active: its restart job completes only when its command exits 0)".to_string()
+        })
 }
 
 /// What a `service_status` result said, in a person's words.
@@ -325,13 +332,13 @@ mod tests {
     /// 0 (in the form `systemctl show` prints; the root tier restarts real
     /// oneshots under systemd): a service's new main
     /// pid; a oneshot's new activation; a oneshot that does not stay
-    /// active, run again to success.
+    /// active, run again to success (its restart job exited 0).
     #[test]
     fn a_restart_is_verified_only_by_what_changed() {
         let state = |text: &str| UnitState::parse(text);
-        let simple = "Id=demo.service\nType=simple\nLoadState=loaded\nActiveState=active\nSubState=running\nMainPID=312\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
-        let remain = "Id=once.service\nType=oneshot\nLoadState=loaded\nActiveState=active\nSubState=exited\nMainPID=0\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
-        let gone = "Id=flush.service\nType=oneshot\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\nActiveEnterTimestamp=\nActiveEnterTimestampMonotonic=0\nExecMainStartTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let simple = "Id=demo.service\nType=simple\nLoadState=loaded\nActiveState=active\nSubState=running\nMainPID=312\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nInactiveExitTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let remain = "Id=once.service\nType=oneshot\nLoadState=loaded\nActiveState=active\nSubState=exited\nMainPID=0\nActiveEnterTimestamp=Fri 2026-12-04 01:00:00 UTC\nActiveEnterTimestampMonotonic=5000000\nInactiveExitTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
+        let gone = "Id=flush.service\nType=oneshot\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nMainPID=0\nActiveEnterTimestamp=\nActiveEnterTimestampMonotonic=0\nInactiveExitTimestampMonotonic=4990000\nResult=success\nExecMainStatus=0\n";
         let cases: [(&str, &str, String, bool); 7] = [
             (
                 "a service's new pid",

@@ -245,8 +245,13 @@ fn webhook_refuses_bad_bodies_and_bad_tokens() {
     let (s, body) = d.request("POST", "/api/v1/alerts", &auth, v3.as_bytes());
     assert_eq!(s, 400);
     assert!(body.contains("version"), "{body}");
-    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(2 << 20));
+    // A notification may be up to 8 MiB (a group of 10,000 alerts); any
+    // other body up to 1 MiB.
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(9 << 20));
     let (s, _) = d.request("POST", "/api/v1/alerts", &auth, big.as_bytes());
+    assert_eq!(s, 413);
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(2 << 20));
+    let (s, _) = d.request("POST", "/api/v1/runs", &auth, big.as_bytes());
     assert_eq!(s, 413);
     let (s, body) = d.request("POST", "/api/v1/alerts", &auth, FIRING.as_bytes());
     assert_eq!(s, 200, "{body}");

@@ -361,7 +361,9 @@ fn unwritable_audit_log_means_no_call_runs() {
         ),
     );
     e.runbook("rot", &rotating_runbook("L3", 3, 1, &conf));
-    // /dev/full accepts the open and fails every write with ENOSPC.
+    // /dev/full would accept the open and fail every write with ENOSPC; it
+    // is no regular file, so the log refuses it before anything (a full
+    // filesystem's ENOSPC is `hardening::a_full_audit_filesystem_...`).
     std::fs::write(e.path().join("runwarden.yaml"), "audit_log: /dev/full\n").unwrap();
     let out = e.run(&["run", "rot", "--host", "h"]);
     assert_eq!(
@@ -370,7 +372,11 @@ fn unwritable_audit_log_means_no_call_runs() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("No space left on device"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/dev/full is a character device, not a regular file"),
+        "{err}"
+    );
     assert!(
         !std::path::Path::new(&state).exists(),
         "logrotate never ran"
