@@ -98,6 +98,15 @@ pub mod transcript;
 pub mod trigger;
 pub mod verdict;
 
+/// This build's version and the commit it was built from
+/// (`runwarden --version`; the package's version is the same).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("RUNWARDEN_COMMIT"),
+    ")"
+);
+
 /// An error and all its sources on one line ("a: b: c"), for messages that
 /// must say what went wrong underneath (a template, an HTTP client). A
 /// source whose text its error already says is not said twice.

@@ -9,7 +9,7 @@ use crate::planner::PlannerChoice;
 #[derive(Debug, Parser)]
 #[command(
     name = "runwarden",
-    version,
+    version = crate::VERSION,
     about = "Runbook-scoped remediation runner: narrow typed tools, one gate, a hash-chained audit log"
 )]
 /// The command line, parsed by clap; the binary hands it to [`super::main`].

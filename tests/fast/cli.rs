@@ -292,3 +292,17 @@ fn every_failure_is_said_once_with_its_exit_code() {
     );
     assert_eq!(stderr.matches("runwarden: ").count(), 1, "{stderr}");
 }
+
+/// `--version` names the version and the commit it was built from.
+#[test]
+fn the_version_names_its_commit() {
+    let out = runwarden(&["--version"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = format!("runwarden {} (", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&want), "{text}");
+    let commit = text.trim().trim_start_matches(&want).trim_end_matches(')');
+    assert!(
+        commit == "unknown" || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{text}"
+    );
+}

@@ -1536,7 +1536,8 @@ fn build_deb(h: &SystemdHost, version: Option<&str>) -> String {
 fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
     let h = SystemdHost::boot("upg", 90);
     let old = build_deb(&h, None);
-    let new = build_deb(&h, Some("0.1.0+upgrade1"));
+    let next = format!("{}+upgrade1", env!("CARGO_PKG_VERSION"));
+    let new = build_deb(&h, Some(&next));
     h.setup_ok(&format!("dpkg -i {old}"));
     std::fs::write(h.config().join("demo-fix.yaml"), DEMO_FIX).unwrap();
     h.setup_ok(
@@ -1582,10 +1583,7 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
     let lines = h.setup_ok("wc -l < /var/lib/runwarden/audit.jsonl");
 
     h.setup_ok(&format!("dpkg -i {new}"));
-    assert_eq!(
-        h.setup_ok("dpkg-query -W -f '${Version}' runwarden"),
-        "0.1.0+upgrade1"
-    );
+    assert_eq!(h.setup_ok("dpkg-query -W -f '${Version}' runwarden"), next);
     assert_eq!(modes(), before, "the upgrade kept every owner and mode");
     wait_for("the daemon restarted", Duration::from_secs(20), || {
         let now = h.setup("systemctl show -P MainPID runwarden.service");
