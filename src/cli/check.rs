@@ -61,7 +61,11 @@ pub(super) async fn check(dir: &Path) -> Exit {
             r.approve.len(),
             r.steps.len(),
             match &r.agent {
-                Some(a) => format!(" agent(max_steps={})", a.max_steps),
+                Some(a) => format!(
+                    " agent(max_steps={}) planner={}",
+                    a.max_steps,
+                    r.planner.as_str()
+                ),
                 None => String::new(),
             },
             match &r.fleet_budget {
@@ -189,7 +193,8 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                     "host_label": on.host_label,
                     "host_map": on.host_map,
                 })),
-                "model_planned": r.agent.is_some(),
+                "model_planned": r.planner == crate::config::PlannedBy::Model,
+                "planner": r.planner.as_str(),
                 "fleet_budget": r.fleet_budget.as_ref().map(fleet_json),
                 "file": r.source,
             })

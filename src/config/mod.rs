@@ -39,7 +39,7 @@ use crate::host::safe_name;
 pub use crate::host::{Connection, Host};
 pub(crate) use diag::{ConfigError, Diagnostic, did_you_mean};
 pub(crate) use model::{ApiKey, ModelEndpoint};
-pub(crate) use runbook::{Autonomy, DemoteAfter, MaxRuns, OnResolved, Runbook};
+pub(crate) use runbook::{Autonomy, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Runbook};
 
 use diag::Diagnostics;
 

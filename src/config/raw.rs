@@ -134,6 +134,8 @@ pub(crate) struct Runbook {
     #[serde(default)]
     pub(crate) steps: Vec<S<Step>>,
     pub(crate) agent: Option<S<Agent>>,
+    /// `steps` or `model`: who picks the calls.
+    pub(crate) planner: Option<S<String>>,
 }
 
 /// `agent:` in a runbook: a goal for the model planner.

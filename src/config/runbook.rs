@@ -251,6 +251,29 @@ pub(crate) enum StepAction {
     Suggest(String),
 }
 
+/// `planner:` in a runbook: who picks its calls. A runbook is planned by a
+/// model only when it says so (or has no steps to run): a `model:` section
+/// added to runwarden.yaml never turns a runbook's written steps, and the
+/// standing approval they hold, over to a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlannedBy {
+    /// Its `steps` (the default for a runbook that has steps).
+    Steps,
+    /// A model toward its `agent.goal` (the default for a runbook with
+    /// only a goal).
+    Model,
+}
+
+impl PlannedBy {
+    /// As `planner:` writes it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PlannedBy::Steps => "steps",
+            PlannedBy::Model => "model",
+        }
+    }
+}
+
 /// A goal for the model planner: it picks calls inside the runbook's scope.
 #[derive(Debug, Clone)]
 pub(crate) struct Agent {
@@ -314,6 +337,8 @@ pub(crate) struct Runbook {
     pub(crate) steps: Vec<Step>,
     /// A goal for the model planner, when the runbook has one.
     pub(crate) agent: Option<Agent>,
+    /// Who picks its calls when nobody asks otherwise (`planner:`).
+    pub(crate) planner: PlannedBy,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub(crate) version: String,
     /// The file this runbook came from (for messages).
@@ -623,6 +648,13 @@ pub(super) fn validate(
                 "agent.after_steps is set but the runbook has no steps",
             );
         }
+        if a.value.after_steps && raw.planner.as_ref().is_none_or(|p| p.value != "model") {
+            diags.at(
+                file,
+                a.referenced,
+                "agent.after_steps hands the steps' findings to a model: say `planner: model` to have this runbook planned by one",
+            );
+        }
         Agent {
             goal: a.value.goal.value.clone(),
             model: a.value.model.as_ref().map(|m| m.value.clone()),
@@ -630,6 +662,49 @@ pub(super) fn validate(
             after_steps: a.value.after_steps,
         }
     });
+    let planner = match raw.planner.as_ref() {
+        None if raw.steps.is_empty() => PlannedBy::Model,
+        None => PlannedBy::Steps,
+        Some(p) => match p.value.as_str() {
+            "steps" if raw.steps.is_empty() => {
+                diags.at(
+                    file,
+                    p.referenced,
+                    "planner: steps, but the runbook has no steps",
+                );
+                PlannedBy::Steps
+            }
+            "steps" => PlannedBy::Steps,
+            "model" if agent.is_none() => {
+                diags.at(
+                    file,
+                    p.referenced,
+                    "planner: model, but the runbook has no `agent:` goal for a model to work toward",
+                );
+                PlannedBy::Model
+            }
+            "model" if !model_configured => {
+                diags.at(
+                    file,
+                    p.referenced,
+                    "planner: model, and runwarden.yaml configures no model: add a `model:` section, or say `planner: steps`",
+                );
+                PlannedBy::Model
+            }
+            "model" => PlannedBy::Model,
+            other => {
+                diags.at(
+                    file,
+                    p.referenced,
+                    format!(
+                        "planner: {:?} is neither `steps` nor `model`",
+                        other.escape_debug().to_string()
+                    ),
+                );
+                PlannedBy::Steps
+            }
+        },
+    };
     if raw.steps.is_empty() && agent.is_none() {
         diags.at(
             file,
@@ -661,6 +736,7 @@ pub(super) fn validate(
             .and_then(|f| fleet_budget(f, file, diags)),
         steps,
         agent,
+        planner,
         version,
         source: file.to_path_buf(),
     })

@@ -76,8 +76,8 @@ pub(crate) struct Transcript {
 )]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum PlannerChoice {
-    /// The model when the runbook has an agent goal and a model is
-    /// configured (after the steps with `agent.after_steps`); else the steps.
+    /// What the runbook's `planner:` says: the model when it says `model`
+    /// (after the steps with `agent.after_steps`), else the steps.
     #[default]
     Auto,
     /// Only the runbook's steps, whatever its agent goal.

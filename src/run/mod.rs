@@ -219,7 +219,12 @@ impl Runner {
                     "no model is configured: add a `model:` section to runwarden.yaml".into(),
                 ));
             }
-            (_, Some(_), Some(_)) => true,
+            (PlannerChoice::Model, Some(_), Some(_)) => true,
+            // Only a runbook that says so (`planner: model`, or one with
+            // only a goal): a configured model alone changes nothing.
+            (PlannerChoice::Auto, Some(_), Some(_)) => {
+                runbook.planner == crate::config::PlannedBy::Model
+            }
             (PlannerChoice::Auto, _, _) => false,
         };
         if runbook.steps.is_empty() && !use_model {

@@ -197,3 +197,66 @@ fn a_key_written_twice_is_named_with_both_lines() {
         std::fs::write(dir.path().join(file), before).unwrap();
     }
 }
+
+/// A `model:` section in runwarden.yaml never turns a runbook with steps
+/// over to a model: it runs its steps (no request reaches the endpoint)
+/// until the runbook says `planner: model`; `check` shows each planner.
+#[test]
+fn a_configured_model_plans_only_the_runbooks_that_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    // An endpoint that would answer nothing: a run that asked it would end broken.
+    let settings = std::fs::read_to_string(dir.path().join("runwarden.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("runwarden.yaml"),
+        format!("{settings}model:\n  endpoint: http://127.0.0.1:9/v1\n  name: m\n  retries: 0\n"),
+    )
+    .unwrap();
+    let runbook = dir.path().join("runbooks/disk.yaml");
+    let steps = std::fs::read_to_string(&runbook).unwrap();
+    std::fs::write(
+        &runbook,
+        format!("{steps}agent:\n  goal: Measure the data directory.\n"),
+    )
+    .unwrap();
+    let (code, report) = run_json_on(dir.path(), "disk", "web-01");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["planner"], "steps", "{report:#}");
+    let check = runwarden(&["check", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(v["runbooks"][0]["planner"], "steps", "{v}");
+    // Said so: the model plans (and, unreachable, the run is broken).
+    std::fs::write(
+        &runbook,
+        format!("{steps}planner: model\nagent:\n  goal: Measure the data directory.\n"),
+    )
+    .unwrap();
+    let check = runwarden(&["check", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(v["runbooks"][0]["planner"], "model", "{v}");
+    let (code, report) = run_json_on(dir.path(), "disk", "web-01");
+    assert_eq!(code, Some(6), "{report:#}");
+    assert_eq!(report["planner"], "model", "{report:#}");
+    // What cannot work is refused where it is written.
+    for (text, says) in [
+        (format!("{steps}planner: model\n"), "no `agent:` goal"),
+        (
+            format!("{steps}planner: modle\nagent:\n  goal: g\n"),
+            "neither `steps` nor `model`",
+        ),
+        (
+            format!("{steps}agent:\n  goal: g\n  after_steps: true\n"),
+            "say `planner: model`",
+        ),
+    ] {
+        std::fs::write(&runbook, text).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("disk.yaml:") && stderr.contains(says),
+            "{says}: {stderr}"
+        );
+    }
+}

@@ -168,7 +168,15 @@ fn tool_messages(req: &Value) -> Vec<String> {
 /// Run with the model key in the environment: (exit code, report, stdout+stderr).
 fn run_model(e: &Estate, runbook: &str, host: &str) -> (i32, Value, String) {
     let out = e
-        .cmd(&["run", runbook, "--host", host, "--json"])
+        .cmd(&[
+            "run",
+            runbook,
+            "--host",
+            host,
+            "--json",
+            "--planner",
+            "model",
+        ])
         .env("RUNWARDEN_MODEL_KEY", KEY)
         .output()
         .unwrap();
@@ -253,7 +261,7 @@ fn disk_full_investigation_rotates_with_a_reason_citing_what_it_read() {
         &format!(
             "mkdir {m}/app; yes 'GET /api/v1/items HTTP/1.1 200 12ms' | head -c 15728640 > {m}/app/api.log"
         ),
-        "run staging-disk-full --host staging-web-1",
+        "run staging-disk-full --host staging-web-1 --planner model",
         &[("RUNWARDEN_MODEL_KEY", KEY)],
     );
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -207,6 +207,7 @@ impl SystemdHost {
                 "--",
             ])
             .args(run_argv(runbook))
+            .args(["--planner", "model"])
             .env("RUNWARDEN_MODEL_KEY", key)
             .output()
             .expect("nsenter");
