@@ -451,7 +451,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
         .collect();
     match s.scheduler.submit_all(reqs).await {
         Ok(results) => {
-            let pending = pending(&results);
+            let pending = pending(&results).then(|| retry_why(&s));
             let outcomes: Vec<Value> = hosts
                 .iter()
                 .zip(results)
@@ -579,7 +579,7 @@ async fn alerts(
             );
         }
     };
-    let pending = pending(&outcomes);
+    let pending = pending(&outcomes).then(|| retry_why(&s));
     let outcomes: Vec<Value> = candidates
         .iter()
         .zip(outcomes)
@@ -630,18 +630,26 @@ fn pending(outcomes: &[crate::scheduler::Outcome]) -> bool {
 /// outcomes when one of them is pending, so the sender sends the batch
 /// again (Alertmanager does, with backoff). The others are duplicates of
 /// themselves by then: nothing starts twice.
-fn answer(status: StatusCode, mut body: Value, pending: bool) -> Response {
-    if !pending {
+fn answer(status: StatusCode, mut body: Value, pending: Option<&'static str>) -> Response {
+    let Some(why) = pending else {
         return (status, axum::Json(body)).into_response();
-    }
-    body["error"] = "a host is held by a run another replica admitted and has not yet recorded (it may have stopped); nothing of this request is lost if it is sent again: retry"
-        .into();
+    };
+    body["error"] = why.into();
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, "1")],
         axum::Json(body),
     )
         .into_response()
+}
+
+/// Why a pending batch is to be sent again.
+fn retry_why(s: &AppState) -> &'static str {
+    if s.scheduler.stopping() {
+        "this runwarden is shutting down and starts no new run; nothing of this request is lost if it is sent again (to another replica, or here once it is back): retry"
+    } else {
+        "a host is held by a run another replica admitted and has not yet recorded (it may have stopped); nothing of this request is lost if it is sent again: retry"
+    }
 }
 
 /// Whether `POST /api/v1/alerts` is asked to plan only: `plan=1|true`

@@ -224,7 +224,12 @@ impl Scheduler {
         // sender to tell: its pending hosts are recorded as they are.
         let fire = a_fire(candidates);
         let mut outcomes = self.submit_batch(candidates, false).await?;
-        let give_up = Instant::now() + if fire { Duration::ZERO } else { PENDING_WAIT };
+        let give_up = Instant::now()
+            + if fire || self.stopping() {
+                Duration::ZERO
+            } else {
+                PENDING_WAIT
+            };
         let mut pause = Duration::from_millis(2);
         loop {
             let pending: Vec<usize> = (0..outcomes.len())
@@ -615,10 +620,21 @@ impl Scheduler {
         if !runbook.allows_host(&req.host) || !config.hosts.contains_key(&req.host) {
             return Some(TriggerResult::OutOfScope);
         }
-        let stopped = *engaged.entry(req.runbook.clone()).or_insert_with(|| {
-            *self.shutdown.borrow() || self.killswitch(config).check(&req.runbook).is_err()
-        });
+        // Shutting down, this daemon starts nothing new: the sender is told
+        // to retry (503), which reaches another replica or this one when it
+        // is back; it is no kill switch, and nothing is lost.
+        if self.stopping() {
+            return Some(TriggerResult::Pending);
+        }
+        let stopped = *engaged
+            .entry(req.runbook.clone())
+            .or_insert_with(|| self.killswitch(config).check(&req.runbook).is_err());
         stopped.then_some(TriggerResult::KillSwitch)
+    }
+
+    /// Whether this daemon is shutting down (it starts no new run).
+    pub(crate) fn stopping(&self) -> bool {
+        *self.shutdown.borrow()
     }
 
     /// The kill switch as this daemon sees it: its directory, and the fleet's.
@@ -1148,5 +1164,26 @@ mod tests {
         let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
         assert_eq!(got[0].result, TriggerResult::KillSwitch);
         assert_eq!(lines().len(), 1, "an alert's refusal is its answer");
+    }
+
+    /// A daemon shutting down answers what it cannot start as pending (the
+    /// webhook's 503: retry), never as stopped by a kill switch nobody
+    /// engaged.
+    #[tokio::test(start_paused = true)]
+    async fn a_daemon_shutting_down_asks_for_a_retry_not_a_kill_switch() {
+        let (_dir, _config, s) = scheduler();
+        let (stop, shutdown) = watch::channel(false);
+        let s = Scheduler::new(
+            s.config.clone(),
+            s.audit.clone(),
+            s.metrics.clone(),
+            shutdown,
+            None,
+            None,
+        );
+        stop.send(true).unwrap();
+        let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
+        assert_eq!(got[0].result, TriggerResult::Pending);
+        assert!(s.stopping());
     }
 }
