@@ -4,8 +4,9 @@
 //! one atomic step across every agent process on the host (systemd starts
 //! one per socket connection, sshd one per SSH session), and a scan of the
 //! log followed by an append is two. Here a permit is spent by creating a
-//! file named after the digest of its whole signed identity with
-//! `O_CREAT|O_EXCL`: the kernel lets exactly one of any number of racing
+//! file named after the digest of the call it allows (host, run, step: not
+//! its signature, so a permit signed again for a call that ran is spent
+//! too) with `O_CREAT|O_EXCL`: the kernel lets exactly one of any number of racing
 //! processes create it. The file is made (and its directory synced) before
 //! the intent line, and never removed while the permit could still be
 //! accepted, so a crash between the two burns the permit rather than
@@ -47,14 +48,27 @@ impl Spent {
 
     /// Mark `permit` spent: `true` when this call marked it, `false` when it
     /// was spent before (by this process or any other).
+    ///
+    /// One execution per (host, run, step), whatever the signature: the
+    /// record is named after those alone, so a permit signed again for a
+    /// call that already ran (a new expiry, a new signature) finds it spent.
+    /// A permit whose expiry falls on another day than the first one's is
+    /// looked for in the days either side as well.
     pub(crate) fn spend(&self, permit: &SignedPermit) -> std::io::Result<bool> {
+        let name = call_digest(permit);
+        for other in [-1, 1] {
+            let day = day_of(permit.expires_at + other * 86_400);
+            if std::fs::symlink_metadata(self.dir.join(day).join(&name)).is_ok() {
+                return Ok(false);
+            }
+        }
         let day = day_of(permit.expires_at);
         let dir = self.dir.join(&day);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        let marker = dir.join(permit.identity_digest());
+        let marker = dir.join(name);
         let mut file = match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -93,6 +107,23 @@ impl Spent {
             }
         }
     }
+}
+
+/// The name of a call's record: the digest of the host, the run and the
+/// step it may run, and of nothing a new signature changes.
+fn call_digest(permit: &SignedPermit) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        "runwarden spent call v1",
+        &permit.host,
+        &permit.run_id,
+        &permit.step.to_string(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The UTC day of a Unix time, as `YYYY-MM-DD`.
@@ -150,5 +181,47 @@ mod tests {
         assert!(spent.spend(&other).unwrap());
         assert!(!stale.exists());
         assert!(spent.dir().join(day_of(permit.expires_at)).exists());
+    }
+
+    /// A permit signed again for a (run, step) that already ran (a new
+    /// expiry, so a new signature; on the same day or the next) is spent:
+    /// one execution per call on the host, whatever the signature. Another
+    /// step of the run is its own.
+    #[test]
+    fn a_permit_signed_again_for_a_call_that_ran_is_spent() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = PermitKey::load_or_create(&dir.path().join("k")).unwrap();
+        let args = serde_json::json!({ "unit": "a.service" });
+        let call = |step| CallId {
+            run_id: "r",
+            step,
+            host: "h",
+            tool: "restart_service",
+            args: &args,
+        };
+        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let now = jiff::Timestamp::now().as_second();
+        assert!(
+            spent
+                .spend(&key.sign_until(&call(1), "standing:x", now + 60))
+                .unwrap()
+        );
+        let again = key.sign_until(&call(1), "standing:x", now + 90);
+        assert_ne!(
+            again.identity_digest(),
+            key.sign_until(&call(1), "standing:x", now + 60)
+                .identity_digest()
+        );
+        assert!(!spent.spend(&again).unwrap(), "signed again the same day");
+        let tomorrow = key.sign_until(&call(1), "standing:x", now + 86_400);
+        assert!(
+            !spent.spend(&tomorrow).unwrap(),
+            "signed again for the next day"
+        );
+        assert!(
+            spent
+                .spend(&key.sign_until(&call(2), "standing:x", now + 60))
+                .unwrap()
+        );
     }
 }

@@ -838,6 +838,10 @@ fn the_daemon_runs_the_model_on_an_alert_and_shows_its_answer_and_metrics() {
         ),
     )
     .unwrap();
+    // The runbook opts in: a configured model alone plans nothing.
+    let rb = e.path().join("runbooks/worker-pool-recycle.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(&rb, format!("planner: model\n{text}")).unwrap();
     let d = crate::daemon::Daemon::start(&e);
     let alert = json!({
         "version": "4", "status": "firing", "receiver": "runwarden", "groupKey": "{}:{alertname=\"WorkerPoolUnhealthy\"}",
