@@ -30,6 +30,14 @@ pub(crate) fn under_journald() -> bool {
     })
 }
 
+/// journald's socket for native messages.
+pub(crate) const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// Whether this machine has a system journal to send to.
+pub(crate) fn journal_socket_exists() -> bool {
+    std::path::Path::new(JOURNAL_SOCKET).exists()
+}
+
 /// A syslog priority, for a line printed outside `tracing`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Priority {

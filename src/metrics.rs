@@ -425,7 +425,7 @@ impl Metrics {
                 .with_label_values(&[&host.name])
                 .inc_by(0);
         }
-        if config.settings.audit_head_journal {
+        if config.settings.audit_head.ships() {
             for result in ["shipped", "failed"] {
                 self.audit_heads.with_label_values(&[result]).inc_by(0);
             }

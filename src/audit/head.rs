@@ -22,7 +22,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
 /// journald's native socket.
-pub(crate) const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+pub(crate) use crate::logging::JOURNAL_SOCKET;
 const JOURNALCTL: &str = "/usr/bin/journalctl";
 
 /// One recorded head: the log had `lines` lines and the last one hashed to `hash`.
@@ -63,7 +63,7 @@ impl std::fmt::Display for Head {
 
 /// Whether this machine has a journal to send heads to.
 pub(crate) fn journal_available() -> bool {
-    Path::new(JOURNAL_SOCKET).exists()
+    crate::logging::journal_socket_exists()
 }
 
 /// Send `head` of the log at `log` to the journal (one datagram, journald's

@@ -13,8 +13,25 @@ use crate::trigger::alerts::Notification;
 
 pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -> Exit {
     let config = super::check::load(dir)?;
-    let body = std::fs::read(file)
-        .map_err(|e| Failed::usage(format!("cannot read {}: {e}", file.display())))?;
+    // `-`: the notification on standard input (`amtool`, `curl`, a pipe),
+    // no larger than the webhook takes.
+    let body = if file == Path::new("-") {
+        use std::io::Read;
+        let mut body = Vec::new();
+        std::io::stdin()
+            .take(crate::http::MAX_NOTIFICATION as u64 + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| Failed::usage(format!("cannot read standard input: {e}")))?;
+        if body.len() > crate::http::MAX_NOTIFICATION {
+            return Err(Failed::usage(
+                "standard input holds more than a notification may (8 MiB)",
+            ));
+        }
+        body
+    } else {
+        std::fs::read(file)
+            .map_err(|e| Failed::usage(format!("cannot read {}: {e}", file.display())))?
+    };
     let n = Notification::parse(&body)
         .map_err(|e| Failed::usage(format!("{}: {e}", file.display())))?;
     let record = match crate::audit::runs::recovery(&config.settings.audit_log) {

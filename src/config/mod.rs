@@ -46,6 +46,29 @@ use diag::Diagnostics;
 /// Config files larger than this are refused before parsing.
 const MAX_FILE_BYTES: u64 = 4 << 20;
 
+/// `audit_head:` in runwarden.yaml: where each run's audit head goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuditHead {
+    /// Unset: the system journal where this machine has one, else nowhere
+    /// (a machine without journald never fails to ship what it cannot).
+    Auto,
+    /// `journal`: the system journal, a failure counted and alerted on.
+    Journal,
+    /// `none`: nowhere (heads are pinned by hand).
+    None,
+}
+
+impl AuditHead {
+    /// Whether heads are sent to the journal here.
+    pub(crate) fn ships(self) -> bool {
+        match self {
+            AuditHead::Auto => crate::logging::journal_socket_exists(),
+            AuditHead::Journal => true,
+            AuditHead::None => false,
+        }
+    }
+}
+
 /// Settings of the runner, with paths resolved against the config directory.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -53,8 +76,9 @@ pub struct Settings {
     pub audit_log: PathBuf,
     /// When the log closes a segment, and how long segments stay.
     pub audit_rotation: Rotation,
-    /// Send each run's audit head to the system journal (see the audit module's `head`).
-    pub(crate) audit_head_journal: bool,
+    /// Whether each run's audit head goes to the system journal (see the
+    /// audit module's `head`).
+    pub(crate) audit_head: AuditHead,
     /// The key that signs each tier-2 permit sent to a managed host.
     pub(crate) permit_key_file: PathBuf,
     /// Where the kill switch's files live.
@@ -363,10 +387,10 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
         audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
         audit_rotation,
-        audit_head_journal: match &settings.audit_head {
-            None => true,
-            Some(v) if v.value == "journal" => true,
-            Some(v) if v.value == "none" => false,
+        audit_head: match &settings.audit_head {
+            None => AuditHead::Auto,
+            Some(v) if v.value == "journal" => AuditHead::Journal,
+            Some(v) if v.value == "none" => AuditHead::None,
             Some(v) => {
                 diags.at(
                     &settings_file,
@@ -376,7 +400,7 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
                         v.value
                     ),
                 );
-                false
+                AuditHead::None
             }
         },
         kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
@@ -478,6 +502,15 @@ impl Config {
             }
         }
         let mut warnings = Diagnostics::default();
+        if s.audit_head == AuditHead::Journal && !crate::logging::journal_socket_exists() {
+            warnings.file(
+                &settings_file,
+                format!(
+                    "audit_head: journal, but this machine has no system journal ({} is missing): every run's head fails to ship and RunwardenAuditHeadFailing fires; leave audit_head unset (the journal where there is one) or set audit_head: none, and pin heads with `audit verify --head`",
+                    crate::logging::JOURNAL_SOCKET
+                ),
+            );
+        }
         for h in self.hosts.values() {
             if let Connection::Ssh(ssh) = &h.connection {
                 for (field, path) in [

@@ -154,7 +154,7 @@ impl Runner {
     /// cannot rewrite it (see [`crate::audit::head`]). A failure is logged
     /// and counted: the run's own record is already on disk.
     pub(crate) fn ship_head(&self, run_id: &str) {
-        if !self.config.settings.audit_head_journal {
+        if !self.config.settings.audit_head.ships() {
             return;
         }
         let head = self.audit.head();

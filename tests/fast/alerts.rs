@@ -702,3 +702,32 @@ async fn a_notification_of_thousands_of_alerts_for_one_host_starts_one_run() {
     );
     d.shutdown().await.unwrap();
 }
+
+/// `alerts test -` reads the notification from standard input.
+#[test]
+fn alerts_test_reads_a_notification_from_standard_input() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        .args(["alerts", "test", "-", "--json", "--config"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(notification().to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["alerts"][0]["outcomes"][0]["runbook"], "disk", "{v:#}");
+    assert_eq!(
+        v["alerts"][0]["outcomes"][0]["result"], "would_start",
+        "{v:#}"
+    );
+}

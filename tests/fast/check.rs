@@ -260,3 +260,35 @@ fn a_configured_model_plans_only_the_runbooks_that_say_so() {
         );
     }
 }
+
+/// Without a system journal, the default sends no audit heads (none can
+/// fail, so the shipped head alert stays quiet) and says nothing; an
+/// explicit `audit_head: journal` there is a warning that says what to change.
+#[test]
+fn audit_heads_default_to_the_journal_only_where_there_is_one() {
+    let journal = Path::new("/run/systemd/journal/socket").exists();
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let settings = std::fs::read_to_string(dir.path().join("runwarden.yaml")).unwrap();
+    for (yaml, warns) in [
+        (settings.replace("audit_head: none\n", ""), false),
+        (
+            settings.replace("audit_head: none\n", "audit_head: journal\n"),
+            !journal,
+        ),
+    ] {
+        std::fs::write(dir.path().join("runwarden.yaml"), &yaml).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert_eq!(
+            stderr.contains("no system journal"),
+            warns,
+            "{yaml}: {stderr}"
+        );
+        if warns {
+            assert!(stderr.contains("audit_head: none"), "{stderr}");
+        }
+    }
+}
