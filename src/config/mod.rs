@@ -511,6 +511,7 @@ impl Config {
                 ),
             );
         }
+        self.literal_arguments(&mut warnings);
         for h in self.hosts.values() {
             if let Connection::Ssh(ssh) = &h.connection {
                 for (field, path) in [
@@ -541,6 +542,57 @@ impl Config {
             Ok(warnings.into_vec())
         } else {
             Err(ConfigError(diags.into_vec()))
+        }
+    }
+}
+
+impl Config {
+    /// Every literal argument of every step, against every host its
+    /// runbook names, as the gate will check it (paths lexically: the host
+    /// may be another machine): a misspelt unit or a path outside a host's
+    /// `paths` is said by `check` with the step's place, not found by the
+    /// weekly run that is denied. Templated arguments are known only at
+    /// run time.
+    fn literal_arguments(&self, warnings: &mut Diagnostics) {
+        for rb in self.runbooks.values() {
+            for step in &rb.steps {
+                let runbook::StepAction::Call { tool, args, .. } = &step.action else {
+                    continue;
+                };
+                if args
+                    .values()
+                    .any(|v| v.as_str().is_some_and(runbook::is_template))
+                {
+                    continue;
+                }
+                let mut probe: serde_json::Map<String, serde_json::Value> =
+                    args.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                if tool.tier() == crate::tools::Tier::Change {
+                    probe.insert("reason".into(), "check".into());
+                }
+                let probe = serde_json::Value::Object(probe);
+                for name in &rb.hosts {
+                    let Some(host) = self.hosts.get(&**name) else {
+                        continue;
+                    };
+                    if let Err(e) =
+                        crate::tools::resolve(*tool, &probe, host, crate::tools::PathMode::Lexical)
+                    {
+                        warnings.push(Diagnostic {
+                            file: rb.source.clone(),
+                            line: step.line,
+                            column: step.column,
+                            message: format!(
+                                "step {} ({}) would be denied on host \"{}\" ({}): {e}",
+                                step.id,
+                                tool.name(),
+                                host.name,
+                                host.source.display()
+                            ),
+                        });
+                    }
+                }
+            }
         }
     }
 }

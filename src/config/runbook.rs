@@ -231,6 +231,8 @@ pub(crate) struct Step {
     pub(crate) when: Option<String>,
     /// The line of the runbook file the step starts on (for messages).
     pub(crate) line: u32,
+    /// Its column there.
+    pub(crate) column: u32,
     /// What the step does.
     pub(crate) action: StepAction,
 }
@@ -950,6 +952,7 @@ fn validate_step(
         id,
         when: s.when.as_ref().map(|w| w.value.clone()),
         line: loc.line() as u32,
+        column: loc.column() as u32,
         action,
     })
 }

@@ -292,3 +292,55 @@ fn audit_heads_default_to_the_journal_only_where_there_is_one() {
         }
     }
 }
+
+/// Every literal argument of every step is checked against every host the
+/// runbook names, with the step's place: a path outside a host's `paths`
+/// is said by `check`, not found by the run the gate denies; a templated
+/// argument is known only at run time.
+#[test]
+fn check_tests_each_literal_argument_against_each_host() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let runbook = dir.path().join("runbooks/disk.yaml");
+    let text = std::fs::read_to_string(&runbook).unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let out = runwarden(&["check", "--config", cfg]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("would be denied"));
+    std::fs::write(
+        &runbook,
+        text.replace(&format!("path: {data}"), "path: /etc"),
+    )
+    .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "a warning: {stderr}");
+    for host in ["web-01", "web-02"] {
+        assert!(
+            stderr.contains(&format!(
+                "disk.yaml:12:5: step data (disk_usage) would be denied on host \"{host}\""
+            )),
+            "{host}: {stderr}"
+        );
+    }
+    let json = runwarden(&["check", "--json", "--config", cfg]);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 2, "{v:#}");
+    assert_eq!(
+        (
+            v["warnings"][0]["line"].as_u64(),
+            v["warnings"][0]["column"].as_u64()
+        ),
+        (Some(12), Some(5))
+    );
+    std::fs::write(
+        &runbook,
+        text.replace(
+            &format!("path: {data}"),
+            "path: \"{{ alert.labels.mountpoint }}\"",
+        ),
+    )
+    .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("would be denied"));
+}
