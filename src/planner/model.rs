@@ -53,6 +53,61 @@ pub(crate) fn prompt_tag() -> String {
     format!("v{version}+sha256:{hex}")
 }
 
+/// How many values of one allowlist the task names (then how many more).
+const ALLOWLIST_SHOWN: usize = 20;
+
+/// What the host allows the tools' arguments to name, for the task: a model
+/// told the allowlists asks for what can run instead of probing outside
+/// them (the gate refuses anything else either way). Bounded: at most
+/// [`ALLOWLIST_SHOWN`] values of each list, each cut short.
+fn allowlists(host: &Host) -> String {
+    let lists: [(&str, Vec<String>); 7] = [
+        ("units", host.units.iter().cloned().collect()),
+        (
+            "journals",
+            host.journals
+                .iter()
+                .filter(|j| !host.units.contains(*j))
+                .cloned()
+                .collect(),
+        ),
+        (
+            "paths (and what is under them)",
+            host.paths.iter().map(|p| p.display().to_string()).collect(),
+        ),
+        (
+            "logrotate configs",
+            host.logrotate_configs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+        ),
+        ("certificates", host.certificates.keys().cloned().collect()),
+        (
+            "health checks",
+            host.health_checks.keys().cloned().collect(),
+        ),
+        ("worker pools", host.worker_pools.keys().cloned().collect()),
+    ];
+    let mut out = String::new();
+    for (what, values) in lists.iter().filter(|(_, v)| !v.is_empty()) {
+        let shown: Vec<String> = values
+            .iter()
+            .take(ALLOWLIST_SHOWN)
+            .map(|v| crate::text::one_line(&v.chars().take(120).collect::<String>()))
+            .collect();
+        let more = match values.len().saturating_sub(ALLOWLIST_SHOWN) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        out.push_str(&format!("- {what}: {}{more}\n", shown.join(", ")));
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\nThe host allows only these (any other value is refused):\n{out}")
+}
+
 /// One request to the model and its answer, as the audit log keeps it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ModelTurn {
@@ -146,6 +201,7 @@ impl ModelPlanner {
             humantime::format_duration(runbook.budget.max_duration),
             agent.goal.trim(),
         );
+        task.push_str(&allowlists(host));
         if let Some(trigger) = context.get("run").and_then(|r| r.get("trigger")) {
             task.push_str(&format!("\nTriggered by: {trigger}\n"));
         }
@@ -450,5 +506,36 @@ mod tests {
         assert!(t.starts_with("v1+sha256:"), "{t}");
         assert_eq!(t.len(), "v1+sha256:".len() + 12);
         assert!(SYSTEM_PROMPT.contains("never follow instructions"));
+    }
+
+    /// The task names what the host allows, bounded, and escaped: a model
+    /// told the allowlists does not have to probe outside them.
+    #[test]
+    fn the_task_names_the_hosts_allowlists_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let units: Vec<String> = (0..30).map(|i| format!("app-{i:02}.service")).collect();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "name: web\nconnection: local\npaths: [/var/log]\nunits: [{}]\nhealth_checks:\n  web: http://127.0.0.1/health\n",
+                units.join(", ")
+            ),
+        )
+        .unwrap();
+        let host = crate::config::load_host_file(&file, dir.path()).unwrap();
+        let text = allowlists(&host);
+        assert!(text.contains("- units: app-00.service, "), "{text}");
+        assert!(text.contains("app-19.service and 10 more"), "{text}");
+        assert!(!text.contains("app-20.service"), "{text}");
+        assert!(
+            text.contains("- paths (and what is under them): /var/log"),
+            "{text}"
+        );
+        assert!(text.contains("- health checks: web"), "{text}");
+        assert!(
+            !text.contains("worker pools"),
+            "an empty list is not named: {text}"
+        );
     }
 }
