@@ -280,19 +280,26 @@ impl AuditLog {
         let retired: Vec<Value> = match self.rotation.keep {
             None => Vec::new(),
             Some(keep) => {
-                let cutoff = std::time::SystemTime::now() - keep;
+                // Decided on each segment's own last line, oldest first: a
+                // file's mtime is anyone's to set (`touch -d 2020` is no
+                // retention), and a segment whose last line names no time
+                // is kept.
+                let cutoff = now - jiff::SignedDuration::try_from(keep).unwrap_or_default();
                 let mut out = Vec::new();
                 for s in segments::closed(&self.path)? {
-                    if s.modified >= cutoff {
+                    let f = File::open(&s.path)?;
+                    let Some(last) = last_time(&f)? else { break };
+                    if last >= cutoff {
                         break;
                     }
-                    let f = File::open(&s.path)?;
                     let (hash, _) = last_hash(&f)?.unwrap_or_default();
                     out.push(serde_json::json!({
                         "segment": file_name(&s.path),
                         "first": s.first,
                         "last": last_number(&f)?,
                         "head": hash,
+                        "from": first_time(&f)?.map(|t| t.to_string()),
+                        "to": last.to_string(),
                     }));
                 }
                 out
@@ -579,6 +586,25 @@ fn first_stamp(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
 
 /// The number of the file's last whole line, when it has one.
 pub(super) fn last_number(file: &File) -> std::io::Result<Option<u64>> {
+    Ok(last_stamp(file)?.and_then(|s| s.n))
+}
+
+/// When the file's last line was written, as the line says (its `ts`).
+pub(super) fn last_time(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
+    Ok(last_stamp(file)?
+        .and_then(|s| s.ts)
+        .and_then(|t| t.parse().ok()))
+}
+
+/// When the file's first line was written, as the line says.
+pub(super) fn first_time(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
+    Ok(first_line(file)?
+        .and_then(|s| s.ts)
+        .and_then(|t| t.parse().ok()))
+}
+
+/// The last line's number and time.
+fn last_stamp(file: &File) -> std::io::Result<Option<Stamp>> {
     let len = file.metadata()?.len();
     let Some(end) = len.checked_sub(1) else {
         return Ok(None);
@@ -588,9 +614,7 @@ pub(super) fn last_number(file: &File) -> std::io::Result<Option<u64>> {
     f.seek(SeekFrom::Start(start))?;
     let mut line = Vec::with_capacity((end - start) as usize);
     (&mut f).take(end - start).read_to_end(&mut line)?;
-    Ok(serde_json::from_slice::<Stamp>(&line)
-        .ok()
-        .and_then(|s| s.n))
+    Ok(serde_json::from_slice::<Stamp>(&line).ok())
 }
 
 /// Newlines between byte offsets `from` and `to` of `file`.

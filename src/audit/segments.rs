@@ -375,24 +375,34 @@ mod tests {
         assert_eq!(taken["detail"]["taken_from"], "b");
     }
 
+    /// Retention decides on each segment's own last line, not its file's
+    /// mtime: segments `touch`ed into 2020 stay while their lines are
+    /// young, and go once their last line is older than `keep`; `verify`
+    /// says how many went, which lines, and from when to when.
     #[test]
     fn retention_removes_old_segments_and_says_so_and_a_hand_deletion_still_shows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        let keep = Some(Duration::from_secs(86_400));
+        let keep = Some(Duration::from_secs(2));
         let log = AuditLog::open_with(&path, small(keep)).unwrap();
         filler(&log, "a", 80);
         let old = closed(&path).unwrap();
         assert!(old.len() >= 2);
-        let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
-        for s in &old[..2] {
+        let long_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_577_836_800);
+        for s in &old {
             File::options()
                 .write(true)
                 .open(&s.path)
                 .unwrap()
-                .set_modified(two_days_ago)
+                .set_modified(long_ago)
                 .unwrap();
         }
+        filler(&log, "young", 20);
+        assert!(
+            old.iter().all(|s| s.path.exists()),
+            "an mtime of 2020 is no retention"
+        );
+        std::thread::sleep(Duration::from_millis(2200));
         filler(&log, "b", 40);
         let now = closed(&path).unwrap();
         assert!(now.iter().all(|s| s.first > old[1].first), "{now:?}");
@@ -412,10 +422,31 @@ mod tests {
             })
             .filter_map(|r| r["first"].as_u64())
             .collect();
-        assert_eq!(retired, [old[0].first.unwrap(), old[1].first.unwrap()]);
+        let olds: Vec<u64> = old.iter().map(|s| s.first.unwrap()).collect();
+        assert_eq!(&retired[..olds.len()], &olds[..], "the oldest first");
         let v = verify(&path).unwrap();
         assert!(v.problems.is_empty(), "{:?}", v.problems);
         assert_eq!(Some(v.last + 1 - v.lines as u64), now[0].first);
+        assert!(v.retired.segments >= old.len(), "{:?}", v.retired);
+        assert_eq!(v.retired.lines.map(|l| l.0), old[0].first);
+        assert!(
+            v.retired.from.is_some() && v.retired.to.is_some(),
+            "{:?}",
+            v.retired
+        );
+        // A head for a line retention removed is not checked (the command
+        // fails one that was pinned); one for a kept line is.
+        let kept = crate::audit::head::Head {
+            hash: v.head.clone(),
+            lines: v.last,
+        };
+        let gone = crate::audit::head::Head {
+            hash: "0".repeat(64),
+            lines: 1,
+        };
+        let w = crate::audit::verify_against(&path, &[kept, gone]).unwrap();
+        assert!(w.problems.is_empty(), "{:?}", w.problems);
+        assert_eq!((w.heads_checked, w.heads_retired), (1, 1));
 
         // Removing the oldest kept segment by hand is not retention.
         std::fs::remove_file(&now[0].path).unwrap();

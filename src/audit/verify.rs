@@ -26,6 +26,26 @@ pub struct Verification {
     /// line the chain is picked up again from that line's own hash, so one
     /// edit shows once and every later tampering still shows.
     pub problems: Vec<(usize, String)>,
+    /// What retention removed, as the kept history's `segment` lines say.
+    pub retired: Retired,
+    /// Heads recorded elsewhere that were checked against a line.
+    pub heads_checked: usize,
+    /// Heads recorded for lines retention removed: they cannot be checked.
+    pub heads_retired: usize,
+}
+
+/// The segments retention removed, as one span.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Retired {
+    /// How many.
+    pub segments: usize,
+    /// Their lines, first to last.
+    pub lines: Option<(u64, u64)>,
+    /// When their first line and their last were written (older records
+    /// do not say).
+    pub from: Option<String>,
+    /// See `from`.
+    pub to: Option<String>,
 }
 
 #[cfg(test)]
@@ -59,6 +79,8 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
     let mut prev = GENESIS.to_string();
     let mut first_prev = None;
     let mut retired_heads = Vec::new();
+    let mut retired = Retired::default();
+    let mut checked = 0;
     let mut problems = Vec::new();
     let mut line = Vec::new();
     'files: for segment in &files {
@@ -104,6 +126,23 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
                     gone.iter()
                         .filter_map(|r| r["head"].as_str().map(String::from)),
                 );
+                for r in gone {
+                    retired.segments += 1;
+                    if let (Some(a), Some(b)) = (r["first"].as_u64(), r["last"].as_u64()) {
+                        let (lo, hi) = retired.lines.unwrap_or((a, b));
+                        retired.lines = Some((lo.min(a), hi.max(b)));
+                    }
+                    if let Some(f) = r["from"].as_str()
+                        && retired.from.as_deref().is_none_or(|x| f < x)
+                    {
+                        retired.from = Some(f.to_string());
+                    }
+                    if let Some(t) = r["to"].as_str()
+                        && retired.to.as_deref().is_none_or(|x| t > x)
+                    {
+                        retired.to = Some(t.to_string());
+                    }
+                }
             }
             match claimed {
                 None => problems.push((n as usize, at("not a JSON audit line".into()))),
@@ -119,6 +158,7 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
             }
             prev = hex(&Sha256::digest(body));
             for h in heads.iter().filter(|h| h.lines == n) {
+                checked += 1;
                 if h.hash != prev {
                     problems.push((
                         n as usize,
@@ -158,5 +198,8 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
         segments: files.len(),
         head: prev,
         problems,
+        retired,
+        heads_checked: checked,
+        heads_retired: heads.iter().filter(|h| h.lines <= start).count(),
     })
 }

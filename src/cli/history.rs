@@ -58,18 +58,6 @@ pub(super) fn audit_verify(
             }
         }
     }
-    let against = match (pinned, from_journal) {
-        (0, None) => match &journal_problem {
-            Some(e) => format!("no head recorded elsewhere was checked ({e})"),
-            None => "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
-                .to_string(),
-        },
-        (p, j) => format!(
-            "matches {} head(s) recorded elsewhere ({p} pinned, {} from the journal)",
-            p + j.unwrap_or(0),
-            j.map_or("none".into(), |n| n.to_string())
-        ),
-    };
     let torn = audit::torn_path(&path);
     if let Ok(m) = std::fs::metadata(&torn) {
         println!(
@@ -78,7 +66,50 @@ pub(super) fn audit_verify(
             m.len()
         );
     }
-    match audit::verify_against(&path, &heads).map_err(|e| unreadable(&path, e))? {
+    let mut v = audit::verify_against(&path, &heads).map_err(|e| unreadable(&path, e))?;
+    // A head is said to match only when it was checked against its line;
+    // a pinned one that cannot be (retention removed its line) fails.
+    let kept_from = v.last + 1 - v.lines as u64;
+    for h in heads[..pinned].iter().filter(|h| h.lines < kept_from) {
+        v.problems.push((
+            h.lines as usize,
+            format!(
+                "the head pinned for line {} cannot be checked: retention removed the lines before line {kept_from}",
+                h.lines
+            ),
+        ));
+    }
+    if v.retired.segments > 0 {
+        let r = &v.retired;
+        println!(
+            "retention removed {} segment(s){}{}",
+            r.segments,
+            r.lines
+                .map_or(String::new(), |(a, b)| format!(" (lines {a}-{b})")),
+            match (&r.from, &r.to) {
+                (Some(f), Some(t)) => format!(", written from {f} to {t}"),
+                (None, Some(t)) => format!(", the last written at {t}"),
+                _ => String::new(),
+            }
+        );
+    }
+    let against = match (pinned, from_journal) {
+        (0, None) => match &journal_problem {
+            Some(e) => format!("no head recorded elsewhere was checked ({e})"),
+            None => "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
+                .to_string(),
+        },
+        (p, j) => format!(
+            "matches {} head(s) recorded elsewhere, each checked against its line ({p} pinned, {} from the journal){}",
+            v.heads_checked,
+            j.map_or("none".into(), |n| n.to_string()),
+            match v.heads_retired {
+                0 => String::new(),
+                n => format!("; {n} recorded for lines retention removed were not checked"),
+            }
+        ),
+    };
+    match v {
         v if v.problems.is_empty() => {
             match v.segments {
                 1 => println!("{}: {} line(s), chain intact", path.display(), v.lines),
