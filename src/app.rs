@@ -132,13 +132,30 @@ pub async fn serve(
         approvals.clone(),
         store.clone(),
     );
-    let interrupted = scheduler
+    let (interrupted, again) = scheduler
         .recover()
         .context("reading the audit log for interrupted runs and cooldowns")?;
     if interrupted > 0 {
         tracing::warn!(
             "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"
         );
+    }
+    // Runs the last stop handed back before they proposed anything: their
+    // triggers were answered `started`, so they run now.
+    if !again.is_empty() && store.is_none() {
+        let n = again.len();
+        match scheduler.submit_all(again).await {
+            Ok(outcomes) => tracing::info!(
+                "{n} run(s) the last stop handed back start again: {} started",
+                outcomes
+                    .iter()
+                    .filter(|o| o.result == crate::admission::TriggerResult::Started)
+                    .count()
+            ),
+            Err(e) => {
+                tracing::error!("{n} run(s) the last stop handed back could not be started: {e}")
+            }
+        }
     }
     make_lock_files_ahead(config.clone());
 

@@ -806,6 +806,7 @@ impl Scheduler {
         self.metrics.runs_in_flight.dec();
         let verdict = match &outcome {
             Ok(report) => report.verdict,
+            Err(_) if self.stopping() => Verdict::Halted,
             Err(_) => Verdict::Broken,
         };
         self.metrics.run_finished(&req.runbook, verdict.as_str());
@@ -821,10 +822,34 @@ impl Scheduler {
         }
         if let Err(e) = &outcome {
             tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
-            // The accepted trigger ends with its one verdict all the same.
+            // The accepted trigger ends with its one verdict all the same;
+            // one the shutdown kept from starting (it waited for its run
+            // lock) is handed to the next start, as a run stopped before
+            // its first call is.
             let info = run_info(config, run_id, req);
-            let why = format!("the run could not start: {e}");
-            if let Err(err) = self.audit.verdict(&info, Verdict::Broken, &why, None) {
+            let handed = self.stopping() && self.store.is_none() && !req.dry_run;
+            let (verdict, why, end) = match handed {
+                true => (
+                    Verdict::Halted,
+                    format!(
+                        "runwarden is shutting down before this run could start ({e}); its trigger is handed to the next start, which runs it again"
+                    ),
+                    Some(crate::audit::RunEnd {
+                        duration_ms: started.elapsed().as_millis() as u64,
+                        final_answer: None,
+                        steps: 0,
+                        mutations: 0,
+                        suggestions: Vec::new(),
+                        handed_back: true,
+                    }),
+                ),
+                false => (
+                    Verdict::Broken,
+                    format!("the run could not start: {e}"),
+                    None,
+                ),
+            };
+            if let Err(err) = self.audit.verdict(&info, verdict, &why, end.as_ref()) {
                 self.metrics.audit_write_failures.inc();
                 tracing::error!(%run_id, "verdict line not written: {err}");
             }
@@ -960,10 +985,13 @@ impl Scheduler {
     /// log: close each run it started and never finished (its process is
     /// gone) with an `interrupted` verdict line, and restore cooldowns and
     /// deduplication keys, so a restart within a runbook's cooldown does not
-    /// allow an immediate rerun. Returns how many runs were closed.
-    pub(crate) fn recover(&self) -> std::io::Result<usize> {
+    /// allow an immediate rerun. Returns how many runs were closed, and the
+    /// triggers of runs the last stop handed back (see [`handed_back`]).
+    pub(crate) fn recover(&self) -> std::io::Result<(usize, Vec<RunRequest>)> {
         let mut record = crate::audit::runs::recovery(self.audit.path())?;
         let unfinished = std::mem::take(&mut record.unfinished);
+        let config = self.config.borrow().clone();
+        let again = handed_back(&config, std::mem::take(&mut record.handed_back));
         let mut closed = 0;
         // Only runs whose process is gone: a `runwarden run` still going on
         // the command line closes its own run.
@@ -990,8 +1018,58 @@ impl Scheduler {
         if let Some(local) = &self.local {
             local.restore(&record);
         }
-        Ok(closed)
+        Ok((closed, again))
     }
+}
+
+/// How long after a stop its handed-back runs are still run again: a
+/// daemon down for longer comes back to a world their triggers no longer
+/// describe (a firing alert repeats through Alertmanager anyway).
+const HAND_BACK_FOR: Duration = Duration::from_secs(3600);
+
+/// The triggers of the runs the last stop handed back (stopped before they
+/// proposed anything), to run again: each with its trigger, its keys (and
+/// `resumes:RUN`, so it is taken over once), and the alert its line kept
+/// (labels, summary and description). Only on this machine's own state,
+/// for a runbook and host still in the config, and stopped within the
+/// last hour; the others are said in the log.
+fn handed_back(
+    config: &Config,
+    runs: Vec<(crate::audit::Entry, Vec<String>, jiff::Timestamp)>,
+) -> Vec<RunRequest> {
+    let since =
+        jiff::Timestamp::now() - jiff::SignedDuration::try_from(HAND_BACK_FOR).unwrap_or_default();
+    let mut out = Vec::new();
+    for (began, mut keys, stopped) in runs {
+        let known = config
+            .runbooks
+            .get(&began.runbook)
+            .is_some_and(|r| r.allows_host(&began.host) && config.hosts.contains_key(&began.host));
+        let detail = began.detail.clone().unwrap_or_default();
+        let trigger =
+            serde_json::from_value::<crate::trigger::Trigger>(detail["trigger"].clone()).ok();
+        match trigger {
+            Some(trigger)
+                if known && stopped > since && trigger != crate::trigger::Trigger::Cli =>
+            {
+                keys.push(crate::audit::runs::resumes_key(&began.run_id));
+                let mut req = RunRequest::cli(began.runbook.clone(), began.host.clone(), false);
+                req.trigger = trigger;
+                req.keys = keys;
+                req.alert = Some(detail["alert"].clone()).filter(|a| a.is_object());
+                out.push(req);
+            }
+            _ => tracing::info!(
+                run_id = %began.run_id,
+                "run {} ({} on {}) was handed back by the last stop at {stopped} but is not run again: {}",
+                began.run_id,
+                began.runbook,
+                began.host,
+                if !known { "its runbook or host is no longer in the configuration" } else if stopped <= since { "it was stopped more than an hour ago" } else { "a person started it" }
+            ),
+        }
+    }
+    out
 }
 
 /// What every line of a trigger's run carries before the run itself starts.
@@ -1185,5 +1263,150 @@ mod tests {
         let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
         assert_eq!(got[0].result, TriggerResult::Pending);
         assert!(s.stopping());
+    }
+
+    /// An accepted trigger whose run the shutdown stopped before it made a
+    /// call (here: while it waited for its run lock) is handed to the next
+    /// start, which runs it again, once: 0 accepted triggers without a run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_the_shutdown_stopped_before_any_call_runs_at_the_next_start() {
+        let (dir, config, first) = scheduler();
+        let fresh = |shutdown| {
+            Scheduler::new(
+                first.config.clone(),
+                first.audit.clone(),
+                first.metrics.clone(),
+                shutdown,
+                None,
+                None,
+            )
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let s = fresh(shutdown);
+        let held = crate::runlock::try_acquire(&config.settings.state_dir, "rb", "web", "someone")
+            .unwrap()
+            .unwrap();
+        let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
+        assert_eq!(got[0].result, TriggerResult::Started);
+        let old = got[0].run_id.clone().unwrap();
+        stop.send(true).unwrap();
+        assert!(s.wait_idle(Duration::from_secs(10)).await);
+        drop(held);
+        let lines = || -> Vec<serde_json::Value> {
+            std::fs::read_to_string(dir.path().join("state/audit.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let verdict = lines()
+            .into_iter()
+            .find(|l| l["run_id"] == old.as_str() && l["phase"] == "verdict")
+            .unwrap();
+        assert_eq!(verdict["outcome"], "halted");
+        assert_eq!(verdict["detail"]["handed_back"], true, "{verdict}");
+        // The next start runs it again, with its trigger and keys.
+        let (_stop, shutdown) = watch::channel(false);
+        let next = fresh(shutdown);
+        let (_, again) = next.recover().unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].trigger, crate::trigger::Trigger::Alert);
+        assert!(
+            again[0].keys.contains(&"fp:1".to_string()),
+            "{:?}",
+            again[0].keys
+        );
+        let got = next.submit_all(again).await.unwrap();
+        assert_eq!(
+            got[0].result,
+            TriggerResult::Started,
+            "no cooldown from a run that did nothing"
+        );
+        let new = got[0].run_id.clone().unwrap();
+        assert!(next.wait_idle(Duration::from_secs(10)).await);
+        let ended = lines()
+            .into_iter()
+            .find(|l| l["run_id"] == new.as_str() && l["phase"] == "verdict")
+            .unwrap();
+        assert_eq!(ended["outcome"], "ok", "{ended}");
+        // Once: the start after that has nothing to hand back.
+        let (_stop, shutdown) = watch::channel(false);
+        let (_, again) = fresh(shutdown).recover().unwrap();
+        assert!(again.is_empty(), "{again:?}");
+    }
+
+    /// The other way a shutdown meets an accepted trigger: its run waited
+    /// for the one permit (`max_concurrent_runs: 1`) and starts only as the
+    /// daemon stops, so its loop stops it before its first proposal; it is
+    /// handed back too, and so is the run that held the permit waiting for
+    /// its lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_that_waited_for_a_permit_through_the_shutdown_is_handed_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        for d in ["hosts", "runbooks", "kill-switch"] {
+            std::fs::create_dir_all(p.join(d)).unwrap();
+        }
+        std::fs::write(p.join("runwarden.yaml"), "max_concurrent_runs: 1\n").unwrap();
+        for h in ["web", "db"] {
+            std::fs::write(
+                p.join(format!("hosts/{h}.yaml")),
+                format!("name: {h}\nconnection: local\npaths: [/tmp]\n"),
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            p.join("runbooks/rb.yaml"),
+            "name: rb\ndescription: t\nhosts: [web, db]\nautonomy: L3\ntools:\n  observe: [disk_usage]\nsteps: [{ call: disk_usage, args: { path: /tmp } }]\n",
+        )
+        .unwrap();
+        let config = Arc::new(Config::load(p).unwrap());
+        let audit = Arc::new(AuditLog::open(&p.join("state/audit.jsonl")).unwrap());
+        let (stop, shutdown) = watch::channel(false);
+        let s = Scheduler::new(
+            watch::channel(config.clone()).1,
+            audit,
+            Arc::new(Metrics::new(prometheus::Registry::new())),
+            shutdown,
+            None,
+            None,
+        );
+        let held = crate::runlock::try_acquire(&config.settings.state_dir, "rb", "web", "someone")
+            .unwrap()
+            .unwrap();
+        let mut on_db = alert(&["fp:db"]);
+        on_db.host = "db".into();
+        let got = s.submit_all(vec![alert(&["fp:web"]), on_db]).await.unwrap();
+        assert!(
+            got.iter().all(|o| o.result == TriggerResult::Started),
+            "{got:?}"
+        );
+        stop.send(true).unwrap();
+        assert!(s.wait_idle(Duration::from_secs(10)).await);
+        drop(held);
+        let text = std::fs::read_to_string(p.join("state/audit.jsonl")).unwrap();
+        let handed: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|l| l["phase"] == "verdict" && l["detail"]["handed_back"] == true)
+            .collect();
+        assert_eq!(handed.len(), 2, "{text}");
+        assert!(
+            !text.contains("\"phase\":\"intent\""),
+            "no call was made: {text}"
+        );
+        let (_stop, shutdown) = watch::channel(false);
+        let next = Scheduler::new(
+            watch::channel(config.clone()).1,
+            Arc::new(AuditLog::open(&p.join("state/audit.jsonl")).unwrap()),
+            Arc::new(Metrics::new(prometheus::Registry::new())),
+            shutdown,
+            None,
+            None,
+        );
+        let (_, again) = next.recover().unwrap();
+        let mut hosts: Vec<&str> = again.iter().map(|r| r.host.as_str()).collect();
+        hosts.sort();
+        assert_eq!(hosts, ["db", "web"]);
     }
 }

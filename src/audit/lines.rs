@@ -253,6 +253,9 @@ pub(crate) struct RunEnd {
     pub(crate) mutations: u32,
     /// Tier-3 commands suggested.
     pub(crate) suggestions: Vec<String>,
+    /// Stopped by the daemon's shutdown before it proposed anything: the
+    /// next start runs its trigger again.
+    pub(crate) handed_back: bool,
 }
 
 impl AuditLog {
@@ -546,13 +549,17 @@ impl AuditLog {
         e.detail = Some(match end {
             Some(end) => {
                 e.duration_ms = Some(end.duration_ms);
-                json!({
+                let mut d = json!({
                     "detail": detail,
                     "final_answer": end.final_answer,
                     "steps": end.steps,
                     "mutations": end.mutations,
                     "suggestions": end.suggestions,
-                })
+                });
+                if end.handed_back {
+                    d["handed_back"] = true.into();
+                }
+                d
             }
             None => json!({ "detail": detail }),
         });

@@ -323,6 +323,16 @@ pub(crate) struct Recovery {
     /// For each (runbook, host): when its runs started within the last
     /// week (the longest `max_runs` window), oldest first.
     pub(crate) starts: Starts,
+    /// Runs a daemon's shutdown stopped before they proposed anything, and
+    /// that no later run took over (`resumes:RUN` among its keys): the
+    /// line that started each, its keys, and when it was stopped. Read from
+    /// the current file (a rotation in between forgets them).
+    pub(crate) handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)>,
+}
+
+/// The key a run that takes over a handed-back one carries.
+pub(crate) fn resumes_key(run_id: &str) -> String {
+    format!("resumes:{run_id}")
 }
 
 /// (runbook, host) -> when its recent runs started.
@@ -342,6 +352,8 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let mut ends = HashMap::new();
     let mut starts: Starts = HashMap::new();
     let mut counted: std::collections::HashSet<String> = Default::default();
+    let mut handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)> = Vec::new();
+    let mut resumed: std::collections::HashSet<String> = Default::default();
     let week_ago = jiff::Timestamp::now()
         - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default();
     for line in reader.lines() {
@@ -357,6 +369,14 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         let Ok(e) = serde_json::from_str::<Entry>(&line) else {
             continue;
         };
+        if e.phase == Some(Phase::Queued)
+            && let Some(ks) = e.detail.as_ref().and_then(|d| d["keys"].as_array())
+        {
+            resumed.extend(
+                ks.iter()
+                    .filter_map(|k| k.as_str()?.strip_prefix("resumes:").map(String::from)),
+            );
+        }
         if super::handed(&e) {
             // Handed to the fleet's queue: the replica that took it keeps
             // its run, its end and its count.
@@ -400,10 +420,18 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
             }
             Some(Phase::Queued | Phase::Start) => recover_open(e, &mut keys, &mut open),
             Some(Phase::Verdict) => {
-                open.remove(&e.run_id);
+                let began = open.remove(&e.run_id);
                 let k = keys.remove(&e.run_id).unwrap_or_default();
+                let handed = e.detail.as_ref().is_some_and(|d| d["handed_back"] == true);
                 if let Ok(ts) = e.ts.parse::<jiff::Timestamp>() {
-                    ends.insert((e.runbook.clone(), e.host.clone()), (ts, k));
+                    match (handed, began) {
+                        // It did nothing: no cooldown or deduplication from it.
+                        (true, Some(began)) => handed_back.push((began, k, ts)),
+                        (true, None) => {}
+                        (false, _) => {
+                            ends.insert((e.runbook.clone(), e.host.clone()), (ts, k));
+                        }
+                    }
                 }
             }
             _ => {}
@@ -422,10 +450,12 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         times.sort();
     }
     starts.retain(|_, times| !times.is_empty());
+    handed_back.retain(|(e, _, _)| !resumed.contains(&e.run_id));
     Ok(Recovery {
         unfinished,
         ends,
         starts,
+        handed_back,
     })
 }
 
@@ -435,7 +465,8 @@ fn recover_open(
     keys: &mut HashMap<String, Vec<String>>,
     open: &mut HashMap<String, Entry>,
 ) {
-    if e.phase == Some(Phase::Queued) {
+    // A start line after the queued one keeps the queued line's keys.
+    if e.phase == Some(Phase::Queued) || !keys.contains_key(&e.run_id) {
         let k = e
             .detail
             .as_ref()

@@ -103,6 +103,9 @@ pub(super) struct RunState {
     would_change: u32,
     /// With shared state: the fleet budgets each call's fence counts against.
     budgets: crate::store::Budgets,
+    /// The daemon stopped before the run proposed anything: the next start
+    /// runs its trigger again (one machine; see `audit::runs::recovery`).
+    handed_back: bool,
 }
 
 impl RunLoop<'_> {
@@ -125,6 +128,7 @@ impl RunLoop<'_> {
             model_turns: 0,
             unreachable: 0,
             would_change: 0,
+            handed_back: false,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -133,10 +137,22 @@ impl RunLoop<'_> {
         };
         while s.tally.stop.is_none() {
             if self.shutting_down() {
-                s.tally.stop(
-                    Verdict::Halted,
-                    "runwarden is shutting down; the run stopped before its next call".into(),
-                );
+                // Nothing proposed, nothing run: on one machine the trigger
+                // is handed to the next start, which runs it again, rather
+                // than lost until Alertmanager's next repeat (hours). A run
+                // that made a call, or one of the fleet's, halts.
+                if s.reports.is_empty() && self.lease.is_none() && !self.req.dry_run {
+                    s.handed_back = true;
+                    s.tally.stop(
+                        Verdict::Halted,
+                        "runwarden is shutting down before this run made any call; its trigger is handed to the next start, which runs it again".into(),
+                    );
+                } else {
+                    s.tally.stop(
+                        Verdict::Halted,
+                        "runwarden is shutting down; the run stopped before its next call".into(),
+                    );
+                }
                 break;
             }
             let n = s.reports.len() as u32 + 1;
@@ -503,6 +519,7 @@ impl RunLoop<'_> {
             steps: s.gate.budget().steps(),
             mutations,
             suggestions: s.suggestions,
+            handed_back: s.handed_back,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {
