@@ -301,10 +301,11 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                 continue;
             }
             matched = true;
-            match on
-                .host_of(&alert.labels)
-                .filter(|h| rb.allows_host(h) && config.hosts.contains_key(h))
-            {
+            // An example host (`example: true`) is never called until
+            // someone sets it up: no alert starts a run there.
+            match on.host_of(&alert.labels).filter(|h| {
+                rb.allows_host(h) && config.hosts.get(h).is_some_and(|host| !host.example)
+            }) {
                 Some(host) => out.push(Candidate::Run(RunRequest {
                     runbook: rb.name.clone(),
                     host,
@@ -329,6 +330,9 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                         None => format!("the alert has no {} label", on.host_label),
                         Some(h) if !rb.allows_host(&h) => {
                             format!("host {h:?} is not one of the runbook's hosts")
+                        }
+                        Some(h) if config.hosts.get(&h).is_some_and(|host| host.example) => {
+                            format!("host {h:?} is an example (example: true in its host file): set it up, then remove that line")
                         }
                         Some(h) => format!("host {h:?} has no host file"),
                     },

@@ -108,22 +108,11 @@ pub(crate) async fn worker(
                     // Every host of the fire in one batch: with replicas,
                     // one round trip decides them all, and the fleet's
                     // queue spreads what this replica cannot start now.
-                    let reqs: Vec<RunRequest> = rb
-                        .hosts
-                        .iter()
-                        .map(|host| RunRequest {
-                            runbook: name.clone(),
-                            host: host.to_string(),
-                            dry_run: false,
-                            planner: Default::default(),
-                            trigger: Trigger::Schedule,
-                            alert: None,
-                            together: None,
-                            keys: vec![format!("cron:{}", fired.timestamp())],
-                        })
-                        .collect();
+                    let reqs = fire_requests(&cfg, rb, &fired);
                     let hosts = reqs.len();
-                    if let Err(e) = scheduler.submit(reqs).await {
+                    if hosts > 0
+                        && let Err(e) = scheduler.submit(reqs).await
+                    {
                         tracing::error!(runbook = %name, "{hosts} scheduled run(s) not started (their triggers could not be recorded): {e}");
                     }
                 }
@@ -140,6 +129,26 @@ pub(crate) async fn worker(
             }
         }
     }
+}
+
+/// The runs one fire of `rb`'s schedule asks for: one per host, but for
+/// example hosts (`example: true`), which are never called until someone
+/// sets them up.
+fn fire_requests(cfg: &Config, rb: &crate::config::Runbook, fired: &Zoned) -> Vec<RunRequest> {
+    rb.hosts
+        .iter()
+        .filter(|h| cfg.hosts.get(&***h).is_none_or(|host| !host.example))
+        .map(|host| RunRequest {
+            runbook: rb.name.clone(),
+            host: host.to_string(),
+            dry_run: false,
+            planner: Default::default(),
+            trigger: Trigger::Schedule,
+            alert: None,
+            together: None,
+            keys: vec![format!("cron:{}", fired.timestamp())],
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -195,5 +204,22 @@ mod tests {
         let fired = fire_due(&mut next, &crons, &at("2026-11-30T10:03:00"));
         assert_eq!(fired.len(), 1);
         assert_eq!(next["m"], at("2026-11-30T10:04:00"));
+    }
+
+    /// The shipped schedules never call the shipped example hosts: a fire
+    /// of `cert-expiry` (whose hosts are both examples) asks for no run.
+    #[test]
+    fn a_schedule_never_calls_an_example_host() {
+        let cfg = Config::load(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let now = Zoned::now();
+        let rb = &cfg.runbooks["cert-expiry"];
+        assert!(rb.hosts.iter().all(|h| cfg.hosts[&**h].example));
+        assert!(fire_requests(&cfg, rb, &now).is_empty());
+        let local = &cfg.runbooks["local-health"];
+        let reqs = fire_requests(&cfg, local, &now);
+        assert_eq!(
+            reqs.iter().map(|r| r.host.as_str()).collect::<Vec<_>>(),
+            ["local"]
+        );
     }
 }
