@@ -277,29 +277,41 @@ impl AuditLog {
         let closed = segment_path(&self.path, first);
         let carried = super::runs::recovery(&self.path)?;
         let now = jiff::Timestamp::now();
-        let retired: Vec<Value> = match self.rotation.keep {
-            None => Vec::new(),
-            Some(keep) => {
-                // Decided on each segment's own last line, oldest first: a
-                // file's mtime is anyone's to set (`touch -d 2020` is no
-                // retention), and a segment whose last line names no time
-                // is kept.
-                let cutoff = now - jiff::SignedDuration::try_from(keep).unwrap_or_default();
+        let retired: Vec<Value> = match (self.rotation.keep, self.rotation.max_total) {
+            (None, None) => Vec::new(),
+            (keep, max_total) => {
+                // Oldest first, each decided on the segment's own last
+                // line (a file's mtime is anyone's to set: `touch -d 2020`
+                // is no retention; a segment whose last line names no time
+                // is kept), then by size: the oldest go while the history
+                // (the segments, the file closing now and the next one's
+                // first line) holds more than `max_total`.
+                let cutoff =
+                    keep.map(|k| now - jiff::SignedDuration::try_from(k).unwrap_or_default());
+                let closed = segments::closed(&self.path)?;
+                let mut total: u64 = head.file.metadata()?.len();
+                for s in &closed {
+                    total += std::fs::metadata(&s.path)?.len();
+                }
                 let mut out = Vec::new();
-                for s in segments::closed(&self.path)? {
+                for s in closed {
                     let f = File::open(&s.path)?;
                     let Some(last) = last_time(&f)? else { break };
-                    if last >= cutoff {
+                    let too_old = cutoff.is_some_and(|c| last < c);
+                    let too_much = max_total.is_some_and(|m| total > m);
+                    if !too_old && !too_much {
                         break;
                     }
+                    total = total.saturating_sub(f.metadata()?.len());
                     let (hash, _) = last_hash(&f)?.unwrap_or_default();
                     out.push(serde_json::json!({
                         "segment": file_name(&s.path),
                         "first": s.first,
                         "last": last_number(&f)?,
                         "head": hash,
-                        "from": first_time(&f)?.map(|t| t.to_string()),
+                        "from": first_stamp(&f)?.map(|t| t.to_string()),
                         "to": last.to_string(),
+                        "why": if too_old { "keep" } else { "max_total" },
                     }));
                 }
                 out
@@ -320,6 +332,10 @@ impl AuditLog {
                     "head": head.hash,
                 },
                 "retired": retired,
+                "retired_total": retired_total(
+                    first_line(&head.file)?.and_then(|s| s.detail?.retired_total),
+                    &retired,
+                ),
                 "carried": carried.to_json(),
             })),
             ..Entry::default()
@@ -537,6 +553,22 @@ fn open_current(path: &Path) -> std::io::Result<File> {
     crate::files::open_append(path, 0o640)
 }
 
+/// Every segment retention removed so far: what the file closing now says
+/// it removed before it (`prior`), and what this rotation removes.
+fn retired_total(prior: Option<Value>, now: &[Value]) -> Value {
+    let mut t = prior.unwrap_or_else(|| serde_json::json!({ "segments": 0 }));
+    for r in now {
+        t["segments"] = (t["segments"].as_u64().unwrap_or(0) + 1).into();
+        if t["first"].is_null() {
+            t["first"] = r["first"].clone();
+            t["from"] = r["from"].clone();
+        }
+        t["last"] = r["last"].clone();
+        t["to"] = r["to"].clone();
+    }
+    t
+}
+
 /// A file's device and inode.
 fn file_id(file: &File) -> std::io::Result<(u64, u64)> {
     let m = file.metadata()?;
@@ -558,9 +590,20 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// What retention removed before a file, as its first (`segment`) line
+/// carries it: every segment retention ever removed, so the record of the
+/// oldest removals survives their own segment lines' removal.
+#[derive(serde::Deserialize, Default)]
+struct StampDetail {
+    #[serde(default)]
+    retired_total: Option<Value>,
+}
+
 /// The first line's fields a reader of a segment wants without reading it all.
 #[derive(serde::Deserialize)]
 struct Stamp {
+    #[serde(default)]
+    detail: Option<StampDetail>,
     ts: Option<String>,
     n: Option<u64>,
 }
@@ -592,13 +635,6 @@ pub(super) fn last_number(file: &File) -> std::io::Result<Option<u64>> {
 /// When the file's last line was written, as the line says (its `ts`).
 pub(super) fn last_time(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
     Ok(last_stamp(file)?
-        .and_then(|s| s.ts)
-        .and_then(|t| t.parse().ok()))
-}
-
-/// When the file's first line was written, as the line says.
-pub(super) fn first_time(file: &File) -> std::io::Result<Option<jiff::Timestamp>> {
-    Ok(first_line(file)?
         .and_then(|s| s.ts)
         .and_then(|t| t.parse().ok()))
 }
@@ -784,6 +820,7 @@ mod tests {
                 max_bytes: 2048,
                 max_age: None,
                 keep: None,
+                max_total: None,
             },
         )
         .unwrap();
@@ -839,6 +876,7 @@ mod tests {
                 max_bytes: 4096,
                 max_age: None,
                 keep: None,
+                max_total: None,
             },
         )
         .unwrap();

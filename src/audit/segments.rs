@@ -249,6 +249,7 @@ mod tests {
             max_bytes: 2048,
             max_age: None,
             keep,
+            max_total: None,
         }
     }
 
@@ -469,6 +470,7 @@ mod tests {
                 max_bytes: u64::MAX,
                 max_age: None,
                 keep: None,
+                max_total: None,
             },
         )
         .unwrap();
@@ -627,5 +629,38 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert!(read.len() < 6_500 && read.last().unwrap().contains("\"i\":19999,"));
+    }
+
+    /// `max_total` bounds the history's bytes: the oldest segments go first
+    /// (young as they are), each recorded as retention removed it, so the
+    /// chain verifies and says what went.
+    #[test]
+    fn the_history_stays_under_its_total_size_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut rotation = small(None);
+        rotation.max_total = Some(4 * 2048);
+        let log = AuditLog::open_with(&path, rotation).unwrap();
+        filler(&log, "a", 400);
+        let files = list(&path).unwrap();
+        let total: u64 = files
+            .iter()
+            .map(|s| std::fs::metadata(&s.path).unwrap().len())
+            .sum();
+        assert!(
+            total <= 4 * 2048 + 2 * 2048,
+            "{total} bytes in {} files",
+            files.len()
+        );
+        let v = verify(&path).unwrap();
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+        assert!(v.retired.segments > 0, "{:?}", v.retired);
+        assert_eq!(
+            v.retired.lines.map(|l| l.0),
+            Some(1),
+            "the oldest went first"
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"why\":\"max_total\""), "{text}");
     }
 }

@@ -120,13 +120,33 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
             }
             if let Some(v) = &parsed
                 && v["phase"] == "segment"
+                && let Some(total) = v["detail"]["retired_total"].as_object()
+                && total.get("segments").and_then(Value::as_u64).unwrap_or(0) as usize
+                    > retired.segments
+            {
+                // The whole record so far: it names removals whose own
+                // `segment` lines retention removed since.
+                retired = Retired {
+                    segments: total["segments"].as_u64().unwrap_or(0) as usize,
+                    lines: total
+                        .get("first")
+                        .and_then(Value::as_u64)
+                        .zip(total.get("last").and_then(Value::as_u64)),
+                    from: total.get("from").and_then(Value::as_str).map(String::from),
+                    to: total.get("to").and_then(Value::as_str).map(String::from),
+                };
+            }
+            if let Some(v) = &parsed
+                && v["phase"] == "segment"
                 && let Some(gone) = v["detail"]["retired"].as_array()
             {
                 retired_heads.extend(
                     gone.iter()
                         .filter_map(|r| r["head"].as_str().map(String::from)),
                 );
-                for r in gone {
+                // Lines of older releases, with no whole record: add up.
+                let counted = !v["detail"]["retired_total"].is_null();
+                for r in gone.iter().filter(|_| !counted) {
                     retired.segments += 1;
                     if let (Some(a), Some(b)) = (r["first"].as_u64(), r["last"].as_u64()) {
                         let (lo, hi) = retired.lines.unwrap_or((a, b));

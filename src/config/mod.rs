@@ -121,6 +121,10 @@ pub struct Rotation {
     pub max_age: Option<Duration>,
     /// Remove closed segments whose last line is older than this (`None`: keep all).
     pub keep: Option<Duration>,
+    /// Remove the oldest closed segments while the history (closed
+    /// segments and the current file) holds more bytes than this (`None`:
+    /// no bound on size).
+    pub max_total: Option<u64>,
 }
 
 impl Default for Rotation {
@@ -131,6 +135,7 @@ impl Default for Rotation {
             max_bytes: 16 << 20,
             max_age: Some(Duration::from_secs(7 * 86_400)),
             keep: Some(Duration::from_secs(400 * 86_400)),
+            max_total: None,
         }
     }
 }
@@ -942,6 +947,22 @@ fn audit_rotation(
         }
         r.keep = d;
     }
+    if let Some(total) = &raw.max_total {
+        match total.value.as_str() {
+            "never" => r.max_total = None,
+            text => match bytes(text) {
+                Some(b) if b >= 4 * r.max_bytes => r.max_total = Some(b),
+                _ => diags.at(
+                    file,
+                    total.referenced,
+                    format!(
+                        "audit_rotation.max_total \"{}\" is not a size of at least 4 segments (4 x max_size): write e.g. 10GiB, or `never`",
+                        total.value
+                    ),
+                ),
+            },
+        }
+    }
     r
 }
 
@@ -1076,6 +1097,7 @@ mod tests {
                 max_bytes: 512 << 10,
                 max_age: Some(Duration::from_secs(86_400)),
                 keep: None,
+                max_total: None,
             }
         );
         yaml("audit_head: none\n");

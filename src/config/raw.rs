@@ -55,6 +55,7 @@ pub(crate) struct AuditRotation {
     pub(crate) max_size: Option<S<String>>,
     pub(crate) max_age: Option<S<String>>,
     pub(crate) keep: Option<S<String>>,
+    pub(crate) max_total: Option<S<String>>,
 }
 
 /// `state:` in runwarden.yaml.
