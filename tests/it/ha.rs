@@ -1020,6 +1020,38 @@ fn the_kill_switch_engaged_through_one_replica_halts_runs_on_all_three_within_a_
         "{:#}",
         lines[0]
     );
+
+    // An engage never weakens the fleet's switch in force: `--for 2s` over
+    // an untimed one keeps it untimed, with both reasons, past those 2 s.
+    let run = |args: &[&str]| {
+        let out = fleet[1].e.run(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, said) = run(&["kill-switch", "engage", "--reason", "INC-88 hands off"]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = run(&[
+        "kill-switch",
+        "engage",
+        "--reason",
+        "maintenance",
+        "--for",
+        "2s",
+    ]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("stays untimed"), "{said}");
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, said) = run(&["kill-switch", "status"]);
+    assert_eq!(code, Some(1), "still engaged: {said}");
+    assert!(
+        said.contains("INC-88 hands off") && said.contains("maintenance"),
+        "{said}"
+    );
+    let (code, said) = run(&["kill-switch", "release"]);
+    assert_eq!(code, Some(0), "{said}");
 }
 
 #[test]
