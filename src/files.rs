@@ -41,18 +41,27 @@ impl StateDir {
         } else {
             dir
         };
-        let fd = nix::fcntl::open(
-            dir,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| match e {
-            nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR => refused(
-                dir,
-                "is a symbolic link or not a directory; runwarden writes its state only into a real directory (replace it with one)",
-            ),
-            e => std::io::Error::from(e),
-        })?;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let open = |at: &Path| nix::fcntl::open(at, flags, nix::sys::stat::Mode::empty());
+        let fd = match open(dir) {
+            Ok(fd) => fd,
+            // A link that only root (or, for a daemon that is not root, its
+            // own account) could have made is where the directory was put
+            // (a state directory on a bigger disk): followed. One another
+            // account made (the daemon's, planting it for root's command)
+            // is refused.
+            // (O_DIRECTORY with O_NOFOLLOW says ENOTDIR of a link.)
+            Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) if trusted_link(dir) => {
+                open(&std::fs::canonicalize(dir)?).map_err(std::io::Error::from)?
+            }
+            Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => {
+                return Err(refused(
+                    dir,
+                    "is a symbolic link another account made, or not a directory; runwarden writes its state only into a real directory (replace it with one)",
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
         let st = nix::sys::stat::fstat(&fd)?;
         Ok(StateDir {
             fd,
@@ -152,6 +161,17 @@ impl StateDir {
         }
         Ok(file)
     }
+}
+
+/// Whether the link at `path` was made by root, or by this process's own
+/// account when it is not root: no other account could have planted it.
+fn trusted_link(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid();
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        m.file_type().is_symlink()
+            && (m.uid() == 0 || (!euid.is_root() && m.uid() == euid.as_raw()))
+    })
 }
 
 /// An error that names the file and says what to do.
@@ -469,12 +489,13 @@ mod tests {
                 .is_symlink()
         );
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-        // A state directory that is itself a link is refused too.
+        // A state directory that is a link of this account's own (or
+        // root's) is where the directory was put: followed. (One another
+        // account made is refused: the root-only test below.)
         let linked = dir.path().join("linked");
         std::os::unix::fs::symlink(dir.path(), &linked).unwrap();
-        let e = open_state(&linked.join("x.lock"), Create::IfMissing, 0o640).unwrap_err();
-        assert!(e.to_string().contains("not a directory"), "{e}");
-        assert!(!dir.path().join("x.lock").exists());
+        open_state(&linked.join("x.lock"), Create::IfMissing, 0o640).unwrap();
+        assert!(dir.path().join("x.lock").is_file());
         // Reading: a FIFO is refused at once, a link is not followed.
         nix::unistd::mkfifo(&state.join("fifo.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         assert!(read_state(&state.join("fifo.json")).is_err());
@@ -530,6 +551,16 @@ mod tests {
             0,
             "not taken for the daemon"
         );
+        // A directory link the daemon's account planted (as `locks`) is
+        // refused: root's command writes nothing where it leads.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let planted = state.join("planted");
+        std::os::unix::fs::symlink(&elsewhere, &planted).unwrap();
+        std::os::unix::fs::lchown(&planted, Some(daemon), Some(daemon)).unwrap();
+        let e = open_state(&planted.join("rb@web.lock"), Create::IfMissing, 0o640).unwrap_err();
+        assert!(e.to_string().contains("another account made"), "{e}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
         let third = state.join("third.lock");
         std::fs::write(&third, "").unwrap();
         std::os::unix::fs::chown(&third, Some(other), Some(other)).unwrap();

@@ -233,7 +233,14 @@ impl KillSwitch {
     ) -> std::io::Result<EngagedFile> {
         crate::files::make_dir(&self.dir)?;
         let _lock = self.lock()?;
-        let target = self.file(runbook);
+        // A kill-switch directory configured as a link to one (a tmpfs, a
+        // shared mount) is written in where it leads: the switch must
+        // engage wherever its directory is, and a state file is written
+        // only in a real directory.
+        let target = match std::fs::canonicalize(&self.dir) {
+            Ok(real) => real.join(self.file(runbook).file_name().unwrap_or_default()),
+            Err(_) => self.file(runbook),
+        };
         let now = jiff::Timestamp::now();
         let before = read_file(&target).filter(|b| !b.expired(now));
         let until = match &before {
@@ -754,5 +761,21 @@ mod tests {
         assert_eq!(ks.status().unwrap(), Vec::new());
         ks.engage(Some("disk"), "x", None).unwrap();
         assert_eq!(ks.status().unwrap().len(), 1);
+    }
+
+    /// A kill-switch directory configured as a link to a directory still
+    /// engages (in the directory it leads to), and the gate sees it.
+    #[test]
+    fn a_switch_directory_that_is_a_link_still_engages() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("ks");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let ks = KillSwitch::new(&link);
+        ks.engage(None, "INC-9", None).unwrap();
+        assert!(real.join(GLOBAL).is_file());
+        assert!(ks.check("disk").unwrap_err().detail.contains("INC-9"));
+        assert!(ks.release(None).unwrap());
     }
 }
