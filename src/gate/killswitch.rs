@@ -233,14 +233,7 @@ impl KillSwitch {
     ) -> std::io::Result<EngagedFile> {
         crate::files::make_dir(&self.dir)?;
         let _lock = self.lock()?;
-        // A kill-switch directory configured as a link to one (a tmpfs, a
-        // shared mount) is written in where it leads: the switch must
-        // engage wherever its directory is, and a state file is written
-        // only in a real directory.
-        let target = match std::fs::canonicalize(&self.dir) {
-            Ok(real) => real.join(self.file(runbook).file_name().unwrap_or_default()),
-            Err(_) => self.file(runbook),
-        };
+        let target = self.file(runbook);
         let now = jiff::Timestamp::now();
         let before = read_file(&target).filter(|b| !b.expired(now));
         let until = match &before {
@@ -379,16 +372,13 @@ impl SwitchFile {
 /// The switch file at `file`, if there is one (a FIFO, a link or a file
 /// that cannot be read is there, untimed, with no text).
 fn read_file(file: &Path) -> Option<SwitchFile> {
-    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(file).ok()?;
-    let mtime =
-        |m: &std::fs::Metadata| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
     let mut text = String::new();
-    let mut id = (meta.dev(), meta.ino(), mtime(&meta));
+    let mut id = file_id(&meta);
     // Never blocks: a FIFO named ENGAGED still engages, it is just not read.
     if let Ok(f) = crate::files::open_regular(file, false) {
         if let Ok(m) = f.metadata() {
-            id = (m.dev(), m.ino(), mtime(&m));
+            id = file_id(&m);
         }
         let _ = f.take(2048).read_to_string(&mut text);
     }
@@ -454,11 +444,17 @@ fn describe(file: &Path) -> String {
     }
 }
 
+/// Which file a switch file is: device, inode and modification time (ns).
+fn file_id(m: &std::fs::Metadata) -> (u64, u64, i128) {
+    use std::os::unix::fs::MetadataExt;
+    let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    (m.dev(), m.ino(), mtime)
+}
+
 /// Remove `file` if it is still the file `id` names: renamed aside first,
 /// then compared; another file is put back (unless yet another took its
 /// name meanwhile, which then stays). True when it was removed.
 fn remove_if_same(file: &Path, id: (u64, u64, i128)) -> bool {
-    use std::os::unix::fs::MetadataExt;
     let Some(name) = file.file_name() else {
         return false;
     };
@@ -469,13 +465,7 @@ fn remove_if_same(file: &Path, id: (u64, u64, i128)) -> bool {
     if std::fs::rename(file, &aside).is_err() {
         return false;
     }
-    let same = std::fs::symlink_metadata(&aside).is_ok_and(|m| {
-        (
-            m.dev(),
-            m.ino(),
-            i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-        ) == id
-    });
+    let same = std::fs::symlink_metadata(&aside).is_ok_and(|m| file_id(&m) == id);
     if same {
         return std::fs::remove_file(&aside).is_ok();
     }
@@ -763,8 +753,9 @@ mod tests {
         assert_eq!(ks.status().unwrap().len(), 1);
     }
 
-    /// A kill-switch directory configured as a link to a directory still
-    /// engages (in the directory it leads to), and the gate sees it.
+    /// A kill-switch directory configured as a link to a directory (made by
+    /// root or by this account, as a person sets one up) still engages, in
+    /// the directory it leads to, and the gate sees it.
     #[test]
     fn a_switch_directory_that_is_a_link_still_engages() {
         let dir = tempfile::tempdir().unwrap();
