@@ -180,7 +180,9 @@ fn trusted(here: &std::path::Path) -> Result<(), Failed> {
         let meta = std::fs::symlink_metadata(&path)
             .map_err(|e| Failed::usage(format!("{}: {e}", path.display())))?;
         let owner = meta.uid();
-        let why = if owner != me && owner != 0 {
+        let why = if meta.file_type().is_symlink() {
+            "is a symbolic link".to_string()
+        } else if owner != me && owner != 0 {
             let name = nix::unistd::User::from_uid(owner.into())
                 .ok()
                 .flatten()
@@ -195,8 +197,6 @@ fn trusted(here: &std::path::Path) -> Result<(), Failed> {
                     "its group"
                 }
             )
-        } else if meta.file_type().is_symlink() {
-            "is a symbolic link".to_string()
         } else {
             continue;
         };
