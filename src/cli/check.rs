@@ -23,7 +23,8 @@ pub(super) async fn check(dir: &Path) -> Exit {
     let cfg = load(dir)?;
     // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
     match cfg.serve_problems(None) {
-        Ok(warnings) => {
+        Ok(mut warnings) => {
+            warnings.extend(cfg.literal_arguments());
             for w in warnings {
                 eprintln!("warning: {w}");
             }
@@ -153,7 +154,10 @@ pub(super) fn check_json(dir: &Path) -> Exit {
     // What the loader refuses, then what `serve` would refuse.
     let loaded = Config::load(dir).and_then(|cfg| cfg.serve_problems(None).map(|w| (cfg, w)));
     let (cfg, warnings) = match loaded {
-        Ok(both) => both,
+        Ok((cfg, mut warnings)) => {
+            warnings.extend(cfg.literal_arguments());
+            (cfg, warnings)
+        }
         Err(e) => {
             println!(
                 "{}",
