@@ -804,9 +804,13 @@ impl Scheduler {
         // trigger for this runbook and host can start.
         self.admission.ended(req);
         self.metrics.runs_in_flight.dec();
+        // A run the shutdown kept from starting (it waited for its run
+        // lock) is handed to the next start, as one stopped before its
+        // first call is (on this machine's own state).
+        let handed = outcome.is_err() && self.stopping() && self.store.is_none() && !req.dry_run;
         let verdict = match &outcome {
             Ok(report) => report.verdict,
-            Err(_) if self.stopping() => Verdict::Halted,
+            Err(_) if handed => Verdict::Halted,
             Err(_) => Verdict::Broken,
         };
         self.metrics.run_finished(&req.runbook, verdict.as_str());
@@ -822,12 +826,8 @@ impl Scheduler {
         }
         if let Err(e) = &outcome {
             tracing::error!(runbook = %req.runbook, host = %req.host, "run could not start: {e}");
-            // The accepted trigger ends with its one verdict all the same;
-            // one the shutdown kept from starting (it waited for its run
-            // lock) is handed to the next start, as a run stopped before
-            // its first call is.
+            // The accepted trigger ends with its one verdict all the same.
             let info = run_info(config, run_id, req);
-            let handed = self.stopping() && self.store.is_none() && !req.dry_run;
             let (verdict, why, end) = match handed {
                 true => (
                     Verdict::Halted,
@@ -1030,7 +1030,7 @@ const HAND_BACK_FOR: Duration = Duration::from_secs(3600);
 /// The triggers of the runs the last stop handed back (stopped before they
 /// proposed anything), to run again: each with its trigger, its keys (and
 /// `resumes:RUN`, so it is taken over once), and the alert its line kept
-/// (labels, summary and description). Only on this machine's own state,
+/// (labels, summary and description, as `annotations`). Only on this machine's own state,
 /// for a runbook and host still in the config, and stopped within the
 /// last hour; the others are said in the log.
 fn handed_back(
@@ -1056,7 +1056,7 @@ fn handed_back(
                 let mut req = RunRequest::cli(began.runbook.clone(), began.host.clone(), false);
                 req.trigger = trigger;
                 req.keys = keys;
-                req.alert = Some(detail["alert"].clone()).filter(|a| a.is_object());
+                req.alert = crate::audit::alert_of_record(&detail["alert"]);
                 out.push(req);
             }
             _ => tracing::info!(
@@ -1286,7 +1286,13 @@ mod tests {
         let held = crate::runlock::try_acquire(&config.settings.state_dir, "rb", "web", "someone")
             .unwrap()
             .unwrap();
-        let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
+        let mut fired = alert(&["fp:1"]);
+        fired.alert = Some(serde_json::json!({
+            "labels": { "alertname": "DiskAlmostFull", "instance": "web" },
+            "annotations": { "summary": "/ is 93% full", "runbook_url": "http://x" },
+            "fingerprint": "1",
+        }));
+        let got = s.submit_all(vec![fired]).await.unwrap();
         assert_eq!(got[0].result, TriggerResult::Started);
         let old = got[0].run_id.clone().unwrap();
         stop.send(true).unwrap();
@@ -1315,6 +1321,15 @@ mod tests {
             again[0].keys.contains(&"fp:1".to_string()),
             "{:?}",
             again[0].keys
+        );
+        // The alert as its templates read it: labels, and the annotations
+        // its queued line kept.
+        assert_eq!(
+            again[0].alert,
+            Some(serde_json::json!({
+                "labels": { "alertname": "DiskAlmostFull", "instance": "web" },
+                "annotations": { "summary": "/ is 93% full" },
+            }))
         );
         let got = next.submit_all(again).await.unwrap();
         assert_eq!(

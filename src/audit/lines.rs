@@ -240,6 +240,20 @@ pub(crate) fn alert_record(alert: &Value, together: &[Value]) -> Value {
     out
 }
 
+/// The alert an [`alert_record`] kept, in the shape a run's templates
+/// read (`labels`, `annotations.summary`, `annotations.description`): what
+/// a run handed back by a stop gets when it runs again.
+pub(crate) fn alert_of_record(record: &Value) -> Option<Value> {
+    let labels = record.get("labels").filter(|l| l.is_object())?;
+    let mut annotations = serde_json::Map::new();
+    for key in ["summary", "description"] {
+        if let Some(text) = record.get(key) {
+            annotations.insert(key.into(), text.clone());
+        }
+    }
+    Some(json!({ "labels": labels, "annotations": annotations }))
+}
+
 /// How a run ended, beyond its verdict: what its verdict line tallies.
 #[derive(Debug, Default)]
 pub(crate) struct RunEnd {
