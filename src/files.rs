@@ -34,13 +34,13 @@ struct StateDir {
 }
 
 impl StateDir {
+    /// The directory `path` is in.
+    fn of(path: &Path) -> std::io::Result<StateDir> {
+        StateDir::open(parent(path))
+    }
+
     fn open(dir: &Path) -> std::io::Result<StateDir> {
         use nix::fcntl::OFlag;
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let open = |at: &Path| nix::fcntl::open(at, flags, nix::sys::stat::Mode::empty());
         let fd = match open(dir) {
@@ -174,6 +174,14 @@ fn trusted_link(path: &Path) -> bool {
     })
 }
 
+/// The directory `path` names a file in (`.` for a bare name).
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
 /// An error that names the file and says what to do.
 fn refused(path: &Path, why: &str) -> std::io::Error {
     std::io::Error::other(format!("{} {why}", path.display()))
@@ -185,17 +193,12 @@ fn refused(path: &Path, why: &str) -> std::io::Error {
 /// directory (the daemon's account) can plant a link there; root's
 /// `runwarden run` must not then write through it.
 pub(crate) fn open_state(path: &Path, create: Create, mode: u32) -> std::io::Result<File> {
-    StateDir::open(path.parent().unwrap_or(Path::new(".")))?.open_file(path, create, mode)
+    StateDir::of(path)?.open_file(path, create, mode)
 }
 
 /// [`open_state`] in append mode: the audit log and the files beside it.
 pub(crate) fn open_append(path: &Path, mode: u32) -> std::io::Result<File> {
-    StateDir::open(path.parent().unwrap_or(Path::new(".")))?.open_with(
-        path,
-        Create::IfMissing,
-        mode,
-        true,
-    )
+    StateDir::of(path)?.open_with(path, Create::IfMissing, mode, true)
 }
 
 /// Create the state directory `dir` (and its parents) if missing; one that
@@ -212,14 +215,8 @@ pub(crate) fn make_dir(dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(e),
     }
-    if nix::unistd::geteuid().is_root()
-        && let Some(parent) = dir.parent()
-    {
-        let parent = std::fs::metadata(if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        })?;
+    if nix::unistd::geteuid().is_root() {
+        let parent = std::fs::metadata(parent(dir))?;
         std::os::unix::fs::lchown(
             dir,
             Some(std::os::unix::fs::MetadataExt::uid(&parent)),
@@ -236,7 +233,7 @@ pub(crate) fn make_dir(dir: &Path) -> std::io::Result<()> {
 pub(crate) fn replace(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::fd::AsFd;
-    let dir = StateDir::open(path.parent().unwrap_or(Path::new(".")))?;
+    let dir = StateDir::of(path)?;
     let name = path
         .file_name()
         .ok_or_else(|| refused(path, "names no file"))?;
