@@ -1016,7 +1016,7 @@ impl Scheduler {
             closed += 1;
         }
         if let Some(local) = &self.local {
-            local.restore(&record);
+            local.restore(&record, self.audit.path());
         }
         Ok((closed, again))
     }

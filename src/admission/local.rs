@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
+use crate::audit::follow::{Follower, Seen};
 use crate::config::MaxRuns;
 use crate::trigger::RunRequest;
 
@@ -140,11 +141,22 @@ impl Slot {
     }
 }
 
+/// When `at` was, on this process's monotonic clock (`None`: in the future
+/// or before the clock began).
+fn instant_of(at: jiff::Timestamp) -> Option<Instant> {
+    let ago = Duration::try_from(jiff::Timestamp::now().duration_since(at)).ok()?;
+    Instant::now().checked_sub(ago)
+}
+
 /// Every (runbook, host) this daemon decides alone.
 #[derive(Debug)]
 pub(crate) struct Local {
     slots: Mutex<HashMap<(String, String), Slot>>,
     window: Duration,
+    /// The runs other processes on this machine (a person's `runwarden
+    /// run`) record in the log after start-up read it: they count as this
+    /// daemon's own, as the log says they ran.
+    others: Mutex<Option<Follower>>,
 }
 
 impl Default for Local {
@@ -152,6 +164,7 @@ impl Default for Local {
         Local {
             slots: Mutex::default(),
             window: DUPLICATE_WINDOW,
+            others: Mutex::default(),
         }
     }
 }
@@ -159,10 +172,59 @@ impl Default for Local {
 impl Local {
     /// The slots as the audit log left them: (runbook, host) -> when its last
     /// run ended and the keys that started it, and when its recent runs started.
-    pub(crate) fn restore(&self, record: &crate::audit::runs::Recovery) {
+    /// Then it follows the log at `path` for the runs of other processes.
+    pub(crate) fn restore(&self, record: &crate::audit::runs::Recovery, path: &std::path::Path) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for key in record.ends.keys().chain(record.starts.keys()) {
             slots.insert(key.clone(), Slot::from_record(record, key));
+        }
+        let open = record
+            .unfinished
+            .iter()
+            .map(|(e, keys)| (e.run_id.clone(), keys.clone()));
+        *self.others.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Follower::from(path, record.through, open));
+    }
+
+    /// Take in what other processes recorded since the last look.
+    fn catch_up(&self, slots: &mut HashMap<(String, String), Slot>) {
+        let mut others = self.others.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(follower) = others.as_mut() else {
+            return;
+        };
+        let seen = match follower.read() {
+            Ok(seen) => seen,
+            Err(e) => {
+                tracing::warn!(
+                    "the audit log cannot be read for runs started by hand since the daemon started ({e}): they are not counted for cooldown and max_runs until it can"
+                );
+                return;
+            }
+        };
+        for s in seen {
+            match s {
+                Seen::Started { runbook, host, at } => {
+                    let slot = slots.entry((runbook, host)).or_default();
+                    slot.starts.extend(instant_of(at));
+                }
+                Seen::Ended {
+                    runbook,
+                    host,
+                    at,
+                    keys,
+                } => {
+                    let slot = slots.entry((runbook, host)).or_default();
+                    let Some(ended) = instant_of(at) else {
+                        continue;
+                    };
+                    if slot.ended.is_none_or(|e| e < ended) {
+                        slot.ended = Some(ended);
+                        if !slot.in_flight {
+                            slot.keys = keys.into_iter().collect();
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -178,6 +240,7 @@ impl Local {
     /// Decide `asks` in order (the sync half of [`Admission::admit`]).
     pub(crate) fn decide(&self, asks: &[Ask<'_>]) -> Vec<Admitted> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        self.catch_up(&mut slots);
         asks.iter()
             .map(|a| {
                 slots

@@ -35,6 +35,7 @@ mod query;
 mod segments;
 mod verify;
 
+pub(crate) mod follow;
 pub(crate) mod head;
 pub(crate) mod runs;
 

@@ -328,6 +328,10 @@ pub(crate) struct Recovery {
     /// line that started each, its keys, and when it was stopped. Read from
     /// the current file (a rotation in between forgets them).
     pub(crate) handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)>,
+    /// Where the read stopped: the file and the end of its last whole
+    /// line, from where a daemon follows the runs other processes record
+    /// (see [`follow`](super::follow)).
+    pub(crate) through: Option<super::follow::Through>,
 }
 
 /// The key a run that takes over a handed-back one carries.
@@ -342,11 +346,13 @@ pub(crate) type Starts = HashMap<(String, String), Vec<jiff::Timestamp>>;
 /// first line carries the state of every closed segment (see
 /// [`segments`](super::segments)), and the lines after it update that.
 pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
-    let reader = match File::open(path) {
-        Ok(f) => BufReader::new(f),
+    let file = match File::open(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Recovery::default()),
         Err(e) => return Err(e),
     };
+    let mut through = super::follow::Through::of(&file)?;
+    let mut reader = BufReader::new(file);
     let mut keys: HashMap<String, Vec<String>> = HashMap::new();
     let mut open: HashMap<String, Entry> = HashMap::new();
     let mut ends = HashMap::new();
@@ -356,8 +362,17 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let mut resumed: std::collections::HashSet<String> = Default::default();
     let week_ago = jiff::Timestamp::now()
         - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default();
-    for line in reader.lines() {
-        let line = line?;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        // Whole lines only: one another process is writing now is read by
+        // whoever follows from `through`.
+        match reader.read_until(b'\n', &mut buf)? {
+            0 => break,
+            _ if buf.last() != Some(&b'\n') => break,
+            n => through.offset += n as u64,
+        }
+        let line = String::from_utf8_lossy(&buf);
         // Most lines are calls: skip them unparsed (a line's own `phase`
         // comes before any value a tool or an alert wrote into it).
         if line
@@ -456,6 +471,7 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         ends,
         starts,
         handed_back,
+        through: Some(through),
     })
 }
 

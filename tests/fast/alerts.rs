@@ -731,3 +731,70 @@ fn alerts_test_reads_a_notification_from_standard_input() {
         "{v:#}"
     );
 }
+
+/// A person's `runwarden run` after the daemon started counts as any of
+/// its runs: against `max_runs` and for the cooldown, as `alerts test`
+/// and `kill-switch status` already count it (one record: the audit log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_runs_after_the_daemon_started_count_for_max_runs_and_cooldown() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let runbook = dir.path().join("runbooks/disk.yaml");
+    let text = std::fs::read_to_string(&runbook).unwrap();
+    std::fs::write(
+        &runbook,
+        text.replace("cooldown: 1h\n", "max_runs: { count: 2, per: 1h }\n"),
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path()).await;
+    for _ in 0..2 {
+        let (code, run) = run_json_on(dir.path(), "disk", "web-01");
+        assert_eq!(code, Some(0), "{run:#}");
+    }
+    let (status, answer) = post_alerts(&d, &fresh_for("web-01", "after-hand")).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcomes"][0]["result"], "capped", "{answer:#}");
+    // The daemon's own record and the log's agree: a restart decides the same.
+    d.shutdown().await.unwrap();
+    let d = Daemon::start(dir.path()).await;
+    let (_, again) = post_alerts(&d, &fresh_for("web-01", "after-restart")).await;
+    assert_eq!(again["outcomes"][0]["result"], "capped", "{again:#}");
+    // web-02 has had no run: its trigger starts one.
+    let (_, other) = post_alerts(&d, &fresh_for("web-02", "other")).await;
+    assert_eq!(other["outcomes"][0]["result"], "started", "{other:#}");
+    d.shutdown().await.unwrap();
+
+    // Cooldown: a hand run on web-02 ends; an alert for it waits the hour
+    // out. Segments of 4 KiB: the hand runs' lines close one or more.
+    std::fs::write(&runbook, &text).unwrap();
+    let settings = dir.path().join("runwarden.yaml");
+    let mut yaml = std::fs::read_to_string(&settings).unwrap();
+    yaml.push_str("audit_rotation: { max_size: 4KiB }\n");
+    std::fs::write(&settings, yaml).unwrap();
+    let segments = || {
+        std::fs::read_dir(dir.path().join("state"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("audit.jsonl.")
+            })
+            .count()
+    };
+    let d = Daemon::start(dir.path()).await;
+    let (_, first) = post_alerts(&d, &fresh_for("web-01", "cool")).await;
+    assert_eq!(
+        first["outcomes"][0]["result"], "cooldown",
+        "the hand runs on web-01 ended within the hour: {first:#}"
+    );
+    // A hand run once the daemon runs, and the log rotated in between.
+    let before = segments();
+    let (code, run) = run_json_on(dir.path(), "disk", "web-02");
+    assert_eq!(code, Some(0), "{run:#}");
+    assert!(segments() > before, "the hand run closed a segment");
+    let (_, later) = post_alerts(&d, &fresh_for("web-02", "cool-later")).await;
+    assert_eq!(later["outcomes"][0]["result"], "cooldown", "{later:#}");
+    d.shutdown().await.unwrap();
+}
