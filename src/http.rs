@@ -691,7 +691,7 @@ async fn plan_notification(s: &AppState, n: Notification) -> Response {
     let config = s.config.borrow().clone();
     let killswitch = crate::gate::KillSwitch::new(config.settings.kill_switch_dir.clone())
         .with_fleet(s.scheduler.store().map(|st| st.switch.clone()));
-    let demotions = crate::gate::Demotions::new(&config.settings.state_dir)
+    let demotions = crate::audit::demotions(&config.settings)
         .with_fleet(s.scheduler.store().map(|st| st.demoted.clone()));
     let answer = tokio::task::spawn_blocking(move || {
         let record = crate::audit::runs::recovery(&config.settings.audit_log)?;

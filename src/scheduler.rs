@@ -105,6 +105,10 @@ pub(crate) struct Scheduler {
     /// State shared with other daemons: leases, the fleet's switch.
     /// `None`: this machine decides alone.
     store: Option<Arc<Postgres>>,
+    /// The demotions every run's gate asks, one for all runs so the audit
+    /// log's record of them is read once and followed (made again when a
+    /// reload moves the state directory or the log).
+    demotions: Mutex<Option<crate::gate::Demotions>>,
 }
 
 /// How long the answer to a trigger waits for a run's intent sync to make
@@ -186,6 +190,7 @@ impl Scheduler {
             approvals,
             submitting: Default::default(),
             store,
+            demotions: Mutex::default(),
         })
     }
 
@@ -638,6 +643,19 @@ impl Scheduler {
     }
 
     /// The kill switch as this daemon sees it: its directory, and the fleet's.
+    fn demotions(&self, config: &Config) -> crate::gate::Demotions {
+        let mut held = self.demotions.lock().unwrap_or_else(|p| p.into_inner());
+        match held.as_ref() {
+            Some(d) if d.is_of(&config.settings) => d.clone(),
+            _ => {
+                let d = crate::audit::demotions(&config.settings)
+                    .with_fleet(self.store.as_ref().map(|s| s.demoted.clone()));
+                *held = Some(d.clone());
+                d
+            }
+        }
+    }
+
     fn killswitch(&self, config: &Config) -> KillSwitch {
         KillSwitch::new(config.settings.kill_switch_dir.clone())
             .with_fleet(self.store.as_ref().map(|s| s.switch.clone()))
@@ -762,8 +780,7 @@ impl Scheduler {
             config: config.clone(),
             audit: self.audit.clone(),
             killswitch: self.killswitch(config),
-            demotions: crate::gate::Demotions::new(&config.settings.state_dir)
-                .with_fleet(self.store.as_ref().map(|s| s.demoted.clone())),
+            demotions: self.demotions(config),
             store: self.store.clone(),
             metrics: Some(self.metrics.clone()),
             shutdown: Some(self.shutdown.clone()),

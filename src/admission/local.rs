@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
-use crate::audit::follow::{Follower, Seen};
+use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
 use crate::trigger::RunRequest;
 
@@ -156,7 +156,7 @@ pub(crate) struct Local {
     /// The runs other processes on this machine (a person's `runwarden
     /// run`) record in the log after start-up read it: they count as this
     /// daemon's own, as the log says they ran.
-    others: Mutex<Option<Follower>>,
+    others: Mutex<Option<Others>>,
 }
 
 impl Default for Local {
@@ -183,7 +183,7 @@ impl Local {
             .iter()
             .map(|(e, keys)| (e.run_id.clone(), keys.clone()));
         *self.others.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Follower::from(path, record.through, open));
+            Some(Others::from(path, record.through, open));
     }
 
     /// Take in what other processes recorded since the last look.

@@ -53,17 +53,15 @@ pub(crate) enum Seen {
     },
 }
 
-/// Follows the log from a [`Through`].
+/// The runs other processes record, followed from a [`Through`].
 #[derive(Debug)]
-pub(crate) struct Follower {
-    path: PathBuf,
-    reader: Option<BufReader<File>>,
-    at: Through,
+pub(crate) struct Others {
+    lines: Follower,
     /// Runs of other processes still open: run id -> their trigger keys.
     open: HashMap<String, Vec<String>>,
 }
 
-impl Follower {
+impl Others {
     /// Follow `path` from where start-up's read stopped; `open` are the
     /// runs that read found without a verdict (one a person started before
     /// the daemon may end after it).
@@ -71,14 +69,9 @@ impl Follower {
         path: &Path,
         through: Option<Through>,
         open: impl IntoIterator<Item = (String, Vec<String>)>,
-    ) -> Follower {
-        Follower {
-            path: path.to_path_buf(),
-            reader: None,
-            at: through.unwrap_or(Through {
-                id: (0, 0),
-                offset: 0,
-            }),
+    ) -> Others {
+        Others {
+            lines: Follower::new(path, through),
             open: open.into_iter().collect(),
         }
     }
@@ -88,14 +81,91 @@ impl Follower {
     /// from the same place.
     pub(crate) fn read(&mut self) -> std::io::Result<Vec<Seen>> {
         let mut seen = Vec::new();
+        let open = &mut self.open;
+        self.lines.read(|bytes| seen.extend(line(open, bytes)))?;
+        Ok(seen)
+    }
+}
+
+/// The log's record of demotions, followed as it grows (see
+/// [`Record`](crate::gate::demotion::Record)).
+#[derive(Debug)]
+struct DemotionRecord {
+    path: PathBuf,
+    read: std::sync::Mutex<(Follower, super::runs::Demoted)>,
+}
+
+impl crate::gate::demotion::Record for DemotionRecord {
+    fn demoted(&self) -> std::io::Result<super::runs::Demoted> {
+        let mut held = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let (lines, demoted) = &mut *held;
+        lines.read(|bytes| {
+            let Ok(text) = std::str::from_utf8(bytes) else {
+                return;
+            };
+            if super::runs::says_demoted(text)
+                && let Ok(e) = serde_json::from_str::<Entry>(text)
+            {
+                super::runs::fold_demoted(demoted, &e);
+            }
+        })?;
+        Ok(demoted.clone())
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// This machine's demotions: the files under `settings`' state directory,
+/// held to its audit log's record.
+pub(crate) fn demotions(settings: &crate::config::Settings) -> crate::gate::Demotions {
+    demotions_held_to(&settings.state_dir, &settings.audit_log)
+}
+
+/// The demotion files under `state_dir`, held to the log at `log`.
+pub(crate) fn demotions_held_to(state_dir: &Path, log: &Path) -> crate::gate::Demotions {
+    let record = DemotionRecord {
+        path: log.to_path_buf(),
+        read: std::sync::Mutex::new((Follower::new(log, None), Default::default())),
+    };
+    crate::gate::Demotions::new(state_dir).with_record(std::sync::Arc::new(record))
+}
+
+/// Whole lines of the log from a [`Through`] (the start of the current
+/// file when none), across rotations: each is read once.
+#[derive(Debug)]
+pub(crate) struct Follower {
+    path: PathBuf,
+    reader: Option<BufReader<File>>,
+    at: Through,
+}
+
+impl Follower {
+    /// Follow `path` from `through`.
+    pub(crate) fn new(path: &Path, through: Option<Through>) -> Follower {
+        Follower {
+            path: path.to_path_buf(),
+            reader: None,
+            at: through.unwrap_or(Through {
+                id: (0, 0),
+                offset: 0,
+            }),
+        }
+    }
+
+    /// Hand each whole line written since the last read to `each`. A log
+    /// that cannot be read is an error; the next read tries again from the
+    /// same place.
+    pub(crate) fn read(&mut self, mut each: impl FnMut(&[u8])) -> std::io::Result<()> {
         loop {
             if self.reader.is_none() {
                 match self.open_at()? {
                     Some(r) => self.reader = Some(r),
-                    None => return Ok(seen),
+                    None => return Ok(()),
                 }
             }
-            self.read_lines(&mut seen)?;
+            self.read_lines(&mut each)?;
             // A rotation closed the file this follows: its last lines are
             // read, now the new file from its start.
             let now = match std::fs::metadata(&self.path) {
@@ -108,7 +178,7 @@ impl Follower {
                     self.reader = None;
                     self.at = Through { id, offset: 0 };
                 }
-                _ => return Ok(seen),
+                _ => return Ok(()),
             }
         }
     }
@@ -128,10 +198,8 @@ impl Follower {
         Ok(Some(BufReader::new(file)))
     }
 
-    fn read_lines(&mut self, seen: &mut Vec<Seen>) -> std::io::Result<()> {
-        let Follower {
-            reader, at, open, ..
-        } = self;
+    fn read_lines(&mut self, each: &mut impl FnMut(&[u8])) -> std::io::Result<()> {
+        let Follower { reader, at, .. } = self;
         let Some(reader) = reader.as_mut() else {
             return Ok(());
         };
@@ -148,9 +216,7 @@ impl Follower {
                 return Ok(());
             }
             at.offset += n as u64;
-            if let Some(s) = line(open, &buf) {
-                seen.push(s);
-            }
+            each(&buf);
         }
     }
 }
@@ -228,7 +294,7 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         let mut f = File::create(&path).unwrap();
         let other = serde_json::json!({ "pid": 1, "start": 1, "boot": "b" });
-        let mut follow = Follower::from(&path, None, []);
+        let mut follow = Others::from(&path, None, []);
         f.write_all(line("start", "mine", super::super::this_process()).as_bytes())
             .unwrap();
         let start = line("start", "theirs", other.clone());

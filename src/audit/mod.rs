@@ -39,6 +39,7 @@ pub(crate) mod follow;
 pub(crate) mod head;
 pub(crate) mod runs;
 
+pub(crate) use follow::demotions;
 pub(crate) use lines::permitted;
 pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use lines::{Dispatched, QueueNote, Queued, RunEnd, alert_of_record, handed};

@@ -332,6 +332,41 @@ pub(crate) struct Recovery {
     /// line, from where a daemon follows the runs other processes record
     /// (see [`follow`](super::follow)).
     pub(crate) through: Option<super::follow::Through>,
+    /// Runbooks whose last `autonomy` line demoted them (no `promoted`
+    /// after it), and since when: the record a demotion file must agree with.
+    pub(crate) demoted: Demoted,
+}
+
+/// Runbook -> when the log demoted it (see [`Recovery::demoted`]).
+pub(crate) type Demoted = std::collections::BTreeMap<String, String>;
+
+/// What `e` says of demotions: a `segment` line carries them all as they
+/// were, an `autonomy` line demotes or promotes one runbook.
+pub(crate) fn fold_demoted(demoted: &mut Demoted, e: &Entry) {
+    match e.phase {
+        Some(Phase::Segment) => {
+            let carried = e.detail.as_ref().map(|d| &d["carried"]["demoted"]);
+            if let Some(d) = carried.and_then(|c| Demoted::deserialize(c).ok()) {
+                *demoted = d;
+            }
+        }
+        Some(Phase::Autonomy) => match e.outcome.as_deref() {
+            Some("demoted") => {
+                demoted.insert(e.runbook.clone(), e.ts.clone());
+            }
+            Some("promoted") => {
+                demoted.remove(&e.runbook);
+            }
+            _ => {}
+        },
+        _ => {}
+    }
+}
+
+/// Whether a line's text is one [`fold_demoted`] reads.
+pub(crate) fn says_demoted(line: &str) -> bool {
+    line.split_once("\"phase\":\"")
+        .is_some_and(|(_, rest)| rest.starts_with("segment\"") || rest.starts_with("autonomy\""))
 }
 
 /// The key a run that takes over a handed-back one carries.
@@ -359,6 +394,7 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     let mut starts: Starts = HashMap::new();
     let mut counted: std::collections::HashSet<String> = Default::default();
     let mut handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)> = Vec::new();
+    let mut demoted = Demoted::new();
     let mut resumed: std::collections::HashSet<String> = Default::default();
     let week_ago = jiff::Timestamp::now()
         - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default();
@@ -384,6 +420,7 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         let Ok(e) = serde_json::from_str::<Entry>(&line) else {
             continue;
         };
+        fold_demoted(&mut demoted, &e);
         if e.phase == Some(Phase::Queued)
             && let Some(ks) = e.detail.as_ref().and_then(|d| d["keys"].as_array())
         {
@@ -472,6 +509,7 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         starts,
         handed_back,
         through: Some(through),
+        demoted,
     })
 }
 
@@ -499,7 +537,13 @@ fn recover_open(
 }
 
 /// The phases start-up reads, as they begin in a line's text.
-const RECOVERY_PHASES: [&str; 4] = ["segment\"", "queued\"", "start\"", "verdict\""];
+const RECOVERY_PHASES: [&str; 5] = [
+    "segment\"",
+    "queued\"",
+    "start\"",
+    "verdict\"",
+    "autonomy\"",
+];
 
 /// [`Recovery`] as a `segment` line carries it.
 #[derive(Serialize, serde::Deserialize)]
@@ -508,6 +552,8 @@ struct Carried {
     ends: Vec<CarriedEnd>,
     #[serde(default)]
     starts: Vec<CarriedStarts>,
+    #[serde(default)]
+    demoted: Demoted,
 }
 
 #[derive(Serialize, serde::Deserialize)]
@@ -562,6 +608,7 @@ impl Recovery {
                     at: times.iter().map(ToString::to_string).collect(),
                 })
                 .collect(),
+            demoted: self.demoted.clone(),
         };
         serde_json::to_value(carried).unwrap_or_default()
     }

@@ -45,7 +45,7 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -
         }
     };
     let killswitch = KillSwitch::new(&config.settings.kill_switch_dir);
-    let demotions = crate::gate::Demotions::new(&config.settings.state_dir);
+    let demotions = crate::audit::demotions(&config.settings);
     let all = crate::plan::notification(&n, &config, &killswitch, &demotions, &record, plans);
     if as_json {
         println!("{all}");

@@ -30,7 +30,18 @@ pub(super) fn audit_verify(
     dir: &Path,
     mut heads: Vec<audit::head::Head>,
 ) -> Exit {
+    // The log named by the configuration: its record of demotions is held
+    // to the state directory's files.
+    let settings = file
+        .is_none()
+        .then(|| crate::config::Settings::load(dir).ok())
+        .flatten();
     let path = audit_path(file, dir)?;
+    if let Some(settings) = &settings {
+        for m in crate::audit::demotions(settings).mismatches() {
+            println!("demotion record: {m}");
+        }
+    }
     let pinned = heads.len();
     let mut from_journal = None;
     let mut journal_problem = None;

@@ -32,12 +32,11 @@ pub(super) async fn promote(runbook: &str, reason: &str, force: bool, dir: &Path
     let audit = AuditLog::open_with(&settings.audit_log, settings.audit_rotation.clone())
         .map_err(|e| Failed::code(1, format!("{e}; nothing was promoted")))?;
     let store = crate::store::Postgres::from_settings(settings).map_err(Failed::usage)?;
-    let state = settings.state_dir.clone();
     let local = {
-        let (state, runbook) = (state.clone(), runbook.to_string());
+        let (demotions, runbook) = (crate::audit::demotions(settings), runbook.to_string());
         // With the fleet's record lifted, this machine's own file goes too.
         let force = force || store.is_some();
-        move || promote_local(&state, &runbook, force)
+        move || promote_local(&demotions, &runbook, force)
     };
     let outcome: Result<Demotion, PromoteRefused> = match &store {
         Some(store) => {
@@ -113,7 +112,7 @@ pub(super) async fn in_force(
     settings: &crate::config::Settings,
     fleet: Option<std::sync::Arc<crate::store::Postgres>>,
 ) -> (Vec<Demotion>, Option<String>) {
-    let demotions = crate::gate::Demotions::new(&settings.state_dir);
+    let demotions = crate::audit::demotions(settings);
     let store = match fleet {
         Some(store) => Ok(Some(store)),
         None => crate::store::Postgres::from_settings(settings),

@@ -121,6 +121,13 @@ impl Demotion {
 
     /// One line for a person: since when, why, and how to restore it.
     pub(crate) fn summary(&self) -> String {
+        if self.evidence.is_empty() && self.failures == 0 {
+            // A record that holds no evidence (unreadable, or the log's alone).
+            return format!(
+                "runbook \"{}\" counts as demoted to L2 since {}: so says {}; every tier-2 call waits for a person until someone runs `runwarden promote {} --force --reason ...`",
+                self.runbook, self.since, self.by, self.runbook
+            );
+        }
         let runs: Vec<String> = self
             .evidence
             .iter()
@@ -170,15 +177,75 @@ impl FleetDemotions {
 pub(crate) struct Demotions {
     state_dir: PathBuf,
     fleet: Option<Arc<FleetDemotions>>,
+    /// On one machine, the audit log's own record of demotions, followed
+    /// as it grows: a demotion file is anyone's to delete who can write the
+    /// state directory, a chained line is not.
+    logged: Option<Arc<dyn Record>>,
+}
+
+/// The audit log's own record of demotions (the `audit` module reads it):
+/// the gate holds the files to it.
+pub(crate) trait Record: Send + Sync + std::fmt::Debug {
+    /// Runbook -> since when the log demotes it (a `demoted` line with no
+    /// `promoted` after it); `Err`: the log cannot be read now.
+    fn demoted(&self) -> std::io::Result<BTreeMap<String, String>>;
+    /// The log.
+    fn path(&self) -> &Path;
 }
 
 impl Demotions {
-    /// This machine's demotions, under `state_dir`.
+    /// Whether these are the demotions of `settings` (its state directory,
+    /// held to its audit log).
+    pub(crate) fn is_of(&self, settings: &crate::config::Settings) -> bool {
+        self.state_dir == settings.state_dir
+            && self
+                .logged
+                .as_ref()
+                .is_some_and(|l| l.path() == settings.audit_log)
+    }
+
+    /// The files under `state_dir` alone.
     pub(crate) fn new(state_dir: &Path) -> Demotions {
         Demotions {
             state_dir: state_dir.to_path_buf(),
             fleet: None,
+            logged: None,
         }
+    }
+
+    /// Held to the audit log's `record`: a runbook its last `autonomy`
+    /// line demoted stays demoted when its file is gone.
+    pub(crate) fn with_record(mut self, record: Arc<dyn Record>) -> Demotions {
+        self.logged = Some(record);
+        self
+    }
+
+    /// A demotion the audit log holds and no file shows: it demotes, and
+    /// says why. Only on one machine: with shared state, the fleet's
+    /// record is the one every replica and command reads.
+    fn logged(&self, runbook: &str) -> Option<Demotion> {
+        if self.fleet.is_some() {
+            return None;
+        }
+        let since = match self.logged.as_ref()?.demoted() {
+            Ok(mut all) => all.remove(runbook)?,
+            Err(e) => {
+                tracing::warn!(
+                    "the audit log cannot be read for its record of demotions ({e}): the demotion files alone decide until it can"
+                );
+                return None;
+            }
+        };
+        let file = demoted_file(&self.state_dir, runbook);
+        let mut d = Demotion::unreadable(
+            runbook,
+            format!(
+                "the audit log, whose `demoted` line has no `promoted` after it, while the demotion file {} is missing (removed by hand?)",
+                file.display()
+            ),
+        );
+        d.since = since;
+        Some(d)
     }
 
     /// The fleet's too.
@@ -196,13 +263,57 @@ impl Demotions {
         }
         let file = demoted_file(&self.state_dir, runbook);
         match read_demotion(&file) {
-            Ok(None) => None,
+            Ok(None) => self.logged(runbook).map(|d| d.summary()),
             Ok(Some(d)) => Some(d.summary()),
             Err(e) => Some(format!(
                 "runbook \"{runbook}\" counts as demoted to L2: its demotion file {} cannot be read ({e}); `runwarden promote {runbook} --force --reason ...` replaces it",
                 file.display()
             )),
         }
+    }
+
+    /// Where this machine's demotion files and the audit log's record
+    /// disagree, one sentence each (`audit verify` says them): a demotion
+    /// the log holds with its file gone (it still demotes), and a file the
+    /// log never recorded (it demotes too; someone wrote it by hand).
+    pub(crate) fn mismatches(&self) -> Vec<String> {
+        let Some(logged) = self.logged.as_ref().filter(|_| self.fleet.is_none()) else {
+            return Vec::new();
+        };
+        let demoted = match logged.demoted() {
+            Ok(d) => d,
+            Err(e) => {
+                return vec![format!(
+                    "the audit log's record of demotions cannot be read: {e}"
+                )];
+            }
+        };
+        let mut out = Vec::new();
+        for (runbook, since) in &demoted {
+            let file = demoted_file(&self.state_dir, runbook);
+            if matches!(read_demotion(&file), Ok(None)) {
+                out.push(format!(
+                    "the audit log demoted runbook \"{runbook}\" at {since} and no `promoted` line follows, but its demotion file {} is missing: it stays demoted until `runwarden promote {runbook} --force --reason ...`",
+                    file.display()
+                ));
+            }
+        }
+        let files = std::fs::read_dir(self.state_dir.join(DIR))
+            .into_iter()
+            .flatten()
+            .flatten();
+        for entry in files {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(runbook) = name.strip_suffix(".json")
+                && !demoted.contains_key(runbook)
+            {
+                out.push(format!(
+                    "the demotion file {} has no `demoted` line in the audit log (written by hand, or by a log since replaced): it demotes runbook \"{runbook}\" all the same",
+                    entry.path().display()
+                ));
+            }
+        }
+        out
     }
 
     /// Every demotion in force, the fleet's first; a file that cannot be
@@ -228,6 +339,20 @@ impl Demotions {
                 Demotion::unreadable(runbook, format!("an unreadable file, {}", path.display()))
             });
             out.push(d);
+        }
+        let logged: Vec<String> = match &self.logged {
+            Some(l) if self.fleet.is_none() => l
+                .demoted()
+                .map(|d| d.into_keys().collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        for runbook in logged {
+            if !out.iter().any(|d| d.runbook == runbook)
+                && let Some(d) = self.logged(&runbook)
+            {
+                out.push(d);
+            }
         }
         out.sort_by(|a, b| a.runbook.cmp(&b.runbook));
         out
@@ -353,6 +478,10 @@ pub(crate) enum PromoteRefused {
         humantime::format_duration(Duration::from_secs(.0.per_secs))
     )]
     WindowHolds(Box<Demotion>),
+    /// The audit log demoted it and its demotion file is gone: without the
+    /// evidence, only `--force` lifts it.
+    #[error("{}: look at its recent runs (`runwarden runs --runbook {}`), then promote with --force", .0.summary(), .0.runbook)]
+    Unrecorded(Box<Demotion>),
     /// The state files could not be used.
     #[error("the demotion state under {} cannot be used: {source}", path.display())]
     State {
@@ -367,22 +496,29 @@ pub(crate) enum PromoteRefused {
 /// demotion is removed and its failures forgotten, so the count starts
 /// again. Refused while the evidence is in its window, unless `force`.
 pub(crate) fn promote_local(
-    state_dir: &Path,
+    demotions: &Demotions,
     runbook: &str,
     force: bool,
 ) -> Result<Demotion, PromoteRefused> {
+    let state_dir = demotions.state_dir.as_path();
     let state = |source| PromoteRefused::State {
         path: state_dir.to_path_buf(),
         source,
     };
     let _lock = crate::files::locked(&state_dir.join(LOCK)).map_err(state)?;
     let file = demoted_file(state_dir, runbook);
-    let demotion = match read_demotion(&file) {
-        Ok(Some(d)) => d,
-        Ok(None) => return Err(PromoteRefused::NotDemoted(runbook.to_string())),
+    let demotion = match (read_demotion(&file), demotions.logged(runbook)) {
+        (Ok(Some(d)), _) => d,
+        // The log demoted it and its file is gone: no evidence to weigh,
+        // so only a forced promotion lifts it.
+        (Ok(None), Some(d)) if !force => return Err(PromoteRefused::Unrecorded(Box::new(d))),
+        (Ok(None), Some(d)) => d,
+        (Ok(None), None) => return Err(PromoteRefused::NotDemoted(runbook.to_string())),
         // Unreadable: only a forced promotion replaces it.
-        Err(source) if !force => return Err(state(source)),
-        Err(_) => Demotion::unreadable(runbook, format!("an unreadable file, {}", file.display())),
+        (Err(source), _) if !force => return Err(state(source)),
+        (Err(_), _) => {
+            Demotion::unreadable(runbook, format!("an unreadable file, {}", file.display()))
+        }
     };
     if !force && demotion.window_ends() > jiff::Timestamp::now() {
         return Err(PromoteRefused::WindowHolds(Box::new(demotion)));
@@ -390,8 +526,10 @@ pub(crate) fn promote_local(
     let mut ledger = read_ledger(state_dir).unwrap_or_default();
     ledger.failures.retain(|f| f.runbook != runbook);
     write_ledger(state_dir, &ledger).map_err(state)?;
-    std::fs::remove_file(&file).map_err(state)?;
-    Ok(demotion)
+    match std::fs::remove_file(&file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(state(e)),
+        _ => Ok(demotion),
+    }
 }
 
 #[cfg(test)]
@@ -450,18 +588,18 @@ mod tests {
             None
         );
         // The evidence is fresh: refused without --force.
-        let refused = promote_local(state, "fix", false).unwrap_err();
+        let refused = promote_local(&Demotions::new(state), "fix", false).unwrap_err();
         assert!(
             matches!(refused, PromoteRefused::WindowHolds(_)),
             "{refused}"
         );
         assert!(refused.to_string().contains("--force"), "{refused}");
         assert!(demotions.check("fix").is_some());
-        let lifted = promote_local(state, "fix", true).unwrap();
+        let lifted = promote_local(&Demotions::new(state), "fix", true).unwrap();
         assert_eq!(lifted.evidence.len(), 2);
         assert_eq!(demotions.check("fix"), None);
         assert!(matches!(
-            promote_local(state, "fix", true),
+            promote_local(&Demotions::new(state), "fix", true),
             Err(PromoteRefused::NotDemoted(_))
         ));
         // The count starts again: one more failure is not two.
@@ -487,15 +625,15 @@ mod tests {
         let mut d = read_demotion(&file).unwrap().unwrap();
         d.evidence[0] = failure("old", "web-1", 120);
         std::fs::write(&file, serde_json::to_vec(&d).unwrap()).unwrap();
-        promote_local(state, "fix", false).expect("the window has passed");
+        promote_local(&Demotions::new(state), "fix", false).expect("the window has passed");
         // A demotion file nobody can read still demotes, and is listed.
         std::fs::create_dir_all(state.join(DIR)).unwrap();
         std::fs::write(demoted_file(state, "fix"), "{ not json").unwrap();
         let demotions = Demotions::new(state);
         assert!(demotions.check("fix").unwrap().contains("cannot be read"));
         assert_eq!(demotions.list()[0].runbook, "fix");
-        assert!(promote_local(state, "fix", false).is_err());
-        promote_local(state, "fix", true).expect("--force replaces it");
+        assert!(promote_local(&Demotions::new(state), "fix", false).is_err());
+        promote_local(&Demotions::new(state), "fix", true).expect("--force replaces it");
         assert!(demotions.list().is_empty());
     }
 
@@ -569,5 +707,37 @@ mod tests {
         assert_eq!(aside.len(), 1, "set aside for a person");
         // A new ledger counts again.
         assert_eq!(read_ledger(state).unwrap().failures.len(), 1);
+    }
+
+    /// The log's record and the files are held to each other: a file the
+    /// log never recorded, and a demotion whose file is gone, are each said
+    /// (and both still demote); one the log promoted afterwards is not.
+    #[test]
+    fn the_log_and_the_files_are_held_to_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let log = dir.path().join("audit.jsonl");
+        let audit = crate::audit::AuditLog::open(&log).unwrap();
+        let d = record_local(&state, RULE, failure("r1", "web-1", 0), "m").unwrap();
+        assert_eq!(d, None);
+        let d = record_local(&state, RULE, failure("r2", "web-1", 0), "m")
+            .unwrap()
+            .unwrap();
+        let demotions = crate::audit::follow::demotions_held_to(&state, &log);
+        let said = demotions.mismatches();
+        assert!(said[0].contains("has no `demoted` line"), "{said:?}");
+        audit.demoted(&d).unwrap();
+        assert_eq!(demotions.mismatches(), Vec::<String>::new());
+        std::fs::remove_file(demoted_file(&state, "fix")).unwrap();
+        assert!(demotions.check("fix").unwrap().contains("is missing"));
+        assert!(demotions.mismatches()[0].contains("is missing"));
+        assert!(matches!(
+            promote_local(&demotions, "fix", false),
+            Err(PromoteRefused::Unrecorded(_))
+        ));
+        let lifted = promote_local(&demotions, "fix", true).unwrap();
+        audit.promoted(&lifted, "alice", "fixed", true).unwrap();
+        assert_eq!(demotions.check("fix"), None);
+        assert_eq!(demotions.mismatches(), Vec::<String>::new());
     }
 }

@@ -693,7 +693,7 @@ mod tests {
             other => panic!("a demoted runbook's change waits for a person: {other:?}"),
         }
         assert!(matches!(g.check(&look()), Decision::Allow(_)));
-        demotion::promote_local(&state, "rb", true).unwrap();
+        demotion::promote_local(&Demotions::new(&state), "rb", true).unwrap();
         assert!(matches!(g.check(&restart()), Decision::Allow(_)));
     }
 

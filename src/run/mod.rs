@@ -102,7 +102,7 @@ impl Runner {
     /// A runner for the command line: no metrics, no approvers, no shutdown.
     pub fn new(config: Arc<Config>, audit: Arc<AuditLog>) -> Runner {
         let killswitch = KillSwitch::new(config.settings.kill_switch_dir.clone());
-        let demotions = Demotions::new(&config.settings.state_dir);
+        let demotions = crate::audit::demotions(&config.settings);
         Runner {
             config,
             audit,

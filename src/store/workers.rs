@@ -178,7 +178,7 @@ pub(crate) async fn fleet_worker(
         }
         // Demotions: 0 for each runbook with `demote_after`, 1 for each
         // demoted one (this machine's files, and the fleet's record).
-        let demotions = crate::gate::Demotions::new(&cfg.settings.state_dir)
+        let demotions = crate::audit::demotions(&cfg.settings)
             .with_fleet(store.as_ref().map(|s| s.demoted.clone()));
         let demoted = tokio::task::spawn_blocking(move || demotions.list())
             .await

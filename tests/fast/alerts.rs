@@ -767,22 +767,8 @@ async fn hand_runs_after_the_daemon_started_count_for_max_runs_and_cooldown() {
     // Cooldown: a hand run on web-02 ends; an alert for it waits the hour
     // out. Segments of 4 KiB: the hand runs' lines close one or more.
     std::fs::write(&runbook, &text).unwrap();
-    let settings = dir.path().join("runwarden.yaml");
-    let mut yaml = std::fs::read_to_string(&settings).unwrap();
-    yaml.push_str("audit_rotation: { max_size: 4KiB }\n");
-    std::fs::write(&settings, yaml).unwrap();
-    let segments = || {
-        std::fs::read_dir(dir.path().join("state"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with("audit.jsonl.")
-            })
-            .count()
-    };
+    small_segments(dir.path());
+    let segments = || segments(dir.path());
     let d = Daemon::start(dir.path()).await;
     let (_, first) = post_alerts(&d, &fresh_for("web-01", "cool")).await;
     assert_eq!(

@@ -279,3 +279,95 @@ fn demote_after_is_refused_where_it_cannot_work() {
         assert!(stderr.contains(says), "{to}: {stderr}");
     }
 }
+
+/// A demotion is the audit log's record, not only its file: the file
+/// removed by hand (deleted, or replaced by a dangling link) leaves the
+/// runbook demoted, across a restart and a rotation of the log, and
+/// `check`, `kill-switch status` and the gauge say the file is missing;
+/// only a forced promotion lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demotion_removed_by_hand_still_demotes_until_a_person_promotes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let orig = renewal_that_fails(dir);
+    let pem = dir.join("data/web.pem");
+    let cfg = dir.to_str().unwrap();
+    let demoted = "runwarden_runbook_demoted{runbook=\"renew\"}";
+    let file = dir.join("state/demoted/renew.json");
+    let said = |args: &[&str]| {
+        let out = runwarden(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+
+    let d = Daemon::start(dir).await;
+    for _ in 0..2 {
+        std::fs::copy(&orig, &pem).unwrap();
+        assert_eq!(run_renew(&d).await["verdict"], "failed");
+    }
+    wait_metric(&d, demoted, |v| v == 1.0).await;
+    assert!(file.exists());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::copy(&orig, &pem).unwrap();
+    let held = run_renew(&d).await;
+    let renew = step(&held, "renew");
+    assert_eq!(renew["status"], "denied", "deleted by hand: {held:#}");
+    assert!(
+        renew["detail"].as_str().unwrap().contains("is missing"),
+        "{held:#}"
+    );
+    d.shutdown().await.unwrap();
+
+    // A dangling link in its place, segments of 4 KiB (the runs close
+    // some), and a restart: still demoted.
+    std::os::unix::fs::symlink(dir.join("state/gone.json"), &file).unwrap();
+    small_segments(dir);
+    let d = Daemon::start(dir).await;
+    wait_metric(&d, demoted, |v| v == 1.0).await;
+    std::fs::remove_file(&file).unwrap();
+    for _ in 0..3 {
+        std::fs::copy(&orig, &pem).unwrap();
+        let again = run_renew(&d).await;
+        assert_eq!(step(&again, "renew")["status"], "denied", "{again:#}");
+    }
+    assert!(segments(dir) >= 2, "the log rotated past its demoted line");
+    assert_eq!(metric(&d, demoted).await, Some(1.0));
+
+    // On-call is told, in check and status.
+    let (_, check) = said(&["check", "--config", cfg]);
+    assert!(
+        check.contains("DEMOTED runbook \"renew\"")
+            || check.contains("runbook \"renew\" counts as demoted"),
+        "{check}"
+    );
+    assert!(check.contains("is missing"), "{check}");
+    let (_, status) = said(&["kill-switch", "status", "--config", cfg]);
+    assert!(status.contains("is missing"), "{status}");
+    let (_, verify) = said(&["audit", "verify", "--config", cfg]);
+    assert!(
+        verify.contains("demotion record: the audit log demoted runbook \"renew\"")
+            && verify.contains("is missing"),
+        "{verify}"
+    );
+
+    // Only --force lifts it: there is no evidence to weigh.
+    let (code, refused) = said(&["promote", "renew", "--reason", "fixed", "--config", cfg]);
+    assert_eq!(code, Some(1), "{refused}");
+    assert!(refused.contains("--force"), "{refused}");
+    let (code, done) = said(&[
+        "promote", "renew", "--force", "--reason", "fixed", "--config", cfg,
+    ]);
+    assert_eq!(code, Some(0), "{done}");
+    wait_metric(&d, demoted, |v| v == 0.0).await;
+    std::fs::copy(&orig, &pem).unwrap();
+    let after = run_renew(&d).await;
+    assert_eq!(
+        after["mutations"], 1,
+        "promoted: the renewal runs again: {after:#}"
+    );
+    d.shutdown().await.unwrap();
+}

@@ -64,6 +64,25 @@ fn config(dir: &Path) {
     .unwrap();
 }
 
+/// Audit segments of 4 KiB (the least): a few runs close one.
+fn small_segments(dir: &Path) {
+    let settings = dir.join("runwarden.yaml");
+    let mut yaml = std::fs::read_to_string(&settings).unwrap();
+    yaml.push_str("audit_rotation: { max_size: 4KiB }\n");
+    std::fs::write(&settings, yaml).unwrap();
+}
+
+/// How many closed audit segments `state/` holds.
+fn segments(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("state"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("audit.jsonl.")
+        })
+        .count()
+}
+
 /// The daemon, in this process; stopped when dropped.
 struct Daemon {
     addr: std::net::SocketAddr,
