@@ -104,6 +104,13 @@ if [ "$1" = configure ]; then
   # Root's agent on this machine takes a tier-2 call only with a permit the
   # daemon signs: make the daemon's key, and the agent's policy with its
   # public half, once.
+  # The agent's policy is the package's file: readable by the daemon's
+  # group (`runwarden check` compares it with hosts/local.yaml), whatever an
+  # earlier package left (root's alone), unless the operator gave it a group.
+  if [ -f /etc/runwarden/agent.yaml ] && [ "$(stat -c %U:%G /etc/runwarden/agent.yaml)" = root:root ]; then
+    chgrp runwarden /etc/runwarden/agent.yaml
+    chmod 0640 /etc/runwarden/agent.yaml
+  fi
   if [ ! -e /etc/runwarden/agent.yaml ]; then
     runuser -u runwarden -- /usr/bin/runwarden install print --host local --config /etc/runwarden \
       | awk '/^### /{p=($2=="/etc/runwarden/agent.yaml"); next} p' >/etc/runwarden/agent.yaml.new
@@ -121,6 +128,17 @@ if [ "$1" = configure ]; then
       systemctl try-restart runwarden.service || true
     fi
   fi
+fi
+SCRIPT
+cat >"$root/DEBIAN/prerm" <<'SCRIPT'
+#!/bin/sh
+# Removing (or purging) the package stops what runs from it first: a daemon
+# left running would go on from a deleted binary, and its agent socket would
+# accept connections for an agent no longer there. An upgrade stops nothing
+# here (postinst restarts the daemon on the new binary).
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+  systemctl stop runwarden.service runwarden-agent.socket 'runwarden-agent@*.service' || true
 fi
 SCRIPT
 cat >"$root/DEBIAN/postrm" <<'SCRIPT'
@@ -146,7 +164,7 @@ if [ -d /run/systemd/system ]; then
   systemctl daemon-reload || true
 fi
 SCRIPT
-chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/postrm"
+chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 
 mkdir -p "$out"
 deb="$out/runwarden_${version}_${arch}.deb"

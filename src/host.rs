@@ -23,6 +23,10 @@ pub struct Host {
     pub(crate) sudo: bool,
     /// Working directory of every spawned tool: a directory with nothing in it.
     pub(crate) jail: PathBuf,
+    /// As an agent's policy: where this host records the permits it spent,
+    /// one record for every agent on it (`spent_permits:`; beside the jail
+    /// by default).
+    pub(crate) spent_permits: PathBuf,
     /// Upper bound for one tool call; the run's own time budget may cut it shorter.
     pub(crate) tool_timeout: Duration,
     /// How long `disk_usage`'s `du` may look for the largest entries (a cold

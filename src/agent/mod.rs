@@ -216,7 +216,7 @@ async fn run_call(policy: &Host, audit: &AuditLog, req: Call) -> Reply {
         args: &req.args,
         signed: req.permit.as_ref(),
     };
-    let spent = Spent::beside(audit.path());
+    let spent = Spent::at(&policy.spent_permits);
     let permit = match policy::check(policy, &call, &spent) {
         Ok(p) => p,
         Err(refusal) => {

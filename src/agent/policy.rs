@@ -199,7 +199,7 @@ mod tests {
         )
         .unwrap();
         let policy = super::super::load_policy(&file).unwrap();
-        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let spent = Spent::at(&dir.path().join("permits"));
         let args = json!({ "unit": "nginx.service", "reason": "stuck" });
         let sign = |run_id: &str| {
             key.sign(
@@ -311,7 +311,7 @@ mod tests {
         // A record that cannot be written refuses the permit (fail closed).
         let blocked = dir.path().join("blocked");
         std::fs::write(&blocked, "").unwrap();
-        let unwritable = Spent::beside(&blocked.join("audit.jsonl"));
+        let unwritable = Spent::at(&blocked.join("permits"));
         let fresh = sign("r3");
         assert_eq!(
             kind(check(

@@ -12,8 +12,10 @@
 //! accepted, so a crash between the two burns the permit rather than
 //! freeing it.
 //!
-//! The files live in one directory per day of the permits' expiry, beside
-//! the agent's audit log (`AUDIT.permits/YYYY-MM-DD/`). A permit is good for
+//! The files live in one directory per day of the permits' expiry, in the
+//! host policy's `spent_permits` directory (`DIR/YYYY-MM-DD/`): one record
+//! for every agent on the host (the socket's, SSH's forced command), since
+//! they all read the one policy file, whatever audit log each keeps. A permit is good for
 //! two minutes ([`crate::signing::PERMIT_TTL_SECS`]), so a day's
 //! directory is removed once its day ended two days ago: its permits are
 //! refused as expired long before that (unless the host's clock is set back
@@ -28,17 +30,17 @@ use crate::signing::SignedPermit;
 /// Days a spent permit's record is kept past its expiry day.
 const KEEP_DAYS: i64 = 2;
 
-/// The record of spent permits of one agent.
+/// The host's record of spent permits.
 pub(crate) struct Spent {
     dir: PathBuf,
 }
 
 impl Spent {
-    /// The record that belongs to the agent audit log at `audit`.
-    pub(crate) fn beside(audit: &Path) -> Spent {
-        let mut dir = audit.as_os_str().to_owned();
-        dir.push(".permits");
-        Spent { dir: dir.into() }
+    /// The record in `dir` (the policy's `spent_permits`).
+    pub(crate) fn at(dir: &Path) -> Spent {
+        Spent {
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// Where the record lives.
@@ -155,7 +157,7 @@ mod tests {
             },
             "standing:x",
         );
-        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let spent = Spent::at(&dir.path().join("permits"));
         let won: usize = std::thread::scope(|s| {
             let handles: Vec<_> = (0..16)
                 .map(|_| s.spawn(|| spent.spend(&permit).unwrap()))
@@ -199,7 +201,7 @@ mod tests {
             tool: "restart_service",
             args: &args,
         };
-        let spent = Spent::beside(&dir.path().join("audit.jsonl"));
+        let spent = Spent::at(&dir.path().join("permits"));
         let now = jiff::Timestamp::now().as_second();
         assert!(
             spent

@@ -68,6 +68,15 @@ pub(super) fn validate(
         Some(j) => abs_path(j, "jail", file, diags),
         None => config_dir.join("state/jail"),
     };
+    // Beside the jail by default: every agent on a host reads the same
+    // policy file, so they share one record whatever log each keeps.
+    let spent_permits = match &raw.spent_permits {
+        Some(d) => abs_path(d, "spent_permits", file, diags),
+        None => jail
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("agent-permits"),
+    };
     let permit_public_key = raw.permit_public_key.as_ref().map(|k| {
         let key = k.value.trim().to_ascii_lowercase();
         if !crate::signing::is_public_key(&key) {
@@ -267,6 +276,7 @@ pub(super) fn validate(
         example: raw.example,
         sudo: raw.sudo,
         jail,
+        spent_permits,
         tool_timeout,
         du_budget,
         units,

@@ -200,6 +200,8 @@ pub struct Host {
     #[serde(default)]
     pub(crate) sudo: bool,
     pub(crate) jail: Option<S<String>>,
+    /// Agent policies: the one record of spent permits for every agent on the host.
+    pub(crate) spent_permits: Option<S<String>>,
     /// Agent policies: the runner's public key that signs tier-2 permits.
     pub(crate) permit_public_key: Option<S<String>>,
     pub(crate) tool_timeout: Option<S<String>>,

@@ -43,9 +43,10 @@ up() {
   fi
   chown -R "$USER_NAME" "$dir/jail"
   touch "$dir/agent-audit.jsonl" && chown "$USER_NAME" "$dir/agent-audit.jsonl"
-  # Where the agent records the permits it spent (beside its audit log; the
-  # directory here is root's, as /var/lib/runwarden is the agent's own).
-  install -d -o "$USER_NAME" -m 0700 "$dir/agent-audit.jsonl.permits"
+  # Where the host records the permits its agents spent (the policy's
+  # spent_permits, beside the jail by default; the directory here is root's,
+  # as /var/lib/runwarden is the agent's own).
+  install -d -o "$USER_NAME" -m 0700 "$dir/agent-permits"
   chmod 755 "$dir"; chmod 644 "$dir"/authorized_keys.* "$dir/agent.yaml"
   cat > "$dir/sshd_config" <<CONF
 ListenAddress 10.239.$i.2

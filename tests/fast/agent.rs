@@ -96,6 +96,87 @@ fn one_permit_sent_on_sixteen_connections_at_once_runs_once() {
     );
 }
 
+/// One record of spent permits per host, whatever audit log each agent
+/// keeps: a permit the socket's agent ran is refused by an agent started
+/// as SSH's forced command with its own log (same policy), and the other
+/// way round.
+#[test]
+fn a_permit_runs_once_on_a_host_whichever_agent_carries_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = agent_config(dir.path());
+    install_print(dir.path());
+    let policy = agent_socket(dir.path(), &socket, &dir.path().join("data"));
+    let key = PermitKey::load(&dir.path().join("state/permit.key")).unwrap();
+    let args = json!({ "unit": "demo.service", "reason": "t" });
+    let line = |run_id: &str| {
+        let permit = key.sign(
+            &CallId {
+                run_id,
+                step: 1,
+                host: "me",
+                tool: "restart_service",
+                args: &args,
+            },
+            "standing:fix",
+        );
+        let mut line = serde_json::to_vec(&json!({
+            "run_id": run_id, "step": 1, "runbook": "fix", "tool": "restart_service",
+            "args": args, "permit": permit,
+        }))
+        .unwrap();
+        line.push(b'\n');
+        line
+    };
+    let by_socket = |line: &[u8]| -> Value {
+        let mut conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        conn.write_all(line).unwrap();
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = String::new();
+        BufReader::new(conn).read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    };
+    let ssh_audit = dir.path().join("ssh-agent-audit.jsonl");
+    let by_ssh = |line: &[u8]| -> Value {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+            .args(["agent", "--stdio", "--policy"])
+            .arg(&policy)
+            .arg("--audit")
+            .arg(&ssh_audit)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(line).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.lines().next().unwrap()).unwrap()
+    };
+    let refused = |r: &Value| {
+        r["refused"]
+            .as_str()
+            .is_some_and(|w| w.contains("already used"))
+    };
+
+    let first = line("socket-first");
+    let ran = by_socket(&first);
+    assert!(ran["result"].is_object(), "{ran:#}");
+    let again = by_ssh(&first);
+    assert!(refused(&again), "the SSH agent ran it again: {again:#}");
+    let second = line("ssh-first");
+    let ran = by_ssh(&second);
+    assert!(ran["result"].is_object(), "{ran:#}");
+    let again = by_socket(&second);
+    assert!(
+        refused(&again),
+        "the socket's agent ran it again: {again:#}"
+    );
+    assert_eq!(
+        host_record(&ssh_audit, "socket-first").0,
+        0,
+        "no intent line for the refused one"
+    );
+}
+
 /// An agent whose connection sends nothing is not kept waiting: it says so
 /// and ends after its request timeout; with an idle timeout, the same after
 /// a reply. A connection that keeps sending is served.

@@ -1558,7 +1558,14 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
                  /etc/runwarden/agent.yaml /etc/runwarden/webhook-token /etc/runwarden/approvers \
                  /etc/runwarden/runbooks/demo-fix.yaml /var/lib/runwarden /var/lib/runwarden/permit.key";
     let modes = || h.setup_ok(&format!("stat -c '%n %U:%G %a' {files}"));
-    let before = modes();
+    // An earlier package left the agent's policy root's alone: the upgrade
+    // gives it to the daemon's group to read, as this package makes it.
+    h.setup_ok("chgrp root /etc/runwarden/agent.yaml && chmod 0600 /etc/runwarden/agent.yaml");
+    let before = modes().replace(
+        "/etc/runwarden/agent.yaml root:root 600",
+        "/etc/runwarden/agent.yaml root:runwarden 640",
+    );
+    assert!(before.contains("agent.yaml root:runwarden 640"), "{before}");
     let run = || {
         let out = h.exec(&[
             "/usr/bin/runwarden",
@@ -1601,7 +1608,8 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
     );
     // The README's checks after an upgrade, as written there.
     h.setup_ok("systemctl status runwarden --no-pager >/dev/null");
-    h.setup_ok("sudo runuser -u runwarden -- runwarden check >/dev/null");
+    let check = h.setup_ok("sudo runuser -u runwarden -- runwarden check 2>&1");
+    assert!(!check.contains("cannot be read"), "{check}");
     // The old token starts a run on the new version, and the chain goes on.
     run();
     let after: u64 = h
@@ -1613,10 +1621,13 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
     let verify = h.setup_ok("runwarden audit verify");
     assert!(verify.contains("chain intact"), "{verify}");
 
-    // Remove, then purge: the package's own things go, the audit log stays.
-    h.setup_ok(
-        "systemctl disable --now runwarden.service runwarden-agent.socket && dpkg -r runwarden",
-    );
+    // Remove (with the units still running), then purge: what runs from
+    // the package stops first, its own things go, the audit log stays.
+    h.setup_ok("dpkg -r runwarden");
+    for unit in ["runwarden.service", "runwarden-agent.socket"] {
+        let state = h.setup(&format!("systemctl is-active {unit}"));
+        assert_ne!(state.trim(), "active", "{unit} kept running after dpkg -r");
+    }
     assert!(
         h.setup("test -e /var/lib/runwarden/permit.key && echo kept")
             .contains("kept")
@@ -1632,4 +1643,19 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
         h.setup("runwarden audit verify /var/lib/runwarden/audit.jsonl 2>&1; test -e /usr/bin/runwarden || echo gone")
             .contains("gone")
     );
+    // Installed again after the purge: the secrets that were kept are still
+    // the daemon's to read, and the kept log's chain goes on.
+    h.setup_ok(&format!("dpkg -i {new}"));
+    let secrets = h.setup_ok(
+        "stat -c '%n %U:%G %a' /etc/runwarden /etc/runwarden/webhook-token /etc/runwarden/approvers",
+    );
+    assert!(
+        secrets.contains("/etc/runwarden root:runwarden 750")
+            && secrets.contains("webhook-token runwarden:runwarden 600")
+            && secrets.contains("approvers runwarden:runwarden 600"),
+        "{secrets}"
+    );
+    h.setup_ok("runuser -u runwarden -- cat /etc/runwarden/webhook-token /etc/runwarden/approvers >/dev/null");
+    let verify = h.setup_ok("runuser -u runwarden -- runwarden audit verify");
+    assert!(verify.contains("chain intact"), "{verify}");
 }
