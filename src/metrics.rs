@@ -397,6 +397,9 @@ impl Metrics {
                     .inc_by(0);
             }
             self.budget_exhausted.with_label_values(&[name]).inc_by(0);
+            // "Last failed run" has a series (0: never, kept as is where a
+            // run already failed) before the first failure.
+            self.run_last_finished.with_label_values(&[name, "failed"]);
             for host in &rb.hosts {
                 for tool in &rb.approve {
                     for outcome in ["ok", "error", "timeout"] {

@@ -11,14 +11,7 @@ use super::*;
 /// switch changes and reloads are annotations.
 #[test]
 fn the_dashboard_describes_every_panel_and_follows_its_variables() {
-    let d: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/dashboards/runwarden.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let d = dashboard();
     let panels = d["panels"].as_array().unwrap();
     let mut ids = std::collections::BTreeSet::new();
     let mut cells = std::collections::BTreeMap::new();
@@ -68,7 +61,7 @@ fn the_dashboard_describes_every_panel_and_follows_its_variables() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(vars, ["datasource", "job", "instance"]);
+    assert_eq!(vars, ["datasource", "job", "instance", "api"]);
     let switch = panels.iter().find(|p| p["title"] == "Kill switch").unwrap();
     let steps = &switch["fieldConfig"]["defaults"]["thresholds"]["steps"];
     assert_eq!(steps[1], serde_json::json!({ "color": "red", "value": 1 }));
@@ -88,4 +81,68 @@ fn the_dashboard_describes_every_panel_and_follows_its_variables() {
             .iter()
             .any(|e| e.contains("runwarden_config_reloads_total"))
     );
+}
+
+fn dashboard() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/dashboards/runwarden.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap()
+}
+
+/// What is stopped now is the dashboard's top row (the kill switch, the
+/// demotions, the caps, the runs in flight and the last failed run), and
+/// each of its panels links to the runs that explain it: every link is a
+/// runs API query a real daemon answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_top_row_is_what_is_stopped_now_and_links_to_its_runs() {
+    let d = dashboard();
+    let top: Vec<&Value> = d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["gridPos"]["y"] == 0)
+        .collect();
+    let titles: Vec<&str> = top.iter().map(|p| p["title"].as_str().unwrap()).collect();
+    assert_eq!(
+        titles,
+        [
+            "Kill switch",
+            "Demoted to L2",
+            "Capped (last hour)",
+            "In flight now",
+            "Last failed run"
+        ]
+    );
+    let width: u64 = top
+        .iter()
+        .map(|p| p["gridPos"]["w"].as_u64().unwrap())
+        .sum();
+    assert_eq!(width, 24, "the row spans the grid");
+    // A daemon without a webhook token, on loopback, as a browser reaches
+    // it from the dashboard (with a token, through a proxy that adds it).
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::write(
+        dir.path().join("runwarden.yaml"),
+        "listen: 127.0.0.1:0\naudit_head: none\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start(dir.path()).await;
+    for p in top {
+        let links = p["links"].as_array().unwrap();
+        assert!(!links.is_empty(), "{}: no link", p["title"]);
+        for l in links {
+            let url = l["url"].as_str().unwrap();
+            let path = url.strip_prefix("${api}").expect("a link to the runs API");
+            let r = client().get(daemon.url(path)).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{url}");
+            assert!(json_of(r).await["runs"].is_array(), "{url}");
+        }
+    }
+    daemon.shutdown().await.unwrap();
 }
