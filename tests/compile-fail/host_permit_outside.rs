@@ -3,7 +3,7 @@
 use runwarden::config::Host;
 
 fn mint(policy: &Host, spent: &std::path::Path) {
-    let spent = runwarden::agent::replay::Spent::beside(spent);
+    let spent = runwarden::agent::replay::Spent::at(spent);
     let _ = runwarden::agent::policy::check(policy, todo!(), &spent);
 }
 
