@@ -824,7 +824,13 @@ impl Scheduler {
         // A run the shutdown kept from starting (it waited for its run
         // lock) is handed to the next start, as one stopped before its
         // first call is (on this machine's own state).
-        let handed = outcome.is_err() && self.stopping() && self.store.is_none() && !req.dry_run;
+        // With shared state, one the runner handed to the fleet's queue.
+        let handed_to = match &outcome {
+            Err(crate::run::StartError::HandedBack { to, .. }) => Some(to.clone()),
+            _ => None,
+        };
+        let handed = handed_to.is_some()
+            || (outcome.is_err() && self.stopping() && self.store.is_none() && !req.dry_run);
         let verdict = match &outcome {
             Ok(report) => report.verdict,
             Err(_) if handed => Verdict::Halted,
@@ -848,9 +854,14 @@ impl Scheduler {
             let (verdict, why, end) = match handed {
                 true => (
                     Verdict::Halted,
-                    format!(
-                        "runwarden is shutting down before this run could start ({e}); its trigger is handed to the next start, which runs it again"
-                    ),
+                    match handed_to {
+                        Some(_) => {
+                            format!("runwarden is shutting down before this run could start: {e}")
+                        }
+                        None => format!(
+                            "runwarden is shutting down before this run could start ({e}); its trigger is handed to the next start, which runs it again"
+                        ),
+                    },
                     Some(crate::audit::RunEnd {
                         duration_ms: started.elapsed().as_millis() as u64,
                         final_answer: None,
@@ -858,6 +869,7 @@ impl Scheduler {
                         mutations: 0,
                         suggestions: Vec::new(),
                         handed_back: true,
+                        handed_to,
                     }),
                 ),
                 false => (

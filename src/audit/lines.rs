@@ -270,6 +270,9 @@ pub(crate) struct RunEnd {
     /// Stopped by the daemon's shutdown before it proposed anything: the
     /// next start runs its trigger again.
     pub(crate) handed_back: bool,
+    /// With shared state: the queued run of the fleet's its trigger went to
+    /// (no start of this machine runs it again).
+    pub(crate) handed_to: Option<String>,
 }
 
 impl AuditLog {
@@ -572,6 +575,9 @@ impl AuditLog {
                 });
                 if end.handed_back {
                     d["handed_back"] = true.into();
+                }
+                if let Some(next) = &end.handed_to {
+                    d["handed_to"] = next.as_str().into();
                 }
                 d
             }

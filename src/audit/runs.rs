@@ -478,6 +478,11 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
                 if let Ok(ts) = e.ts.parse::<jiff::Timestamp>() {
                     match (handed, began) {
                         // It did nothing: no cooldown or deduplication from it.
+                        // Handed to the fleet's queue: another replica ran it.
+                        (true, Some(_))
+                            if e.detail
+                                .as_ref()
+                                .is_some_and(|d| d["handed_to"].is_string()) => {}
                         (true, Some(began)) => handed_back.push((began, k, ts)),
                         (true, None) => {}
                         (false, _) => {

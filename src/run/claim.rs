@@ -26,6 +26,15 @@ pub(crate) trait Claim: Send + Sync {
 
     /// Whether the last fence or renewal still proves the claim now.
     fn still_proven(&self) -> Result<(), Lost>;
+
+    /// The daemon is stopping and the run made no call: end it and queue
+    /// its trigger (`request`, as the fleet's queue keeps it) as run
+    /// `next`, for another replica. `Err`: why it stays with this run.
+    fn hand_back<'a>(
+        &'a self,
+        next: &'a str,
+        request: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 }
 
 impl Claim for Lease {
@@ -39,5 +48,19 @@ impl Claim for Lease {
 
     fn still_proven(&self) -> Result<(), Lost> {
         Lease::still_proven(self)
+    }
+
+    fn hand_back<'a>(
+        &'a self,
+        next: &'a str,
+        request: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move {
+            match Lease::hand_back(self, next, request).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("its lease was no longer this run's".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
     }
 }

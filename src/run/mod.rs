@@ -71,6 +71,17 @@ pub enum StartError {
     /// The run lock could not be taken (the state directory is unusable): broken.
     #[error("{0}")]
     Lock(String),
+    /// The daemon stopped while the run waited to start, and its trigger
+    /// went to the fleet's queue as run `to`, for another replica.
+    #[error(
+        "{why}; its trigger is handed to the fleet's queue as run {to}, which another replica takes"
+    )]
+    HandedBack {
+        /// Why it did not start here.
+        why: String,
+        /// The queued run that takes its trigger.
+        to: String,
+    },
     /// The run's first line could not be written.
     #[error(transparent)]
     Audit(#[from] AuditError),
@@ -148,6 +159,11 @@ impl Runner {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+    }
+
+    /// Whether the daemon this runner serves is stopping.
+    fn stopping(&self) -> bool {
+        self.shutdown.as_ref().is_some_and(|s| *s.borrow())
     }
 
     /// Send the audit log's head to the journal, where the runwarden user
@@ -283,7 +299,26 @@ impl Runner {
             (None, _) => None,
         };
         let claim = lease.as_ref().map(|l| l as &dyn Claim);
-        let outcome = self.run_leased(req, run_id, claim).await;
+        let mut outcome = self.run_leased(req, &run_id, claim).await;
+        // Stopped while it waited for its run lock: the fleet gets it back.
+        if let (Err(StartError::Busy(why)), Some(claim), true) = (&outcome, claim, self.stopping())
+            && !req.dry_run
+        {
+            let to = uuid::Uuid::now_v7().to_string();
+            let mut again = req.clone();
+            again.keys.push(crate::audit::runs::resumes_key(&run_id));
+            match claim.hand_back(&to, &again.to_queue()).await {
+                Ok(()) => {
+                    outcome = Err(StartError::HandedBack {
+                        why: why.clone(),
+                        to,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(%run_id, "the run could not be handed to the fleet's queue: {e}")
+                }
+            }
+        }
         // Before the lease is freed: the next run of it sees the demotion.
         if let Ok(report) = &outcome {
             self.count_failure(req, report).await;
@@ -358,7 +393,7 @@ impl Runner {
     async fn run_leased(
         &self,
         req: &RunRequest,
-        run_id: String,
+        run_id: &str,
         lease: Option<&dyn Claim>,
     ) -> Result<RunReport, StartError> {
         let runbook = self
@@ -390,13 +425,13 @@ impl Runner {
         // A dry run changes nothing and takes no lock.
         let lock = match req.dry_run {
             true => None,
-            false => Some(self.lock(&runbook, &host.name, &run_id).await?),
+            false => Some(self.lock(&runbook, &host.name, run_id).await?),
         };
-        let executor = Executor::for_host(&host, &run_id, &self.config.settings.permit_key_file);
-        let context = req.template_context(&run_id);
+        let executor = Executor::for_host(&host, run_id, &self.config.settings.permit_key_file);
+        let context = req.template_context(run_id);
         let planner = self.planner(&runbook, &host, req.planner, context)?;
         let info = RunInfo {
-            run_id: run_id.clone(),
+            run_id: run_id.to_string(),
             runbook: runbook.name.clone(),
             runbook_version: runbook.version.clone(),
             host: host.name.clone(),
@@ -475,9 +510,12 @@ mod tests {
 
     /// A claim that answers as told: the fence, then the check after the
     /// intent line. No database: the run loop's lease branches, in the fast tier.
+    #[derive(Default)]
     struct Told {
         fence: Option<Lost>,
         proven: Option<Lost>,
+        /// What `hand_back` was given (the next run's id, its request).
+        handed: std::sync::Mutex<Option<(String, String)>>,
     }
 
     impl Claim for Told {
@@ -493,6 +531,16 @@ mod tests {
 
         fn still_proven(&self) -> Result<(), Lost> {
             self.proven.clone().map_or(Ok(()), Err)
+        }
+
+        fn hand_back<'a>(
+            &'a self,
+            next: &'a str,
+            request: &'a str,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>
+        {
+            *self.handed.lock().unwrap() = Some((next.to_string(), request.to_string()));
+            Box::pin(async { Ok(()) })
         }
     }
 
@@ -527,15 +575,28 @@ mod tests {
     }
 
     async fn run_with(claim: &Told) -> (RunReport, Vec<crate::audit::Entry>) {
-        let dir = tempfile::tempdir().unwrap();
-        let runner = runner(dir.path());
-        let req = RunRequest::cli("rb".into(), "h".into(), false);
-        let report = runner
-            .run_leased(&req, "run-1".into(), Some(claim))
-            .await
-            .unwrap();
-        let lines = crate::audit::run_lines(&runner.config.settings.audit_log, "run-1").unwrap();
+        let (report, lines, _) = run_stopping(claim, false).await;
         (report, lines)
+    }
+
+    /// As [`run_with`], the daemon already stopping when `stopping`; also
+    /// how many runs this machine's next start would run again.
+    async fn run_stopping(
+        claim: &Told,
+        stopping: bool,
+    ) -> (RunReport, Vec<crate::audit::Entry>, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut runner = runner(dir.path());
+        let (_stop, shutdown) = tokio::sync::watch::channel(stopping);
+        runner.shutdown = Some(shutdown);
+        let req = RunRequest::cli("rb".into(), "h".into(), false);
+        let report = runner.run_leased(&req, "run-1", Some(claim)).await.unwrap();
+        let lines = crate::audit::run_lines(&runner.config.settings.audit_log, "run-1").unwrap();
+        let again = crate::audit::runs::recovery(&runner.config.settings.audit_log)
+            .unwrap()
+            .handed_back
+            .len();
+        (report, lines, again)
     }
 
     fn phases(lines: &[crate::audit::Entry]) -> Vec<String> {
@@ -549,7 +610,7 @@ mod tests {
     async fn a_fence_that_fails_stops_the_call_before_its_intent_line() {
         let (report, lines) = run_with(&Told {
             fence: lost("another replica took the lease"),
-            proven: None,
+            ..Told::default()
         })
         .await;
         assert_eq!(report.verdict, Verdict::Interrupted, "{report:?}");
@@ -570,8 +631,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_no_longer_proven_after_the_intent_line_is_not_sent() {
         let (report, lines) = run_with(&Told {
-            fence: None,
             proven: lost("the last renewal is too old"),
+            ..Told::default()
         })
         .await;
         assert_eq!(report.verdict, Verdict::Interrupted, "{report:?}");
@@ -594,13 +655,40 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_that_holds_lets_the_call_run() {
-        let (report, lines) = run_with(&Told {
-            fence: None,
-            proven: None,
-        })
-        .await;
+        let claim = Told::default();
+        let (report, lines) = run_with(&claim).await;
         assert_eq!(report.verdict, Verdict::Ok, "{report:?}");
         let said = phases(&lines);
         assert!(said.contains(&"intent".to_string()) && said.contains(&"result".to_string()));
+        assert!(
+            claim.handed.lock().unwrap().is_none(),
+            "a run that ran keeps its trigger"
+        );
+    }
+
+    /// With shared state, a run the daemon's stop ends before any call hands
+    /// its trigger to the fleet's queue (as a new run that resumes it), and
+    /// its verdict line names that run; nothing was called.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_run_stopped_before_any_call_is_handed_to_the_fleets_queue() {
+        let claim = Told::default();
+        let (report, lines, restarts) = run_stopping(&claim, true).await;
+        assert_eq!(report.verdict, Verdict::Halted, "{report:?}");
+        let (next, request) = claim.handed.lock().unwrap().clone().expect("handed back");
+        assert!(report.verdict_detail.contains(&next), "{report:?}");
+        let again = RunRequest::from_queue("rb".into(), "h".into(), &request).unwrap();
+        assert!(
+            again
+                .keys
+                .contains(&crate::audit::runs::resumes_key("run-1")),
+            "{again:?}"
+        );
+        let verdict = lines.last().unwrap();
+        let detail = verdict.detail.clone().unwrap();
+        assert_eq!(detail["handed_back"], true, "{detail}");
+        assert_eq!(detail["handed_to"], next.as_str(), "{detail}");
+        assert!(!phases(&lines).contains(&"intent".to_string()));
+        // This machine's next start does not run it again: the fleet has it.
+        assert_eq!(restarts, 0);
     }
 }

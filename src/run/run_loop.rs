@@ -106,6 +106,8 @@ pub(super) struct RunState {
     /// The daemon stopped before the run proposed anything: the next start
     /// runs its trigger again (one machine; see `audit::runs::recovery`).
     handed_back: bool,
+    /// With shared state: the queued run its trigger was handed to.
+    handed_back_to: Option<String>,
 }
 
 impl RunLoop<'_> {
@@ -129,6 +131,7 @@ impl RunLoop<'_> {
             unreachable: 0,
             would_change: 0,
             handed_back: false,
+            handed_back_to: None,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -137,22 +140,7 @@ impl RunLoop<'_> {
         };
         while s.tally.stop.is_none() {
             if self.shutting_down() {
-                // Nothing proposed, nothing run: on one machine the trigger
-                // is handed to the next start, which runs it again, rather
-                // than lost until Alertmanager's next repeat (hours). A run
-                // that made a call, or one of the fleet's, halts.
-                if s.reports.is_empty() && self.lease.is_none() && !self.req.dry_run {
-                    s.handed_back = true;
-                    s.tally.stop(
-                        Verdict::Halted,
-                        "runwarden is shutting down before this run made any call; its trigger is handed to the next start, which runs it again".into(),
-                    );
-                } else {
-                    s.tally.stop(
-                        Verdict::Halted,
-                        "runwarden is shutting down; the run stopped before its next call".into(),
-                    );
-                }
+                self.stop_for_shutdown(&mut s).await;
                 break;
             }
             let n = s.reports.len() as u32 + 1;
@@ -226,6 +214,51 @@ impl RunLoop<'_> {
             &self.runbook.name,
             self.runbook.fleet_budget,
         )
+    }
+
+    /// The daemon is stopping. A run that proposed nothing and ran nothing
+    /// is handed back rather than lost until Alertmanager's next repeat
+    /// (hours): on one machine to the next start, which runs it again; with
+    /// shared state to the fleet's queue, where another replica takes it
+    /// now. A run that made a call halts.
+    async fn stop_for_shutdown(&self, s: &mut RunState) {
+        if !s.reports.is_empty() || self.req.dry_run {
+            s.tally.stop(
+                Verdict::Halted,
+                "runwarden is shutting down; the run stopped before its next call".into(),
+            );
+            return;
+        }
+        let Some(claim) = self.lease else {
+            s.handed_back = true;
+            s.tally.stop(
+                Verdict::Halted,
+                "runwarden is shutting down before this run made any call; its trigger is handed to the next start, which runs it again".into(),
+            );
+            return;
+        };
+        let next = uuid::Uuid::now_v7().to_string();
+        let mut again = self.req.clone();
+        again
+            .keys
+            .push(crate::audit::runs::resumes_key(&self.info.run_id));
+        match claim.hand_back(&next, &again.to_queue()).await {
+            Ok(()) => {
+                s.handed_back_to = Some(next.clone());
+                s.tally.stop(
+                    Verdict::Halted,
+                    format!(
+                        "runwarden is shutting down before this run made any call; its trigger is handed to the fleet's queue as run {next}, which another replica takes"
+                    ),
+                );
+            }
+            Err(e) => s.tally.stop(
+                Verdict::Halted,
+                format!(
+                    "runwarden is shutting down; the run made no call and could not be handed to the fleet's queue ({e})"
+                ),
+            ),
+        }
     }
 
     pub(super) fn shutting_down(&self) -> bool {
@@ -519,7 +552,8 @@ impl RunLoop<'_> {
             steps: s.gate.budget().steps(),
             mutations,
             suggestions: s.suggestions,
-            handed_back: s.handed_back,
+            handed_back: s.handed_back || s.handed_back_to.is_some(),
+            handed_to: s.handed_back_to,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {

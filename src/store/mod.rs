@@ -448,6 +448,15 @@ impl Lease {
         ))
     }
 
+    /// The run made no call and this replica is stopping: the run ends here
+    /// and its trigger goes back to the fleet's queue as run `next` (see
+    /// [`Postgres::hand_back`]); renewals stop. `false`: the lease was no
+    /// longer this run's, and nothing was queued.
+    pub(crate) async fn hand_back(&self, next: &str, request: &str) -> Result<bool, StoreError> {
+        self.renewals.abort();
+        self.store.hand_back(&self.id, next, request).await
+    }
+
     /// The run ended: record its verdict and free the claim. The database
     /// is tried for as long as the lease would have lived; if it never
     /// answers, the lease expires and another replica closes the run

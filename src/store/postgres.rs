@@ -588,6 +588,60 @@ impl Postgres {
         .await
     }
 
+    /// A run this replica's stop ended before it made any call goes back to
+    /// the fleet's queue, not lost: the old run ends `halted` and `handed
+    /// back`, and in the same statement its lease passes (the next token) to
+    /// a new queued run `next` with the same trigger, ready for whichever
+    /// replica has a free permit first. The host stays held all along, so
+    /// no trigger slips in between and nothing is counted twice (a run ended
+    /// so never ran: neither cooldown nor `max_runs` counts it). `false`:
+    /// the lease was no longer this run's, and nothing was queued. Plain
+    /// statements on the tables every release since the queue reads the
+    /// same way, so a replica of the previous release takes it as its own.
+    pub(crate) async fn hand_back(
+        &self,
+        lease: &super::LeaseId,
+        next: &str,
+        request: &str,
+    ) -> Result<bool, StoreError> {
+        self.with("handing the run back to the fleet's queue", |c| async move {
+            let rows = c
+                .query_typed(
+                    "WITH old AS (
+                         UPDATE runwarden_runs SET status = 'not_started', verdict = 'halted',
+                                ended_at = clock_timestamp()
+                         WHERE run_id = $4 AND status = 'running' RETURNING run_id),
+                     moved AS (
+                         UPDATE runwarden_leases l
+                         SET token = l.token + 1, run_id = $5, replica = NULL,
+                             expires_at = 'infinity'::timestamptz
+                         FROM old
+                         WHERE l.runbook = $1 AND l.host = $2 AND l.token = $3 AND l.run_id = old.run_id
+                         RETURNING l.token),
+                     queued_run AS (
+                         INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, recorded)
+                         SELECT $5, $1, $2, $6, moved.token, 'queued', true FROM moved),
+                     queued AS (
+                         INSERT INTO runwarden_queue (run_id, runbook, host, request, queued_by, ready)
+                         SELECT $5, $1, $2, $7::text::jsonb, $6, true FROM moved
+                         RETURNING run_id)
+                     SELECT pg_notify('runwarden_queue', '1') FROM queued",
+                    &[
+                        (&lease.runbook, Type::TEXT),
+                        (&lease.host, Type::TEXT),
+                        (&lease.token, Type::INT8),
+                        (&lease.run_id, Type::TEXT),
+                        (&next, Type::TEXT),
+                        (&self.replica, Type::TEXT),
+                        (&request, Type::TEXT),
+                    ],
+                )
+                .await?;
+            Ok(rows.len() == 1)
+        })
+        .await
+    }
+
     /// The run ended with `verdict`: record it and free the lease (its end
     /// starts the cooldown), unless another claim has taken over.
     pub(crate) async fn finish(

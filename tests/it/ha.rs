@@ -2349,7 +2349,7 @@ fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead
     // On a timeout, say which runs are still open and what the queue holds.
     let open = || {
         pg.sql(
-            "SELECT run_id, host, status, coalesce(replica, '-') FROM runwarden_runs WHERE status <> 'ended' ORDER BY host",
+            "SELECT run_id, host, status, coalesce(replica, '-') FROM runwarden_runs WHERE status NOT IN ('ended', 'not_started') ORDER BY host",
         )
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -431,3 +431,80 @@ fn a_fire_whose_admission_rolled_back_is_admitted_by_the_next_replica() {
         "the second admission claimed nothing"
     );
 }
+
+/// A replica stopping with runs it claimed that made no call yet (each
+/// waits for its run lock, which another process on its machine holds)
+/// hands them to the fleet's queue: the other replica runs each once, the
+/// stopping replica's verdict lines name the run each went to, and every
+/// alert answered 200 has its one `started` row. Before, they ended
+/// `halted` there and the other replicas had answered the same alerts
+/// `deduplicated`: accepted, and never remediated.
+#[test]
+fn a_stopping_replica_hands_its_runs_that_made_no_call_to_the_others() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let (hosts, setup) = slow_hosts(&site, 4, 0.1);
+    let mut fleet_ = fleet(&pg, 2, LONG, "", &setup);
+    let names: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    // Another process on a's machine holds every host's run lock; b is
+    // stopped, so a claims all four and each waits for its lock.
+    let locks = fleet_[0].e.path().join("state/locks");
+    let holders: Vec<Proc> = hosts
+        .iter()
+        .map(|h| {
+            let file = locks.join(format!("rot@{h}.lock"));
+            Proc(
+                Command::new("/usr/bin/flock")
+                    .arg(&file)
+                    .args(["/usr/bin/sleep", "120"])
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    fleet_[1].signal(nix::sys::signal::Signal::SIGSTOP);
+    let (status, answer) = fleet_[0].post("/api/v1/alerts", &notification(&names));
+    assert_eq!(status, 200, "{answer}");
+    wait_for("a's four runs waiting", Duration::from_secs(20), || {
+        let n = pg
+            .sql("SELECT count(*) FROM runwarden_runs WHERE status = 'running' AND replica = 'a'");
+        (n == "4").then_some(())
+    });
+    fleet_[0].signal(nix::sys::signal::Signal::SIGTERM);
+    let exited = fleet_[0].d.as_mut().unwrap().0.wait().unwrap();
+    assert!(exited.success(), "{exited:?}");
+    fleet_[0].d = None;
+    fleet_[1].signal(nix::sys::signal::Signal::SIGCONT);
+    let done = wait_verdicts(&fleet_[1..], 4, Duration::from_secs(60));
+    assert!(done.iter().all(|v| v["outcome"] == "ok"), "{done:#?}");
+    for h in &hosts {
+        assert_eq!(site.rotations(h).len(), 1, "{h} ran once, on b");
+    }
+    // a's lines: halted, handed back, each naming the run b ran.
+    let ran_on_b: std::collections::HashSet<String> = done
+        .iter()
+        .map(|v| v["run_id"].as_str().unwrap().to_string())
+        .collect();
+    let handed: Vec<Value> = fleet_[0].verdicts();
+    assert_eq!(handed.len(), 4, "{handed:#?}");
+    for v in &handed {
+        assert_eq!(v["outcome"], "halted", "{v:#}");
+        assert_eq!(v["detail"]["handed_back"], true, "{v:#}");
+        let to = v["detail"]["handed_to"].as_str().expect("names its run");
+        assert!(ran_on_b.contains(to), "{to} ran on b: {ran_on_b:?}");
+    }
+    // The fleet's record: one trigger row per alert, each started once; the
+    // handed runs never ran, so neither a cooldown nor max_runs counts them.
+    assert_eq!(
+        pg.sql(
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'started') FROM runwarden_triggers"
+        ),
+        "4|4"
+    );
+    assert_eq!(
+        pg.sql("SELECT status, coalesce(verdict, '-'), count(*) FROM runwarden_runs GROUP BY 1, 2 ORDER BY 1"),
+        "ended|ok|4\nnot_started|halted|4"
+    );
+    drop(holders);
+}
