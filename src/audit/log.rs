@@ -103,6 +103,7 @@ impl AuditLog {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             crate::files::make_dir(parent).map_err(io)?;
         }
+        super::format::claim(path).map_err(io)?;
         let file = open_current(path).map_err(io)?;
         let mut tail = Tail {
             id: file_id(&file).map_err(io)?,

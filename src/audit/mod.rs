@@ -29,6 +29,7 @@
 //! verdict) and never writes a field by hand. [`verify`](verify()) checks the
 //! chain; the queries (`query`, [`runs`]) read lines back into typed values.
 
+pub(crate) mod format;
 mod lines;
 mod log;
 mod query;

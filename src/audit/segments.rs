@@ -46,6 +46,8 @@ pub(crate) fn segment_path(log: &Path, first: u64) -> PathBuf {
 /// Every file of the history of `log`, oldest first: the closed segments,
 /// then the current file (when it exists).
 pub(crate) fn list(log: &Path) -> std::io::Result<Vec<Segment>> {
+    // A history a newer runwarden wrote is refused, never misread.
+    super::format::check(log)?;
     let mut out = closed(log)?;
     match std::fs::metadata(log) {
         Ok(m) => out.push(Segment {

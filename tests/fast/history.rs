@@ -255,3 +255,66 @@ fn the_history_says_who_ran_it_by_hand_and_why_it_failed() {
     let v: Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v[0]["user"], me.as_str(), "{v:#}");
 }
+
+/// A downgrade refuses what a newer runwarden wrote instead of misreading
+/// it: with the history's marker saying a newer format, `run`, `runs` and
+/// `audit verify` each exit non-zero, name the version that wrote it and
+/// write nothing; the daemon does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_a_newer_runwarden_wrote_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().as_os_str();
+    runwarden_ok(&[
+        "run".as_ref(),
+        "disk".as_ref(),
+        "--host".as_ref(),
+        "web-01".as_ref(),
+        "--config".as_ref(),
+        cfg,
+    ]);
+    let audit = dir.path().join("state/audit.jsonl");
+    let marker = dir.path().join("state/audit.jsonl.format");
+    assert!(
+        std::fs::read_to_string(&marker)
+            .unwrap()
+            .starts_with("format 1\n")
+    );
+    std::fs::write(&marker, "format 2\nwritten by runwarden 0.9.0 (0123abcd)\n").unwrap();
+    let before = std::fs::read(&audit).unwrap();
+    for args in [
+        vec!["run", "disk", "--host", "web-01"],
+        vec!["runs"],
+        vec!["audit", "verify"],
+    ] {
+        let mut argv: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        argv.extend(["--config".as_ref(), cfg]);
+        let out = runwarden(&argv);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(
+            said.contains("written by runwarden 0.9.0 (0123abcd)")
+                && said.contains("would misread it"),
+            "{args:?}: {said}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&audit).unwrap(),
+        before,
+        "nothing was written"
+    );
+    // The daemon refuses to start on it too.
+    let served = runwarden::app::serve(
+        runwarden::app::ServeOptions {
+            config_dir: dir.path().to_path_buf(),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+        },
+        std::future::pending(),
+        None,
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(20), served)
+        .await
+        .expect("it ends at once");
+    let said = format!("{:#}", ended.unwrap_err());
+    assert!(said.contains("would misread it"), "{said}");
+}
