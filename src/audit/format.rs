@@ -43,6 +43,9 @@ fn read(log: &Path) -> std::io::Result<Option<(u32, String)>> {
     let Some(bytes) = crate::files::read_state(&marker(log))? else {
         return Ok(None);
     };
+    if bytes.is_empty() {
+        return Ok(None);
+    }
     let text = String::from_utf8_lossy(&bytes);
     let mut format = None;
     let mut writer = String::from("unknown");
@@ -70,22 +73,15 @@ pub(crate) fn check(log: &Path) -> std::io::Result<()> {
 }
 
 /// Before this build writes to the history at `log`: refuse a newer one,
-/// and record this build as its writer (once per version).
+/// and record this build as its writer (once per version). Called under
+/// the log's lock, so writers opening it at once take turns.
 pub(crate) fn claim(log: &Path) -> std::io::Result<()> {
     check(log)?;
     let text = format!("format {FORMAT}\nwritten by runwarden {}\n", crate::VERSION);
     if crate::files::read_state(&marker(log))?.as_deref() == Some(text.as_bytes()) {
         return Ok(());
     }
-    match crate::files::replace(&marker(log), text.as_bytes(), 0o640) {
-        Ok(()) => Ok(()),
-        // Another writer opening the log at the same moment records its own
-        // version in between: what matters is that no newer one did.
-        Err(e) => match read(log) {
-            Ok(Some((format, _))) if format <= FORMAT => Ok(()),
-            _ => Err(e),
-        },
-    }
+    crate::files::replace(&marker(log), text.as_bytes(), 0o640)
 }
 
 #[cfg(test)]

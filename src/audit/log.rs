@@ -103,7 +103,7 @@ impl AuditLog {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             crate::files::make_dir(parent).map_err(io)?;
         }
-        super::format::claim(path).map_err(io)?;
+        super::format::check(path).map_err(io)?;
         let file = open_current(path).map_err(io)?;
         let mut tail = Tail {
             id: file_id(&file).map_err(io)?,
@@ -116,7 +116,9 @@ impl AuditLog {
         };
         (|| {
             tail.file.lock()?;
-            let read = tail.refresh(path);
+            // Under the log's lock: writers opening it at once record
+            // their version one after the other.
+            let read = super::format::claim(path).and_then(|()| tail.refresh(path));
             let _ = tail.file.unlock();
             read
         })()
