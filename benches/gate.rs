@@ -163,6 +163,8 @@ fn main() {
         output_cap: 1 << 20,
         kill_grace: Duration::from_secs(2),
         jail: root.to_path_buf(),
+        confine: runwarden::process::Confine::Jail,
+        stdin: None,
     };
     let df_argv = runwarden::process::Argv::new(Path::new("/usr/bin/df")).args([
         "-B1",

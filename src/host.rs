@@ -48,6 +48,12 @@ pub struct Host {
     pub(crate) health_checks: BTreeMap<String, String>,
     /// Allowlist: the worker pools `recycle_worker_pool` may recycle, by name.
     pub(crate) worker_pools: BTreeMap<String, WorkerPool>,
+    /// Allowlists for declared tools, by name (`allow: { haproxy_backends:
+    /// [web, api] }`): an `allowlist` argument takes a value of its list.
+    pub(crate) allow: BTreeMap<String, Vec<String>>,
+    /// `unsandboxed_tier1: allow`: where Landlock is missing, declared
+    /// tier-1 tools run without it (built-ins always do).
+    pub(crate) unsandboxed_tier1: bool,
     /// The absolute path of each program tools spawn.
     pub(crate) binaries: Binaries,
     /// The file this host came from (for messages).

@@ -109,6 +109,15 @@ pub(crate) fn policy(
             }
         }
     }
+    if !host.allow.is_empty() {
+        let _ = writeln!(s, "allow:");
+        for (name, values) in &host.allow {
+            let _ = writeln!(s, "  {name}: {}", list(values.iter().cloned()));
+        }
+    }
+    if host.unsandboxed_tier1 {
+        let _ = writeln!(s, "unsandboxed_tier1: allow");
+    }
     if !host.health_checks.is_empty() {
         let _ = writeln!(s, "health_checks:");
         for (name, url) in &host.health_checks {
@@ -162,7 +171,19 @@ pub(crate) fn mutating_commands<'a>(
         .into_iter()
         .filter(|r| r.allows_host(&host.name) && r.autonomy != Autonomy::L1)
     {
-        for &tool in &rb.approve {
+        for tool in &rb.approve {
+            if let Some(d) = tool.declared() {
+                for args in d.every_call(host).unwrap_or_default() {
+                    if let Ok(call) = d.resolve(&args, host, crate::tools::PathMode::Lexical) {
+                        for c in call.root_commands(host) {
+                            if !cmds.contains(&c) {
+                                cmds.push(c);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
             let Some((field, allowed)) = tool.targets(host) else {
                 continue;
             };
@@ -181,14 +202,14 @@ pub(crate) fn mutating_commands<'a>(
 /// The targets a runbook can ask `tool` for: everything the host allows
 /// when a model plans its calls or a step's target is a template, otherwise
 /// the ones its steps name.
-fn asked_targets(rb: &Runbook, tool: ToolId, field: &str, allowed: &[String]) -> Vec<String> {
+fn asked_targets(rb: &Runbook, tool: &ToolId, field: &str, allowed: &[String]) -> Vec<String> {
     if rb.agent.is_some() {
         return allowed.to_vec();
     }
     let mut named = Vec::new();
     for step in &rb.steps {
         if let StepAction::Call { tool: t, args, .. } = &step.action
-            && *t == tool
+            && t == tool
         {
             match args.get(field).and_then(|v| v.as_str()) {
                 Some(s) if !is_template(s) => named.push(s.to_string()),
@@ -220,14 +241,14 @@ fn sudoers_command(a: &Argv) -> String {
 pub(crate) fn sudoers<'a>(
     host: &Host,
     user: &str,
-    runbooks: impl IntoIterator<Item = &'a Runbook>,
+    runbooks: impl IntoIterator<Item = &'a Runbook> + Clone,
 ) -> String {
     let mut s = format!(
         "# /etc/sudoers.d/runwarden for {}: exactly the commands its runbooks can have run as root.\n",
         host.name
     );
     let _ = writeln!(s, "Defaults:{user} !requiretty");
-    let cmds = mutating_commands(host, runbooks);
+    let cmds = mutating_commands(host, runbooks.clone());
     if cmds.is_empty() {
         let _ = writeln!(s, "# (no runbook can change this host)");
         return s;
@@ -239,6 +260,12 @@ pub(crate) fn sudoers<'a>(
         let _ = writeln!(s, "    {}{sep}", sudoers_command(c));
     }
     let _ = writeln!(s, "{user} ALL=(root) NOPASSWD: {alias}");
+    for (tool, why) in unlistable(host, runbooks) {
+        let _ = writeln!(
+            s,
+            "# {tool} is not listed: its argv takes {why}, which sudoers cannot name without a wildcard.\n# This host runs it only through an agent that runs as root (connection: agent), never through sudo."
+        );
+    }
     if host
         .worker_pools
         .values()
@@ -248,6 +275,64 @@ pub(crate) fn sudoers<'a>(
             s,
             "# Pools recycled by signal are not listed: their master's pid is only known at run time.\n# Run those masters as {user}'s group, or use `recycle: reload` with a unit."
         );
+    }
+    s
+}
+
+/// The declared tier-2 tools the runbooks naming `host` may run whose argv
+/// sudoers cannot list (a free value), each with why.
+fn unlistable<'a>(
+    host: &Host,
+    runbooks: impl IntoIterator<Item = &'a Runbook>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for rb in runbooks
+        .into_iter()
+        .filter(|r| r.allows_host(&host.name) && r.autonomy != Autonomy::L1)
+    {
+        for d in rb.approve.iter().filter_map(ToolId::declared) {
+            if let Err(why) = d.every_call(host)
+                && !out.iter().any(|(n, _)| *n == d.name)
+            {
+                out.push((d.name.clone(), why));
+            }
+        }
+    }
+    out
+}
+
+/// The declared tools the runbooks naming `host` may call, each file as it
+/// is: the host's agent runs only its own copy, and only the same bytes.
+fn declared_files<'a>(host: &Host, runbooks: impl IntoIterator<Item = &'a Runbook>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut s = String::new();
+    for rb in runbooks.into_iter().filter(|r| r.allows_host(&host.name)) {
+        for d in rb
+            .observe
+            .iter()
+            .chain(rb.approve.iter())
+            .filter_map(ToolId::declared)
+        {
+            if seen.contains(&d.name.as_str()) {
+                continue;
+            }
+            seen.push(&d.name);
+            let bytes = std::fs::read_to_string(&d.file).unwrap_or_default();
+            let now = crate::config::sha256_hex(bytes.as_bytes());
+            let _ = writeln!(s, "### /etc/runwarden/tools/{}.yaml", d.name);
+            if now != d.sha256 {
+                let _ = writeln!(
+                    s,
+                    "# {} changed since this configuration was loaded (sha256 {} then, {now} now): check and reload, then print again",
+                    d.file.display(),
+                    d.sha256
+                );
+            }
+            s.push_str(&bytes);
+            if !bytes.ends_with('\n') {
+                s.push('\n');
+            }
+        }
     }
     s
 }
@@ -305,19 +390,24 @@ pub(crate) fn print(config: &Config, host: &Host, public: Option<&str>) -> Strin
         ),
         Connection::Agent(socket) => {
             // Root runs this agent: no account, no sudo.
+            // The agent reads tools/ beside its policy: on this machine the
+            // daemon's own directory, so these are the files already there.
             return format!(
-                "### /etc/runwarden/agent.yaml\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
+                "### /etc/runwarden/agent.yaml\n{}\n{}### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
                 policy(host, public, false, LOCAL_AGENT_JAIL),
+                declared_files(host, config.runbooks.values().map(|r| &**r)),
                 socket.display(),
                 systemd_unit(config)
             );
         }
     };
+    let runbooks = || config.runbooks.values().map(|r| &**r);
     format!(
-        "### /etc/runwarden/agent.yaml\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
+        "### /etc/runwarden/agent.yaml\n{}\n{}### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
         policy(host, public, host.sudo, SSH_AGENT_JAIL),
+        declared_files(host, runbooks()),
         authorized_keys(&user, &public_key),
-        sudoers(host, &user, config.runbooks.values().map(|r| &**r)),
+        sudoers(host, &user, runbooks()),
         systemd_unit(config)
     )
 }
@@ -371,7 +461,7 @@ mod tests {
         );
         let host = &c.hosts["h"];
         let action = crate::tools::resolve(
-            ToolId::RestartService,
+            &crate::tools::Builtin::RestartService.into(),
             &serde_json::json!({ "unit": "a.service", "reason": "r" }),
             host,
             crate::tools::PathMode::Lexical,

@@ -88,6 +88,7 @@ pub mod process;
 pub mod report;
 pub mod run;
 pub mod runlock;
+pub mod sandbox;
 pub mod scheduler;
 pub mod secret;
 pub mod signing;

@@ -332,12 +332,24 @@ impl Metrics {
                 "Admitted runs waiting in the fleet's queue for a replica with a free run permit (the same count on every replica). Absent without state.postgres.",
                 &["store"],
             ),
-            store_up: gauge_vec(
-                r,
-                "runwarden_store_up",
-                "1 when the shared state answered this daemon's last round trip, 0 when it did not: then no trigger is accepted (503) and no call runs here. Absent without state.postgres.",
-                &["store"],
-            ),
+            // Set once: what this machine's kernel enforces does not change.
+            // `runwarden_sandbox_available{kind="landlock"}`.
+            store_up: {
+                let g = gauge_vec(
+                    r,
+                    "runwarden_sandbox_available",
+                    "1 when tier-1 processes start under the kind of sandbox named (landlock: no filesystem write), 0 when this machine cannot enforce it: built-in tier-1 tools then run without it and declared ones refuse unless the host allows it.",
+                    &["kind"],
+                );
+                g.with_label_values(&["landlock"])
+                    .set(f64::from(u8::from(crate::sandbox::status().enforced())));
+                gauge_vec(
+                    r,
+                    "runwarden_store_up",
+                    "1 when the shared state answered this daemon's last round trip, 0 when it did not: then no trigger is accepted (503) and no call runs here. Absent without state.postgres.",
+                    &["store"],
+                )
+            },
             kill_switch_until: gauge_vec(
                 r,
                 "runwarden_kill_switch_until_timestamp_seconds",

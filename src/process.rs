@@ -129,7 +129,30 @@ pub struct Limits {
     pub kill_grace: Duration,
     /// Its working directory: an empty one.
     pub jail: PathBuf,
+    /// What else confines it.
+    pub confine: Confine,
+    /// What it reads on stdin (at most [`STDIN_CAP`] bytes); `None`: `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
 }
+
+/// How a process is confined beyond its jail, stub environment and process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Confine {
+    /// Nothing more (a tier-2 change, which must write).
+    #[default]
+    Jail,
+    /// A tier-1 process: no filesystem write (see [`crate::sandbox`]).
+    /// Where this machine cannot enforce that, it starts without it unless
+    /// `required`, and then does not start.
+    ReadOnly {
+        /// Refuse to start it unconfined.
+        required: bool,
+    },
+}
+
+/// The most a process may be given on stdin: less than a pipe holds, so
+/// writing it never waits on a child that does not read.
+pub const STDIN_CAP: usize = 16 * 1024;
 
 /// What one process left behind.
 #[derive(Debug, Clone, Default)]
@@ -201,6 +224,24 @@ pub enum SpawnError {
     /// The call's time was up before it could start.
     #[error("the call's deadline passed before {0} could start")]
     NoTimeLeft(String),
+    /// A tier-1 process that must not start unconfined, where it cannot be confined.
+    #[error(
+        "refusing to run {program} unconfined: {why}; tier-1 tools declared in tools/ run only under Landlock (or set `unsandboxed_tier1: allow` in the host file to accept that risk)"
+    )]
+    Unconfined {
+        /// The program.
+        program: String,
+        /// Why Landlock is not available.
+        why: String,
+    },
+    /// More stdin than [`STDIN_CAP`].
+    #[error("refusing to give {program} {len} bytes on stdin (at most {STDIN_CAP})")]
+    StdinTooLong {
+        /// The program.
+        program: String,
+        /// How much it was to get.
+        len: usize,
+    },
 }
 
 /// [`run`] for the benches' baseline (feature `internals`, never in a
@@ -283,6 +324,33 @@ fn lower_priority_of(pid: u32) {
     }
 }
 
+/// Start `command`, confined as asked. The outer error: it must not start
+/// here (a tier-1 process that must be confined, where it cannot be).
+fn start(
+    mut command: std::process::Command,
+    argv: &Argv,
+    confine: Confine,
+) -> Result<std::io::Result<std::process::Child>, SpawnError> {
+    let Confine::ReadOnly { required } = confine else {
+        return Ok(escapees::spawn(|| command.spawn()));
+    };
+    match crate::sandbox::status() {
+        crate::sandbox::Status::Enforced => {
+            crate::sandbox::spawn_observing(move || escapees::spawn(|| command.spawn())).map_err(
+                |why| SpawnError::Unconfined {
+                    program: argv.program.display().to_string(),
+                    why,
+                },
+            )
+        }
+        crate::sandbox::Status::Unavailable(why) if required => Err(SpawnError::Unconfined {
+            program: argv.program.display().to_string(),
+            why,
+        }),
+        crate::sandbox::Status::Unavailable(_) => Ok(escapees::spawn(|| command.spawn())),
+    }
+}
+
 /// A command for a long-lived helper of the SSH transport (the connection
 /// master, an agent session): the same stub environment, in `dir`, in a
 /// process group of its own. The caller owns it and ends it
@@ -326,12 +394,28 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(&limits.jail)
-        .stdin(Stdio::null())
+        .stdin(match limits.stdin {
+            Some(_) => Stdio::piped(),
+            None => Stdio::null(),
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = escapees::spawn(|| command.spawn()).map_err(spawn_error)?;
+    if let Some(input) = &limits.stdin
+        && input.len() > STDIN_CAP
+    {
+        return Err(SpawnError::StdinTooLong {
+            program: argv.program.display().to_string(),
+            len: input.len(),
+        });
+    }
+    let mut child = start(command, argv, limits.confine)?.map_err(spawn_error)?;
     lower_priority_of(child.id());
+    if let (Some(input), Some(mut pipe)) = (&limits.stdin, child.stdin.take()) {
+        // Less than a pipe holds: never waits. A child that exits without
+        // reading it is its own business (SIGPIPE is ignored here).
+        let _ = std::io::Write::write_all(&mut pipe, input);
+    }
     let _forget = escapees::Forget(child.id());
     let group = Pid::from_raw(child.id() as i32);
     let pidfd = match pidfd_open(child.id()) {
@@ -523,6 +607,8 @@ mod tests {
             output_cap: 1024,
             kill_grace: Duration::from_millis(300),
             jail: std::env::temp_dir(),
+            confine: Confine::Jail,
+            stdin: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tools::{Outcome, ToolId, ToolResult};
+use crate::tools::{Outcome, ToolResult};
 use crate::trigger::Trigger;
 use crate::verdict::Verdict;
 
@@ -89,6 +89,9 @@ pub struct StepReport {
     /// What the tool reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) result: Option<ToolResult>,
+    /// A dry run's tier-2 call: how it would check its own effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) would_verify: Option<String>,
 }
 
 impl StepReport {
@@ -105,6 +108,7 @@ impl StepReport {
             detail: None,
             argv: None,
             result: None,
+            would_verify: None,
         }
     }
 }
@@ -240,11 +244,7 @@ fn render_step(step: &StepReport) -> String {
         );
     }
     if step.status == StepStatus::DryRun
-        && let Some(check) = step
-            .tool
-            .as_deref()
-            .and_then(ToolId::from_name)
-            .and_then(ToolId::verification)
+        && let Some(check) = &step.would_verify
     {
         s += &format!("       would verify: {check}\n");
     }

@@ -72,6 +72,9 @@ pub(crate) fn render(lines: &[Entry]) -> String {
                     "   gate: allowed ({})",
                     e.approved_by.as_deref().unwrap_or("?")
                 );
+                if let Some(d) = &e.declaration {
+                    let _ = writeln!(out, "   declared tool, file sha256:{d}");
+                }
                 if let Some(r) = &e.reason {
                     let _ = writeln!(out, "   reason: {r}");
                 }

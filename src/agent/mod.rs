@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use crate::audit::{AuditLog, AuditTicket, Dispatched, Phase, RunInfo};
 use crate::config::Host;
 use crate::tools::ToolResult;
+pub use policy::Policy;
 use policy::{HostCall, HostPermit, Refusal};
 use replay::Spent;
 use wire::{Call, Reply, Request};
@@ -70,7 +71,7 @@ enum Input {
 /// request line, whatever the line holds (an over-long line is skipped to
 /// its end and refused once, so replies never fall out of step). Returns
 /// the exit code.
-pub(crate) async fn serve_stdio(policy: &Host, audit: &AuditLog, timeouts: Timeouts) -> i32 {
+pub(crate) async fn serve_stdio(policy: &Policy, audit: &AuditLog, timeouts: Timeouts) -> i32 {
     use std::io::Write;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     // Blocking reads of stdin on a thread of their own, so a timeout can end
@@ -162,7 +163,7 @@ fn read_lines(tx: tokio::sync::mpsc::Sender<Input>) {
 }
 
 /// Answer one request line (what `serve_stdio` does with each line).
-pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> Reply {
+pub async fn handle(policy: &Policy, audit: &AuditLog, line: &str) -> Reply {
     let req: Request = match serde_json::from_str(line) {
         Ok(r) => r,
         Err(e) => {
@@ -178,6 +179,11 @@ pub async fn handle(policy: &Host, audit: &AuditLog, line: &str) -> Reply {
             "version": env!("CARGO_PKG_VERSION"),
             "policy": allowlists(policy),
             "policy_digest": policy_digest(policy),
+            "declared_tools": policy
+                .tools
+                .declared()
+                .map(|d| (d.name.clone(), json!(d.sha256)))
+                .collect::<serde_json::Map<String, Value>>(),
         }))),
         Request::Status { run_id, step } => match run_id_refused(&run_id) {
             Some(refusal) => unparsed(policy, audit, refusal),
@@ -207,7 +213,7 @@ fn run_id_refused(run_id: &str) -> Option<Refusal> {
 }
 
 /// Check, record, run and record one call.
-async fn run_call(policy: &Host, audit: &AuditLog, req: Call) -> Reply {
+async fn run_call(policy: &Policy, audit: &AuditLog, req: Call) -> Reply {
     let info = run_info(policy, &req.run_id, &req.runbook);
     let call = HostCall {
         run_id: &req.run_id,
@@ -215,6 +221,7 @@ async fn run_call(policy: &Host, audit: &AuditLog, req: Call) -> Reply {
         tool: &req.tool,
         args: &req.args,
         signed: req.permit.as_ref(),
+        declaration: req.declaration.as_deref(),
     };
     let spent = Spent::at(&policy.spent_permits);
     let permit = match policy::check(policy, &call, &spent) {
@@ -373,11 +380,14 @@ pub(crate) fn policy_digest(h: &Host) -> String {
         .collect()
 }
 
-/// Load the host's own policy: a host file, validated by the same loader.
-pub fn load_policy(file: &Path) -> Result<Host, crate::config::ConfigError> {
+/// Load the host's own policy: a host file, validated by the same loader,
+/// and the tools declared in `tools/` beside it.
+pub fn load_policy(file: &Path) -> Result<Policy, crate::config::ConfigError> {
     let dir = file
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| "/".into());
-    crate::config::load_host_file(file, &dir)
+    let host = crate::config::load_host_file(file, &dir)?;
+    let tools = crate::config::load_tools(&dir)?;
+    Ok(Policy { host, tools })
 }

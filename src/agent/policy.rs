@@ -16,7 +16,24 @@ use super::replay::Spent;
 use crate::config::Host;
 use crate::gate::ApprovedBy;
 use crate::signing::{CallId, SignedPermit};
-use crate::tools::{self, Action, PathMode, Tier, ToolId};
+use crate::tools::{self, Action, PathMode, Tier, Tools};
+
+/// The host's own policy: its host file (the allowlists), and the tools
+/// declared in `tools/` beside it, the only declarations it runs.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The host file.
+    pub(crate) host: Host,
+    /// Its declared tools.
+    pub(crate) tools: Tools,
+}
+
+impl std::ops::Deref for Policy {
+    type Target = Host;
+    fn deref(&self) -> &Host {
+        &self.host
+    }
+}
 
 /// One call as it reached the host.
 pub(crate) struct HostCall<'a> {
@@ -30,6 +47,8 @@ pub(crate) struct HostCall<'a> {
     pub(crate) args: &'a Value,
     /// The runner's signed permit (tier 2).
     pub(crate) signed: Option<&'a SignedPermit>,
+    /// The sha256 of the declaration the runner checked a declared tool's call against.
+    pub(crate) declaration: Option<&'a str>,
 }
 
 /// Permission to run one call on this host, from the host's own policy.
@@ -103,21 +122,34 @@ impl Refusal {
 /// connections carrying the same permit at the same moment, one gets the
 /// [`HostPermit`] and every other is refused [`Refusal::Replayed`].
 pub(crate) fn check(
-    policy: &Host,
+    policy: &Policy,
     call: &HostCall<'_>,
     spent: &Spent,
 ) -> Result<HostPermit, Refusal> {
-    let Some(tool) = ToolId::from_name(call.tool) else {
+    let Some(tool) = policy.tools.get(call.tool) else {
         return Err(Refusal::Policy(format!(
-            "there is no tool {}",
+            "there is no tool {} on this host (a declared tool runs only where its file is in the policy's tools/)",
             tools::args::shown(call.tool)
         )));
     };
-    let action = tools::resolve(tool, call.args, policy, PathMode::Resolve)
+    // A declared tool runs only as this host's own copy declares it, and
+    // only when that is the declaration the runner checked the call against.
+    if let Some(ours) = tool.declaration()
+        && call.declaration != Some(ours)
+    {
+        return Err(Refusal::Policy(format!(
+            "the runner checked this call of {} against declaration sha256:{}, and this host's copy is sha256:{ours}: install the same tools/{}.yaml on both (runwarden install print --host {})",
+            tool.name(),
+            call.declaration.unwrap_or("(none)"),
+            tool.name(),
+            policy.name
+        )));
+    }
+    let action = tools::resolve(&tool, call.args, policy, PathMode::Resolve)
         .map_err(|e| Refusal::Policy(format!("host policy refuses it: {e}")))?;
     let approved_by = match tool.tier() {
         Tier::Observe => ApprovedBy::Auto,
-        Tier::Change => signed_approval(policy, call, spent)?,
+        Tier::Change => signed_approval(policy, call, &tool.signed_name(), spent)?,
     };
     Ok(HostPermit {
         step: call.step,
@@ -128,9 +160,13 @@ pub(crate) fn check(
 
 /// A tier-2 call runs only with the runner's signed permit for exactly this
 /// call, once: holding the SSH key is not enough to change this host.
+/// `signed_name`: the tool as permits name it (a declared tool with the
+/// sha256 of this host's declaration, so a permit signed for another
+/// version of it does not verify here).
 fn signed_approval(
     policy: &Host,
     call: &HostCall<'_>,
+    signed_name: &str,
     spent: &Spent,
 ) -> Result<ApprovedBy, Refusal> {
     let Some(public) = &policy.permit_public_key else {
@@ -150,7 +186,7 @@ fn signed_approval(
                 run_id: call.run_id,
                 step: call.step,
                 host: &policy.name,
-                tool: call.tool,
+                tool: signed_name,
                 args: call.args,
             },
         )
@@ -220,6 +256,7 @@ mod tests {
             tool,
             args,
             signed,
+            declaration: None,
         };
         let kind = |r: Result<HostPermit, Refusal>| r.map(|_| ()).map_err(|e| e.kind());
 
@@ -300,6 +337,7 @@ mod tests {
                 tool: "restart_service",
                 args: &args,
                 signed: Some(&p),
+                declaration: None,
             };
             assert_eq!(kind(check(&policy, &c, &spent)), Ok(()), "{run_id}");
             assert_eq!(

@@ -29,6 +29,9 @@ pub(crate) struct Call {
     pub(crate) args: Value,
     /// Tier-2 calls: the runner's signed permit for exactly this call.
     pub(crate) permit: Option<SignedPermit>,
+    /// A declared tool's call: the sha256 of the declaration the runner
+    /// checked it against (the host runs only its own copy of that file).
+    pub(crate) declaration: Option<String>,
 }
 
 /// What a runner asks a host's agent.
@@ -63,6 +66,8 @@ struct Wire {
     args: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     permit: Option<SignedPermit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    declaration: Option<String>,
 }
 
 impl Serialize for Request {
@@ -75,6 +80,7 @@ impl Serialize for Request {
                 tool: c.tool.clone(),
                 args: c.args.clone(),
                 permit: c.permit.clone(),
+                declaration: c.declaration.clone(),
             },
             Request::Status { run_id, step } => Wire {
                 run_id: run_id.clone(),
@@ -83,6 +89,7 @@ impl Serialize for Request {
                 tool: STATUS.into(),
                 args: Value::Null,
                 permit: None,
+                declaration: None,
             },
             Request::Hello => Wire {
                 run_id: "host-check".into(),
@@ -91,6 +98,7 @@ impl Serialize for Request {
                 tool: HELLO.into(),
                 args: Value::Null,
                 permit: None,
+                declaration: None,
             },
         };
         wire.serialize(s)
@@ -113,6 +121,7 @@ impl<'de> Deserialize<'de> for Request {
                 tool: w.tool,
                 args: w.args,
                 permit: w.permit,
+                declaration: w.declaration,
             })),
         })
     }

@@ -69,6 +69,7 @@ impl RunInfo {
         e.tool = Some(action.tool().name().into());
         e.args = Some(action.args_json());
         e.tier = Some(action.tier().number());
+        e.declaration = action.declaration();
         e.reason = action.reason().map(str::to_string);
         e
     }
@@ -389,7 +390,7 @@ impl AuditLog {
         let mut e = run.entry(Phase::Denied, Some(denial.step));
         e.tool = Some(tool.chars().take(200).collect());
         e.args = Some(bounded(args));
-        e.tier = denial.tool.map(|t| t.tier().number());
+        e.tier = denial.tool.as_ref().map(|t| t.tier().number());
         e.outcome = Some("denied".into());
         e.detail = Some(json!({ "reason": denial.reason, "message": denial.detail }));
         self.append(e, true)

@@ -121,6 +121,10 @@ pub struct Entry {
     /// The tool's tier.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<u8>,
+    /// A declared tool's call: the sha256 of the file that declared it
+    /// (which version of the tool ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declaration: Option<String>,
     /// Who allowed the call (`auto`, `standing:RUNBOOK`, `person:NAME`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,

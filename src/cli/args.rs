@@ -81,11 +81,15 @@ pub(crate) enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// List every tool with its tier, description and argument schema.
+    /// List every tool, built-in and declared in tools/, with its tier,
+    /// description and argument schema.
     Tools {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// The configuration directory whose tools/ to list (see `check`).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Run one runbook on one host through the gate and print the report.
     Run {

@@ -45,6 +45,15 @@ pub(super) async fn check(dir: &Path) -> Exit {
         };
         println!("host {:<24} {conn:<28} {}", h.name, h.source.display());
     }
+    for d in cfg.tools.declared() {
+        println!(
+            "tool {:<24} tier {} declared in {} (sha256 {})",
+            d.name,
+            d.tier.number(),
+            d.file.display(),
+            &d.sha256[..12.min(d.sha256.len())]
+        );
+    }
     for h in cfg.hosts.values() {
         if let Connection::Agent(_) = h.connection {
             for line in agent_policy_differences(h, &dir.join("agent.yaml")) {
@@ -212,6 +221,16 @@ pub(super) fn check_json(dir: &Path) -> Exit {
             "warnings": diagnostics(&warnings),
             "hosts": hosts,
             "runbooks": runbooks,
+            "tools": cfg.tools.declared().map(|d| serde_json::json!({
+                "name": d.name,
+                "tier": d.tier.number(),
+                "file": d.file,
+                "sha256": d.sha256,
+            })).collect::<Vec<_>>(),
+            "sandbox": match crate::sandbox::status() {
+                crate::sandbox::Status::Enforced => serde_json::json!({ "landlock": true }),
+                crate::sandbox::Status::Unavailable(why) => serde_json::json!({ "landlock": false, "why": why }),
+            },
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
             "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
             "state": match &cfg.settings.postgres {
@@ -241,30 +260,58 @@ fn fleet_json(b: &crate::config::runbook::FleetBudget) -> Value {
     serde_json::json!({ "max_mutations": b.max_mutations, "per_seconds": b.per.as_secs() })
 }
 
-pub(super) fn tools(json: bool) -> Exit {
+pub(super) fn tools(json: bool, config: Option<&std::path::Path>) -> Exit {
+    let tools = match config {
+        Some(dir) => match crate::config::load_tools(dir) {
+            Ok(t) => t,
+            Err(e) => {
+                for d in &e.0 {
+                    eprintln!("{d}");
+                }
+                return Ok(EXIT_USAGE);
+            }
+        },
+        None => {
+            eprintln!(
+                "runwarden: no configuration here (--config DIR, RUNWARDEN_CONFIG, ./runwarden.yaml or /etc/runwarden): the built-in tools only"
+            );
+            crate::tools::Tools::default()
+        }
+    };
+    let described = |t: &ToolId| {
+        let mut v = serde_json::json!({
+            "name": t.name(),
+            "tier": t.tier().number(),
+            "source": if t.declared().is_some() { "declared" } else { "builtin" },
+            "description": t.description(),
+            "parameters": t.schema(),
+        });
+        if let Some(d) = t.declared() {
+            v["file"] = d.file.display().to_string().into();
+            v["sha256"] = d.sha256.clone().into();
+            if let Some(verb) = &d.verb {
+                v["verb"] = verb.clone().into();
+            }
+        }
+        v
+    };
     if json {
-        let list: Vec<Value> = ToolId::ALL
-            .iter()
-            .map(|t| {
-                serde_json::json!({
-                    "name": t.name(),
-                    "tier": t.tier().number(),
-                    "description": t.description(),
-                    "parameters": t.schema(),
-                })
-            })
-            .collect();
+        let list: Vec<Value> = tools.all().map(|t| described(&t)).collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&list).unwrap_or_default()
         );
     } else {
-        for t in ToolId::ALL {
+        for t in tools.all() {
+            let from = match t.declared() {
+                Some(d) => format!(", declared in {}", d.file.display()),
+                None => String::new(),
+            };
             println!(
-                "{} (tier {})\n    {}\n    parameters: {}\n",
+                "{} (tier {}{from})\n    {}\n    parameters: {}\n",
                 t.name(),
                 t.tier().number(),
-                t.description(),
+                crate::text::printable(&t.description()),
                 t.schema()
             );
         }

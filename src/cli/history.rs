@@ -343,6 +343,12 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
         if let Some(a) = &e.approved_by {
             line += &format!(" approved_by={a}");
         }
+        if let Some(d) = &e.declaration {
+            line += &format!(
+                " declared=sha256:{}",
+                d.chars().take(12).collect::<String>()
+            );
+        }
         if let Some(o) = &e.outcome {
             line += &format!(" outcome={o}");
         }

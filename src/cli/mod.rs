@@ -225,7 +225,15 @@ async fn dispatch(cli: Cli) -> Exit {
             json: false,
         } => check(&config_dir(config)?).await,
         Command::Check { config, json: true } => check::check_json(&config_dir(config)?),
-        Command::Tools { json } => tools(json),
+        Command::Tools { json, config } => {
+            // Named: it must be there. Not named and none found: the
+            // built-ins alone, said so.
+            let dir = match config {
+                Some(c) => Some(config_dir(Some(c))?),
+                None => config_dir(None).ok(),
+            };
+            tools(json, dir.as_deref())
+        }
         // Both are written to memory first, then printed the way every other
         // output is (a closed stdout ends the command quietly, as 141).
         Command::Completions { shell } => {

@@ -267,10 +267,29 @@ pub(super) fn validate(
         ssh: bin(&b.ssh, &defaults.ssh, diags),
     };
 
+    let allow = allow_lists(&raw.allow, file, diags);
+    let unsandboxed_tier1 = match &raw.unsandboxed_tier1 {
+        None => false,
+        Some(v) if v.value == "allow" => true,
+        Some(v) => {
+            diags.at(
+                file,
+                v.referenced,
+                format!(
+                    "unsandboxed_tier1 \"{}\" is not known: write `allow` (declared tier-1 tools run without Landlock where it is missing) or leave it out",
+                    v.value.escape_debug()
+                ),
+            );
+            false
+        }
+    };
+
     if diags.len() != before {
         return None;
     }
     Some(Host {
+        allow,
+        unsandboxed_tier1,
         name,
         connection,
         example: raw.example,
@@ -291,6 +310,52 @@ pub(super) fn validate(
         source: file.to_path_buf(),
         permit_public_key,
     })
+}
+
+/// `allow:`: each list named like an argument, each value safe to put in
+/// an argv element (the value checks of a declared argument apply to them
+/// again at every call).
+fn allow_lists(
+    raw: &BTreeMap<String, serde_saphyr::Spanned<Vec<serde_saphyr::Spanned<String>>>>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for (name, values) in raw {
+        if !crate::tools::declared::template::is_name(name) {
+            diags.at(
+                file,
+                values.referenced,
+                format!(
+                    "allow.{}: a list's name is [a-z][a-z0-9_]* (it is what a declared tool's `list:` names)",
+                    name.escape_debug()
+                ),
+            );
+            continue;
+        }
+        let mut list = Vec::new();
+        for v in &values.value {
+            if v.value.is_empty()
+                || v.value.len() > 255
+                || v.value
+                    .chars()
+                    .any(|c| c.is_control() || crate::text::invisible(c))
+            {
+                diags.at(
+                    file,
+                    v.referenced,
+                    format!(
+                        "allow.{}: {:?} must be 1-255 characters with no control or invisible character",
+                        name, v.value
+                    ),
+                );
+                continue;
+            }
+            list.push(v.value.clone());
+        }
+        out.insert(name.clone(), list);
+    }
+    out
 }
 
 fn unit_set(

@@ -4,6 +4,7 @@
 //! DIR/runwarden.yaml     settings (optional)
 //! DIR/hosts/*.yaml       one host per file
 //! DIR/runbooks/*.yaml    one runbook per file
+//! DIR/tools/*.yaml       one declared tool per file
 //! ```
 //!
 //! Every file is read and parsed into the raw structs of `raw`, then turned
@@ -26,6 +27,7 @@ pub mod matchers;
 pub(crate) mod model;
 mod raw;
 pub(crate) mod runbook;
+pub(crate) mod tools;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -167,6 +169,8 @@ pub struct Config {
     pub(crate) runbooks: BTreeMap<String, Arc<Runbook>>,
     /// hosts/, by name.
     pub hosts: BTreeMap<String, Arc<Host>>,
+    /// Every tool: the built-ins and those declared in tools/.
+    pub(crate) tools: crate::tools::Tools,
 }
 
 impl Config {
@@ -181,6 +185,7 @@ impl Config {
             return Err(ConfigError(diags.into_vec()));
         }
         let settings = load_settings(dir, &mut diags);
+        let tools = tools::load(dir, &mut diags);
         let host_files = yaml_files(&dir.join("hosts"), &mut diags);
         let runbook_files = yaml_files(&dir.join("runbooks"), &mut diags);
         if host_files.is_empty() && runbook_files.is_empty() && diags.is_empty() {
@@ -240,7 +245,8 @@ impl Config {
                 continue;
             }
             let model = settings.model.is_some();
-            if let Some(rb) = runbook::validate(raw, file, version, &known_hosts, model, &mut diags)
+            if let Some(rb) =
+                runbook::validate(raw, file, version, &known_hosts, &tools, model, &mut diags)
             {
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }
@@ -254,6 +260,7 @@ impl Config {
             settings,
             runbooks,
             hosts,
+            tools,
         })
     }
 }
@@ -516,6 +523,19 @@ impl Config {
                 ),
             );
         }
+        if let crate::sandbox::Status::Unavailable(why) = crate::sandbox::status() {
+            let declared = self
+                .tools
+                .declared()
+                .filter(|d| d.tier == crate::tools::Tier::Observe)
+                .count();
+            warnings.file(
+                &settings_file,
+                format!(
+                    "Landlock is not available here ({why}): tier-1 processes start without it (built-ins still run; {declared} declared tier-1 tool(s) refuse on local hosts without `unsandboxed_tier1: allow`)"
+                ),
+            );
+        }
         for h in self.hosts.values() {
             if let Connection::Ssh(ssh) = &h.connection {
                 for (field, path) in [
@@ -582,7 +602,7 @@ impl Config {
                         continue;
                     };
                     if let Err(e) =
-                        crate::tools::resolve(*tool, &probe, host, crate::tools::PathMode::Lexical)
+                        crate::tools::resolve(tool, &probe, host, crate::tools::PathMode::Lexical)
                     {
                         warnings.push(Diagnostic {
                             file: rb.source.clone(),
@@ -613,6 +633,21 @@ pub(crate) fn load_host_file(file: &Path, dir: &Path) -> Result<Host, ConfigErro
     match host {
         Some(h) if diags.is_empty() => Ok(h),
         _ => Err(ConfigError(diags.into_vec())),
+    }
+}
+
+/// sha256 of a config file's bytes, in hex: the version the audit log records.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// The tools declared in `dir/tools/` alone (a host agent's, beside its policy).
+pub(crate) fn load_tools(dir: &Path) -> Result<crate::tools::Tools, ConfigError> {
+    let mut diags = Diagnostics::default();
+    let tools = tools::load(dir, &mut diags);
+    match diags.is_empty() {
+        true => Ok(tools),
+        false => Err(ConfigError(diags.into_vec())),
     }
 }
 
@@ -764,7 +799,7 @@ fn read_file(
         );
         return None;
     }
-    let version = format!("{:x}", Sha256::digest(&bytes));
+    let version = sha256_hex(&bytes);
     match String::from_utf8(bytes) {
         Ok(text) => Some((text, version)),
         Err(e) => {
@@ -821,6 +856,10 @@ fn parse<T: serde::de::DeserializeOwned>(
             {
                 format!(
                     "{msg}: check this line's indentation against the lines above it (YAML nests by the number of spaces)"
+                )
+            } else if msg.contains("cannot start with '-'") {
+                format!(
+                    "{msg}: quote it (\"-\"), as a list element that is a lone dash, e.g. socat's stdin, must be in YAML's flow [ ] lists"
                 )
             } else {
                 msg

@@ -222,6 +222,11 @@ pub struct Host {
     pub(crate) health_checks: BTreeMap<String, S<String>>,
     #[serde(default)]
     pub(crate) worker_pools: BTreeMap<String, S<WorkerPool>>,
+    /// Declared tools' `allowlist` arguments: named lists of values.
+    #[serde(default)]
+    pub(crate) allow: BTreeMap<String, S<Vec<S<String>>>>,
+    /// `allow`: declared tier-1 tools run where Landlock is missing.
+    pub(crate) unsandboxed_tier1: Option<S<String>>,
     #[serde(default)]
     pub(crate) binaries: Binaries,
 }

@@ -16,7 +16,7 @@ use super::diag::{Diagnostics, did_you_mean};
 use super::duration;
 use super::raw;
 use crate::host::safe_name;
-use crate::tools::{self, Tier, ToolId};
+use crate::tools::{Tier, ToolId};
 
 /// How much a runbook may change on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -349,8 +349,17 @@ pub(crate) struct Runbook {
 
 impl Runbook {
     /// Whether the runbook lists `tool` (to observe or to change).
-    pub(crate) fn allows_tool(&self, tool: ToolId) -> bool {
-        self.observe.contains(&tool) || self.approve.contains(&tool)
+    pub(crate) fn allows_tool(&self, tool: &ToolId) -> bool {
+        self.observe.contains(tool) || self.approve.contains(tool)
+    }
+
+    /// The tool of that name, if the runbook lists it: the one its file was
+    /// checked against (a declared tool's version with it).
+    pub(crate) fn tool(&self, name: &str) -> Option<&ToolId> {
+        self.observe
+            .iter()
+            .chain(self.approve.iter())
+            .find(|t| t.name() == name)
     }
 
     /// Whether the runbook names `host`.
@@ -430,6 +439,7 @@ pub(super) fn validate(
     file: &Path,
     version: String,
     hosts: &BTreeMap<String, std::sync::Arc<str>>,
+    tools: &crate::tools::Tools,
     model_configured: bool,
     diags: &mut Diagnostics,
 ) -> Option<Runbook> {
@@ -511,8 +521,8 @@ pub(super) fn validate(
         );
     }
 
-    let observe = tool_list(&raw.tools.observe, Tier::Observe, file, diags);
-    let approve = tool_list(&raw.tools.approve, Tier::Change, file, diags);
+    let observe = tool_list(&raw.tools.observe, Tier::Observe, tools, file, diags);
+    let approve = tool_list(&raw.tools.approve, Tier::Change, tools, file, diags);
 
     if let Some(s) = &raw.schedule
         && let Err(e) = check_schedule(&s.value)
@@ -610,7 +620,9 @@ pub(super) fn validate(
     let mut ids = BTreeSet::new();
     let mut steps = Vec::new();
     for (i, step) in raw.steps.iter().enumerate() {
-        if let Some(s) = validate_step(i, step, file, &observe, &approve, &env, &mut ids, diags) {
+        if let Some(s) = validate_step(
+            i, step, file, tools, &observe, &approve, &env, &mut ids, diags,
+        ) {
             steps.push(s);
         }
     }
@@ -747,13 +759,14 @@ pub(super) fn validate(
 fn tool_list(
     list: &[Spanned<String>],
     tier: Tier,
+    tools: &crate::tools::Tools,
     file: &Path,
     diags: &mut Diagnostics,
 ) -> BTreeSet<ToolId> {
     let mut set = BTreeSet::new();
     for t in list {
-        match ToolId::from_name(&t.value) {
-            None => diags.at(file, t.referenced, unknown_tool(&t.value)),
+        match tools.get(&t.value) {
+            None => diags.at(file, t.referenced, unknown_tool(&t.value, tools)),
             Some(id) if id.tier() != tier => {
                 let msg = match tier {
                     Tier::Observe => format!(
@@ -781,11 +794,19 @@ fn tool_list(
     set
 }
 
-fn unknown_tool(name: &str) -> String {
+fn unknown_tool(name: &str, tools: &crate::tools::Tools) -> String {
     format!(
         "unknown tool \"{}\"{}; `runwarden tools` lists them (tier-3 operations are never tools: write them as `suggest:` steps)",
         name.escape_debug(),
-        did_you_mean(name, ToolId::ALL.iter().map(|t| t.name()))
+        did_you_mean(
+            name,
+            tools
+                .all()
+                .map(|t| t.name().to_string())
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str)
+        )
     )
 }
 
@@ -794,6 +815,7 @@ fn validate_step(
     index: usize,
     step: &Spanned<raw::Step>,
     file: &Path,
+    tools: &crate::tools::Tools,
     observe: &BTreeSet<ToolId>,
     approve: &BTreeSet<ToolId>,
     env: &minijinja::Environment<'static>,
@@ -864,8 +886,8 @@ fn validate_step(
             StepAction::Suggest(text.value.clone())
         }
         (Some(call), None) => {
-            let Some(tool) = ToolId::from_name(&call.value) else {
-                diags.at(file, call.referenced, unknown_tool(&call.value));
+            let Some(tool) = tools.get(&call.value) else {
+                diags.at(file, call.referenced, unknown_tool(&call.value, tools));
                 return None;
             };
             if !observe.contains(&tool) && !approve.contains(&tool) {
@@ -929,7 +951,9 @@ fn validate_step(
             if tool.tier() == Tier::Change {
                 probe.insert("reason".into(), "check".into());
             }
-            if let Err(e) = tools::check_shape(tool, &serde_json::Value::Object(probe), templated) {
+            if let Err(e) =
+                crate::tools::check_shape(&tool, &serde_json::Value::Object(probe), templated)
+            {
                 let at = s
                     .args
                     .values()

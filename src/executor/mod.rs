@@ -135,7 +135,8 @@ fn request(
     if let Some(reason) = action.reason() {
         args["reason"] = reason.into();
     }
-    let tool = action.tool().name();
+    let tool_id = action.tool();
+    let tool = tool_id.name();
     let signed = match (action.tier(), key) {
         (Tier::Observe, _) => None,
         (Tier::Change, Ok(key)) => Some(key.sign(
@@ -143,7 +144,7 @@ fn request(
                 run_id: &run.run_id,
                 step: permit.step(),
                 host: &host.name,
-                tool,
+                tool: &tool_id.signed_name(),
                 args: &args,
             },
             &permit.approved_by().to_string(),
@@ -161,5 +162,6 @@ fn request(
         tool: tool.into(),
         args,
         permit: signed,
+        declaration: tool_id.declaration().map(str::to_string),
     })
 }

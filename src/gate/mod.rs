@@ -394,28 +394,35 @@ impl Gate {
             })
         };
 
+        // The tool the name means: the one the runbook lists (a declared
+        // tool at the version the runbook was loaded with), else a built-in.
+        let known = self
+            .runbook
+            .tool(&call.tool)
+            .cloned()
+            .or_else(|| tools::Builtin::from_name(&call.tool).map(ToolId::from));
         // 1. The kill switch wins over every other rule.
         if let Err(engaged) = self.killswitch.check(&self.runbook.name) {
-            return deny(
-                DenyReason::KillSwitch,
-                engaged.to_string(),
-                ToolId::from_name(&call.tool),
-            );
+            return deny(DenyReason::KillSwitch, engaged.to_string(), known);
         }
         // A call past `max_steps` is refused whatever it asks for: a planner
         // stuck on a tool it does not have must not keep the run going.
         if let Err((reason, detail)) = self.budget.step_check() {
-            return deny(reason, detail, ToolId::from_name(&call.tool));
+            return deny(reason, detail, known);
         }
         // 2. The tool must exist and be one the runbook lists.
-        let Some(tool) = ToolId::from_name(&call.tool) else {
+        let Some(tool) = known else {
             return deny(
                 DenyReason::UnknownTool,
-                format!("there is no tool {}", tools::args::shown(&call.tool)),
+                format!(
+                    "there is no tool {} in runbook \"{}\"'s scope",
+                    tools::args::shown(&call.tool),
+                    self.runbook.name
+                ),
                 None,
             );
         };
-        if !self.runbook.allows_tool(tool) {
+        if !self.runbook.allows_tool(&tool) {
             return deny(
                 DenyReason::ToolOutOfScope,
                 format!(
@@ -441,7 +448,7 @@ impl Gate {
         if let Err(e) = argument_shape(&call.args) {
             return deny(DenyReason::InvalidArguments, e, Some(tool));
         }
-        let action = match tools::resolve(tool, &call.args, &self.host, self.path_mode) {
+        let action = match tools::resolve(&tool, &call.args, &self.host, self.path_mode) {
             Ok(a) => a,
             Err(e) => {
                 let path_refused = matches!(e, tools::args::ArgError::Path(_));
@@ -546,11 +553,11 @@ impl Gate {
     /// line is on disk (which a stalled disk can make take seconds): the
     /// kill switch wins over everything, a permit granted before it was
     /// engaged included.
-    pub(crate) fn last_look(&self, step: u32, tool: ToolId) -> Result<(), Denial> {
+    pub(crate) fn last_look(&self, step: u32, tool: &ToolId) -> Result<(), Denial> {
         self.killswitch
             .check(&self.runbook.name)
             .map_err(|engaged| {
-                Denial::new(step, DenyReason::KillSwitch, engaged.to_string()).of(tool)
+                Denial::new(step, DenyReason::KillSwitch, engaged.to_string()).of(tool.clone())
             })
     }
 

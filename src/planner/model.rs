@@ -184,10 +184,13 @@ impl ModelPlanner {
             .ok_or_else(|| ModelError::NoGoal(runbook.name.clone()))?;
         let model = agent.model.clone().unwrap_or_else(|| endpoint.name.clone());
         let client = Client::new(endpoint, model, metrics)?;
-        let tools = ToolId::ALL
+        // Exactly the runbook's tools, built-in and declared, each with the
+        // schema its own type or declaration makes.
+        let tools = runbook
+            .observe
             .iter()
-            .filter(|t| runbook.allows_tool(**t))
-            .map(|t| tool_spec(*t, runbook))
+            .chain(runbook.approve.iter())
+            .map(|t| tool_spec(t, runbook))
             .collect();
         let nonce = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
         let mut task = format!(
@@ -384,7 +387,7 @@ impl ModelPlanner {
 
 /// The function spec the model sees for one tool: the registry's description
 /// and schema, and what its tier means in this runbook.
-fn tool_spec(tool: ToolId, runbook: &Runbook) -> Value {
+fn tool_spec(tool: &ToolId, runbook: &Runbook) -> Value {
     let tier = match tool.tier() {
         Tier::Observe => "Tier 1: only observes.".to_string(),
         Tier::Change => match runbook.autonomy {

@@ -20,7 +20,8 @@ impl RunLoop<'_> {
         r: &mut StepReport,
     ) -> Result<Permit, Denial> {
         let tool = hold.action().tool();
-        let deny = |reason, detail: String| Denial::new(hold.step(), reason, detail).of(tool);
+        let deny =
+            |reason, detail: String| Denial::new(hold.step(), reason, detail).of(tool.clone());
         let Some(approvals) = self.runner.approvals.clone() else {
             let why = match hold.demoted() {
                 Some(demoted) => format!("{demoted}; no person can approve here"),

@@ -309,7 +309,7 @@ impl RunLoop<'_> {
     ) {
         r.status = StepStatus::Denied;
         r.args = crate::text::bounded(&call.args);
-        r.tier = denial.tool.map(|t| t.tier().number());
+        r.tier = denial.tool.as_ref().map(|t| t.tier().number());
         r.detail = Some(denial.to_string());
         s.transcript.steps.insert(
             id.into(),
@@ -375,6 +375,7 @@ impl RunLoop<'_> {
             }
         }
         r.argv = Some(argv);
+        r.would_verify = action.tool().verification();
         s.would_change += 1;
         s.transcript
             .steps
@@ -405,11 +406,14 @@ impl RunLoop<'_> {
             let denial = Denial::new(permit.step(), reason, detail).of(action.tool());
             return self.deny(s, id, call, &denial, r);
         }
-        let tool = action.tool().name();
+        let tool_id = action.tool();
+        let tool = tool_id.name();
         r.tier = Some(action.tier().number());
         r.args = action.args_json();
         r.approved_by = Some(permit.approved_by().to_string());
         r.reason = action.reason().map(String::from);
+        // A declared change's undo, offered to a person with its result.
+        let undo = action.undo_argv(&self.host);
         let ticket = match self.runner.audit.intent(&self.info, permit) {
             Ok(t) => t,
             Err(err) => {
@@ -428,9 +432,9 @@ impl RunLoop<'_> {
         // goes out only if the kill switch is still off and, with shared
         // state, the last fence or renewal still proves the lease.
         let (step, tool_id) = (ticket.step(), ticket.permit().action().tool());
-        let late = s.gate.last_look(step, tool_id).err().or_else(|| {
+        let late = s.gate.last_look(step, &tool_id).err().or_else(|| {
             let (reason, detail) = self.lease?.still_proven().err()?;
-            Some(Denial::new(step, reason, detail).of(tool_id))
+            Some(Denial::new(step, reason, detail).of(tool_id.clone()))
         });
         if let Some(denial) = late {
             let unsent = ToolResult::failed(format!("not dispatched: {}", denial.detail));
@@ -484,6 +488,11 @@ impl RunLoop<'_> {
                 .note(Verdict::Failed, format!("step {} ({tool}): {why}", r.step));
         }
         s.transcript.steps.insert(id.into(), result.view());
+        if let Some(undo) = undo
+            && result.data.get("undo").is_none()
+        {
+            r.detail = Some(format!("to put it back, a person runs: {undo}"));
+        }
         r.result = Some(result);
     }
 
@@ -509,11 +518,15 @@ impl RunLoop<'_> {
         let Some(m) = &self.runner.metrics else {
             return;
         };
-        let tool = r
-            .tool
-            .as_deref()
-            .and_then(ToolId::from_name)
-            .map_or("unknown", ToolId::name);
+        // A name the runbook lists (its declared tools included) or a
+        // built-in's; anything else a planner made up is `unknown`.
+        let known = r.tool.as_deref().and_then(|name| {
+            self.runbook
+                .tool(name)
+                .cloned()
+                .or_else(|| crate::tools::Builtin::from_name(name).map(ToolId::from))
+        });
+        let tool = known.as_ref().map_or("unknown", ToolId::name);
         let tier = match r.tier {
             Some(1) => "1",
             Some(2) => "2",

@@ -49,6 +49,19 @@ impl Action {
     pub(crate) fn planned_argv(&self, host: &Host) -> Vec<Argv> {
         self.0.argv(host)
     }
+
+    /// The sha256 of a declared tool's file: which version of it this is.
+    pub(crate) fn declaration(&self) -> Option<String> {
+        self.tool().declaration().map(str::to_string)
+    }
+
+    /// A declared tier-2 call's undo, as a person would run it.
+    pub(crate) fn undo_argv(&self, host: &Host) -> Option<Argv> {
+        match &self.0 {
+            Resolved::Declared(c) => c.undo_argv(host),
+            _ => None,
+        }
+    }
 }
 
 /// The commands a tier-2 call of `tool` on `target` runs as root on
@@ -56,7 +69,7 @@ impl Action {
 /// builders: what a sudoers file must allow, and nothing else. A command
 /// whose arguments are only known at run time (a signal to a master's pid)
 /// cannot be listed and is left out.
-pub fn privileged_commands(tool: ToolId, host: &Host, target: &str) -> Vec<Argv> {
+pub fn privileged_commands(tool: &ToolId, host: &Host, target: &str) -> Vec<Argv> {
     let Some((field, _)) = tool.targets(host) else {
         return Vec::new();
     };
@@ -77,7 +90,7 @@ pub fn privileged_commands(tool: ToolId, host: &Host, target: &str) -> Vec<Argv>
 /// The error is a sentence a planner (or a model) can act on; it quotes
 /// untrusted values only escaped and cut short.
 pub fn resolve(
-    tool: ToolId,
+    tool: &ToolId,
     args: &Value,
     host: &Host,
     mode: PathMode,

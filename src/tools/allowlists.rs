@@ -80,6 +80,42 @@ pub(crate) fn allowed_path(
     }
 }
 
+/// A path that may not exist yet (where a command will make a file) and
+/// must fall under `allowed`: its deepest existing ancestor is resolved and
+/// checked as [`allowed_path`] checks a path, and what follows it may hold
+/// no `..` (a name not yet made cannot be a link out).
+pub(crate) fn allowed_new_path(
+    raw: &str,
+    allowed: &[PathBuf],
+    mode: PathMode,
+    field: &str,
+) -> Result<PathBuf, ArgError> {
+    let path = Path::new(raw);
+    if mode == PathMode::Lexical || path.exists() {
+        return allowed_path(raw, allowed, mode, field);
+    }
+    let mut existing = path;
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+            return Err(ArgError::Path(format!(
+                "cannot resolve path {}",
+                shown(raw)
+            )));
+        };
+        rest.push(name);
+        existing = parent;
+    }
+    if path
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return Err(ArgError::Path(format!("path {} contains `..`", shown(raw))));
+    }
+    let base = allowed_path(&existing.to_string_lossy(), allowed, mode, field)?;
+    Ok(rest.into_iter().rev().fold(base, |p, n| p.join(n)))
+}
+
 /// Which mount a path is on (statx's mount id; the device number where
 /// the kernel has no mount ids). `None` when it cannot be told.
 pub(super) fn mount_of(path: &Path) -> Option<u64> {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::host::Host;
-use crate::process::{Argv, Limits, ProcessOutput, SpawnError};
+use crate::process::{Argv, Confine, Limits, ProcessOutput, SpawnError};
 
 /// Everything a tool needs to run on this machine.
 pub(crate) struct Ctx<'a> {
@@ -16,6 +16,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) output_cap: usize,
     /// How long a process has after SIGTERM before SIGKILL.
     pub(crate) kill_grace: Duration,
+    /// How the call's processes are confined: a tier-1 call's cannot write.
+    pub(crate) confine: Confine,
     ran: std::sync::Mutex<Vec<Vec<String>>>,
 }
 
@@ -31,6 +33,19 @@ impl<'a> Ctx<'a> {
             deadline,
             output_cap: OUTPUT_CAP,
             kill_grace: KILL_GRACE,
+            confine: Confine::Jail,
+            ran: Default::default(),
+        }
+    }
+
+    /// A context like this one whose processes are confined as `confine` says.
+    pub(crate) fn confined(&self, confine: Confine) -> Ctx<'a> {
+        Ctx {
+            host: self.host,
+            deadline: self.deadline,
+            output_cap: self.output_cap,
+            kill_grace: self.kill_grace,
+            confine,
             ran: Default::default(),
         }
     }
@@ -41,6 +56,8 @@ impl<'a> Ctx<'a> {
             output_cap: self.output_cap,
             kill_grace: self.kill_grace,
             jail: self.host.jail.clone(),
+            confine: self.confine,
+            stdin: None,
         }
     }
 
@@ -54,11 +71,30 @@ impl<'a> Ctx<'a> {
         argv: &Argv,
         deadline: tokio::time::Instant,
     ) -> Result<ProcessOutput, SpawnError> {
+        self.spawn(argv, self.limits(deadline)).await
+    }
+
+    /// Spawn one argv with `stdin` on its standard input, confined as
+    /// `confine` says, over by `deadline` (or the call's, if sooner).
+    pub(crate) async fn run_fed(
+        &self,
+        argv: &Argv,
+        stdin: Option<Vec<u8>>,
+        confine: Confine,
+        deadline: tokio::time::Instant,
+    ) -> Result<ProcessOutput, SpawnError> {
+        let mut limits = self.limits(deadline);
+        limits.stdin = stdin;
+        limits.confine = confine;
+        self.spawn(argv, limits).await
+    }
+
+    async fn spawn(&self, argv: &Argv, limits: Limits) -> Result<ProcessOutput, SpawnError> {
         self.ran
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(argv.to_vec());
-        crate::process::run(argv, &self.limits(deadline)).await
+        crate::process::run(argv, &limits).await
     }
 
     pub(super) fn take_argv(&self) -> Vec<Vec<String>> {

@@ -61,7 +61,7 @@ fn open_checked(path: &Path) -> Result<Opened, ToolResult> {
             opened.display()
         )));
     }
-    let via = format!("/proc/{}/fd/{}/.", std::process::id(), fd.as_raw_fd());
+    let via = format!("{}/.", crate::sandbox::fd_path(fd.as_raw_fd()));
     Ok(Opened { fd, via })
 }
 

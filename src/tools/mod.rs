@@ -18,6 +18,7 @@ mod allowlists;
 pub(crate) mod args;
 mod cert;
 mod context;
+pub(crate) mod declared;
 mod disk;
 mod failed_units;
 mod http;
@@ -35,7 +36,7 @@ use serde_json::Value;
 
 pub use action::{Action, PathMode, privileged_commands, resolve};
 pub(crate) use context::{Ctx, OUTPUT_CAP, privileged};
-pub use registry::{Tier, ToolId, check_shape};
+pub use registry::{Builtin, Tier, ToolId, Tools, check_shape};
 pub(crate) use result::{Failure, Outcome, ToolResult, Unreachable};
 
 pub(crate) use context::poll;
@@ -57,8 +58,17 @@ pub(crate) async fn execute_here(
     execute(action, &Ctx::new(host, deadline)).await
 }
 
-/// Run a resolved action on this machine and report what happened.
+/// Run a resolved action on this machine and report what happened. A
+/// tier-1 call's processes cannot write (see [`crate::sandbox`]).
 pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
+    if action.tier() == Tier::Observe {
+        let ctx = ctx.confined(crate::process::Confine::ReadOnly { required: false });
+        return execute_confined(action, &ctx).await;
+    }
+    execute_confined(action, ctx).await
+}
+
+async fn execute_confined(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     let started = Instant::now();
     let mut result = action.0.run(ctx).await;
     // Whatever left its process group and outlived the call's processes
@@ -80,7 +90,12 @@ pub(crate) fn said(tool: &str, data: &Value) -> Option<String> {
     if data.is_null() || data.as_object().is_some_and(|o| o.is_empty()) {
         return None;
     }
-    let text = match ToolId::from_name(tool).and_then(|t| t.said_by(data)) {
+    let said = match Builtin::from_name(tool) {
+        Some(b) => ToolId::Builtin(b).said_by(data),
+        // A declared tool's result reads the same whatever its declaration.
+        None => declared::said(data),
+    };
+    let text = match said {
         Some(text) => text,
         _ => match data["evidence"].as_str() {
             Some(evidence) => evidence.to_string(),
@@ -136,8 +151,9 @@ mod tests {
     }
 
     /// Resolve and run one call of `tool` on `host`, here and now.
-    fn call(host: &crate::host::Host, tool: ToolId, args: serde_json::Value) -> ToolResult {
-        let action = resolve(tool, &args, host, PathMode::Resolve).expect("the gate allows it");
+    fn call(host: &crate::host::Host, tool: Builtin, args: serde_json::Value) -> ToolResult {
+        let action =
+            resolve(&tool.into(), &args, host, PathMode::Resolve).expect("the gate allows it");
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -180,7 +196,7 @@ mod tests {
             .unwrap();
         let run = |path: &std::path::Path, swap: &dyn Fn()| {
             let action = resolve(
-                ToolId::DiskUsage,
+                &Builtin::DiskUsage.into(),
                 &serde_json::json!({ "path": path }),
                 &host,
                 PathMode::Resolve,
@@ -256,7 +272,7 @@ mod tests {
             )
         };
         let measure =
-            |host: &crate::host::Host| call(host, ToolId::DiskUsage, json!({ "path": data }));
+            |host: &crate::host::Host| call(host, Builtin::DiskUsage, json!({ "path": data }));
         let cut = measure(&host_file("300ms", &slow));
         assert_eq!(cut.outcome, Outcome::Ok, "{cut:?}");
         assert_eq!(cut.data["partial"], true, "{cut:?}");
@@ -285,7 +301,7 @@ mod tests {
         for sort in ["cpu", "newest"] {
             let r = call(
                 &host,
-                ToolId::ListProcesses,
+                Builtin::ListProcesses,
                 json!({ "sort": sort, "limit": 50 }),
             );
             let listed = r.data["processes"].as_array().expect("a list").clone();
@@ -302,7 +318,7 @@ mod tests {
 
     #[test]
     fn every_tool_has_an_object_schema_and_tier_two_needs_a_reason() {
-        for t in ToolId::ALL {
+        for t in Builtin::ALL {
             let s = t.schema();
             assert_eq!(s["type"], "object", "{}", t.name());
             assert_eq!(s["additionalProperties"], false, "{}", t.name());
@@ -316,14 +332,14 @@ mod tests {
                 "{}",
                 t.name()
             );
-            assert_eq!(ToolId::from_name(t.name()), Some(*t));
+            assert_eq!(Builtin::from_name(t.name()), Some(*t));
         }
-        assert_eq!(ToolId::from_name("run_shell"), None);
+        assert_eq!(Builtin::from_name("run_shell"), None);
     }
 
     #[test]
     fn schema_enums_match_the_types() {
-        let s = ToolId::ReadJournal.schema();
+        let s = Builtin::ReadJournal.schema();
         let since: Vec<String> =
             serde_json::from_value(s["properties"]["since"]["enum"].clone()).unwrap();
         assert_eq!(since, ["15m", "1h", "6h", "1d"]);
@@ -335,17 +351,23 @@ mod tests {
 
     #[test]
     fn shape_check_catches_unknown_and_missing_fields() {
-        assert!(check_shape(ToolId::DiskUsage, &json!({"path": "/"}), false).is_ok());
+        assert!(check_shape(&Builtin::DiskUsage.into(), &json!({"path": "/"}), false).is_ok());
         let e = check_shape(
-            ToolId::DiskUsage,
+            &Builtin::DiskUsage.into(),
             &json!({"path": "/", "recursive": true}),
             false,
         )
         .unwrap_err();
         assert!(e.to_string().contains("unknown field `recursive`"), "{e}");
-        let e = check_shape(ToolId::DiskUsage, &json!({"mount": "{{ x }}"}), true).unwrap_err();
+        let e = check_shape(
+            &Builtin::DiskUsage.into(),
+            &json!({"mount": "{{ x }}"}),
+            true,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("unknown field `mount`"), "{e}");
-        let e = check_shape(ToolId::RotateLogs, &json!({"reason": "x"}), true).unwrap_err();
+        let e =
+            check_shape(&Builtin::RotateLogs.into(), &json!({"reason": "x"}), true).unwrap_err();
         assert!(e.to_string().contains("missing field `config`"), "{e}");
     }
 }

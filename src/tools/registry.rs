@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::*;
+use super::declared::Declared;
 use super::{Ctx, PathMode, ToolResult};
 use super::{cert, disk, failed_units, http, journal, logs, pool, process, service};
 use crate::host::Host;
@@ -98,89 +99,108 @@ impl<T> Change<T> {
     }
 }
 
-/// The table of tools: one row per tool, naming the type that implements
-/// [`Tool`] in the tool's own file.
+/// The table of built-in tools: one row per tool, naming the type that
+/// implements [`Tool`] in the tool's own file.
 macro_rules! registry {
     ($($variant:ident => $tool:ty;)*) => {
-        /// Every tool that exists.
+        /// Every tool compiled in.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum ToolId { $(#[doc = concat!("See `", stringify!($tool), "`.")] $variant),* }
+        pub enum Builtin { $(#[doc = concat!("See `", stringify!($tool), "`.")] $variant),* }
 
-        impl ToolId {
-            /// Every tool, in registry order.
-            pub const ALL: &'static [ToolId] = &[$(ToolId::$variant),*];
+        impl Builtin {
+            /// Every built-in tool, in registry order.
+            pub const ALL: &'static [Builtin] = &[$(Builtin::$variant),*];
 
             /// The name runbooks, planners and audit lines use.
             pub(crate) fn name(self) -> &'static str {
-                match self { $(ToolId::$variant => <$tool as Tool>::NAME),* }
+                match self { $(Builtin::$variant => <$tool as Tool>::NAME),* }
             }
 
             /// The tier, fixed in code.
             pub(crate) fn tier(self) -> Tier {
-                match self { $(ToolId::$variant => <$tool as Tool>::TIER),* }
+                match self { $(Builtin::$variant => <$tool as Tool>::TIER),* }
             }
 
             /// What it does, for people and for the model.
             pub(crate) fn description(self) -> &'static str {
-                match self { $(ToolId::$variant => <$tool as Tool>::DESCRIPTION),* }
+                match self { $(Builtin::$variant => <$tool as Tool>::DESCRIPTION),* }
             }
 
-            /// The tool of that name.
-            pub(crate) fn from_name(name: &str) -> Option<ToolId> {
-                ToolId::ALL.iter().copied().find(|t| t.name() == name)
+            /// The built-in tool of that name.
+            pub(crate) fn from_name(name: &str) -> Option<Builtin> {
+                Builtin::ALL.iter().copied().find(|t| t.name() == name)
             }
 
             /// The JSON schema of the arguments, generated from the type that checks them.
             pub(crate) fn schema(self) -> Value {
-                match self { $(ToolId::$variant => schema_of::<<$tool as Tool>::Args>()),* }
+                match self { $(Builtin::$variant => schema_of::<<$tool as Tool>::Args>()),* }
             }
 
             fn check_typed(self, args: &Value) -> Result<(), ArgError> {
                 match self {
-                    $(ToolId::$variant => parse::<<$tool as Tool>::Args>(args).map(|_| ())),*
+                    $(Builtin::$variant => parse::<<$tool as Tool>::Args>(args).map(|_| ())),*
                 }
             }
 
             /// The argument a tier-2 tool acts on, and every value `host`
             /// allows for it; `None` for a tier-1 tool.
             pub(crate) fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
-                match self { $(ToolId::$variant => <$tool as Tool>::targets(host)),* }
+                match self { $(Builtin::$variant => <$tool as Tool>::targets(host)),* }
             }
 
             pub(super) fn said_by(self, data: &Value) -> Option<String> {
-                match self { $(ToolId::$variant => <$tool as Tool>::said(data)),* }
+                match self { $(Builtin::$variant => <$tool as Tool>::said(data)),* }
             }
 
             pub(super) fn resolve(self, args: &Value, host: &Host, mode: PathMode) -> Result<Resolved, ArgError> {
                 Ok(match self {
-                    $(ToolId::$variant => Resolved::$variant(<$tool as Tool>::resolve(parse(args)?, host, mode)?)),*
+                    $(Builtin::$variant => Resolved::$variant(<$tool as Tool>::resolve(parse(args)?, host, mode)?)),*
                 })
             }
         }
 
         /// What an [`Action`](super::Action) holds: one tool's resolved arguments.
         #[derive(Debug, Clone, PartialEq)]
-        pub(super) enum Resolved { $($variant(<$tool as Tool>::Resolved)),* }
+        pub(super) enum Resolved {
+            $($variant(<$tool as Tool>::Resolved),)*
+            /// A declared tool's call (boxed: it holds its rendered commands).
+            Declared(Box<super::declared::Call>),
+        }
 
         impl Resolved {
             pub(super) fn tool(&self) -> ToolId {
-                match self { $(Resolved::$variant(_) => ToolId::$variant),* }
+                match self {
+                    $(Resolved::$variant(_) => ToolId::Builtin(Builtin::$variant),)*
+                    Resolved::Declared(c) => ToolId::Declared(c.tool.clone()),
+                }
             }
 
             pub(super) fn reason(&self) -> Option<&str> {
-                match self { $(Resolved::$variant(r) => <$tool as Tool>::reason(r)),* }
+                match self {
+                    $(Resolved::$variant(r) => <$tool as Tool>::reason(r),)*
+                    Resolved::Declared(c) => c.reason.as_deref(),
+                }
             }
 
             pub(super) fn args_json(&self) -> Value {
-                match self { $(Resolved::$variant(r) => <$tool as Tool>::args_json(r)),* }
+                match self {
+                    $(Resolved::$variant(r) => <$tool as Tool>::args_json(r),)*
+                    Resolved::Declared(c) => c.recorded.clone(),
+                }
             }
 
             pub(super) fn argv(&self, host: &Host) -> Vec<Argv> {
-                match self { $(Resolved::$variant(r) => <$tool as Tool>::argv(r, host)),* }
+                match self {
+                    $(Resolved::$variant(r) => <$tool as Tool>::argv(r, host),)*
+                    Resolved::Declared(c) => c.argv(host),
+                }
             }
 
             pub(super) async fn run(&self, ctx: &Ctx<'_>) -> ToolResult {
-                match self { $(Resolved::$variant(r) => <$tool as Tool>::run(ctx, r).await),* }
+                match self {
+                    $(Resolved::$variant(r) => <$tool as Tool>::run(ctx, r).await,)*
+                    Resolved::Declared(c) => c.run(ctx).await,
+                }
             }
         }
     };
@@ -201,12 +221,184 @@ registry! {
     RenewCertificate => cert::RenewCertificate;
 }
 
+/// A tool a runbook may call: one compiled in, or one declared in
+/// `tools/NAME.yaml`. Its tier comes from the registry or the declaration,
+/// never from a caller. Two are the same tool when they have the same name
+/// (names are unique across both kinds; `check` refuses a declaration that
+/// shadows a built-in).
+#[derive(Debug, Clone)]
+pub enum ToolId {
+    /// Compiled in.
+    Builtin(Builtin),
+    /// Declared in a file.
+    Declared(std::sync::Arc<Declared>),
+}
+
+impl PartialEq for ToolId {
+    fn eq(&self, other: &ToolId) -> bool {
+        self.name() == other.name()
+    }
+}
+impl Eq for ToolId {}
+impl PartialOrd for ToolId {
+    fn partial_cmp(&self, other: &ToolId) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for ToolId {
+    fn cmp(&self, other: &ToolId) -> std::cmp::Ordering {
+        self.name().cmp(other.name())
+    }
+}
+impl std::hash::Hash for ToolId {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.name().hash(h);
+    }
+}
+
+impl From<Builtin> for ToolId {
+    fn from(b: Builtin) -> ToolId {
+        ToolId::Builtin(b)
+    }
+}
+
 impl ToolId {
+    /// The name runbooks, planners and audit lines use.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            ToolId::Builtin(b) => b.name(),
+            ToolId::Declared(d) => &d.name,
+        }
+    }
+
+    /// The tier: fixed in code, or in the declaration.
+    pub(crate) fn tier(&self) -> Tier {
+        match self {
+            ToolId::Builtin(b) => b.tier(),
+            ToolId::Declared(d) => d.tier,
+        }
+    }
+
+    /// What it does, for people and for the model (a tier-2 tool's says
+    /// "then verify ...").
+    pub(crate) fn description(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            ToolId::Builtin(b) => b.description().into(),
+            ToolId::Declared(d) => d.described().into(),
+        }
+    }
+
+    /// The JSON schema of its arguments.
+    pub(crate) fn schema(&self) -> Value {
+        match self {
+            ToolId::Builtin(b) => b.schema(),
+            ToolId::Declared(d) => d.schema(),
+        }
+    }
+
+    /// The declaration, for a declared tool.
+    pub(crate) fn declared(&self) -> Option<&std::sync::Arc<Declared>> {
+        match self {
+            ToolId::Builtin(_) => None,
+            ToolId::Declared(d) => Some(d),
+        }
+    }
+
+    /// The tool as a signed permit names it: a built-in by its name, a
+    /// declared tool by its name and the sha256 of its declaration
+    /// (`NAME@sha256:HEX`), so a permit allows one version of it only.
+    pub(crate) fn signed_name(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ToolId::Builtin(b) => b.name().into(),
+            ToolId::Declared(d) => format!("{}@sha256:{}", d.name, d.sha256).into(),
+        }
+    }
+
+    /// The sha256 of a declared tool's file: which version of it ran.
+    pub(crate) fn declaration(&self) -> Option<&str> {
+        self.declared().map(|d| d.sha256.as_str())
+    }
+
+    /// The argument a built-in tier-2 tool acts on, and every value `host`
+    /// allows for it; `None` for a tier-1 or declared tool.
+    pub(crate) fn targets(&self, host: &Host) -> Option<(&'static str, Vec<String>)> {
+        match self {
+            ToolId::Builtin(b) => b.targets(host),
+            ToolId::Declared(_) => None,
+        }
+    }
+
+    pub(super) fn said_by(&self, data: &Value) -> Option<String> {
+        match self {
+            ToolId::Builtin(b) => b.said_by(data),
+            ToolId::Declared(_) => super::declared::said(data),
+        }
+    }
+
+    pub(super) fn resolve(
+        &self,
+        args: &Value,
+        host: &Host,
+        mode: PathMode,
+    ) -> Result<Resolved, ArgError> {
+        match self {
+            ToolId::Builtin(b) => b.resolve(args, host, mode),
+            ToolId::Declared(d) => d
+                .resolve(args, host, mode)
+                .map(|c| Resolved::Declared(Box::new(c))),
+        }
+    }
+
     /// How a tier-2 tool checks its own effect (from its description).
-    pub(crate) fn verification(self) -> Option<&'static str> {
-        self.description()
+    pub(crate) fn verification(&self) -> Option<String> {
+        let d = self.description();
+        let (_, v) = d
             .split_once("then verify")
-            .map(|(_, v)| v.trim_start_matches(':').trim().trim_end_matches('.'))
+            .or_else(|| d.split_once("Then verify"))?;
+        Some(
+            v.trim_start_matches(':')
+                .trim()
+                .trim_end_matches('.')
+                .to_string(),
+        )
+    }
+}
+
+/// The tools one configuration (or one host's policy) knows: every
+/// built-in, and the tools declared in its `tools/`.
+#[derive(Debug, Clone, Default)]
+pub struct Tools {
+    declared: std::collections::BTreeMap<String, std::sync::Arc<Declared>>,
+}
+
+impl Tools {
+    /// These declared tools beside the built-ins (their names are checked
+    /// to be new by the loader).
+    pub(crate) fn new(declared: impl IntoIterator<Item = std::sync::Arc<Declared>>) -> Tools {
+        Tools {
+            declared: declared.into_iter().map(|d| (d.name.clone(), d)).collect(),
+        }
+    }
+
+    /// The tool of that name.
+    pub(crate) fn get(&self, name: &str) -> Option<ToolId> {
+        Builtin::from_name(name)
+            .map(ToolId::Builtin)
+            .or_else(|| self.declared.get(name).cloned().map(ToolId::Declared))
+    }
+
+    /// Every tool: the built-ins in registry order, then the declared ones by name.
+    pub(crate) fn all(&self) -> impl Iterator<Item = ToolId> + '_ {
+        Builtin::ALL
+            .iter()
+            .copied()
+            .map(ToolId::Builtin)
+            .chain(self.declared.values().cloned().map(ToolId::Declared))
+    }
+
+    /// The declared tools, by name.
+    pub(crate) fn declared(&self) -> impl Iterator<Item = &std::sync::Arc<Declared>> {
+        self.declared.values()
     }
 }
 
@@ -235,11 +427,15 @@ pub(super) fn parse<T: serde::de::DeserializeOwned>(args: &Value) -> Result<T, A
 
 /// Check arguments against a tool's type before any host is known (config load).
 /// With templated values, only the field names can be checked now.
-pub fn check_shape(tool: ToolId, args: &Value, templated: bool) -> Result<(), ArgError> {
+pub fn check_shape(tool: &ToolId, args: &Value, templated: bool) -> Result<(), ArgError> {
+    let b = match tool {
+        ToolId::Builtin(b) => *b,
+        ToolId::Declared(d) => return d.check_shape(args, templated),
+    };
     if !templated {
-        return tool.check_typed(args);
+        return b.check_typed(args);
     }
-    let schema = tool.schema();
+    let schema = b.schema();
     let props = schema["properties"]
         .as_object()
         .cloned()

@@ -19,6 +19,7 @@ mod api;
 mod check;
 mod cli;
 mod dashboard;
+mod declared;
 mod demotion;
 mod history;
 mod layers;
@@ -261,7 +262,6 @@ fn install_print(dir: &Path) -> String {
 /// accepted stream, as systemd's `Accept=yes` starts it). Returns the
 /// policy file's path; the listener lives until the process ends.
 fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::PathBuf {
-    use std::os::fd::OwnedFd;
     let text = install_print(dir);
     let policy_text: String = text
         .split("### ")
@@ -284,17 +284,25 @@ fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::P
             ),
     )
     .unwrap();
+    agent_listener(socket, &policy, &dir.join("agent-audit.jsonl"));
+    policy
+}
+
+/// Listen on `socket` as `runwarden-agent.socket` does: one real
+/// `runwarden agent --stdio` per connection, with `policy` and `audit`, on
+/// the accepted stream (as systemd's `Accept=yes` starts it), alongside the
+/// others. The listener lives until the process ends.
+fn agent_listener(socket: &Path, policy: &Path, audit: &Path) {
+    use std::os::fd::OwnedFd;
     let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    let (policy_path, audit) = (policy.clone(), dir.join("agent-audit.jsonl"));
+    let (policy, audit) = (policy.to_path_buf(), audit.to_path_buf());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let fd = OwnedFd::from(stream);
-            // Each connection's agent runs alongside the others, as
-            // systemd's Accept=yes starts them.
             let child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
                 .args(["agent", "--stdio", "--policy"])
-                .arg(&policy_path)
+                .arg(&policy)
                 .arg("--audit")
                 .arg(&audit)
                 .stdin(fd.try_clone().unwrap())
@@ -305,7 +313,6 @@ fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::P
             }
         }
     });
-    policy
 }
 
 /// A config whose host `me` is this machine through its agent's socket,

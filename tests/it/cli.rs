@@ -86,7 +86,14 @@ fn tools_json_lists_every_tool_with_its_schema() {
         .output()
         .unwrap();
     let tools: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(tools.len(), 12);
+    // Every built-in, and every tool this repository's tools/ declares.
+    let declared = std::fs::read_dir("tools").unwrap().count();
+    assert_eq!(tools.len(), runwarden::tools::Builtin::ALL.len() + declared);
+    assert_eq!(
+        tools.iter().filter(|t| t["source"] == "declared").count(),
+        declared,
+        "{tools:#?}"
+    );
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     let failed = tools.iter().find(|t| t["name"] == "failed_units").unwrap();
     assert_eq!(failed["tier"], 1, "{failed:#}");

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use runwarden::config::Config;
 use runwarden::config::matchers::Matcher;
-use runwarden::tools::{self, PathMode, ToolId};
+use runwarden::tools::{self, PathMode};
 use runwarden::trigger::alerts::Notification;
 
 use crate::util::*;
@@ -205,7 +205,7 @@ proptest! {
     }
 
     #[test]
-    fn tool_arguments(tool in prop::sample::select(ToolId::ALL.to_vec()), args in json_value()) {
+    fn tool_arguments(tool in prop::sample::select(tools::Builtin::ALL.to_vec()), args in json_value()) {
         thread_local!(static HOST: (Estate, runwarden::config::Host) = {
             let e = Estate::new();
             std::fs::create_dir_all(e.work().join("allowed/sub")).unwrap();
@@ -217,7 +217,7 @@ proptest! {
         });
         HOST.with(|(_, host)| {
             for mode in [PathMode::Resolve, PathMode::Lexical] {
-                if let Ok(action) = tools::resolve(tool, &args, host, mode) {
+                if let Ok(action) = tools::resolve(&tool.into(), &args, host, mode) {
                     // Whatever was accepted is inside the host's allowlists.
                     let resolved = action.args_json();
                     if let Some(p) = resolved.get("path").and_then(Value::as_str) {
@@ -251,7 +251,7 @@ proptest! {
         mutated(seeds("tests/fuzz-corpus/agent")),
         json_value().prop_map(|v| v.to_string().into_bytes()),
     ]) {
-        thread_local!(static AGENT: (Estate, runwarden::config::Host, runwarden::audit::AuditLog, tokio::runtime::Runtime) = {
+        thread_local!(static AGENT: (Estate, runwarden::agent::Policy, runwarden::audit::AuditLog, tokio::runtime::Runtime) = {
             let e = Estate::new();
             let policy = e.work().join("agent.yaml");
             std::fs::write(&policy, format!("name: h\nconnection: local\njail: {}/jail\npaths: [{}]\n", e.work().display(), e.work().display())).unwrap();

@@ -1,0 +1,509 @@
+//! Tools declared in YAML: refused where they are written, listed beside
+//! the built-ins, and run through the same gate (scope, allowlists,
+//! approval, the audit line naming the declaration), tier 1 unable to write.
+//! The application CLI is a script written for these tests that keeps a
+//! cache on disk.
+
+use super::*;
+
+/// The application's own CLI: `appctl cache (flush|stats) --app A --dir=D [--keep N]`.
+const APPCTL: &str = r#"#!/bin/sh
+set -eu
+cmd=$1 sub=$2; shift 2
+app= dir= keep=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --app) app=$2; shift 2;;
+    --dir=*) dir=${1#--dir=}; shift;;
+    --keep) keep=$2; shift 2;;
+    *) echo "appctl: unknown option $1" >&2; exit 2;;
+  esac
+done
+[ "$cmd" = cache ] || exit 2
+d=$dir/$app
+case $sub in
+  flush) ls -1t "$d" | tail -n +$((keep+1)) | while read -r f; do rm -f "$d/$f"; done; echo "flushed $app";;
+  break) echo "entries: 999";;
+  stats) [ -e "$d/.broken" ] && { echo "entries: 999"; exit 0; }; echo "entries: $(ls -1 "$d" | wc -l)";;
+  *) exit 2;;
+esac
+"#;
+
+/// A config with host `me` (paths: `data/`, `allow: { apps: [shop] }`), the
+/// application's CLI in `bin/`, five cache entries, and the tools and
+/// runbook given.
+fn estate(tools: &[(&str, String)], runbook: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in [
+        "hosts",
+        "runbooks",
+        "tools",
+        "kill-switch",
+        "bin",
+        "data/cache/shop",
+    ] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("runwarden.yaml"), "audit_head: none\n").unwrap();
+    std::fs::write(
+        d.join("hosts/me.yaml"),
+        format!(
+            "name: me\nconnection: local\npaths: [{}]\nallow: {{ apps: [shop] }}\n",
+            d.join("data").display()
+        ),
+    )
+    .unwrap();
+    let appctl = d.join("bin/appctl");
+    std::fs::write(&appctl, APPCTL).unwrap();
+    std::fs::set_permissions(&appctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for i in 1..=5 {
+        std::fs::write(d.join(format!("data/cache/shop/e{i}")), "x").unwrap();
+    }
+    for (name, yaml) in tools {
+        std::fs::write(
+            d.join(format!("tools/{name}.yaml")),
+            yaml.replace("BIN", &d.join("bin").display().to_string()),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        d.join("runbooks/rb.yaml"),
+        runbook.replace("DATA", &d.join("data").display().to_string()),
+    )
+    .unwrap();
+    dir
+}
+
+/// The flush tool, as `tools/app_cache_flush.yaml` ships it, on `bin/appctl`.
+fn flush_tool(verify_sub: &str, undo: bool) -> String {
+    let mut t = format!(
+        "name: app_cache_flush\ntier: 2\ndescription: Flush the cache.\nverb: flushed\nargs:\n  app: {{ type: allowlist, list: apps }}\n  dir: {{ type: path }}\n  keep: {{ type: integer, min: 0, max: 100 }}\n\
+         run: [BIN/appctl, cache, flush, --app, \"{{{{ app }}}}\", \"--dir={{{{ dir }}}}\", --keep, \"{{{{ keep }}}}\"]\n\
+         verify:\n  run: [BIN/appctl, cache, {verify_sub}, --app, \"{{{{ app }}}}\", \"--dir={{{{ dir }}}}\"]\n  expect_stdout: '^entries: {{{{ keep }}}}$'\n  within: 500ms\n"
+    );
+    if undo {
+        t +=
+            "undo:\n  run: [BIN/appctl, cache, stats, --app, \"{{ app }}\", \"--dir={{ dir }}\"]\n";
+    }
+    t
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("data/cache/shop"))
+        .unwrap()
+        .filter(|e| {
+            !e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with('.')
+        })
+        .count()
+}
+
+/// Every mistake of a declaration is `tools/FILE.yaml:LINE:COL: message`
+/// (with a did-you-mean where one fits), exit 2, and nothing is loaded; a
+/// runbook naming a tool no file declares keeps its own error.
+#[test]
+fn a_declaration_that_cannot_work_is_refused_where_it_is_written() {
+    let ok = "name: t\ntier: 1\ndescription: d\nargs:\n  dir: { type: path }\nrun: [/usr/bin/ls, \"{{ dir }}\"]\n";
+    for (yaml, at, says) in [
+        (
+            ok.replace("run:", "runn:"),
+            "t.yaml:6:",
+            "unknown field `runn` (did you mean \"run\"?)",
+        ),
+        (
+            ok.replace("/usr/bin/ls", "ls"),
+            "t.yaml:6:",
+            "must be an absolute path",
+        ),
+        (
+            ok.replace("{{ dir }}", "{{ dri }}"),
+            "t.yaml:6:",
+            "names no declared argument (did you mean \"dir\"?)",
+        ),
+        (
+            ok.replace("{{ dir }}", "{{ dir | upper }}"),
+            "t.yaml:6:",
+            "is not a declared argument's name",
+        ),
+        (
+            ok.replace("tier: 1", "tier: 2"),
+            "t.yaml:2:",
+            "needs `verify:`",
+        ),
+        (ok.replace("tier: 1", "tier: 3"), "t.yaml:2:", "tier 3"),
+        (
+            ok.replace("name: t", "name: disk_usage"),
+            "t.yaml:1:",
+            "is a built-in tool's name",
+        ),
+        (
+            ok.replace("type: path", "type: pth"),
+            "t.yaml:5:",
+            "(did you mean \"path\"?)",
+        ),
+        (
+            ok.replace("{ type: path }", "{ type: string, allow: [leading_dahs] }"),
+            "t.yaml:5:",
+            "(did you mean \"leading_dash\"?)",
+        ),
+        (
+            ok.replace("[/usr/bin/ls,", "[/usr/bin/socat, -,"),
+            "t.yaml:6:",
+            "quote it",
+        ),
+    ] {
+        let dir = estate(&[("t", yaml.clone())], "");
+        std::fs::remove_file(dir.path().join("runbooks/rb.yaml")).unwrap();
+        let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{yaml}\n{said}");
+        assert!(said.contains(&format!("tools/{at}")), "{yaml}\n{said}");
+        assert!(said.contains(says), "{yaml}\n{said}");
+    }
+    // A runbook naming a tool no file declares: the runbook's own error.
+    let dir = estate(
+        &[],
+        "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [list_cach] }\n",
+    );
+    let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("rb.yaml:5:") && said.contains("unknown tool \"list_cach\""),
+        "{said}"
+    );
+}
+
+/// `runwarden tools` lists the declared tools beside the built-ins, with
+/// the file that declares them and the schema made from the declaration.
+#[test]
+fn tools_lists_declared_tools_with_their_file_and_schema() {
+    let dir = estate(&[("app_cache_flush", flush_tool("stats", false))], "");
+    let out = runwarden(&["tools", "--json", "--config", dir.path().to_str().unwrap()]);
+    let tools: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let flush = tools
+        .iter()
+        .find(|t| t["name"] == "app_cache_flush")
+        .expect("listed");
+    assert_eq!(flush["source"], "declared");
+    assert_eq!(flush["tier"], 2);
+    assert_eq!(flush["verb"], "flushed");
+    assert!(
+        flush["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("tools/app_cache_flush.yaml")
+    );
+    let schema = &flush["parameters"];
+    assert_eq!(schema["properties"]["keep"]["maximum"], 100, "{schema:#}");
+    assert_eq!(
+        schema["required"],
+        serde_json::json!(["app", "dir", "keep", "reason"])
+    );
+    assert_eq!(schema["additionalProperties"], false);
+    assert!(
+        tools
+            .iter()
+            .any(|t| t["name"] == "disk_usage" && t["source"] == "builtin")
+    );
+}
+
+/// A tier-2 declared tool runs with the runbook's standing approval,
+/// verifies itself, and its audit line names the declaration's sha256; a
+/// value outside the host's list, a smuggled flag and a path escape by
+/// concatenation are refused by the gate and nothing runs.
+#[test]
+fn a_declared_change_runs_under_the_gate_and_refusals_run_nothing() {
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { approve: [app_cache_flush] }\n\
+        steps:\n  - call: app_cache_flush\n    args: { app: shop, dir: DATA/cache, keep: 2 }\n    reason: stale entries\n";
+    let dir = estate(&[("app_cache_flush", flush_tool("stats", false))], runbook);
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["steps"][0]["result"]["verified"], true, "{report:#}");
+    assert_eq!(entries(dir.path()), 2);
+    let sha = {
+        use sha2::Digest;
+        let bytes = std::fs::read(dir.path().join("tools/app_cache_flush.yaml")).unwrap();
+        format!("{:x}", sha2::Sha256::digest(bytes))
+    };
+    let audit = std::fs::read_to_string(dir.path().join("state/audit.jsonl")).unwrap();
+    let intent: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["phase"] == "intent")
+        .unwrap();
+    assert_eq!(intent["declaration"], sha.as_str(), "{intent:#}");
+    assert_eq!(intent["tier"], 2);
+
+    // Refusals: each a denied step, nothing run, the cache as it was.
+    for (args, says) in [
+        (
+            "{ app: admin, dir: DATA/cache, keep: 0 }",
+            "is not allowed on host",
+        ),
+        (
+            "{ app: shop, dir: DATA/cache, keep: \"-1\" }",
+            "starts with '-'",
+        ),
+        (
+            "{ app: \"--help\", dir: DATA/cache, keep: 0 }",
+            "starts with '-'",
+        ),
+        ("{ app: shop, dir: DATA/../.., keep: 0 }", "'..'"),
+        (
+            "{ app: shop, dir: /etc, keep: 0 }",
+            "is not allowed by the host's paths",
+        ),
+        (
+            "{ app: shop, dir: DATA/cache, keep: 0, extra: x }",
+            "unknown field `extra`",
+        ),
+    ] {
+        let rb = runbook.replace("{ app: shop, dir: DATA/cache, keep: 2 }", args);
+        std::fs::write(
+            dir.path().join("runbooks/rb.yaml"),
+            rb.replace("DATA", &dir.path().join("data").display().to_string()),
+        )
+        .unwrap();
+        let out = runwarden(&[
+            "run",
+            "rb",
+            "--host",
+            "me",
+            "--json",
+            "--config",
+            dir.path().to_str().unwrap(),
+        ]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_ne!(out.status.code(), Some(0), "{args}: {said}");
+        assert!(said.contains(says), "{args}: {said}");
+        assert_eq!(entries(dir.path()), 2, "{args}: nothing ran");
+    }
+}
+
+/// An element that puts a path together with other text is resolved again
+/// as a whole: `{{ dir }}/../x` is refused even where `dir` alone is
+/// allowed, and a file to be made under an allowed path is allowed.
+#[test]
+fn a_path_put_together_with_other_text_is_resolved_again() {
+    let tool = |suffix: &str| {
+        format!(
+            "name: peek\ntier: 1\ndescription: d\nargs:\n  dir: {{ type: path }}\nrun: [/usr/bin/ls, \"{{{{ dir }}}}{suffix}\"]\n"
+        )
+    };
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [peek] }\n\
+        steps:\n  - call: peek\n    args: { dir: DATA/cache }\n";
+    let dir = estate(&[("peek", tool("/../../../../../etc"))], runbook);
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(3), "{report:#}");
+    assert!(
+        report["steps"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("puts a path together with other text"),
+        "{report:#}"
+    );
+    let dir = estate(&[("peek", tool("/shop"))], runbook);
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(
+        report["steps"][0]["result"]["data"]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("e1")
+    );
+}
+
+/// A tier-1 declared tool whose argv writes fails with EACCES and the file
+/// is not there (Landlock), though its argv is within every allowlist; the
+/// same command declared tier 2 makes it.
+#[test]
+fn a_tier_one_declared_tool_that_writes_cannot() {
+    assert!(
+        runwarden::sandbox::status().enforced(),
+        "this kernel enforces Landlock"
+    );
+    let tool = |tier: u8| {
+        let mut t = format!(
+            "name: plant\ntier: {tier}\ndescription: d\nargs:\n  dir: {{ type: path }}\nrun: [/usr/bin/touch, \"{{{{ dir }}}}/planted\"]\n"
+        );
+        if tier == 2 {
+            t += "verify:\n  run: [/usr/bin/ls, \"{{ dir }}/planted\"]\n";
+        }
+        t
+    };
+    let runbook = |list: &str, reason: &str| {
+        format!(
+            "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: {{ {list}: [plant] }}\n\
+             steps:\n  - call: plant\n    args: {{ dir: DATA/cache }}\n{reason}"
+        )
+    };
+    let dir = estate(&[("plant", tool(1))], &runbook("observe", ""));
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(1), "{report:#}");
+    let error = report["steps"][0]["result"]["error"].as_str().unwrap();
+    assert!(error.contains("Permission denied"), "{report:#}");
+    assert!(!dir.path().join("data/cache/planted").exists());
+
+    let dir = estate(
+        &[("plant", tool(2))],
+        &runbook("approve", "    reason: r\n"),
+    );
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert!(dir.path().join("data/cache/planted").exists());
+}
+
+/// A change whose probe does not show it took is not verified, its undo
+/// runs, and the report says so; the run fails.
+#[test]
+fn a_change_that_does_not_verify_is_undone_and_fails() {
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { approve: [app_cache_flush] }\n\
+        steps:\n  - call: app_cache_flush\n    args: { app: shop, dir: DATA/cache, keep: 2 }\n    reason: stale entries\n";
+    let dir = estate(&[("app_cache_flush", flush_tool("break", true))], runbook);
+    let (code, report) = run_json_on(dir.path(), "rb", "me");
+    assert_eq!(code, Some(1), "{report:#}");
+    let result = &report["steps"][0]["result"];
+    assert_eq!(result["verified"], false, "{report:#}");
+    assert_eq!(result["data"]["undo"]["ok"], true, "{report:#}");
+    assert!(
+        result["data"]["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("verify failed"),
+        "{report:#}"
+    );
+}
+
+/// Through the host's agent a declared change runs only as the host's own
+/// copy of its declaration says, and only when that is the declaration the
+/// runner checked it against: `install print` gives the host the very
+/// file, the signed permit names its sha256, and a host whose copy differs
+/// refuses, naming both hashes, with nothing run.
+#[test]
+fn the_hosts_agent_runs_a_declared_tool_only_from_the_same_declaration() {
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { approve: [app_cache_flush] }\n\
+        steps:\n  - call: app_cache_flush\n    args: { app: shop, dir: DATA/cache, keep: 2 }\n    reason: stale entries\n";
+    let dir = estate(&[("app_cache_flush", flush_tool("stats", false))], runbook);
+    let d = dir.path();
+    let socket = d.join("agent.sock");
+    let host = std::fs::read_to_string(d.join("hosts/me.yaml"))
+        .unwrap()
+        .replace(
+            "connection: local",
+            &format!("connection:\n  agent: {}", socket.display()),
+        );
+    std::fs::write(d.join("hosts/me.yaml"), host).unwrap();
+    let printed = install_print(d);
+    // The host's files, as install print gives them.
+    let side = d.join("host-side");
+    std::fs::create_dir_all(side.join("tools")).unwrap();
+    let section = |name: &str| {
+        printed
+            .split("### ")
+            .find(|s| s.starts_with(name))
+            .and_then(|s| s.split_once('\n'))
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_else(|| panic!("no {name} in {printed}"))
+    };
+    let policy = section("/etc/runwarden/agent.yaml").replace(
+        "jail: /var/lib/runwarden-agent/jail",
+        &format!("jail: {}", side.join("jail").display()),
+    );
+    assert!(policy.contains("allow:\n  apps: [\"shop\"]"), "{policy}");
+    std::fs::write(side.join("agent.yaml"), policy).unwrap();
+    let file = section("/etc/runwarden/tools/app_cache_flush.yaml");
+    assert_eq!(
+        file,
+        std::fs::read_to_string(d.join("tools/app_cache_flush.yaml")).unwrap(),
+        "the very file"
+    );
+    std::fs::write(side.join("tools/app_cache_flush.yaml"), &file).unwrap();
+    agent_listener(
+        &socket,
+        &side.join("agent.yaml"),
+        &side.join("agent-audit.jsonl"),
+    );
+    let (code, report) = run_json_on(d, "rb", "me");
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(entries(d), 2);
+
+    // The host's copy changes (one comment): refused, both hashes named.
+    for i in 1..=5 {
+        std::fs::write(d.join(format!("data/cache/shop/n{i}")), "x").unwrap();
+    }
+    std::fs::write(
+        side.join("tools/app_cache_flush.yaml"),
+        format!("# edited on the host\n{file}"),
+    )
+    .unwrap();
+    let (code, report) = run_json_on(d, "rb", "me");
+    assert_eq!(code, Some(1), "{report:#}");
+    let error = report["steps"][0]["result"]["error"].as_str().unwrap();
+    let sha = |bytes: &[u8]| {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(bytes))
+    };
+    let theirs = sha(&std::fs::read(side.join("tools/app_cache_flush.yaml")).unwrap());
+    assert!(
+        error.contains(&sha(file.as_bytes())) && error.contains(&theirs),
+        "{error}"
+    );
+    assert_eq!(entries(d), 7, "nothing ran");
+}
+
+/// For a managed host, `install print`'s sudoers file lists every command a
+/// declared change can run as root without a wildcard, each built from the
+/// declaration and the host's lists; a tool whose argv takes a free value
+/// is not listed and the file says why.
+#[test]
+fn install_print_lists_a_declared_changes_commands_without_wildcards() {
+    let listable = "name: switch_mode\ntier: 2\ndescription: d\nargs:\n  app: { type: allowlist, list: apps }\n  mode: { type: enum, values: [soft, hard] }\n\
+        run: [/usr/local/bin/appctl, mode, \"{{ app }}\", \"{{ mode }}\"]\nverify:\n  run: [/usr/local/bin/appctl, show, \"{{ app }}\"]\n";
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\nagent: { goal: g }\nplanner: model\ntools: { approve: [switch_mode, app_cache_flush] }\n";
+    let dir = estate(
+        &[
+            ("switch_mode", listable.to_string()),
+            ("app_cache_flush", flush_tool("stats", false)),
+        ],
+        runbook,
+    );
+    let d = dir.path();
+    std::fs::write(
+        d.join("runwarden.yaml"),
+        "audit_head: none\nmodel: { endpoint: \"http://127.0.0.1:9/v1\", name: m }\n",
+    )
+    .unwrap();
+    let host = std::fs::read_to_string(d.join("hosts/me.yaml")).unwrap().replace(
+        "connection: local",
+        "connection:\n  ssh: { address: 10.0.0.9, user: runwarden, identity: /nonexistent/id, known_hosts: /nonexistent/kh }\nsudo: true",
+    );
+    std::fs::write(d.join("hosts/me.yaml"), host).unwrap();
+    let printed = install_print(d);
+    let sudoers = printed
+        .split("### /etc/sudoers.d/runwarden\n")
+        .nth(1)
+        .unwrap()
+        .split("### ")
+        .next()
+        .unwrap();
+    for line in [
+        "/usr/local/bin/appctl mode shop soft",
+        "/usr/local/bin/appctl mode shop hard",
+    ] {
+        assert!(sudoers.contains(line), "{sudoers}");
+    }
+    assert!(!sudoers.contains('*'), "no wildcard: {sudoers}");
+    assert!(
+        sudoers.contains("app_cache_flush is not listed: its argv takes dir (a path)"),
+        "{sudoers}"
+    );
+}
