@@ -580,7 +580,7 @@ impl ConfigWatch {
         })
         .ok();
         if let Some(w) = watcher.as_mut() {
-            for sub in ["runbooks", "hosts"] {
+            for sub in CONFIG_DIRS {
                 let _ = w.watch(&dir.join(sub), notify::RecursiveMode::NonRecursive);
             }
             let _ = w.watch(dir, notify::RecursiveMode::NonRecursive);
@@ -683,6 +683,10 @@ async fn reload_worker(
 /// under runbooks/ or hosts/, or runwarden.yaml, created, written, renamed
 /// or removed. Opening and reading files (which every reload does itself)
 /// is not a change, nor is anything under state/.
+/// The directories of YAML files a reload reads (each file one runbook,
+/// host or declared tool).
+const CONFIG_DIRS: [&str; 3] = ["runbooks", "hosts", "tools"];
+
 fn is_config_change(dir: &Path, e: &notify::Event) -> bool {
     if !is_change(e)
         || matches!(
@@ -695,7 +699,7 @@ fn is_config_change(dir: &Path, e: &notify::Event) -> bool {
     e.paths.iter().any(|p| {
         let yaml = matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
         let parent = p.parent();
-        (yaml && (parent == Some(&dir.join("runbooks")) || parent == Some(&dir.join("hosts"))))
+        (yaml && CONFIG_DIRS.iter().any(|sub| parent == Some(&dir.join(sub))))
             || *p == dir.join("runwarden.yaml")
     })
 }
@@ -715,7 +719,7 @@ fn is_change(e: &notify::Event) -> bool {
 fn fingerprint(dir: &Path) -> String {
     use sha2::Digest;
     let mut files = vec![dir.join("runwarden.yaml")];
-    for sub in ["runbooks", "hosts"] {
+    for sub in CONFIG_DIRS {
         if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
             files.extend(entries.flatten().map(|e| e.path()).filter(|p| {
                 matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"))

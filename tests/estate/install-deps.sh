@@ -31,6 +31,9 @@ declare -A need=(
   [/usr/sbin/runuser]=util-linux
   [/usr/bin/strace]=strace
   [/usr/bin/lintian]=lintian
+  [/usr/sbin/haproxy]=haproxy
+  [/usr/bin/socat]=socat
+  [/usr/bin/supervisord]=supervisor
   [/usr/bin/objcopy]=binutils
   [/usr/bin/strip]=binutils
 )

@@ -361,3 +361,62 @@ async fn until_locks(locks: &Path, want: &[&str]) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Tool files reload like runbooks: a new declared tool and a runbook that
+/// lists it are picked up together; a broken tool file is a failed reload
+/// (the old set is kept and the runbook still runs), and fixing it reloads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_files_reload_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::create_dir_all(dir.path().join("tools")).unwrap();
+    let d = Daemon::start(dir.path()).await;
+    let tool = "name: peek\ntier: 1\ndescription: list the data directory\nargs:\n  dir: { type: path }\nrun: [/usr/bin/ls, \"{{ dir }}\"]\n";
+    std::fs::write(dir.path().join("tools/peek.yaml"), tool).unwrap();
+    std::fs::write(
+        dir.path().join("runbooks/peek.yaml"),
+        format!(
+            "name: peek\ndescription: t\nhosts: [web-01]\nautonomy: L3\ntools: {{ observe: [peek] }}\nsteps:\n  - call: peek\n    args: {{ dir: {} }}\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let runs = || async {
+        client()
+            .post(d.url("/api/v1/runs"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(r#"{"runbook": "peek", "hosts": ["web-01"]}"#)
+            .send()
+            .await
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while runs().await.status() != 202 {
+        assert!(
+            Instant::now() < deadline,
+            "the new tool and runbook never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A broken tool file: the reload fails, the old set stays in force.
+    std::fs::write(
+        dir.path().join("tools/peek.yaml"),
+        tool.replace("/usr/bin/ls", "ls"),
+    )
+    .unwrap();
+    until_metric(&d, "runwarden_config_last_reload_successful", 0.0).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = runs().await;
+        if r.status() == 202 {
+            break;
+        }
+        // A run of it may still hold its lock: asked again.
+        assert!(Instant::now() < deadline, "{}", r.text().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    std::fs::write(dir.path().join("tools/peek.yaml"), tool).unwrap();
+    until_metric(&d, "runwarden_config_last_reload_successful", 1.0).await;
+    d.shutdown().await.unwrap();
+}

@@ -8,6 +8,7 @@ mod adversarial;
 mod approvals;
 mod cli;
 mod daemon;
+mod declared;
 mod e2e;
 mod edges;
 mod fuzz;
