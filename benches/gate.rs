@@ -9,7 +9,9 @@
 //!    against the floor of any runner that records a call durably before
 //!    making it (the same spawns, each call after one appended, synced
 //!    write of the bytes runwarden's audit log grows by per call), whose
-//!    ratio is runwarden's own share of the cost;
+//!    ratio is runwarden's own share of the cost; every tier-1 process the
+//!    gate starts is confined by Landlock, and what that adds per spawn is
+//!    measured on its own (`/usr/bin/true`, confined and not, interleaved);
 //! 2. speed-up: `runwarden run` of a five-call read-only runbook against
 //!    `ansible-playbook` (connection local) running the same five commands as
 //!    tasks (skipped when ansible-playbook is not installed).
@@ -300,6 +302,54 @@ fn main() {
         "  two audit lines serialised and hashed      : {:>7.1} us/call ({:.1} % of a gated call)",
         two_lines.as_secs_f64() * 1e6,
         two_lines.as_secs_f64() / (g.as_secs_f64() / CALLS as f64) * 100.0
+    );
+
+    // What Landlock costs per spawn: `/usr/bin/true` through runwarden's
+    // process runner, confined (started by the restricted spawner thread,
+    // as every tier-1 process is) and not, interleaved round by round.
+    const SPAWNS: u32 = 200;
+    let true_argv = runwarden::process::Argv::new(Path::new("/usr/bin/true"));
+    let spawns = |confine: runwarden::process::Confine| {
+        let limits = runwarden::process::Limits {
+            confine,
+            ..limits()
+        };
+        let t = Instant::now();
+        process::on_own_thread(|| {
+            rt.block_on(async {
+                for _ in 0..SPAWNS {
+                    runwarden::process::run_for_bench(&true_argv, &limits)
+                        .await
+                        .unwrap();
+                }
+            })
+        });
+        t.elapsed() / SPAWNS
+    };
+    let confined = runwarden::process::Confine::ReadOnly { required: true };
+    let (mut open, mut shut, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+    spawns(confined);
+    for _ in 0..ROUNDS {
+        let (o, c) = (spawns(runwarden::process::Confine::Jail), spawns(confined));
+        extra.push(c.as_secs_f64() - o.as_secs_f64());
+        open.push(o);
+        shut.push(c);
+    }
+    let (o, c) = (median(open), median(shut));
+    println!(
+        "one spawn of /usr/bin/true through the process runner, medians of {ROUNDS} rounds of {SPAWNS}:"
+    );
+    println!(
+        "  in the jail only                           : {:>7.1} us",
+        o.as_secs_f64() * 1e6
+    );
+    println!(
+        "  under Landlock (tier 1, every tool call)   : {:>7.1} us",
+        c.as_secs_f64() * 1e6
+    );
+    println!(
+        "  what Landlock adds per spawn (target < 50) : {:>7.1} us",
+        median_f(extra) * 1e6
     );
 
     // Five read-only commands: `runwarden run` (whole process) vs ansible-playbook.

@@ -81,16 +81,14 @@ pub(crate) fn claim(log: &Path) -> std::io::Result<()> {
     if crate::files::read_state(&marker(log))?.as_deref() == Some(text.as_bytes()) {
         return Ok(());
     }
-    match crate::files::replace(&marker(log), text.as_bytes(), 0o640) {
-        // A writer that may append to the log but not make files beside it
-        // (a host agent's account, given its log by root) leaves the
-        // record to one that can: refusing a newer history is what matters.
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            tracing::debug!("{} not written: {e}", marker(log).display());
-            Ok(())
-        }
-        other => other,
+    // A writer that may append to the log but not make files beside it (a
+    // host agent's account, given its log by root), or one on a full disk
+    // (which must still start, unhealthy, and say so), leaves the record to
+    // the next: refusing a newer history is what matters.
+    if let Err(e) = crate::files::replace(&marker(log), text.as_bytes(), 0o640) {
+        tracing::debug!("{} not written: {e}", marker(log).display());
     }
+    Ok(())
 }
 
 #[cfg(test)]

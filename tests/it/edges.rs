@@ -499,35 +499,36 @@ fn every_process_a_tool_starts_is_gone_when_the_call_returns_however_it_detaches
     let trees = [
         (
             "a setsid shell with children of its own",
-            "setsid /bin/sh -c '/bin/sleep 311 & echo $! >> {p}; /bin/sleep 312 & echo $! >> {p}; wait' </dev/null >/dev/null 2>&1 &",
+            "setsid /bin/sh -c '/bin/sleep 311.{t} & /bin/sleep 312.{t} & wait' </dev/null >/dev/null 2>&1 &",
         ),
         (
             "three generations, each in a session of its own",
-            "setsid /bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 313 & echo \\$! >> {p}; wait\" & wait' </dev/null >/dev/null 2>&1 &",
+            "setsid /bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 313.{t} & wait\" & wait' </dev/null >/dev/null 2>&1 &",
         ),
         (
             "a respawning loop that ignores TERM and HUP",
-            "setsid /bin/sh -c 'trap \"\" TERM HUP; while :; do /bin/sleep 314 & echo $! >> {p}; /bin/sleep 0.05; done' </dev/null >/dev/null 2>&1 &",
+            "setsid /bin/sh -c 'trap \"\" TERM HUP; while :; do /bin/sleep 314.{t} & /bin/sleep 0.05; done' </dev/null >/dev/null 2>&1 &",
         ),
         (
             "a double fork whose middle process exits at once",
             // The middle shell is reaped here, before `exec ps`: its exit
             // would otherwise be a SIGCHLD to ps, which ps takes for a bug
             // in itself ("please report this bug") and dies of.
-            "/bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 315 & echo \\$! >> {p}; exec /bin/sleep 316\" & exit 0' </dev/null >/dev/null 2>&1 &\nwait $!",
+            "/bin/sh -c 'setsid /bin/sh -c \"/bin/sleep 315.{t} & exec /bin/sleep 316.{t}\" & exit 0' </dev/null >/dev/null 2>&1 &\nwait $!",
         ),
     ];
     for (what, leak) in trees {
         let e = Estate::new();
-        let pids = e.work().join("pids");
+        let t = tag();
         let ps = e.script(
             "leaky-ps",
             &format!(
-                // Until the tree has said it started (at most 10 s, however
-                // loaded the machine), then the real ps.
-                "{}\ni=0; while [ ! -s {p} ] && [ $i -lt 100 ]; do /bin/sleep 0.1; i=$((i+1)); done\nexec /bin/ps \"$@\"",
-                leak.replace("{p}", &pids.display().to_string()),
-                p = pids.display()
+                // Until the tree has started (at most 10 s, however loaded
+                // the machine; the call fails if it never does), then the
+                // real ps. Confined, the tool can write no file to say so:
+                // the tree is found by its own sleeps' arguments.
+                "{}\ni=0; while ! /usr/bin/pgrep -f 'sleep 31[1-6][.]{t}' >/dev/null && [ $i -lt 100 ]; do /bin/sleep 0.1; i=$((i+1)); done\n[ $i -lt 100 ] || exit 3\nexec /bin/ps \"$@\"",
+                leak.replace("{t}", &t),
             ),
         );
         e.host(
@@ -539,27 +540,8 @@ fn every_process_a_tool_starts_is_gone_when_the_call_returns_however_it_detaches
             "name: procs\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: { observe: [list_processes] }\nsteps:\n  - call: list_processes\n",
         );
         let (code, report) = e.run_json("procs", "h", &[]);
-        assert_eq!(code, 0, "{what}: {report:#}");
-        let pids: Vec<i32> = std::fs::read_to_string(&pids)
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect();
-        assert!(!pids.is_empty(), "{what}: the tree started");
-        let alive: Vec<i32> = pids
-            .into_iter()
-            .filter(|pid| {
-                let p = nix::unistd::Pid::from_raw(*pid);
-                let is = nix::sys::signal::kill(p, None).is_ok()
-                    && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .unwrap_or_default()
-                        .contains(") Z ");
-                if is {
-                    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
-                }
-                is
-            })
-            .collect();
+        assert_eq!(code, 0, "{what}: the tree started: {report:#}");
+        let alive = alive_with(&format!(".{t}"));
         assert!(
             alive.is_empty(),
             "{what}: still running after the run: {alive:?}"

@@ -499,3 +499,42 @@ pub fn no_call_after(calls: &Path, limit: f64, what: &str) {
         "a call at {ran:?}, {what} at {limit}"
     );
 }
+
+/// A number of this test's own for `sleep` arguments (`311.TAG`): the
+/// processes a hostile tool leaves behind are found by it in `/proc`, since
+/// a tier-1 tool, confined by Landlock, can write no file to name them in.
+pub fn tag() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "{}{:03}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1000
+    )
+}
+
+/// The processes alive (not zombies) whose command line holds `needle`:
+/// each `pid: cmdline`. Each is killed on the way, so a failing test
+/// leaves none behind.
+pub fn alive_with(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .unwrap_or_default()
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if cmdline.contains(needle) && !zombie {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            out.push(format!("{pid}: {cmdline}"));
+        }
+    }
+    out
+}
