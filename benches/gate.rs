@@ -226,15 +226,25 @@ fn main() {
         std::fs::remove_file(&path).unwrap();
         took
     };
+    // The gate with its tier-1 processes unconfined: what Landlock costs a call.
+    let unconfined = || {
+        let off = &runwarden::sandbox::OFF_FOR_BENCH;
+        off.store(true, std::sync::atomic::Ordering::Relaxed);
+        let took = through_gate();
+        off.store(false, std::sync::atomic::Ordering::Relaxed);
+        took
+    };
     direct();
     through_gate();
     runner_only();
     floor();
+    unconfined();
     let (mut base, mut gated, mut spawned, mut floors) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut ratio, mut ratio_floor) = (Vec::new(), Vec::new());
+    let (mut ratio, mut ratio_floor, mut ratio_open) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let (b, g, s, f) = (direct(), through_gate(), runner_only(), floor());
+        ratio_open.push(unconfined().as_secs_f64() / b.as_secs_f64());
         ratio.push(g.as_secs_f64() / b.as_secs_f64());
         ratio_floor.push(g.as_secs_f64() / f.as_secs_f64());
         base.push(b);
@@ -271,6 +281,10 @@ fn main() {
     println!(
         "  ratio to direct spawns (target <= 1.25)    : {:>7.3}",
         median_f(ratio)
+    );
+    println!(
+        "  the same, tier 1 without Landlock          : {:>7.3}",
+        median_f(ratio_open)
     );
     println!(
         "  of which the disk's sync, floor to direct  : {:>7.3}",

@@ -56,6 +56,10 @@ COPYRIGHT
 printf 'runwarden (%s) unstable; urgency=medium\n\n  * Release %s.\n\n -- runwarden maintainers <maintainers@runwarden.example.org>  %s\n' \
   "$version" "$version" "$(date -R -d @"${SOURCE_DATE_EPOCH:-$(date +%s)}")" \
   | gzip -9n | install -D -m 0644 /dev/stdin "$root/usr/share/doc/runwarden/changelog.gz"
+# The declared tools this repository ships, as examples (not loaded).
+for f in "$here"/../tools/*.yaml; do
+  install -D -m 0644 "$f" "$root/usr/share/doc/runwarden/examples/tools/$(basename "$f")"
+done
 (cd "$here/etc" && find . -type f) | while read -r f; do
   install -D -m 0640 "$here/etc/$f" "$root/etc/$f"
 done
@@ -85,8 +89,9 @@ cat >"$root/DEBIAN/postinst" <<'SCRIPT'
 # restarts a running daemon on the new binary.
 set -e
 shipped="/etc/runwarden /etc/runwarden/hosts /etc/runwarden/runbooks /etc/runwarden/kill-switch
-/etc/runwarden/runwarden.yaml /etc/runwarden/hosts/local.yaml
-/etc/runwarden/runbooks/local-health.yaml /etc/runwarden/kill-switch/README.md"
+/etc/runwarden/tools /etc/runwarden/runwarden.yaml /etc/runwarden/hosts/local.yaml
+/etc/runwarden/runbooks/local-health.yaml /etc/runwarden/kill-switch/README.md
+/etc/runwarden/tools/README.md"
 if [ "$1" = configure ]; then
   systemd-sysusers runwarden.conf
   for f in $shipped; do

@@ -132,8 +132,17 @@ fn restrict_this_thread() -> Result<(), String> {
     }
 }
 
+/// The benches' switch (feature `internals`, never in a release): tier-1
+/// processes start without Landlock, to measure what it costs the gate.
+#[cfg(feature = "internals")]
+pub static OFF_FOR_BENCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether tier-1 processes start restricted on this machine, and why not.
 pub fn status() -> Status {
+    #[cfg(feature = "internals")]
+    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
+        return Status::Unavailable("switched off by the bench".into());
+    }
     match spawner() {
         Ok(_) => Status::Enforced,
         Err(why) => Status::Unavailable(why.clone()),
