@@ -72,6 +72,7 @@ pub mod admission;
 pub mod agent;
 pub mod app;
 pub mod audit;
+pub(crate) mod claims;
 pub mod cli;
 pub mod config;
 pub mod executor;

@@ -88,6 +88,13 @@ pub(crate) struct Metrics {
     pub(crate) model_request_duration: prometheus::Histogram,
     /// `runwarden_model_tokens_total`.
     pub(crate) model_tokens: IntCounterVec,
+    /// `runwarden_model_claims_total{runbook,supported}`: the checkable
+    /// claims of model-planned runs' final answers, by whether the run's
+    /// record supports them.
+    pub(crate) model_claims: IntCounterVec,
+    /// `runwarden_model_turn_tokens{model}`: tokens the model has written in
+    /// the turn it is writing now (0 between turns).
+    pub(crate) model_turn_tokens: GaugeVec,
     /// `runwarden_host_transport_errors_total`.
     pub(crate) transport_errors: IntCounterVec,
 }
@@ -226,6 +233,18 @@ impl Metrics {
                 "runwarden_model_tokens_total",
                 "Tokens the model endpoint reported using, by kind (prompt, completion).",
                 &["model", "kind"],
+            ),
+            model_claims: counter(
+                r,
+                "runwarden_model_claims_total",
+                "Checkable claims (figures, names, changes) of model-planned runs' final answers, by whether a tool result of the run supports them (supported=true|false).",
+                &["runbook", "supported"],
+            ),
+            model_turn_tokens: gauge_vec(
+                r,
+                "runwarden_model_turn_tokens",
+                "Tokens the model has streamed so far in the turn it is writing now, by model; 0 between turns.",
+                &["model"],
             ),
             approvals: counter(
                 r,

@@ -247,7 +247,7 @@ pub(crate) fn run(
                 })
             }
             Next::Skip { id, when } => json!({ "id": id, "decision": "skipped", "why": format!("when: {when} is false") }),
-            Next::Suggest { id, text } => json!({ "id": id, "decision": "suggested", "why": format!("for a person to run: {text}") }),
+            Next::Suggest { id, text, .. } => json!({ "id": id, "decision": "suggested", "why": format!("for a person to run: {text}") }),
             Next::Fail(why) => json!({ "id": step.id, "decision": "broken", "why": why }),
             _ => break,
         });

@@ -143,6 +143,13 @@ pub struct RunReport {
     pub steps: Vec<StepReport>,
     /// Tier-3 commands for a person to run.
     pub(crate) suggestions: Vec<String>,
+    /// Those of `suggestions` the model wrote: its own words, unverified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) model_suggestions: Vec<String>,
+    /// A model-planned run: each checkable claim of its final answer,
+    /// marked supported by the run's record or not, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) claims: Vec<crate::claims::Claim>,
     /// The model's final answer (model-planned runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) final_answer: Option<String>,
@@ -175,17 +182,38 @@ pub(crate) fn render(r: &RunReport) -> String {
     for step in &r.steps {
         s += &render_step(step);
     }
+    if r.model.is_some() {
+        s += &changed(r);
+    }
     if let Some(answer) = &r.final_answer {
+        let unsupported = r.claims.iter().filter(|c| !c.supported).count();
         s += &format!(
-            "  final answer of {}:\n",
-            r.model.as_deref().unwrap_or("the model")
+            "  the account of {} (its own words, not evidence; {unsupported} of {} checkable claim(s) unsupported by the run's record):\n",
+            r.model.as_deref().unwrap_or("the model"),
+            r.claims.len()
         );
         for line in answer.lines() {
             s += &format!("     | {line}\n");
         }
+        for c in r.claims.iter().filter(|c| !c.supported && !c.suggestion) {
+            s += &format!("     unsupported: \"{}\": {}\n", c.text, c.why);
+        }
     }
     for sug in &r.suggestions {
-        s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
+        if r.model_suggestions.contains(sug) {
+            let mark = r
+                .claims
+                .iter()
+                .find(|c| {
+                    c.suggestion && !c.supported && sug.contains(c.text.trim_end_matches("..."))
+                })
+                .map_or(String::new(), |c| format!(" [unsupported: {}]", c.why));
+            s += &format!(
+                "  suggested by the model (its own, unverified; tier 3, not run): {sug}{mark}\n"
+            );
+        } else {
+            s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
+        }
     }
     s += &format!(
         "verdict: {} ({}) in {} ms, {} mutation(s)\n",
@@ -194,6 +222,37 @@ pub(crate) fn render(r: &RunReport) -> String {
         r.duration_ms,
         r.mutations
     );
+    s
+}
+
+/// What the run changed, from its own record (each tier-2 call, its
+/// outcome and verification), never from a model's words.
+fn changed(r: &RunReport) -> String {
+    let calls: Vec<&StepReport> = r
+        .steps
+        .iter()
+        .filter(|s| s.tier == Some(2) && s.result.is_some())
+        .collect();
+    if calls.is_empty() {
+        return "  changed (the run's record): nothing; no tier-2 call ran\n".into();
+    }
+    let mut s = String::from("  changed (the run's record):\n");
+    for step in calls {
+        let result =
+            step.result
+                .as_ref()
+                .map_or("?".to_string(), |res| match (res.outcome, res.verified) {
+                    (Outcome::Ok, Some(true)) => "done and verified".to_string(),
+                    (_, Some(false)) => "NOT verified".to_string(),
+                    (o, _) => o.as_str().to_string(),
+                });
+        s += &format!(
+            "     step {} {} {}: {result}\n",
+            step.step,
+            step.tool.as_deref().unwrap_or("?"),
+            args_text(&step.args)
+        );
+    }
     s
 }
 

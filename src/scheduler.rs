@@ -786,6 +786,7 @@ impl Scheduler {
             shutdown: Some(self.shutdown.clone()),
             approvals: self.approvals.clone(),
             approval_webhook: config.settings.approval_webhook.clone(),
+            model_progress: None,
         };
         self.reports.starting(run_id);
         let started = Instant::now();
@@ -870,6 +871,8 @@ impl Scheduler {
                         suggestions: Vec::new(),
                         handed_back: true,
                         handed_to,
+                        claims: Vec::new(),
+                        model_suggestions: Vec::new(),
                     }),
                 ),
                 false => (

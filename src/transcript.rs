@@ -132,6 +132,7 @@ pub(crate) fn render(lines: &[Entry]) -> String {
                 );
             }
             Some(Phase::Verdict) => {
+                claims(&mut out, detail);
                 let _ = writeln!(
                     out,
                     "\n── verdict: {} — {}",
@@ -146,6 +147,32 @@ pub(crate) fn render(lines: &[Entry]) -> String {
         out.push_str("\n── no verdict: the run is still going, or its process stopped\n");
     }
     out
+}
+
+/// The model's final answer held to the record: each checkable claim,
+/// marked supported or `unsupported`, with why.
+fn claims(out: &mut String, verdict: &Value) {
+    let Some(claims) = verdict["claims"].as_array().filter(|c| !c.is_empty()) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\n── the model's account, held to the run's record (its words are not evidence):"
+    );
+    for c in claims {
+        let mark = match (c["supported"] == true, c["suggestion"] == true) {
+            (true, true) => "suggestion (the model's, unverified)",
+            (false, true) => "unsupported suggestion",
+            (true, false) => "supported",
+            (false, false) => "unsupported",
+        };
+        let _ = writeln!(
+            out,
+            "   {mark}: {}\n      why: {}",
+            crate::text::printable(c["text"].as_str().unwrap_or("")),
+            crate::text::printable(c["why"].as_str().unwrap_or(""))
+        );
+    }
 }
 
 fn model_turn(out: &mut String, t: &Value) {

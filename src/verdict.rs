@@ -16,6 +16,10 @@ pub enum Verdict {
     Ok,
     /// A call failed, timed out, or a change could not be verified.
     Failed,
+    /// A model-planned run without evidence: it made no successful call, or
+    /// its answer claims a change the run's record lacks. Its account is
+    /// not to be believed as it stands.
+    Inconclusive,
     /// The gate refused at least one call.
     Denied,
     /// `max_steps` ran out.
@@ -37,6 +41,7 @@ impl Verdict {
         match self {
             Verdict::Ok => "ok",
             Verdict::Failed => "failed",
+            Verdict::Inconclusive => "inconclusive",
             Verdict::Denied => "denied",
             Verdict::StepLimit => "step_limit",
             Verdict::BudgetExhausted => "budget_exhausted",
@@ -56,15 +61,17 @@ impl Verdict {
             Verdict::BudgetExhausted => 5,
             Verdict::Broken => 6,
             Verdict::Halted => 7,
+            Verdict::Inconclusive => 8,
             // Like broken: the run ended without reaching its own verdict.
             Verdict::Interrupted => 6,
         }
     }
 
     /// Every verdict, from best to worst.
-    pub(crate) const ALL: [Verdict; 8] = [
+    pub(crate) const ALL: [Verdict; 9] = [
         Verdict::Ok,
         Verdict::Failed,
+        Verdict::Inconclusive,
         Verdict::Denied,
         Verdict::StepLimit,
         Verdict::BudgetExhausted,

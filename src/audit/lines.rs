@@ -274,6 +274,11 @@ pub(crate) struct RunEnd {
     /// With shared state: the queued run of the fleet's its trigger went to
     /// (no start of this machine runs it again).
     pub(crate) handed_to: Option<String>,
+    /// A model-planned run: its final answer's claims, each marked
+    /// supported by the run's record or not.
+    pub(crate) claims: Vec<crate::claims::Claim>,
+    /// Those of `suggestions` a model wrote (its own words, unverified).
+    pub(crate) model_suggestions: Vec<String>,
 }
 
 impl AuditLog {
@@ -579,6 +584,12 @@ impl AuditLog {
                 }
                 if let Some(next) = &end.handed_to {
                     d["handed_to"] = next.as_str().into();
+                }
+                if !end.claims.is_empty() {
+                    d["claims"] = serde_json::to_value(&end.claims).unwrap_or_default();
+                }
+                if !end.model_suggestions.is_empty() {
+                    d["model_suggestions"] = end.model_suggestions.clone().into();
                 }
                 d
             }

@@ -48,6 +48,10 @@ pub(crate) struct RunSummary {
     /// Who started it by hand (`runwarden run`), and who asked through sudo.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) user: Option<String>,
+    /// A model-planned run: the claims of its final answer as its verdict
+    /// line marked them (`[{text, supported, why}]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) claims: Vec<serde_json::Value>,
 }
 
 /// Which runs to list.
@@ -172,6 +176,7 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)
                     dry_run: false,
                     alert: None,
                     user: None,
+                    claims: Vec::new(),
                 },
                 None,
             )
@@ -212,6 +217,12 @@ fn summarize(entries: impl IntoIterator<Item = Entry>) -> Vec<(RunSummary, bool)
                     .as_ref()
                     .and_then(|d| d["detail"].as_str())
                     .map(String::from);
+                run.claims = e
+                    .detail
+                    .as_ref()
+                    .and_then(|d| d["claims"].as_array())
+                    .cloned()
+                    .unwrap_or_default();
                 *open = None;
             }
             _ => {}

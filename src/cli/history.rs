@@ -199,6 +199,10 @@ pub(super) fn runs(
         {
             line += &format!("  ({})", why.chars().take(160).collect::<String>());
         }
+        let unsupported = r.claims.iter().filter(|c| c["supported"] == false).count();
+        if unsupported > 0 {
+            line += &format!("  [{unsupported} unsupported claim(s) of the model]");
+        }
         if let Some(a) = &r.alert {
             let name = a["labels"]["alertname"].as_str().unwrap_or("?");
             line += &format!("  alert {name}");
@@ -373,6 +377,20 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
             Some(Phase::Verdict) => {
                 if let Some(d) = detail["detail"].as_str() {
                     line += &format!("\n{:<30} {d}", "");
+                }
+                // The model's claims, as the verdict line marked them.
+                for c in detail["claims"].as_array().into_iter().flatten() {
+                    let mark = if c["supported"] == true {
+                        "supported"
+                    } else {
+                        "UNSUPPORTED"
+                    };
+                    line += &format!(
+                        "\n{:<30} claim {mark}: {} ({})",
+                        "",
+                        c["text"].as_str().unwrap_or(""),
+                        c["why"].as_str().unwrap_or("")
+                    );
                 }
             }
             Some(Phase::Suggestion) => {

@@ -33,7 +33,25 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
         runner.demotions = runner.demotions.with_fleet(Some(store.demoted.clone()));
     }
     runner.store = store;
-    match runner.run(&req).await {
+    // On a terminal, a model's turn shows how far it has come (a CPU model
+    // takes minutes a turn); elsewhere nothing extra is written.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if terminal {
+        runner.model_progress = Some(Arc::new(|tokens, took| {
+            use std::io::Write;
+            let _ = write!(
+                std::io::stderr(),
+                "\r  the model is writing: {tokens} token(s), {:.0} s ",
+                took.as_secs_f64()
+            );
+        }));
+    }
+    let ran = runner.run(&req).await;
+    if terminal && runner.model_progress.is_some() {
+        // The progress line goes before the report is printed.
+        eprint!("\r\x1b[2K");
+    }
+    match ran {
         Ok(report) => {
             if json {
                 println!(

@@ -20,8 +20,12 @@ pub(crate) struct ModelEndpoint {
     pub(crate) name: String,
     /// Where the API key is read from, when the endpoint needs one (never the key itself).
     pub(crate) api_key: Option<ApiKey>,
-    /// How long one request may take.
+    /// How long the model may take to start answering a request (reading
+    /// its prompt: a CPU reads a long one slowly).
     pub(crate) timeout: Duration,
+    /// How long it may then go silent between two chunks of its answer: a
+    /// model still writing is never cut off, one that went quiet is.
+    pub(crate) idle_timeout: Duration,
     /// Sampling temperature sent with each request.
     pub(crate) temperature: f32,
     /// Retries on 429, 5xx, timeouts and refused connections, with backoff.
@@ -109,6 +113,11 @@ pub(super) fn validate(
         .as_ref()
         .and_then(|t| duration(t, "model.timeout", file, diags))
         .unwrap_or(Duration::from_secs(60));
+    let idle_timeout = raw
+        .idle_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "model.idle_timeout", file, diags))
+        .unwrap_or(Duration::from_secs(30));
     let temperature = raw.temperature.as_ref().map_or(0.1, |t| {
         if !(0.0..=2.0).contains(&t.value) {
             diags.at(
@@ -133,6 +142,7 @@ pub(super) fn validate(
         name: raw.name.value.clone(),
         api_key,
         timeout,
+        idle_timeout,
         temperature,
         retries,
     })

@@ -109,6 +109,8 @@ pub(crate) struct Model {
     pub(crate) api_key_env: Option<S<String>>,
     pub(crate) api_key_file: Option<S<String>>,
     pub(crate) timeout: Option<S<String>>,
+    /// Longest silence between two chunks of a streamed answer.
+    pub(crate) idle_timeout: Option<S<String>>,
     pub(crate) temperature: Option<S<f32>>,
     pub(crate) retries: Option<S<u32>>,
 }

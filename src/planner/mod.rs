@@ -39,6 +39,9 @@ pub(crate) enum Next {
         id: String,
         /// The command, rendered.
         text: String,
+        /// A model wrote it (`SUGGEST:`), not the runbook: its own words,
+        /// unverified.
+        by_model: bool,
     },
     /// The model answered one request (its calls, if any, come next).
     Turn(Box<ModelTurn>),

@@ -89,6 +89,16 @@ fn allowlists(host: &Host) -> String {
         ),
         ("worker pools", host.worker_pools.keys().cloned().collect()),
     ];
+    // Declared tools' lists, by the name their `allowlist` arguments give.
+    let allow = host
+        .allow
+        .iter()
+        .map(|(name, values)| (format!("allow.{name}"), values.clone()));
+    let lists: Vec<(String, Vec<String>)> = lists
+        .into_iter()
+        .map(|(what, v)| (what.to_string(), v))
+        .chain(allow)
+        .collect();
     let mut out = String::new();
     for (what, values) in lists.iter().filter(|(_, v)| !v.is_empty()) {
         let shown: Vec<String> = values
@@ -177,13 +187,15 @@ impl ModelPlanner {
         endpoint: &ModelEndpoint,
         context: &Value,
         metrics: Option<Arc<Metrics>>,
+        progress: Option<super::openai::ProgressFn>,
     ) -> Result<ModelPlanner, ModelError> {
         let agent = runbook
             .agent
             .as_ref()
             .ok_or_else(|| ModelError::NoGoal(runbook.name.clone()))?;
         let model = agent.model.clone().unwrap_or_else(|| endpoint.name.clone());
-        let client = Client::new(endpoint, model, metrics)?;
+        let mut client = Client::new(endpoint, model, metrics)?;
+        client.progress = progress;
         // Exactly the runbook's tools, built-in and declared, each with the
         // schema its own type or declaration makes.
         let tools = runbook
@@ -253,6 +265,7 @@ impl ModelPlanner {
             return Next::Suggest {
                 id: format!("m{}_suggest", self.turn),
                 text,
+                by_model: true,
             };
         }
         if self.finished {

@@ -111,7 +111,13 @@ pub(crate) struct Client {
     /// The model name requests carry (the runbook may override the endpoint's).
     pub(crate) model: String,
     metrics: Option<Arc<Metrics>>,
+    /// Told the tokens written so far while a turn streams (a terminal's
+    /// progress line).
+    pub(crate) progress: Option<ProgressFn>,
 }
+
+/// What a terminal is told while the model writes: tokens so far, time taken.
+pub(crate) type ProgressFn = Arc<dyn Fn(u64, Duration) + Send + Sync>;
 
 impl Client {
     /// A client for `endpoint`, asking `model`.
@@ -120,8 +126,11 @@ impl Client {
         model: String,
         metrics: Option<Arc<Metrics>>,
     ) -> Result<Client, ModelError> {
+        // No whole-request timeout: a model still writing is not cut off.
+        // `attempt` bounds the wait for its first chunk (model.timeout) and
+        // each silence after it (model.idle_timeout); the run's budget
+        // bounds the rest.
         let http = reqwest::Client::builder()
-            .timeout(endpoint.timeout)
             .connect_timeout(endpoint.timeout.min(Duration::from_secs(10)))
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -137,6 +146,7 @@ impl Client {
             url,
             model,
             metrics,
+            progress: None,
         })
     }
 
@@ -158,7 +168,11 @@ impl Client {
             "tools": tools,
             "tool_choice": "auto",
             "temperature": self.endpoint.temperature,
-            "stream": false,
+            // Streamed, so a slow model is seen writing (and a silent one
+            // is told from it); an endpoint that answers in one piece is
+            // read the same way.
+            "stream": true,
+            "stream_options": { "include_usage": true },
         });
         // A `Value` always serialises (its map keys are strings).
         let body = serde_json::to_vec(&body).unwrap_or_default();
@@ -240,25 +254,33 @@ impl Client {
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
-        let mut resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) if e.is_timeout() => {
-                return (
-                    "timeout",
-                    Err(Failure::Transient(
-                        format!(
-                            "no answer within {}",
-                            humantime::format_duration(self.endpoint.timeout)
-                        ),
-                        None,
-                    )),
-                );
-            }
-            Err(e) => {
+        let no_start = || {
+            (
+                "timeout",
+                Err(Failure::Transient(
+                    format!(
+                        "no answer within {} (model.timeout: how long the model may take to start answering)",
+                        humantime::format_duration(self.endpoint.timeout)
+                    ),
+                    None,
+                )),
+            )
+        };
+        let started = Instant::now();
+        let mut resp = match tokio::time::timeout(self.endpoint.timeout, req.send()).await {
+            Ok(Ok(r)) => r,
+            Err(_) => return no_start(),
+            Ok(Err(e)) if e.is_timeout() => return no_start(),
+            Ok(Err(e)) => {
                 let e = crate::error_chain(&e.without_url());
                 return ("unreachable", Err(Failure::Transient(e, None)));
             }
         };
+        let streamed = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
         let status = resp.status();
         let retry_after = resp
             .headers()
@@ -267,9 +289,42 @@ impl Client {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
         let mut bytes = Vec::new();
+        let mut progress = Progress::new(self, started);
         loop {
-            match resp.chunk().await {
+            // Until the answer starts, model.timeout (from the request);
+            // after that, model.idle_timeout between two chunks.
+            let wait = match progress.tokens {
+                0 => self
+                    .endpoint
+                    .timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1)),
+                _ => self.endpoint.idle_timeout,
+            };
+            let chunk = match tokio::time::timeout(wait, resp.chunk()).await {
+                Ok(c) => c,
+                Err(_) if progress.tokens == 0 => {
+                    progress.done();
+                    return no_start();
+                }
+                Err(_) => {
+                    progress.done();
+                    return (
+                        "timeout",
+                        Err(Failure::Transient(
+                            format!(
+                                "HTTP {status}: the model went silent for {} after writing {} token(s) (model.idle_timeout)",
+                                humantime::format_duration(self.endpoint.idle_timeout),
+                                progress.tokens
+                            ),
+                            None,
+                        )),
+                    );
+                }
+            };
+            match chunk {
                 Ok(Some(c)) => {
+                    progress.saw(&c, streamed);
                     if bytes.len() + c.len() > MAX_REPLY_BYTES {
                         return (
                             "invalid_reply",
@@ -282,19 +337,8 @@ impl Client {
                     bytes.extend_from_slice(&c);
                 }
                 Ok(None) => break,
-                Err(e) if e.is_timeout() => {
-                    return (
-                        "timeout",
-                        Err(Failure::Transient(
-                            format!(
-                                "HTTP {status}: the reply did not finish within {}",
-                                humantime::format_duration(self.endpoint.timeout)
-                            ),
-                            None,
-                        )),
-                    );
-                }
                 Err(e) => {
+                    progress.done();
                     let e = crate::error_chain(&e.without_url());
                     return (
                         "unreachable",
@@ -306,6 +350,7 @@ impl Client {
                 }
             }
         }
+        progress.done();
         // An endpoint may echo the request's `Authorization` header back:
         // nothing of what it says carries the key any further.
         if let Some(k) = key {
@@ -342,7 +387,11 @@ impl Client {
                 ))),
             );
         }
-        match parse_reply(&bytes) {
+        let parsed = match streamed {
+            true => parse_stream(&bytes),
+            false => parse_reply(&bytes),
+        };
+        match parsed {
             Ok(r) => ("ok", Ok(r)),
             Err(e) => (
                 "invalid_reply",
@@ -350,6 +399,145 @@ impl Client {
             ),
         }
     }
+}
+
+/// A turn the model is writing: tokens so far (one per streamed chunk
+/// that carries text or a call), said on a terminal, in `/metrics` and,
+/// every ten seconds, in the log.
+struct Progress<'a> {
+    client: &'a Client,
+    started: Instant,
+    tokens: u64,
+    said_at: Instant,
+    /// The end of the last chunk (an event's `data:` split between two).
+    tail: Vec<u8>,
+}
+
+impl<'a> Progress<'a> {
+    fn new(client: &'a Client, started: Instant) -> Progress<'a> {
+        Progress {
+            client,
+            started,
+            tokens: 0,
+            said_at: started,
+            tail: Vec::new(),
+        }
+    }
+
+    /// A chunk arrived: a streamed one counts its events, however the
+    /// network cut them (a whole answer in one piece counts as one).
+    fn saw(&mut self, chunk: &[u8], streamed: bool) {
+        if !streamed {
+            self.tokens = 1;
+        } else {
+            let mut seen = std::mem::take(&mut self.tail);
+            seen.extend_from_slice(chunk);
+            self.tokens += seen.windows(5).filter(|w| w == b"data:").count() as u64;
+            self.tail = seen[seen.len().saturating_sub(4)..].to_vec();
+        }
+        if let Some(m) = &self.client.metrics {
+            m.model_turn_tokens
+                .with_label_values(&[&self.client.model])
+                .set(self.tokens as f64);
+        }
+        if let Some(show) = &self.client.progress {
+            show(self.tokens, self.started.elapsed());
+        }
+        if self.said_at.elapsed() >= Duration::from_secs(10) {
+            self.said_at = Instant::now();
+            tracing::info!(
+                model = %self.client.model,
+                tokens = self.tokens,
+                "the model is writing: {} token(s) in {:.0} s",
+                self.tokens,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// The turn ended (answered, failed or cut off).
+    fn done(&self) {
+        if let Some(m) = &self.client.metrics {
+            m.model_turn_tokens
+                .with_label_values(&[&self.client.model])
+                .set(0.0);
+        }
+    }
+}
+
+/// Parse a streamed chat completion (server-sent events, `data: {chunk}`
+/// lines until `data: [DONE]`): the content and each call put together
+/// from their deltas, the usage from the chunk that carries it. Only the
+/// first choice counts.
+pub fn parse_stream(bytes: &[u8]) -> Result<Reply, BadReply> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut content = String::new();
+    let mut calls: Vec<(String, String, String)> = Vec::new();
+    let mut usage = None;
+    let mut chunks = 0;
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(BadReply::NotACompletion)?;
+        chunks += 1;
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            usage = Some(Usage {
+                prompt: u["prompt_tokens"].as_u64().unwrap_or(0),
+                completion: u["completion_tokens"].as_u64().unwrap_or(0),
+            });
+        }
+        let delta = &chunk["choices"][0]["delta"];
+        if let Some(c) = delta["content"].as_str() {
+            content.push_str(c);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = call["index"].as_u64().unwrap_or(calls.len() as u64) as usize;
+            if i > 256 {
+                continue;
+            }
+            if calls.len() <= i {
+                calls.resize(i + 1, Default::default());
+            }
+            let (id, name, args) = &mut calls[i];
+            if let Some(v) = call["id"].as_str() {
+                id.push_str(v);
+            }
+            if let Some(v) = call["function"]["name"].as_str() {
+                name.push_str(v);
+            }
+            match &call["function"]["arguments"] {
+                Value::String(v) => args.push_str(v),
+                Value::Null => {}
+                other => args.push_str(&other.to_string()),
+            }
+        }
+    }
+    if chunks == 0 {
+        return Err(BadReply::NoChoices);
+    }
+    Ok(Reply {
+        content,
+        tool_calls: calls
+            .into_iter()
+            .filter(|(_, name, _)| !name.is_empty())
+            .map(|(id, name, arguments)| WireCall {
+                id,
+                name,
+                arguments: if arguments.is_empty() {
+                    "{}".into()
+                } else {
+                    arguments
+                },
+            })
+            .collect(),
+        usage,
+        duration: Duration::ZERO,
+        attempts: 1,
+    })
 }
 
 enum Failure {
@@ -463,6 +651,29 @@ mod tests {
         let r = parse_reply(ollama).unwrap();
         assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
         assert!(r.usage.is_none());
+    }
+
+    /// A streamed answer as llama.cpp's server sends it: content deltas, a
+    /// call whose arguments arrive in pieces, usage in the last chunk.
+    #[test]
+    fn a_streamed_answer_is_put_together_from_its_deltas() {
+        let sse = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Looking \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"at it.\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"disk_usage\",\"arguments\":\"{\\\"pa\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"th\\\":\\\"/\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":1310,\"completion_tokens\":22}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let r = parse_stream(sse.as_bytes()).unwrap();
+        assert_eq!(r.content, "Looking at it.");
+        assert_eq!(r.tool_calls.len(), 1);
+        assert_eq!(r.tool_calls[0].id, "call_7");
+        assert_eq!(r.tool_calls[0].name, "disk_usage");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"/"}"#);
+        assert_eq!(r.usage.unwrap().prompt, 1310);
+        assert!(parse_stream(b"data: {not json}\n\n").is_err());
+        assert!(parse_stream(b"").is_err());
     }
 
     #[test]

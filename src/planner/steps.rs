@@ -93,7 +93,11 @@ impl StepsPlanner {
         }
         match &step.action {
             StepAction::Suggest(text) => match self.env.render_str(text, &scope) {
-                Ok(text) => Next::Suggest { id: step.id, text },
+                Ok(text) => Next::Suggest {
+                    id: step.id,
+                    text,
+                    by_model: false,
+                },
                 Err(e) => Next::Fail(format!(
                     "{label}: suggestion template failed: {}",
                     detail(&e)

@@ -7,6 +7,7 @@
 //! The verdict is judged from the tool events (every call's outcome and, for
 //! tier-2 calls, its own verification), never from an exit code alone.
 
+mod account;
 mod ask;
 mod claim;
 mod run_loop;
@@ -107,6 +108,9 @@ pub struct Runner {
     pub(crate) approval_webhook: Option<String>,
     /// State shared with other daemons (`state.postgres`); `None`: this machine's own.
     pub(crate) store: Option<Arc<crate::store::Postgres>>,
+    /// Told how a model's turn is coming along while it writes (`run` on a
+    /// terminal shows a progress line).
+    pub(crate) model_progress: Option<crate::planner::openai::ProgressFn>,
 }
 
 impl Runner {
@@ -124,6 +128,7 @@ impl Runner {
             approvals: None,
             approval_webhook: None,
             store: None,
+            model_progress: None,
         }
     }
 
@@ -256,6 +261,7 @@ impl Runner {
                 endpoint,
                 &context,
                 self.metrics.clone(),
+                self.model_progress.clone(),
             )?),
             _ => None,
         };

@@ -94,6 +94,8 @@ pub(super) struct RunState {
     pub(super) transcript: Transcript,
     reports: Vec<StepReport>,
     suggestions: Vec<String>,
+    /// Those of `suggestions` a model wrote (its own words, unverified).
+    model_suggestions: Vec<String>,
     tally: Tally,
     final_answer: Option<String>,
     model_turns: u32,
@@ -125,6 +127,7 @@ impl RunLoop<'_> {
             transcript: Transcript::default(),
             reports: Vec::new(),
             suggestions: Vec::new(),
+            model_suggestions: Vec::new(),
             tally: Tally::default(),
             final_answer: None,
             model_turns: 0,
@@ -179,11 +182,14 @@ impl RunLoop<'_> {
                     );
                     s.reports.push(r);
                 }
-                Next::Suggest { id, text } => {
+                Next::Suggest { id, text, by_model } => {
                     s.tally
                         .written(self.runner.audit.suggestion(&self.info, n, &text));
                     let mut r = StepReport::new(n, &id, StepStatus::Suggested);
                     r.detail = Some(text.clone());
+                    if by_model {
+                        s.model_suggestions.push(text.clone());
+                    }
                     s.suggestions.push(text);
                     s.reports.push(r);
                 }
@@ -552,7 +558,29 @@ impl RunLoop<'_> {
     }
 
     /// The verdict line, the journal head, and the report.
-    fn finish(self, s: RunState, started: Instant, started_at: String) -> RunReport {
+    fn finish(self, mut s: RunState, started: Instant, started_at: String) -> RunReport {
+        // A model's account is held to the run's own record before the
+        // verdict: no evidence, or a change it claims and the record lacks,
+        // and the run is inconclusive, whatever the model said.
+        let claims = match self.planner.model() {
+            Some(_) => {
+                let account =
+                    super::account::judge(&self.runbook, &s.reports, s.final_answer.as_deref());
+                if let Some((verdict, why)) = account.verdict {
+                    s.tally.note(verdict, why);
+                }
+                if let Some(m) = &self.runner.metrics {
+                    for c in &account.claims {
+                        let supported = if c.supported { "true" } else { "false" };
+                        m.model_claims
+                            .with_label_values(&[&self.runbook.name, supported])
+                            .inc();
+                    }
+                }
+                account.claims
+            }
+            None => Vec::new(),
+        };
         let (mut verdict, mut verdict_detail) = s.tally.verdict(self.req.dry_run, s.would_change);
         // A dry run changed nothing, whatever the gate would have allowed.
         let mutations = match self.req.dry_run {
@@ -567,6 +595,8 @@ impl RunLoop<'_> {
             suggestions: s.suggestions,
             handed_back: s.handed_back || s.handed_back_to.is_some(),
             handed_to: s.handed_back_to,
+            claims,
+            model_suggestions: s.model_suggestions,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {
@@ -601,6 +631,8 @@ impl RunLoop<'_> {
             duration_ms: started.elapsed().as_millis() as u64,
             steps: s.reports,
             suggestions: end.suggestions,
+            model_suggestions: end.model_suggestions,
+            claims: end.claims,
             mutations,
             verdict,
             verdict_detail,

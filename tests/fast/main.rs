@@ -23,6 +23,7 @@ mod declared;
 mod demotion;
 mod history;
 mod layers;
+mod model;
 mod oncall;
 mod reload;
 

@@ -6,7 +6,7 @@
 //! The scripted model is deliberately gullible: in the injection scenarios
 //! it obeys whatever text it reads, and the tests prove the gate refuses.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,141 +18,9 @@ use crate::util::*;
 /// The API key the tests configure; it must never show up in output, audit or metrics.
 const KEY: &str = "sk-runwarden-test-4f1d2b9e";
 
-/// What the scripted endpoint does with one request.
-pub enum Turn {
-    /// 200 with this chat-completions body.
-    Reply(Value),
-    /// Any status with a raw body.
-    Status(u16, String),
-    /// Wait, then answer (to provoke the client's timeout).
-    Sleep(Duration, Box<Turn>),
-}
-
-type Script = dyn Fn(usize, &Value) -> Turn + Send + Sync;
-
-/// A loopback chat-completions server: records each request (headers, body).
-pub struct ModelServer {
-    pub url: String,
-    requests: Arc<Mutex<Vec<(String, Value)>>>,
-}
-
-impl ModelServer {
-    /// `script(n, request)` answers the n-th request (0-based).
-    pub fn start(script: impl Fn(usize, &Value) -> Turn + Send + Sync + 'static) -> ModelServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let requests: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
-        let script: Arc<Script> = Arc::new(script);
-        let recorded = requests.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let script = script.clone();
-                let recorded = recorded.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(conn.try_clone().unwrap());
-                    let mut head = String::new();
-                    let mut len = 0;
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap_or(0);
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        head.push_str(&line);
-                    }
-                    let mut body = vec![0; len];
-                    reader.read_exact(&mut body).unwrap();
-                    let body: Value = serde_json::from_slice(&body).unwrap();
-                    let n = {
-                        let mut r = recorded.lock().unwrap();
-                        r.push((head, body.clone()));
-                        r.len() - 1
-                    };
-                    let mut turn = script(n, &body);
-                    while let Turn::Sleep(d, then) = turn {
-                        std::thread::sleep(d);
-                        turn = *then;
-                    }
-                    let (status, text) = match turn {
-                        Turn::Reply(v) => (200, v.to_string()),
-                        Turn::Status(s, t) => (s, t),
-                        Turn::Sleep(..) => unreachable!(),
-                    };
-                    let mut conn = conn;
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        text.len()
-                    );
-                    let _ = conn.write_all(text.as_bytes());
-                });
-            }
-        });
-        ModelServer {
-            url: format!("http://127.0.0.1:{port}/v1"),
-            requests,
-        }
-    }
-
-    pub fn requests(&self) -> Vec<(String, Value)> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    /// `model:` for runwarden.yaml.
-    pub fn settings(&self, extra: &str) -> String {
-        self.settings_with("2s", 2, extra)
-    }
-
-    pub fn settings_with(&self, timeout: &str, retries: u32, extra: &str) -> String {
-        format!(
-            "model:\n  endpoint: {}\n  name: scripted-14b\n  api_key_env: RUNWARDEN_MODEL_KEY\n  timeout: {timeout}\n  retries: {retries}\n{extra}",
-            self.url
-        )
-    }
-}
-
-/// A reply asking for these calls: (tool, arguments as the model writes them).
-pub fn calls(list: &[(&str, String)]) -> Turn {
-    let calls: Vec<Value> = list
-        .iter()
-        .enumerate()
-        .map(|(i, (name, args))| {
-            json!({ "id": format!("call_{i}"), "type": "function", "function": { "name": name, "arguments": args } })
-        })
-        .collect();
-    Turn::Reply(json!({
-        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "", "tool_calls": calls }, "finish_reason": "tool_calls" }],
-        "usage": { "prompt_tokens": 900, "completion_tokens": 30 }
-    }))
-}
-
-pub fn call(tool: &str, args: Value) -> Turn {
-    calls(&[(tool, args.to_string())])
-}
-
-pub fn answer(text: &str) -> Turn {
-    Turn::Reply(json!({
-        "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
-        "usage": { "prompt_tokens": 1200, "completion_tokens": 80 }
-    }))
-}
-
-/// The tool results of the request's last turn, unwrapped (the JSON between the markers).
-pub fn results(req: &Value) -> Vec<Value> {
-    let msgs = req["messages"].as_array().unwrap();
-    let last_assistant = msgs.iter().rposition(|m| m["role"] == "assistant");
-    msgs.iter()
-        .skip(last_assistant.map_or(0, |i| i + 1))
-        .filter(|m| m["role"] == "tool")
-        .filter_map(|m| m["content"].as_str()?.lines().nth(1)?.parse().ok())
-        .collect()
-}
+#[path = "../support/model_server.rs"]
+mod model_server;
+pub use model_server::*;
 
 /// The text of every tool message of a request.
 fn tool_messages(req: &Value) -> Vec<String> {
@@ -664,7 +532,7 @@ fn a_broken_endpoint_or_garbage_is_a_broken_run_never_a_crash() {
             timeout: "1s",
             retries: 1,
             turn: |_| Turn::Sleep(Duration::from_millis(1500), Box::new(answer("late"))),
-            detail: "no answer within 1s (after 2 attempts)",
+            detail: "no answer within 1s (model.timeout: how long the model may take to start answering) (after 2 attempts)",
             requests: 2,
         },
         Bad {
@@ -1078,4 +946,120 @@ fn a_model_request_in_flight_at_max_duration_is_cancelled() {
         "the run ended {ran} after its start, past max_duration 3s"
     );
     assert_eq!(server.requests().len(), 2);
+}
+
+/// The reply a `Turn` would give whole, to stream instead.
+fn streamed(turn: Turn, pauses: Vec<Option<Duration>>) -> Turn {
+    match turn {
+        Turn::Reply(v) => Turn::Trickle(v, pauses),
+        other => other,
+    }
+}
+
+/// A slow model is not a dead one: answers streamed a chunk at a time, each
+/// within `model.idle_timeout` (1.5 s) of the one before, and in all far
+/// longer than `model.timeout` (2 s), are read to the end and the run is
+/// `ok`; while one streams, the daemon's `/metrics` shows the tokens so far.
+/// A model that goes silent mid-answer is cut off after the idle timeout,
+/// and one that never starts after `model.timeout`, each saying which.
+#[test]
+fn a_slow_model_that_keeps_writing_is_waited_for_and_a_silent_one_is_cut_off() {
+    let slow = |n: u64| Some(Duration::from_millis(n));
+    let server = ModelServer::start(move |n, _| match n {
+        0 => streamed(
+            call("http_check", json!({ "name": "web" })),
+            vec![slow(900)],
+        ),
+        _ => streamed(
+            answer(
+                "The web health check answers with an error from its upstream; nothing on this host needs a change.",
+            ),
+            vec![slow(300)],
+        ),
+    });
+    let settings = server.settings_with("2s", 0, "  idle_timeout: 1500ms\n");
+    let (e, _) = injection_estate(&server, "L3", &settings);
+    let started = std::time::Instant::now();
+    let (code, report, _) = run_model(&e, "inj", "h");
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["verdict"], "ok", "{report:#}");
+    assert!(
+        started.elapsed() > Duration::from_secs(6),
+        "the answers streamed for longer than model.timeout: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        report["final_answer"]
+            .as_str()
+            .unwrap()
+            .ends_with("needs a change."),
+        "the whole answer: {report:#}"
+    );
+    // The requests asked for a stream.
+    assert_eq!(server.requests()[0].1["stream"], true);
+
+    // In the daemon, a turn being written shows in /metrics.
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        format!("{settings}listen: 127.0.0.1:0\naudit_head: none\n"),
+    )
+    .unwrap();
+    let mut serve = e.cmd(&["serve"]);
+    serve.env("RUNWARDEN_MODEL_KEY", KEY);
+    let (child, addr) = start_serve(serve);
+    let _daemon = Proc(child);
+    let (status, _) = http(
+        &addr,
+        "POST",
+        "/api/v1/runs",
+        &json!({ "runbook": "inj", "hosts": ["h"] }).to_string(),
+    )
+    .unwrap();
+    assert_eq!(status, 202);
+    wait_for(
+        "a turn in progress in /metrics",
+        Duration::from_secs(30),
+        || {
+            let (_, text) = http(&addr, "GET", "/metrics", "")?;
+            text.lines()
+                .find(|l| l.starts_with("runwarden_model_turn_tokens{model=\"scripted-14b\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .filter(|v| *v > 0.0)
+        },
+    );
+
+    // Silent after two chunks: cut off once the idle timeout passes.
+    let server = ModelServer::start(move |_, _| {
+        streamed(
+            answer("one two three four five six"),
+            vec![slow(100), slow(100), None],
+        )
+    });
+    let (e, _) = injection_estate(
+        &server,
+        "L3",
+        &server.settings_with("2s", 0, "  idle_timeout: 1500ms\n"),
+    );
+    let started = std::time::Instant::now();
+    let (code, report, _) = run_model(&e, "inj", "h");
+    assert_eq!(code, 6, "{report:#}");
+    let why = report["verdict_detail"].as_str().unwrap();
+    assert!(
+        why.contains("went silent for 1s 500ms after writing 2 token(s)"),
+        "{why}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Never starting: model.timeout.
+    let server =
+        ModelServer::start(|_, _| Turn::Sleep(Duration::from_secs(5), Box::new(answer("late"))));
+    let (e, _) = injection_estate(&server, "L3", &server.settings_with("2s", 0, ""));
+    let (code, report, _) = run_model(&e, "inj", "h");
+    assert_eq!(code, 6, "{report:#}");
+    let why = report["verdict_detail"].as_str().unwrap();
+    assert!(why.contains("no answer within 2s (model.timeout"), "{why}");
 }

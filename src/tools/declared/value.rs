@@ -53,18 +53,20 @@ impl ArgType {
     /// A `string` with no `pattern`: the safe characters only.
     pub(crate) fn safe_string(max_length: Option<usize>) -> ArgType {
         ArgType::String {
-            pattern: Regex::new(SAFE_STRING).unwrap_or_else(|_| unreachable_regex()),
+            pattern: SAFE.clone(),
             pattern_text: SAFE_STRING.to_string(),
             max_length: max_length.unwrap_or(255).min(255),
         }
     }
 }
 
-/// A regex that matches nothing (the safe pattern is a constant that
-/// always compiles; this keeps the code free of a panic path).
-fn unreachable_regex() -> Regex {
-    Regex::new("[^\\s\\S]").unwrap_or_else(|_| unreachable_regex())
-}
+/// [`SAFE_STRING`], compiled once.
+#[allow(
+    clippy::expect_used,
+    reason = "a constant pattern, compiled by every test of this module"
+)]
+static SAFE: std::sync::LazyLock<Regex> =
+    std::sync::LazyLock::new(|| Regex::new(SAFE_STRING).expect("a constant pattern compiles"));
 
 /// The refusals a declaration may lift, by name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
