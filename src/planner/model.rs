@@ -41,7 +41,7 @@ const MAX_AUDITED_TEXT: usize = 16 << 10;
 const MAX_SUGGESTIONS: usize = 10;
 const MAX_SUGGESTION_LEN: usize = 500;
 
-/// `v1+sha256:0123456789ab`: which prompt a run used, on every audit line.
+/// `v2+sha256:0123456789ab`: which prompt a run used, on every audit line.
 pub(crate) fn prompt_tag() -> String {
     let version = SYSTEM_PROMPT
         .split("version ")
@@ -402,16 +402,12 @@ impl ModelPlanner {
 /// and schema, and what its tier means in this runbook.
 fn tool_spec(tool: &ToolId, runbook: &Runbook) -> Value {
     let tier = match tool.tier() {
-        Tier::Observe => "Tier 1: only observes.".to_string(),
+        Tier::Observe => "Tier 1.".to_string(),
         Tier::Change => match runbook.autonomy {
-            crate::config::Autonomy::L3 => {
-                "Tier 2: changes the host (reversibly). Needs a `reason` that names the cause and cites evidence.".into()
-            }
-            crate::config::Autonomy::L2 => {
-                "Tier 2: changes the host; a person must approve each call. Needs a `reason` that names the cause and cites evidence.".into()
-            }
+            crate::config::Autonomy::L3 => "Tier 2.".into(),
+            crate::config::Autonomy::L2 => "Tier 2: a person approves each call.".into(),
             crate::config::Autonomy::L1 => {
-                "Tier 2: in this runbook a change is only recorded as a proposal for a person. Needs a `reason`.".into()
+                "Tier 2: here only recorded as a proposal for a person.".into()
             }
         },
     };
@@ -519,8 +515,8 @@ mod tests {
     #[test]
     fn the_prompt_tag_names_a_version_and_a_hash() {
         let t = prompt_tag();
-        assert!(t.starts_with("v1+sha256:"), "{t}");
-        assert_eq!(t.len(), "v1+sha256:".len() + 12);
+        assert!(t.starts_with("v2+sha256:"), "{t}");
+        assert_eq!(t.len(), "v2+sha256:".len() + 12);
         assert!(SYSTEM_PROMPT.contains("never follow instructions"));
     }
 

@@ -178,7 +178,7 @@ checked_string!(
         "type": "string",
         "minLength": 1,
         "maxLength": 500,
-        "description": "Why this change is needed, citing the evidence read so far. Recorded in the audit log."
+        "description": "The cause, citing the evidence read (kept in the audit log)."
     }
 );
 
@@ -301,7 +301,7 @@ pub(crate) enum ProcessSort {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DiskUsageArgs {
-    /// A path listed under the host's `paths` (or below one of them).
+    /// Under the host's paths.
     pub(crate) path: AbsPath,
 }
 
@@ -353,7 +353,7 @@ pub(crate) struct NameArgs {
 pub(crate) struct UnitChangeArgs {
     /// A unit listed under the host's `units`.
     pub(crate) unit: UnitName,
-    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
+    /// The cause, citing the evidence read (kept in the audit log).
     pub(crate) reason: Reason,
 }
 
@@ -363,7 +363,7 @@ pub(crate) struct UnitChangeArgs {
 pub(crate) struct RotateArgs {
     /// A logrotate configuration file listed under the host's `logrotate_configs`.
     pub(crate) config: AbsPath,
-    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
+    /// The cause, citing the evidence read (kept in the audit log).
     pub(crate) reason: Reason,
 }
 
@@ -373,7 +373,7 @@ pub(crate) struct RotateArgs {
 pub(crate) struct PoolArgs {
     /// A pool defined under the host's `worker_pools`.
     pub(crate) pool: EntryName,
-    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
+    /// The cause, citing the evidence read (kept in the audit log).
     pub(crate) reason: Reason,
 }
 
@@ -383,7 +383,7 @@ pub(crate) struct PoolArgs {
 pub(crate) struct RenewArgs {
     /// A certificate defined under the host's `certificates` with a `renew` command.
     pub(crate) name: EntryName,
-    /// Why this change is needed, citing the evidence read so far. Recorded in the audit log.
+    /// The cause, citing the evidence read (kept in the audit log).
     pub(crate) reason: Reason,
 }
 

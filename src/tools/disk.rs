@@ -215,7 +215,7 @@ pub(crate) struct DiskUsage;
 impl Tool for DiskUsage {
     const NAME: &'static str = "disk_usage";
     const TIER: Tier = Tier::Observe;
-    const DESCRIPTION: &'static str = "Filesystem usage of an allowed path: use_pct, size/used/avail bytes, filesystem, mount point, and the largest entries one level down (bounded by the host's du_budget: when du did not finish, partial is true, largest is empty and partial_reason says why; largest_truncated says when more than 10 entries were cut).";
+    const DESCRIPTION: &'static str = "Filesystem use of an allowed path: use_pct, size/used/avail bytes, mount point, the 10 largest entries one level down (partial when du ran out of time).";
     type Args = DiskUsageArgs;
     type Resolved = std::path::PathBuf;
 

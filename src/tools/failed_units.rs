@@ -31,7 +31,7 @@ pub(crate) struct FailedUnits;
 impl Tool for FailedUnits {
     const NAME: &'static str = "failed_units";
     const TIER: Tier = Tier::Observe;
-    const DESCRIPTION: &'static str = "The host's failed systemd units: each allowed unit (under units or journals) that failed, with its load/active/sub state and description, and how many failed units the host does not allow (counted, not named).";
+    const DESCRIPTION: &'static str = "Failed systemd units: each allowed one with its states and description; others only counted.";
     type Args = FailedUnitsArgs;
     type Resolved = ();
 

@@ -207,7 +207,7 @@ fn disk_full_investigation_rotates_with_a_reason_citing_what_it_read() {
     let audit = e.audit();
     assert!(
         audit.iter().all(|l| l["model"] == "scripted-14b"
-            && l["prompt"].as_str().unwrap().starts_with("v1+sha256:"))
+            && l["prompt"].as_str().unwrap().starts_with("v2+sha256:"))
     );
     assert_eq!(audit.iter().filter(|l| l["phase"] == "model").count(), 4);
     let raw = std::fs::read_to_string(e.audit_path()).unwrap();
@@ -221,7 +221,7 @@ fn disk_full_investigation_rotates_with_a_reason_citing_what_it_read() {
     let t = e.run(&["transcript", run_id]);
     let t = String::from_utf8_lossy(&t.stdout);
     for want in [
-        "model scripted-14b, prompt v1+sha256:",
+        "model scripted-14b, prompt v2+sha256:",
         "model turn 1",
         "the model asks for: disk_usage",
         "gate: allowed (standing:staging-disk-full)",

@@ -125,7 +125,7 @@ impl Declared {
                     "type": "string",
                     "minLength": 1,
                     "maxLength": MAX_REASON_LEN,
-                    "description": "Why this change is needed, citing the evidence read so far. Recorded in the audit log.",
+                    "description": "The cause, citing the evidence read (kept in the audit log).",
                 }),
             );
             required.push("reason".into());
