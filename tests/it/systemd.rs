@@ -14,6 +14,8 @@ use serde_json::Value;
 
 use crate::util::*;
 
+mod realmodel;
+
 fn estate_script() -> PathBuf {
     repo().join("tests/estate/systemd-hosts.sh")
 }
