@@ -447,6 +447,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             keys: Vec::new(),
             planner: Default::default(),
             together: None,
+            agent: None,
         })
         .collect();
     match s.scheduler.submit_all(reqs).await {

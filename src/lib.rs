@@ -82,6 +82,7 @@ pub mod host;
 pub mod http;
 pub mod install;
 pub mod logging;
+pub(crate) mod mcp;
 pub mod metrics;
 pub mod plan;
 pub mod planner;

@@ -957,6 +957,7 @@ impl Scheduler {
                 alert: None,
                 keys: Vec::new(),
                 together: None,
+                agent: None,
             },
         );
         info.planner = String::new();

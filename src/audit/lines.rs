@@ -342,6 +342,9 @@ impl AuditLog {
         if let Some(a) = &req.alert {
             detail["alert"] = alert_record(a, &req.alerts_seen());
         }
+        if let Some(slot) = &req.agent {
+            detail["client"] = crate::text::one_line(&slot.client).into();
+        }
         if trigger == Trigger::Cli {
             // A person's run says whose it was (and, under sudo, who asked).
             detail["user"] = crate::gate::killswitch::who().into();

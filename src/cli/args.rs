@@ -131,6 +131,18 @@ pub(crate) enum Command {
         #[arg(long)]
         alert: Option<PathBuf>,
     },
+    /// Serve one MCP session on stdin and stdout: an agent's tool calls are
+    /// one run of RUNBOOK on HOST, each through the gate.
+    Mcp {
+        /// The runbook whose scope the agent works in.
+        runbook: String,
+        /// The host.
+        #[arg(long)]
+        host: String,
+        /// The configuration directory (see `run`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// List runs from the audit log: every run of any process, across restarts.
     Runs {
         /// Only this runbook's runs.

@@ -244,6 +244,18 @@ async fn dispatch(cli: Cli) -> Exit {
             Ok(0)
         }
         Command::Man { dir } => man::man(dir.as_deref()),
+        Command::Mcp {
+            runbook,
+            host,
+            config,
+        } => {
+            let runner = run::runner(&config_dir(config)?).await?;
+            match crate::mcp::stdio::serve(runner, &runbook, &host).await {
+                Ok(Some(report)) => Ok(report.verdict.exit_code()),
+                Ok(None) => Ok(0),
+                Err(why) => Err(Failed::usage(why)),
+            }
+        }
         Command::Run {
             runbook,
             host,

@@ -14,14 +14,15 @@ use crate::run::Runner;
 use crate::run::StartError;
 use crate::verdict::Verdict;
 
-pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
+/// A runner for a run of this process, on the config in `dir`: its audit
+/// log, and with shared state its store (the run holds its lease like the
+/// daemon's runs do, and sees the fleet's demotions as they stand now).
+pub(super) async fn runner(dir: &Path) -> Result<Runner, Failed> {
     let cfg = load(dir)?;
     let audit = AuditLog::open_with(&cfg.settings.audit_log, cfg.settings.audit_rotation.clone())
         .map_err(|e| Failed::code(Verdict::Broken.exit_code(), e))?;
     let store = crate::store::Postgres::from_settings(&cfg.settings).map_err(Failed::usage)?;
     let mut runner = Runner::new(Arc::new(cfg), Arc::new(audit));
-    // With shared state, the run holds its lease like the daemon's runs do,
-    // and sees the fleet's demotions as they stand when it starts.
     if let Some(store) = &store {
         let fleet = store.demotions().await.map_err(|e| {
             Failed::code(
@@ -33,6 +34,11 @@ pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
         runner.demotions = runner.demotions.with_fleet(Some(store.demoted.clone()));
     }
     runner.store = store;
+    Ok(runner)
+}
+
+pub(super) async fn run(dir: &Path, req: RunRequest, json: bool) -> Exit {
+    let mut runner = runner(dir).await?;
     // On a terminal, a model's turn shows how far it has come (a CPU model
     // takes minutes a turn); elsewhere nothing extra is written.
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());

@@ -6,6 +6,7 @@
 //! both in that order (`agent.after_steps`), the model then starting from
 //! the steps' findings.
 
+pub(crate) mod agent;
 pub(crate) mod model;
 pub mod openai;
 pub(crate) mod steps;
@@ -13,6 +14,7 @@ pub(crate) mod steps;
 use serde_json::{Map, Value};
 
 use crate::gate::{Denial, ProposedCall};
+pub(crate) use agent::{AgentPlanner, Asked};
 pub(crate) use model::{ModelPlanner, ModelTurn};
 pub(crate) use steps::StepsPlanner;
 
@@ -89,10 +91,11 @@ pub(crate) enum PlannerChoice {
     Model,
 }
 
-/// The steps, then the model, whichever the run has.
+/// The steps, then the model, whichever the run has; or an outside agent.
 pub(crate) struct Planner {
     steps: Option<StepsPlanner>,
     model: Option<ModelPlanner>,
+    agent: Option<AgentPlanner>,
     name: &'static str,
 }
 
@@ -104,7 +107,22 @@ impl Planner {
             (None, Some(_)) => "model",
             _ => "steps",
         };
-        Planner { steps, model, name }
+        Planner {
+            steps,
+            model,
+            agent: None,
+            name,
+        }
+    }
+
+    /// A planner that is an outside agent's calls (over MCP).
+    pub(crate) fn agent(agent: AgentPlanner) -> Planner {
+        Planner {
+            steps: None,
+            model: None,
+            agent: Some(agent),
+            name: "mcp",
+        }
     }
 
     /// `steps` or `model`: which one is planning now.
@@ -127,6 +145,9 @@ impl Planner {
 
     /// The next thing to do; `admit` is asked before every model request.
     pub(crate) async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
+        if let Some(agent) = &mut self.agent {
+            return agent.next(transcript).await;
+        }
         if let Some(steps) = &mut self.steps {
             match steps.next(transcript) {
                 Next::Finish => self.steps = None,

@@ -435,7 +435,17 @@ impl Runner {
         };
         let executor = Executor::for_host(&host, run_id, &self.config.settings.permit_key_file);
         let context = req.template_context(run_id);
-        let planner = self.planner(&runbook, &host, req.planner, context)?;
+        // An MCP session's run: the agent on the other end plans it.
+        let agent = req.agent.as_ref().and_then(|slot| {
+            slot.planner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+        });
+        let planner = match agent {
+            Some(agent) => Planner::agent(agent),
+            None => self.planner(&runbook, &host, req.planner, context)?,
+        };
         let info = RunInfo {
             run_id: run_id.to_string(),
             runbook: runbook.name.clone(),

@@ -320,6 +320,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                     })),
                     keys: keys(),
                     together: None,
+                    agent: None,
                 })),
                 None => out.push(Candidate::OutOfScope {
                     runbook: rb.name.clone(),

@@ -146,6 +146,7 @@ fn fire_requests(cfg: &Config, rb: &crate::config::Runbook, fired: &Zoned) -> Ve
             trigger: Trigger::Schedule,
             alert: None,
             together: None,
+            agent: None,
             keys: vec![format!("cron:{}", fired.timestamp())],
         })
         .collect()

@@ -32,6 +32,8 @@ pub enum Trigger {
     Alert,
     /// `POST /api/v1/runs`: a person or a tool asked the daemon.
     Api,
+    /// An agent over MCP: each of its tool calls is a step of the run.
+    Mcp,
 }
 
 impl Trigger {
@@ -42,6 +44,7 @@ impl Trigger {
             Trigger::Schedule => "schedule",
             Trigger::Alert => "alert",
             Trigger::Api => "api",
+            Trigger::Mcp => "mcp",
         }
     }
 }
@@ -69,6 +72,18 @@ pub struct RunRequest {
     /// shared by each of their requests. A notification of thousands of
     /// alerts for one pair is one list, not a copy of it per alert.
     pub(crate) together: Option<std::sync::Arc<Together>>,
+    /// An MCP session's run: the agent that plans its calls, taken by the
+    /// run when it starts.
+    pub(crate) agent: Option<std::sync::Arc<AgentSlot>>,
+}
+
+/// Where an MCP session's agent waits for the run that it plans.
+#[derive(Debug)]
+pub(crate) struct AgentSlot {
+    /// Who the agent is (`name version`, from the client's own word).
+    pub(crate) client: String,
+    /// Taken by the run when it starts.
+    pub(crate) planner: std::sync::Mutex<Option<crate::planner::AgentPlanner>>,
 }
 
 /// How many of a notification's alerts for one (runbook, host) its run
@@ -146,6 +161,7 @@ impl RunRequest {
             keys: q.keys,
             planner: q.planner,
             together,
+            agent: None,
         })
     }
 
@@ -200,6 +216,7 @@ impl RunRequest {
             keys: Vec::new(),
             planner: Default::default(),
             together: None,
+            agent: None,
         }
     }
 }

@@ -1,0 +1,1 @@
+//! The daemon's `/mcp`: MCP's streamable HTTP transport (to come).
