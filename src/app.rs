@@ -226,12 +226,21 @@ pub async fn serve(
         config_watch,
     ));
 
+    let mcp = crate::mcp::http::endpoint(
+        Arc::new(crate::mcp::http::Daemon {
+            config: config_rx.clone(),
+            scheduler: scheduler.clone(),
+            open: metrics.mcp_sessions.clone(),
+        }),
+        config.settings.mcp_idle_timeout,
+    );
     let state = AppState {
         config: config_rx,
         scheduler: scheduler.clone(),
         metrics,
         audit,
         token,
+        mcp,
     };
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
@@ -263,15 +272,7 @@ pub async fn serve(
 }
 
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
-    let text = crate::secret::read_file(file, "webhook_token_file")?;
-    let token = text.trim();
-    if token.len() < 16 {
-        bail!(
-            "the webhook token in {} is shorter than 16 characters",
-            file.display()
-        );
-    }
-    Ok(token.as_bytes().to_vec())
+    Ok(crate::secret::read_token(file, "webhook_token_file")?.into_bytes())
 }
 
 /// Keep `runwarden_approval_oldest_pending_seconds` current: how long the

@@ -59,6 +59,8 @@ pub(crate) struct AppState {
     pub(crate) audit: Arc<AuditLog>,
     /// The bearer token the API requires (re-read on SIGHUP).
     pub(crate) token: Arc<std::sync::RwLock<WebhookToken>>,
+    /// `/mcp`: MCP sessions of agents (see [`crate::mcp::http`]).
+    pub(crate) mcp: crate::mcp::http::Endpoint,
 }
 
 /// Connections served at once; more wait in the kernel's backlog.
@@ -67,6 +69,8 @@ pub(crate) const MAX_CONNECTIONS: usize = 256;
 pub(crate) const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long one request may take, its body included.
 pub(crate) const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long one `/mcp` request may take (a call waiting for a person).
+pub(crate) const MCP_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Serve `router` on `listener` until `stop` turns true, then let the
 /// connections in flight finish their current request.
@@ -102,9 +106,16 @@ pub(crate) async fn serve(
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let router = router.clone();
                     async move {
+                        // An MCP call may wait minutes (a person's
+                        // approval): the session's own idle timeout and the
+                        // run's budget bound it, not the request timeout.
+                        let limit = match req.uri().path().starts_with("/mcp") {
+                            true => MCP_REQUEST_TIMEOUT,
+                            false => REQUEST_TIMEOUT,
+                        };
                         let call = tower_service::Service::call(&mut router.into_service(), req);
                         Ok::<_, std::convert::Infallible>(
-                            match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+                            match tokio::time::timeout(limit, call).await {
                                 Ok(Ok(resp)) => resp,
                                 Ok(Err(never)) => match never {},
                                 Err(_) => problem(
@@ -154,9 +165,69 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/v1/approvals", get(approvals_list))
         .route("/api/v1/approvals/{id}", get(approval_show))
         .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
+        .route("/mcp", axum::routing::any(mcp))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(guarded, guard))
         .with_state(state)
+}
+
+/// `/mcp`: only with `mcp_token_file` set (404 without), only with its
+/// token, never from a web page; then MCP's streamable HTTP transport.
+async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response {
+    let config = s.config.borrow().clone();
+    let Some(file) = config.settings.mcp_token_file.clone() else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "no MCP endpoint: set mcp_token_file in runwarden.yaml",
+        );
+    };
+    let headers = req.headers();
+    if from_a_web_page(headers) {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "requests from a web page are refused: connect an MCP client",
+        );
+    }
+    // Read at every request: a token changed or revoked counts at once.
+    let token = match tokio::task::spawn_blocking(move || {
+        crate::secret::read_token(&file, "mcp_token_file")
+    })
+    .await
+    {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return mcp_unavailable(e.to_string()),
+        Err(e) => return mcp_unavailable(format!("the reading thread failed: {e}")),
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !crate::same_secret(given.trim().as_bytes(), token.as_bytes()) {
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            "an MCP client needs `Authorization: Bearer` with the token of mcp_token_file",
+        );
+    }
+    s.mcp.handle(req).await
+}
+
+/// Whether a browser sent the request (a page's script, a form): the API
+/// and `/mcp` answer programs, never a web page a person happens to open.
+fn from_a_web_page(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(header::ORIGIN)
+        || headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() != b"none")
+}
+
+/// `/mcp` while its token cannot be read: 503, and why in the log only.
+fn mcp_unavailable(why: String) -> Response {
+    tracing::warn!("/mcp answers 503: {why}");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the MCP token file cannot be read (the daemon's log says why); retry once it is fixed",
+    )
 }
 
 /// The webhook token in force.
@@ -183,11 +254,7 @@ async fn guard(
         return next.run(req).await;
     }
     let headers = req.headers();
-    if headers.contains_key(header::ORIGIN)
-        || headers
-            .get("sec-fetch-site")
-            .is_some_and(|v| v.as_bytes() != b"none")
-    {
+    if from_a_web_page(headers) {
         return problem(
             StatusCode::FORBIDDEN,
             "requests from a web page are refused: call the API from Alertmanager, curl or the runwarden CLI",

@@ -95,6 +95,8 @@ pub(crate) struct Metrics {
     /// `runwarden_model_turn_tokens{model}`: tokens the model has written in
     /// the turn it is writing now (0 between turns).
     pub(crate) model_turn_tokens: GaugeVec,
+    /// `runwarden_mcp_sessions_open`: agents' MCP sessions of `/mcp` now.
+    pub(crate) mcp_sessions: IntGauge,
     /// `runwarden_host_transport_errors_total`.
     pub(crate) transport_errors: IntCounterVec,
 }
@@ -234,6 +236,16 @@ impl Metrics {
                 "Tokens the model endpoint reported using, by kind (prompt, completion).",
                 &["model", "kind"],
             ),
+            mcp_sessions: {
+                let g = IntGauge::new(
+                    "runwarden_mcp_sessions_open",
+                    "MCP sessions of agents open on the daemon's /mcp now (each holds one run).",
+                )
+                .expect("metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
             model_claims: counter(
                 r,
                 "runwarden_model_claims_total",

@@ -35,6 +35,10 @@ pub(crate) struct Reports {
     /// Runs of this daemon whose report is not kept yet: their verdict line
     /// may already be in the log, but for the API they end with the report.
     finishing: Mutex<std::collections::HashSet<String>>,
+    /// Runs that could not start, and why (as many as reports are kept).
+    unstarted: Mutex<VecDeque<(String, String)>>,
+    /// Bumped as each run ends here: what waits for one looks again.
+    ended: watch::Sender<u64>,
 }
 
 const KEEP_REPORTS: usize = 500;
@@ -47,19 +51,56 @@ impl Reports {
             .insert(run_id.to_string());
     }
 
-    /// The run is over here: its report, if it got one, is kept first.
-    fn done(&self, run_id: &str, report: Option<RunReport>) {
-        if let Some(report) = report {
-            let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-            reports.push_back(report);
-            while reports.len() > KEEP_REPORTS {
-                reports.pop_front();
+    /// The run is over here: its report, or why it could not start, is
+    /// kept first.
+    fn done(&self, run_id: &str, report: Result<RunReport, String>) {
+        match report {
+            Ok(report) => {
+                let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+                reports.push_back(report);
+                while reports.len() > KEEP_REPORTS {
+                    reports.pop_front();
+                }
+            }
+            Err(why) => {
+                let mut unstarted = self.unstarted.lock().unwrap_or_else(|p| p.into_inner());
+                unstarted.push_back((run_id.to_string(), why));
+                while unstarted.len() > KEEP_REPORTS {
+                    unstarted.pop_front();
+                }
             }
         }
         self.finishing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(run_id);
+        self.ended.send_modify(|n| *n += 1);
+    }
+
+    /// Why run `run_id` could not start, if it could not.
+    fn unstarted(&self, run_id: &str) -> Option<String> {
+        let unstarted = self.unstarted.lock().unwrap_or_else(|p| p.into_inner());
+        unstarted
+            .iter()
+            .find(|(id, _)| id == run_id)
+            .map(|(_, why)| why.clone())
+    }
+
+    /// Wait for run `run_id` of this daemon to end: its report, or why it
+    /// could not start.
+    pub(crate) async fn ended(&self, run_id: &str) -> Result<RunReport, String> {
+        let mut ended = self.ended.subscribe();
+        loop {
+            if let Some(report) = self.get(run_id) {
+                return Ok(report);
+            }
+            if let Some(why) = self.unstarted(run_id) {
+                return Err(why);
+            }
+            if ended.changed().await.is_err() {
+                return Err("runwarden is stopping".into());
+            }
+        }
     }
 
     /// Whether this daemon is still finishing the run (its report is not kept yet).
@@ -272,10 +313,17 @@ impl Scheduler {
         // 1. What this daemon says alone, and what it asks admission.
         let mut engaged: HashMap<String, bool> = HashMap::new();
         let mut alone: Vec<Option<TriggerResult>> = Vec::with_capacity(candidates.len());
+        // With shared state, the permits of the runs this replica claims now.
+        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
+        if self.store.is_some() {
+            self.apply_limit(&config);
+        }
         for c in candidates {
             alone.push(match c {
                 Candidate::Run(_) if give_up => Some(TriggerResult::Pending),
-                Candidate::Run(req) => self.alone(&config, req, &mut engaged),
+                Candidate::Run(req) => self
+                    .alone(&config, req, &mut engaged)
+                    .or_else(|| self.agent_permit(req, &mut held)),
                 Candidate::OutOfScope { .. } => Some(TriggerResult::OutOfScope),
                 Candidate::NoMatch { .. } => Some(TriggerResult::NoMatch),
                 Candidate::Invalid { .. } => Some(TriggerResult::Invalid),
@@ -313,13 +361,11 @@ impl Scheduler {
         // shared state this replica claims only the runs it has a permit for
         // now; the fleet's queue keeps the others for whichever replica
         // frees one first.
-        let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
         // A schedule fires on every replica at once: its runs all go to the
         // fleet's queue, so no replica holds permits idle while its
         // admission of the same fire waits on another's row locks.
         let fire = a_fire(candidates);
         if self.store.is_some() && !fire {
-            self.apply_limit(&config);
             while held.len() < asks.len()
                 && let Ok(permit) = self.permits.clone().try_acquire_owned()
             {
@@ -637,6 +683,28 @@ impl Scheduler {
         stopped.then_some(TriggerResult::KillSwitch)
     }
 
+    /// An agent's session plans its run on this replica, so with shared
+    /// state its run never goes to the fleet's queue: it takes a permit now
+    /// (MCP submits its run alone, so admission gives it that permit), or
+    /// is `pending` while every permit is busy (asked again for a while,
+    /// then the agent is told to retry).
+    fn agent_permit(
+        &self,
+        req: &RunRequest,
+        held: &mut Vec<OwnedSemaphorePermit>,
+    ) -> Option<TriggerResult> {
+        if req.agent.is_none() || self.store.is_none() {
+            return None;
+        }
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                held.push(permit);
+                None
+            }
+            Err(_) => Some(TriggerResult::Pending),
+        }
+    }
+
     /// Whether this daemon is shutting down (it starts no new run).
     pub(crate) fn stopping(&self) -> bool {
         *self.shutdown.borrow()
@@ -831,7 +899,11 @@ impl Scheduler {
             _ => None,
         };
         let handed = handed_to.is_some()
-            || (outcome.is_err() && self.stopping() && self.store.is_none() && !req.dry_run);
+            || (outcome.is_err()
+                && self.stopping()
+                && self.store.is_none()
+                && !req.dry_run
+                && req.agent.is_none());
         let verdict = match &outcome {
             Ok(report) => report.verdict,
             Err(_) if handed => Verdict::Halted,
@@ -886,7 +958,8 @@ impl Scheduler {
                 tracing::error!(%run_id, "verdict line not written: {err}");
             }
         }
-        self.reports.done(run_id, outcome.ok());
+        self.reports
+            .done(run_id, outcome.map_err(|e| e.to_string()));
     }
 
     /// Resolved alerts withdraw the approval requests of the runs they
@@ -1082,8 +1155,14 @@ fn handed_back(
         let trigger =
             serde_json::from_value::<crate::trigger::Trigger>(detail["trigger"].clone()).ok();
         match trigger {
+            // A command's run and an agent's session end with their caller.
             Some(trigger)
-                if known && stopped > since && trigger != crate::trigger::Trigger::Cli =>
+                if known
+                    && stopped > since
+                    && !matches!(
+                        trigger,
+                        crate::trigger::Trigger::Cli | crate::trigger::Trigger::Mcp
+                    ) =>
             {
                 keys.push(crate::audit::runs::resumes_key(&began.run_id));
                 let mut req = RunRequest::cli(began.runbook.clone(), began.host.clone(), false);
@@ -1098,7 +1177,7 @@ fn handed_back(
                 began.run_id,
                 began.runbook,
                 began.host,
-                if !known { "its runbook or host is no longer in the configuration" } else if stopped <= since { "it was stopped more than an hour ago" } else { "a person started it" }
+                if !known { "its runbook or host is no longer in the configuration" } else if stopped <= since { "it was stopped more than an hour ago" } else { "a person or an agent's session started it" }
             ),
         }
     }

@@ -36,6 +36,14 @@ pub enum SecretError {
         /// Its permission bits.
         mode: u32,
     },
+    /// A bearer token shorter than 16 characters: guessable.
+    #[error("the token in {what} {} is shorter than 16 characters", path.display())]
+    Short {
+        /// Which secret.
+        what: String,
+        /// The file.
+        path: PathBuf,
+    },
     /// The environment variable that should hold a key is not set.
     #[error("{setting}: the environment variable {var} is not set")]
     Unset {
@@ -82,6 +90,20 @@ pub(crate) fn read_file(path: &Path, what: &str) -> Result<String, SecretError> 
     std::io::Read::read_to_string(&mut std::io::Read::take(file, 64 << 10), &mut text)
         .map_err(|e| read(e.into()))?;
     Ok(text)
+}
+
+/// A bearer token from `path` (the setting `what` names it): an owner-only
+/// file of at least 16 characters, surrounding whitespace aside.
+pub(crate) fn read_token(path: &Path, what: &str) -> Result<String, SecretError> {
+    let text = read_file(path, what)?;
+    let token = text.trim();
+    if token.len() < 16 {
+        return Err(SecretError::Short {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(token.to_string())
 }
 
 /// `bytes` with every occurrence of `secret` replaced by [`REDACTED`].

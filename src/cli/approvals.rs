@@ -142,7 +142,15 @@ where
         field("tool"),
         shown["args"]
     );
-    println!("reason: {}", field("reason"));
+    match shown["agent"].as_str() {
+        // An agent's reason is its own word, as is its name.
+        Some(agent) => println!(
+            "reason (from agent {}): {}",
+            crate::text::one_line(agent),
+            field("reason")
+        ),
+        None => println!("reason: {}", field("reason")),
+    }
     let body = serde_json::json!({ "digest": shown["digest"], "comment": comment });
     let action = if approve { "approve" } else { "deny" };
     let decided = call(

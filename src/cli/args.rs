@@ -38,9 +38,12 @@ pub enum LogFormat {
 impl Cli {
     /// The log filter: `--log-level`, else RUNWARDEN_LOG, else the command's default.
     pub fn log_filter(&self) -> String {
+        // The MCP library's own lines are about the protocol (a client
+        // trying a newer revision first, each session's handshake): only
+        // its errors are the operator's business.
         let default = match self.command {
-            Command::Serve { .. } => "info",
-            _ => "warn",
+            Command::Serve { .. } => "info,rmcp=error",
+            _ => "warn,rmcp=error",
         };
         self.log_level
             .clone()

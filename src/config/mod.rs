@@ -111,6 +111,10 @@ pub struct Settings {
     pub(crate) postgres: Option<SharedState>,
     /// This daemon's name among several: `replica`, or the hostname.
     pub(crate) replica: String,
+    /// The bearer token of the daemon's `/mcp` (owner-only); `None`: no `/mcp` (404).
+    pub(crate) mcp_token_file: Option<PathBuf>,
+    /// How long an MCP session of the daemon may be idle before it ends.
+    pub(crate) mcp_idle_timeout: Duration,
 }
 
 /// `audit_rotation:`: when the audit log's current file becomes a segment,
@@ -389,7 +393,14 @@ fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             })
             .unwrap_or_else(|| "localhost".into()),
     };
+    let mcp_idle_timeout = settings
+        .mcp_idle_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "mcp_idle_timeout", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(600));
     Settings {
+        mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
+        mcp_idle_timeout,
         model,
         fleet_budget,
         postgres,
@@ -483,15 +494,14 @@ impl Config {
                 format!("refusing to listen on {listen} without a webhook token: set webhook_token_file in runwarden.yaml, or listen on 127.0.0.1"),
             ),
             None => {}
-            Some(f) => {
-                match crate::secret::read_file(f, "webhook_token_file") {
-                    Err(e) => diags.file(&settings_file, e.to_string()),
-                    Ok(t) if t.trim().len() < 16 => diags.file(
-                        &settings_file,
-                        format!("the webhook token in {} is shorter than 16 characters", f.display()),
-                    ),
-                    Ok(_) => {}
-                }
+            Some(_) => {}
+        }
+        for (file, what) in [
+            (&s.webhook_token_file, "webhook_token_file"),
+            (&s.mcp_token_file, "mcp_token_file"),
+        ] {
+            if let Some(Err(e)) = file.as_ref().map(|f| crate::secret::read_token(f, what)) {
+                diags.file(&settings_file, e.to_string());
             }
         }
         match &s.approvers_file {

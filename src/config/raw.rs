@@ -46,6 +46,10 @@ pub(crate) struct Settings {
     pub(crate) state: Option<State>,
     /// This daemon's name among several (default: the hostname).
     pub(crate) replica: Option<S<String>>,
+    /// The bearer token of the daemon's `/mcp` (none: no `/mcp`).
+    pub(crate) mcp_token_file: Option<S<String>>,
+    /// How long an MCP session may be idle before it ends.
+    pub(crate) mcp_idle_timeout: Option<S<String>>,
 }
 
 /// `audit_rotation:` in runwarden.yaml.

@@ -264,6 +264,10 @@ pub(crate) enum PlannedBy {
     /// A model toward its `agent.goal` (the default for a runbook with
     /// only a goal).
     Model,
+    /// An outside agent over MCP (`planner: mcp`), toward its `agent.goal`
+    /// when it has one: the runbook is the scope the agent works in, and
+    /// only an agent's session starts a run of it.
+    Mcp,
 }
 
 impl PlannedBy {
@@ -272,6 +276,7 @@ impl PlannedBy {
         match self {
             PlannedBy::Steps => "steps",
             PlannedBy::Model => "model",
+            PlannedBy::Mcp => "mcp",
         }
     }
 }
@@ -648,7 +653,8 @@ pub(super) fn validate(
                 "agent.goal is empty: say what to find out, what a good fix is and what must not be done",
             );
         }
-        if raw.steps.is_empty() && !model_configured {
+        let by_agent = raw.planner.as_ref().is_some_and(|p| p.value == "mcp");
+        if raw.steps.is_empty() && !model_configured && !by_agent {
             diags.at(
                 file,
                 a.referenced,
@@ -706,12 +712,37 @@ pub(super) fn validate(
                 PlannedBy::Model
             }
             "model" => PlannedBy::Model,
+            "mcp" => {
+                if let Some(step) = raw.steps.first() {
+                    diags.at(
+                        file,
+                        step.referenced,
+                        "planner: mcp, but the runbook has steps: an agent plans every call of its runs, so they would never run (remove them, or plan the runbook by its steps)",
+                    );
+                }
+                for (what, at) in [
+                    ("schedule", raw.schedule.as_ref().map(|s| s.referenced)),
+                    (
+                        "on_alert",
+                        raw.on_alert.as_ref().map(|a| a.host_label.referenced),
+                    ),
+                ] {
+                    if let Some(at) = at {
+                        diags.at(
+                            file,
+                            at,
+                            format!("planner: mcp, but the runbook has `{what}:`: only an agent's MCP session starts its runs (remove `{what}:`)"),
+                        );
+                    }
+                }
+                PlannedBy::Mcp
+            }
             other => {
                 diags.at(
                     file,
                     p.referenced,
                     format!(
-                        "planner: {:?} is neither `steps` nor `model`",
+                        "planner: {:?} is not `steps`, `model` or `mcp`",
                         other.escape_debug().to_string()
                     ),
                 );
@@ -719,7 +750,7 @@ pub(super) fn validate(
             }
         },
     };
-    if raw.steps.is_empty() && agent.is_none() {
+    if raw.steps.is_empty() && agent.is_none() && planner != PlannedBy::Mcp {
         diags.at(
             file,
             raw.name.referenced,

@@ -67,6 +67,8 @@ pub(crate) enum Cancel {
     Shutdown,
     /// The run's `max_duration` is spent.
     MaxDuration,
+    /// The agent that asked for the call went away (its MCP session ended).
+    AgentGone,
 }
 
 impl std::fmt::Display for Cancel {
@@ -75,6 +77,9 @@ impl std::fmt::Display for Cancel {
             Cancel::KillSwitch(why) => f.write_str(why),
             Cancel::Shutdown => f.write_str("runwarden is shutting down"),
             Cancel::MaxDuration => f.write_str("the run's max_duration is spent"),
+            Cancel::AgentGone => {
+                f.write_str("the agent that asked for the call went away (its MCP session ended)")
+            }
         }
     }
 }
@@ -138,6 +143,10 @@ pub(crate) struct Request {
     /// resolved alert withdraws the requests of the runs it started.
     #[serde(default)]
     pub(crate) keys: Vec<String>,
+    /// The agent that asks for the call, by its own word (`name version`),
+    /// when an agent plans the run over MCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) agent: Option<String>,
     /// Where it stands.
     #[serde(flatten)]
     pub(crate) state: State,
@@ -552,6 +561,7 @@ mod tests {
             created_at: String::new(),
             expires_at: String::new(),
             keys: vec!["fp:abc".into()],
+            agent: None,
             state: State::Pending,
         }
     }

@@ -196,6 +196,9 @@ pub(crate) enum DenyReason {
     /// L2: the alert that started the run resolved while the call waited
     /// for a person; the request was withdrawn (`on_resolved`).
     AlertResolved,
+    /// L2: the agent that asked for the call (over MCP) went away while it
+    /// waited for a person; the request was withdrawn.
+    AgentGone,
 }
 
 impl DenyReason {
@@ -218,6 +221,7 @@ impl DenyReason {
             DenyReason::Shutdown => "shutdown",
             DenyReason::LeaseLost => "lease_lost",
             DenyReason::AlertResolved => "alert_resolved",
+            DenyReason::AgentGone => "agent_gone",
         }
     }
 
@@ -231,6 +235,7 @@ impl DenyReason {
                 | DenyReason::Shutdown
                 | DenyReason::LeaseLost
                 | DenyReason::AlertResolved
+                | DenyReason::AgentGone
         )
     }
 }
@@ -240,7 +245,11 @@ impl From<DenyReason> for crate::verdict::Verdict {
     fn from(reason: DenyReason) -> crate::verdict::Verdict {
         use crate::verdict::Verdict;
         match reason {
-            DenyReason::KillSwitch | DenyReason::Shutdown => Verdict::Halted,
+            // Stopped from outside the run: the switch, the daemon's stop,
+            // the agent that planned it leaving.
+            DenyReason::KillSwitch | DenyReason::Shutdown | DenyReason::AgentGone => {
+                Verdict::Halted
+            }
             DenyReason::StepLimit => Verdict::StepLimit,
             // Another replica may hold the run now: this one ends as a
             // replica that stopped does.

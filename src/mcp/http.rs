@@ -1,1 +1,382 @@
-//! The daemon's `/mcp`: MCP's streamable HTTP transport (to come).
+//! The daemon's `/mcp`: MCP's streamable HTTP transport, behind a bearer
+//! token of its own (`mcp_token_file`; without one the endpoint is not
+//! there, 404).
+//!
+//! The runbook and host are chosen by the URL the client is given,
+//! `/mcp?runbook=R&host=H`, read on the session's first request. A
+//! session is one run, started through the scheduler as any trigger is
+//! (the kill switch, cooldown, `max_runs`, the run lock, the concurrency
+//! limit); it ends when the client deletes the session, when it has been
+//! idle for `mcp_idle_timeout` (no request open, none for that long; see
+//! [`Endpoint`]), at the run's `max_duration`, or with the
+//! daemon (the run then ends as any run does at a stop). Sessions need the
+//! handshake: this endpoint speaks the revisions up to 2025-11-25, whose
+//! sessions carry `Mcp-Session-Id`; the 2026-07-28 revision has no session
+//! over HTTP to hold a run (on stdio it is served as well).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, InitializeRequestParams, InitializeResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerConfig,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::session::SessionManager;
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use tokio::sync::watch;
+
+use super::{Server, Session, Started, Starter};
+use crate::config::Config;
+use crate::scheduler::Scheduler;
+
+/// The tower service behind `/mcp`.
+type Service = StreamableHttpService<HttpSession, LocalSessionManager>;
+
+/// What every session of the daemon's `/mcp` shares.
+pub(crate) struct Daemon {
+    /// The configuration in force (a session takes it as it stands at its start).
+    pub(crate) config: watch::Receiver<Arc<Config>>,
+    /// Where its run is started.
+    pub(crate) scheduler: Arc<Scheduler>,
+    /// `runwarden_mcp_sessions_open`.
+    pub(crate) open: prometheus::IntGauge,
+}
+
+/// `/mcp`: MCP's streamable HTTP transport, and when each session was
+/// last heard from.
+///
+/// A session ends `idle` after its client's last request ended with no
+/// other request of its still open. The transport's own keep-alive is not
+/// used: it counts what the server sends too, so a call waiting for a
+/// person (its progress every 2 s) would keep a session whose client is
+/// gone alive until someone decided, and a change would be made for
+/// nobody. A disconnect alone does not end a session (the protocol lets a
+/// client come back to its stream).
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    service: Service,
+    sessions: Arc<LocalSessionManager>,
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    idle: Duration,
+}
+
+/// A session's traffic: its requests still open, and when the last ended.
+struct Seen {
+    open: usize,
+    last: Instant,
+}
+
+/// Build `/mcp`; its idle sessions are ended from now on.
+pub(crate) fn endpoint(daemon: Arc<Daemon>, idle: Duration) -> Endpoint {
+    let mut config = SessionConfig::default();
+    config.keep_alive = None;
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config = config;
+    let sessions = Arc::new(sessions);
+    let http = StreamableHttpServerConfig::default()
+        // The daemon's own guard answers for who may call (the bearer
+        // token); its listener may be any address the operator chose.
+        .disable_allowed_hosts()
+        .with_legacy_session_mode(true);
+    let service = StreamableHttpService::new(
+        move || {
+            daemon.open.inc();
+            Ok(HttpSession {
+                daemon: daemon.clone(),
+                bound: OnceLock::new(),
+            })
+        },
+        sessions.clone(),
+        http,
+    );
+    let endpoint = Endpoint {
+        service,
+        sessions,
+        seen: Default::default(),
+        idle,
+    };
+    tokio::spawn(endpoint.clone().reap());
+    endpoint
+}
+
+impl Endpoint {
+    /// Serve one request of `/mcp` (its caller has checked the token).
+    pub(crate) async fn handle(&self, req: axum::extract::Request) -> axum::response::Response {
+        let delete = req.method() == axum::http::Method::DELETE;
+        let asked = session_of(req.headers());
+        if let Some(id) = &asked {
+            self.opened(id);
+        }
+        let mut service = self.service.clone();
+        let resp = match tower_service::Service::call(&mut service, req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        };
+        let id = match asked {
+            Some(id) => Some(id),
+            // The handshake's answer names the new session.
+            None => session_of(resp.headers()).inspect(|id| self.opened(id)),
+        };
+        let (mut parts, body) = resp.into_parts();
+        // A session ended by its client is done, not queued: 204, which
+        // clients take for a clean end (they log 202 as a failure).
+        if delete && parts.status == axum::http::StatusCode::ACCEPTED {
+            parts.status = axum::http::StatusCode::NO_CONTENT;
+        }
+        let body = match id {
+            Some(id) => axum::body::Body::new(Watched {
+                inner: axum::body::Body::new(body),
+                _open: Open {
+                    seen: self.seen.clone(),
+                    id,
+                },
+            }),
+            None => axum::body::Body::new(body),
+        };
+        axum::response::Response::from_parts(parts, body)
+    }
+
+    fn opened(&self, id: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let s = seen.entry(id.to_string()).or_insert(Seen {
+            open: 0,
+            last: Instant::now(),
+        });
+        s.open += 1;
+    }
+
+    /// End the sessions idle for longer than `idle`, and forget those gone.
+    async fn reap(self) {
+        let every = (self.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
+        loop {
+            tokio::time::sleep(every).await;
+            let idle: Vec<String> = {
+                let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                seen.iter()
+                    .filter(|(_, s)| s.open == 0 && s.last.elapsed() >= self.idle)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            };
+            for id in idle {
+                let sid: rmcp::transport::streamable_http_server::session::SessionId =
+                    id.as_str().into();
+                if self.sessions.has_session(&sid).await.unwrap_or(false) {
+                    tracing::info!(session = %id, "MCP session idle for {:?}: ended", self.idle);
+                    let _ = self.sessions.close_session(&sid).await;
+                }
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+            }
+        }
+    }
+}
+
+/// The session a request or an answer names (`Mcp-Session-Id`).
+fn session_of(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+}
+
+/// One request of a session still open: counted until its answer's body
+/// is done with (sent whole, or dropped as its client went away).
+struct Open {
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    id: String,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = seen.get_mut(&self.id) {
+            s.open = s.open.saturating_sub(1);
+            s.last = Instant::now();
+        }
+    }
+}
+
+/// An answer's body, with its request counted open while it is read.
+struct Watched {
+    inner: axum::body::Body,
+    _open: Open,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One session of `/mcp`: bound to a runbook and host by its first request.
+pub(crate) struct HttpSession {
+    daemon: Arc<Daemon>,
+    bound: OnceLock<Result<Server, String>>,
+}
+
+impl Drop for HttpSession {
+    fn drop(&mut self) {
+        self.daemon.open.dec();
+        // The session is gone: its run ends once it has taken what was asked.
+        if let Some(Ok(server)) = self.bound.get() {
+            let session = server.0.clone();
+            tokio::spawn(async move {
+                session.close().await;
+            });
+        }
+    }
+}
+
+impl HttpSession {
+    /// The session's server, bound on its first request to what its URL
+    /// names (`?runbook=R&host=H`), or why it cannot be.
+    fn server(&self, context: &RequestContext<RoleServer>) -> Result<Server, McpError> {
+        let bound = self.bound.get_or_init(|| {
+            let parts = context.extensions.get::<axum::http::request::Parts>();
+            let query = parts.and_then(|p| p.uri.query()).unwrap_or("");
+            bind(&self.daemon, query)
+        });
+        bound
+            .clone()
+            .map_err(|why| McpError::invalid_params(why, None))
+    }
+}
+
+/// A session's server for what `query` names.
+fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, String> {
+    let mut runbook = None;
+    let mut host = None;
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "runbook" => runbook = Some(v.into_owned()),
+            "host" => host = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let (Some(runbook), Some(host)) = (runbook, host) else {
+        return Err("name the runbook and host in the URL: /mcp?runbook=RUNBOOK&host=HOST".into());
+    };
+    let config = daemon.config.borrow().clone();
+    let Some(rb) = config.runbooks.get(&runbook).cloned() else {
+        return Err(format!(
+            "no runbook named {}",
+            crate::tools::args::shown(&runbook)
+        ));
+    };
+    if !rb.allows_host(&host) {
+        return Err(format!(
+            "runbook \"{}\" does not name host {}",
+            rb.name,
+            crate::tools::args::shown(&host)
+        ));
+    }
+    let scheduler = daemon.scheduler.clone();
+    let starter: Starter = Arc::new(move |req| {
+        let scheduler = scheduler.clone();
+        Box::pin(async move { start(scheduler, req).await })
+    });
+    Ok(Server(Arc::new(Session::new(rb, host, starter))))
+}
+
+/// Start a session's run as any trigger starts one: the scheduler decides
+/// (kill switch, cooldown, `max_runs`, concurrency), and its report is
+/// waited for once the session's calls end.
+async fn start(
+    scheduler: Arc<Scheduler>,
+    req: crate::trigger::RunRequest,
+) -> Result<Started, String> {
+    let outcomes = scheduler
+        .submit_all(vec![req])
+        .await
+        .map_err(|e| format!("the run could not be recorded: {e}; try again"))?;
+    let Some(outcome) = outcomes.into_iter().next() else {
+        return Err("the scheduler decided nothing".into());
+    };
+    let Some(run_id) = outcome
+        .run_id
+        .filter(|_| outcome.result == crate::admission::TriggerResult::Started)
+    else {
+        return Err(format!(
+            "the scheduler did not start it: {} (the kill switch, a cooldown, max_runs, or a run of this runbook on this host already going)",
+            outcome.result.as_str()
+        ));
+    };
+    let id = run_id.clone();
+    let ended = Box::pin(async move { scheduler.reports.ended(&id).await });
+    Ok(Started { run_id, ended })
+}
+
+impl ServerHandler for HttpSession {
+    fn get_info(&self) -> ServerConfig {
+        match self.bound.get() {
+            Some(Ok(server)) => server.get_info(),
+            _ => Server::info_unbound(),
+        }
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(HANDSHAKE_VERSIONS)
+    }
+
+    /// The session is bound at its handshake, so a URL that names no
+    /// runbook, or one not there, is refused at once with why.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        self.server(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let server = self.server(&context)?;
+        server.list_tools(request, context).await
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let server = self.server(&context)?;
+        server.call_tool(request, context).await
+    }
+
+    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {}
+}
+
+/// The revisions with an `initialize` handshake, whose sessions hold a run.
+const HANDSHAKE_VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_03_26,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+];

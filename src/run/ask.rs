@@ -64,6 +64,7 @@ impl RunLoop<'_> {
             created_at: String::new(),
             expires_at: String::new(),
             keys: self.req.keys.clone(),
+            agent: self.req.agent.as_ref().map(|a| a.client.clone()),
             state: State::Pending,
         });
         // With shared state, any replica lists it and takes the decision.
@@ -97,6 +98,9 @@ impl RunLoop<'_> {
                     Some(Cancel::Shutdown)
                 } else if tokio::time::Instant::now() >= deadline {
                     Some(Cancel::MaxDuration)
+                } else if self.req.agent.as_ref().is_some_and(|a| a.gone()) {
+                    // Nothing changes for an agent no longer there to hear it.
+                    Some(Cancel::AgentGone)
                 } else {
                     None
                 }
@@ -146,6 +150,10 @@ impl RunLoop<'_> {
             Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => Err(deny(
                 DenyReason::KillSwitch,
                 format!("approval {id} cancelled: {cause}"),
+            )),
+            Resolution::Cancelled(cause @ Cancel::AgentGone) => Err(deny(
+                DenyReason::AgentGone,
+                format!("approval {id} withdrawn: {cause}"),
             )),
             Resolution::Withdrawn(why) => Err(deny(
                 DenyReason::AlertResolved,

@@ -226,6 +226,12 @@ impl Runner {
         choice: PlannerChoice,
         context: Value,
     ) -> Result<Planner, StartError> {
+        if runbook.planner == crate::config::PlannedBy::Mcp {
+            return Err(StartError::Planner(format!(
+                "runbook \"{}\" is planned by an agent over MCP (planner: mcp): only an agent's session starts it, with `runwarden mcp {} --host {}` or the daemon's /mcp",
+                runbook.name, runbook.name, host.name
+            )));
+        }
         let endpoint = self.config.settings.model.as_ref();
         let use_model = match (choice, &runbook.agent, endpoint) {
             (PlannerChoice::Steps, _, _) => false,
@@ -309,6 +315,7 @@ impl Runner {
         // Stopped while it waited for its run lock: the fleet gets it back.
         if let (Err(StartError::Busy(why)), Some(claim), true) = (&outcome, claim, self.stopping())
             && !req.dry_run
+            && req.agent.is_none()
         {
             let to = uuid::Uuid::now_v7().to_string();
             let mut again = req.clone();
@@ -444,6 +451,14 @@ impl Runner {
         });
         let planner = match agent {
             Some(agent) => Planner::agent(agent),
+            // An agent's run is planned by its session alone: one that
+            // reached a runner without it (another replica, a later start)
+            // never falls back to the runbook's steps.
+            None if req.trigger == crate::trigger::Trigger::Mcp => {
+                return Err(StartError::Planner(
+                    "an MCP session's run is planned by its agent, which is not connected here; the agent opens a new session to start another".into(),
+                ));
+            }
             None => self.planner(&runbook, &host, req.planner, context)?,
         };
         let info = RunInfo {

@@ -156,10 +156,14 @@ impl RunLoop<'_> {
                 tokio::time::timeout_at(budget_ends, self.planner.next(&s.transcript, &mut admit))
                     .await
             else {
+                let waiting = match self.planner.name() {
+                    "mcp" => "waiting for the agent's next call",
+                    _ => "the model was being asked; its request was cancelled",
+                };
                 s.tally.stop(
                     Verdict::BudgetExhausted,
                     format!(
-                        "max_duration {} spent while the model was being asked; its request was cancelled",
+                        "max_duration {} spent while {waiting}",
                         humantime::format_duration(max_duration)
                     ),
                 );
@@ -228,7 +232,8 @@ impl RunLoop<'_> {
     /// shared state to the fleet's queue, where another replica takes it
     /// now. A run that made a call halts.
     async fn stop_for_shutdown(&self, s: &mut RunState) {
-        if !s.reports.is_empty() || self.req.dry_run {
+        // An agent's session ends with the daemon: nothing is left to hand on.
+        if !s.reports.is_empty() || self.req.dry_run || self.req.agent.is_some() {
             s.tally.stop(
                 Verdict::Halted,
                 "runwarden is shutting down; the run stopped before its next call".into(),

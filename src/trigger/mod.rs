@@ -84,6 +84,25 @@ pub(crate) struct AgentSlot {
     pub(crate) client: String,
     /// Taken by the run when it starts.
     pub(crate) planner: std::sync::Mutex<Option<crate::planner::AgentPlanner>>,
+    /// Set when the session ends: a call still waiting for a person is
+    /// withdrawn rather than made for an agent that is gone.
+    pub(crate) gone: std::sync::atomic::AtomicBool,
+}
+
+impl AgentSlot {
+    /// An agent `client`'s slot, its planner fed by the session.
+    pub(crate) fn new(client: String, planner: crate::planner::AgentPlanner) -> AgentSlot {
+        AgentSlot {
+            client,
+            planner: std::sync::Mutex::new(Some(planner)),
+            gone: Default::default(),
+        }
+    }
+
+    /// Whether the agent's session has ended.
+    pub(crate) fn gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// How many of a notification's alerts for one (runbook, host) its run

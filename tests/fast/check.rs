@@ -243,7 +243,7 @@ fn a_configured_model_plans_only_the_runbooks_that_say_so() {
         (format!("{steps}planner: model\n"), "no `agent:` goal"),
         (
             format!("{steps}planner: modle\nagent:\n  goal: g\n"),
-            "neither `steps` nor `model`",
+            "is not `steps`, `model` or `mcp`",
         ),
         (
             format!("{steps}agent:\n  goal: g\n  after_steps: true\n"),
@@ -256,6 +256,61 @@ fn a_configured_model_plans_only_the_runbooks_that_say_so() {
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(
             stderr.contains("disk.yaml:") && stderr.contains(says),
+            "{says}: {stderr}"
+        );
+    }
+}
+
+/// A runbook an outside agent plans over MCP (`planner: mcp`) needs no
+/// steps and no model; only an agent's session starts it, so steps, a
+/// schedule or an alert that would start it are refused where written, and
+/// `runwarden run` says how to connect one.
+#[test]
+fn a_runbook_an_agent_plans_has_no_steps_and_only_a_session_starts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let runbook = dir.path().join("runbooks/agent.yaml");
+    let scope = "name: agent\ndescription: d\nhosts: [web-01]\nautonomy: L3\ntools: { observe: [disk_usage] }\nplanner: mcp\n";
+    std::fs::write(&runbook, scope).unwrap();
+    let check = runwarden(&["check", "--json", "--config", cfg]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let v: Value = serde_json::from_slice(&check.stdout).unwrap();
+    let agent = v["runbooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "agent")
+        .unwrap();
+    assert_eq!(agent["planner"], "mcp", "{v}");
+    let out = runwarden(&["run", "agent", "--host", "web-01", "--config", cfg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("runwarden mcp agent --host web-01"),
+        "{stderr}"
+    );
+    for (more, says) in [
+        (
+            "steps:\n  - call: disk_usage\n    args: { path: / }\n",
+            "they would never run",
+        ),
+        ("schedule: \"@daily\"\n", "has `schedule:`"),
+        (
+            "on_alert:\n  matchers: ['alertname=\"X\"']\n  host_label: instance\n",
+            "has `on_alert:`",
+        ),
+    ] {
+        std::fs::write(&runbook, format!("{scope}{more}")).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("agent.yaml:") && stderr.contains(says),
             "{says}: {stderr}"
         );
     }

@@ -15,6 +15,7 @@ mod fuzz;
 mod gate;
 mod ha;
 mod hardening;
+mod mcp;
 mod model;
 mod observability;
 mod ssh;
