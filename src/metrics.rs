@@ -284,8 +284,8 @@ impl Metrics {
             tool_calls: counter(
                 r,
                 "runwarden_tool_calls_total",
-                "Tool calls by outcome (ok, error, timeout, denied, proposed, dry_run).",
-                &["runbook", "host", "tool", "tier", "outcome"],
+                "Tool calls by outcome (ok, error, timeout, denied, proposed, dry_run) and by who planned them (steps, model, steps+model, mcp).",
+                &["runbook", "host", "tool", "tier", "outcome", "planner"],
             ),
             gate_denials: counter(
                 r,
@@ -443,11 +443,19 @@ impl Metrics {
             // "Last failed run" has a series (0: never, kept as is where a
             // run already failed) before the first failure.
             self.run_last_finished.with_label_values(&[name, "failed"]);
+            let planner = match rb.planner {
+                crate::config::PlannedBy::Model
+                    if rb.agent.as_ref().is_some_and(|a| a.after_steps) =>
+                {
+                    "steps+model"
+                }
+                other => other.as_str(),
+            };
             for host in &rb.hosts {
                 for tool in &rb.approve {
                     for outcome in ["ok", "error", "timeout"] {
                         self.tool_calls
-                            .with_label_values(&[name, host, tool.name(), "2", outcome])
+                            .with_label_values(&[name, host, tool.name(), "2", outcome, planner])
                             .inc_by(0);
                     }
                 }

@@ -32,6 +32,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
 use super::{Server, Session, Started, Starter};
+use crate::admission::TriggerResult;
 use crate::config::Config;
 use crate::scheduler::Scheduler;
 
@@ -314,18 +315,31 @@ async fn start(
     let Some(outcome) = outcomes.into_iter().next() else {
         return Err("the scheduler decided nothing".into());
     };
-    let Some(run_id) = outcome
-        .run_id
-        .filter(|_| outcome.result == crate::admission::TriggerResult::Started)
-    else {
-        return Err(format!(
-            "the scheduler did not start it: {} (the kill switch, a cooldown, max_runs, or a run of this runbook on this host already going)",
-            outcome.result.as_str()
-        ));
+    let why = match outcome.result {
+        TriggerResult::Started => {
+            if let Some(run_id) = outcome.run_id {
+                let id = run_id.clone();
+                let ended = Box::pin(async move { scheduler.reports.ended(&id).await });
+                return Ok(Started { run_id, ended });
+            }
+            "the scheduler gave it no run id"
+        }
+        TriggerResult::KillSwitch => "the kill switch is engaged",
+        TriggerResult::Deduplicated => {
+            "a run of this runbook on this host is going (another session's, or a trigger's): one at a time; try again when it has ended"
+        }
+        TriggerResult::Cooldown => "the runbook ran on this host within its cooldown",
+        TriggerResult::Capped => {
+            "the runbook ran on this host as often as its max_runs allows: a person should look first"
+        }
+        TriggerResult::Pending => {
+            "every run slot of this replica is busy (max_concurrent_runs), or runwarden is stopping; try again"
+        }
+        TriggerResult::OutOfScope | TriggerResult::NoMatch | TriggerResult::Invalid => {
+            "the runbook or host is no longer in the configuration"
+        }
     };
-    let id = run_id.clone();
-    let ended = Box::pin(async move { scheduler.reports.ended(&id).await });
-    Ok(Started { run_id, ended })
+    Err(why.to_string())
 }
 
 impl ServerHandler for HttpSession {

@@ -2,9 +2,11 @@
 //! agent an operator already runs (Claude Code, Cursor, its own) works on a
 //! host inside one runbook's scope, and nothing it asks escapes the gate.
 //!
-//! One MCP session is one run of the runbook on the host: the agent plans
-//! it (see [`crate::planner::AgentPlanner`]) the way a model or the steps
-//! would, and every `tools/call` is one step of that run through the same
+//! One MCP session is one run of the runbook on the host, started by its
+//! first `tools/call` (a session that only lists the tools holds no run
+//! and takes no run lock): the agent plans it (see
+//! [`crate::planner::AgentPlanner`]) the way a model or the steps would,
+//! and every `tools/call` is one step of that run through the same
 //! path: kill switch, scope, the host's allowlists, approval (L2 waits for
 //! a person), budgets, the intent line synced before dispatch, the result
 //! line. `tools/list` shows exactly the runbook's tools with their schemas
@@ -31,7 +33,7 @@ use rmcp::model::{
     Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
     ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -445,9 +447,8 @@ impl ServerHandler for Server {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
+        _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        self.0.ensure_started(client_of(&context)).await;
         Ok(ListToolsResult::with_all_items(self.0.tools()))
     }
 
@@ -469,11 +470,6 @@ impl ServerHandler for Server {
             )
             .await
             .into())
-    }
-
-    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        let info = context.peer.peer_info().map(|i| i.client_info.clone());
-        self.0.ensure_started(named(info)).await;
     }
 }
 

@@ -550,6 +550,7 @@ impl RunLoop<'_> {
                 tool,
                 tier,
                 r.status.as_str(),
+                self.planner.name(),
             ])
             .inc();
         if r.result

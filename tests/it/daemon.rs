@@ -203,7 +203,7 @@ fn webhook_starts_one_run_and_accounts_for_every_alert() {
         1.0
     );
     assert_eq!(
-        d.metric(r#"runwarden_tool_calls_total{host="web-01",outcome="denied",runbook="disk-alert",tier="1",tool="disk_usage"}"#),
+        d.metric(r#"runwarden_tool_calls_total{host="web-01",outcome="denied",planner="steps",runbook="disk-alert",tier="1",tool="disk_usage"}"#),
         1.0
     );
     assert_eq!(

@@ -364,6 +364,11 @@ fn the_daemons_mcp_endpoint_needs_its_own_token_and_names_what_is_wrong() {
         d.metric(r#"runwarden_runs_started_total{runbook="fix",trigger="mcp"}"#),
         1.0
     );
+    // An agent's calls count as any planner's, labelled as its.
+    assert_eq!(
+        d.metric(r#"runwarden_tool_calls_total{host="web-01",outcome="ok",planner="mcp",runbook="fix",tier="1",tool="disk_usage"}"#),
+        1.0
+    );
 
     // Without mcp_token_file there is no endpoint.
     let e2 = Estate::new();
@@ -513,7 +518,123 @@ fn twenty_agents_at_once_each_get_a_run_of_their_own_and_a_second_on_one_host_is
     let second = events(agent(&http(&e, &d, "look", "w01"), &slow, 1));
     let c = calls(&second, 0);
     assert_eq!(c[0]["is_error"], true, "{second:#?}");
-    refused(c[0], "did not start");
+    refused(c[0], "one at a time");
     let ev = events(first);
     assert_eq!(calls(&ev, 0)[0]["is_error"], false, "{ev:#?}");
+}
+
+/// The MCP Inspector's CLI (a second client nobody here wrote): its node
+/// and its script, installed once per machine.
+fn inspector() -> &'static (String, String) {
+    static INSPECTOR: OnceLock<(String, String)> = OnceLock::new();
+    INSPECTOR.get_or_init(|| {
+        let out = Command::new(repo().join("tests/estate/mcp-inspector.sh"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("tests/estate/mcp-inspector.sh");
+        assert!(
+            out.status.success(),
+            "the MCP Inspector could not be installed"
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines = text.lines().map(String::from);
+        (lines.next().unwrap(), lines.next().unwrap())
+    })
+}
+
+/// One method of the Inspector's CLI against `target` (its arguments):
+/// what it printed first (the server's answer).
+fn inspect(target: &[String], method: &[&str]) -> Value {
+    let (node, cli) = inspector();
+    let out = Command::new(node)
+        .arg(cli)
+        .arg("--cli")
+        .args(method)
+        .args(target)
+        .env("MCP_INSPECTOR_SECRET_STORE", "memory")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Pretty JSON first; a refusal adds a line of its own after it.
+    let mut answer = serde_json::Deserializer::from_str(&text).into_iter::<Value>();
+    answer.next().and_then(Result::ok).unwrap_or_else(|| {
+        panic!(
+            "no answer: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn the_mcp_inspector_sees_the_same_scope_and_the_same_refusals() {
+    let e = estate("L3", "{ max_steps: 8, max_mutations: 1, max_duration: 2m }");
+    let d = Daemon::start(&e);
+    let stdio: Vec<String> = ["--", bin(), "mcp", "fix", "--host", "web-01", "--config"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([e.path().display().to_string()])
+        .collect();
+    let http: Vec<String> = vec![
+        "--transport".into(),
+        "http".into(),
+        "--server-url".into(),
+        format!("http://{}/mcp?runbook=fix&host=web-01", d.addr),
+        "--header".into(),
+        format!("Authorization: Bearer {TOKEN}"),
+    ];
+    for target in [&stdio, &http] {
+        let list = inspect(target, &["--method", "tools/list"]);
+        let names: Vec<&str> = list["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["disk_usage", "slow_look", "rotate_logs"],
+            "{list:#}"
+        );
+        assert_eq!(list["tools"][0]["annotations"]["readOnlyHint"], true);
+        assert_eq!(list["tools"][2]["annotations"]["destructiveHint"], false);
+        let call = |tool: &str, arg: &str| {
+            // The Inspector leaves without ending its session: over HTTP
+            // the run ends when the session has been idle (2 s here), and
+            // until then it holds the runbook on the host.
+            let started = e.audit_phase("start").len();
+            verdicts(&e, started);
+            inspect(
+                target,
+                &[
+                    "--method",
+                    "tools/call",
+                    "--tool-name",
+                    tool,
+                    "--tool-arg",
+                    arg,
+                ],
+            )
+        };
+        let ok = call("disk_usage", "path=/tmp");
+        assert_ne!(ok["isError"], true, "{ok:#}");
+        assert!(ok["structuredContent"]["use_pct"].is_number(), "{ok:#}");
+        // The Inspector checks a tool's name against the list itself, so
+        // calls outside it are the Python client's to make (above).
+        let r = call("disk_usage", "path=/etc");
+        assert_eq!(r["isError"], true, "{r:#}");
+        let text = r["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("invalid_arguments"), "{r:#}");
+    }
+    // Each CLI invocation that calls is a session with a run (one that only
+    // lists holds none): its start line names the Inspector.
+    let starts = e.audit_phase("start");
+    assert_eq!(starts.len(), 4, "{starts:#?}");
+    assert!(starts.iter().all(|s| s["detail"]["trigger"] == "mcp"));
+    assert!(
+        starts.iter().all(|s| s["detail"]["client"]
+            .as_str()
+            .is_some_and(|c| c.contains("inspector"))),
+        "{starts:#?}"
+    );
+    assert_eq!(e.audit_phase("denied").len(), 2);
 }
