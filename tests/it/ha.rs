@@ -20,6 +20,7 @@ mod pg;
 use pg::{PG_PASSWORD, Pg};
 
 mod demotion;
+mod mcp;
 mod queue;
 
 /// The hosts' own world, shared by every replica: per host a log, its

@@ -36,7 +36,7 @@ fn python() -> &'static str {
 }
 
 /// Start the client on `script` (each of `sessions` sessions runs it).
-fn agent(transport: &[String], script: &Value, sessions: usize) -> Child {
+pub(crate) fn agent(transport: &[String], script: &Value, sessions: usize) -> Child {
     let mut child = Command::new(python())
         .arg(repo().join("tests/support/mcp_client.py"))
         .args(["--sessions", &sessions.to_string()])
@@ -56,7 +56,7 @@ fn agent(transport: &[String], script: &Value, sessions: usize) -> Child {
 }
 
 /// What the client said, once it has exited.
-fn events(child: Child) -> Vec<Value> {
+pub(crate) fn events(child: Child) -> Vec<Value> {
     let out = child.wait_with_output().unwrap();
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -98,7 +98,7 @@ fn http(e: &Estate, d: &Daemon, runbook: &str, host: &str) -> Vec<String> {
 }
 
 /// The events of session `n` that answer calls, in order.
-fn calls(events: &[Value], n: u64) -> Vec<&Value> {
+pub(crate) fn calls(events: &[Value], n: u64) -> Vec<&Value> {
     events
         .iter()
         .filter(|e| e["session"] == n && e.get("call").is_some())
@@ -106,13 +106,13 @@ fn calls(events: &[Value], n: u64) -> Vec<&Value> {
 }
 
 /// Call event `c` is an error whose text says `says`.
-fn refused(c: &Value, says: &str) {
+pub(crate) fn refused(c: &Value, says: &str) {
     assert_eq!(c["is_error"], true, "{c:#}");
     let text = c["text"].as_str().unwrap_or("");
     assert!(text.contains(says), "{says:?} not in {c:#}");
 }
 
-fn errors(events: &[Value]) -> Vec<&Value> {
+pub(crate) fn errors(events: &[Value]) -> Vec<&Value> {
     events.iter().filter(|e| e.get("error").is_some()).collect()
 }
 
