@@ -91,6 +91,7 @@ impl ServerHandler for Bare {
                 .output()
                 .await
                 .unwrap();
+            assert!(o.status.success(), "{argv:?}: {o:?}");
             out.push_str(&String::from_utf8_lossy(&o.stdout));
         }
         Ok(CallToolResult::success(vec![ContentBlock::text(out)]).into())
@@ -217,12 +218,27 @@ async fn bench() {
         rw.close().await;
     }
     let audit = std::fs::read_to_string(root.join("state/audit.jsonl")).unwrap();
-    let argv = audit
+    // runwarden measures the directory it opened (no link swapped in
+    // between), through its descriptor's /proc path: the bare server names
+    // the directory itself.
+    let argv: Vec<Vec<String>> = audit
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .find(|l| l["phase"] == "result")
-        .map(|l| l["detail"]["argv"].clone())
+        .map(|l| serde_json::from_value(l["detail"]["argv"].clone()).unwrap())
         .unwrap();
+    let argv: Vec<Vec<String>> = argv
+        .into_iter()
+        .map(|a| {
+            a.into_iter()
+                .map(|x| match x.starts_with("/proc/") {
+                    true => path.clone(),
+                    false => x,
+                })
+                .collect()
+        })
+        .collect();
+    let argv = json!(argv);
     let bare = |sync: Option<&Path>| {
         let mut c = tokio::process::Command::new(std::env::current_exe().unwrap());
         c.env("RUNWARDEN_BENCH_BARE", argv.to_string());
