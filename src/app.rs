@@ -240,7 +240,7 @@ pub async fn serve(
         metrics,
         audit,
         token,
-        mcp,
+        mcp: mcp.clone(),
     };
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
@@ -266,6 +266,8 @@ pub async fn serve(
             "runs still in flight after {grace:?}; exiting anyway (they will be reported as interrupted)"
         );
     }
+    // Agents' sessions hold streams open: ended, they let the server stop.
+    mcp.close_all().await;
     let _ = server.await;
     workers.shutdown().await;
     Ok(())

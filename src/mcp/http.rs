@@ -152,6 +152,20 @@ impl Endpoint {
         s.open += 1;
     }
 
+    /// End every session (the daemon is stopping): their streams end, so
+    /// the listener's connections can finish.
+    pub(crate) async fn close_all(&self) {
+        let ids: Vec<String> = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.drain().map(|(id, _)| id).collect()
+        };
+        for id in ids {
+            let sid: rmcp::transport::streamable_http_server::session::SessionId =
+                id.as_str().into();
+            let _ = self.sessions.close_session(&sid).await;
+        }
+    }
+
     /// End the sessions idle for longer than `idle`, and forget those gone.
     async fn reap(self) {
         let every = (self.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));

@@ -152,10 +152,17 @@ impl RunLoop<'_> {
             let budget_ends = s.gate.budget().deadline();
             let max_duration = s.gate.budget().max_duration();
             let mut admit = || s.gate.admit_model_request();
-            let Ok(next) =
-                tokio::time::timeout_at(budget_ends, self.planner.next(&s.transcript, &mut admit))
-                    .await
-            else {
+            // A stop does not wait on the planner: a model's answer or an
+            // agent's next call may be minutes away.
+            let waited = tokio::select! {
+                next = tokio::time::timeout_at(budget_ends, self.planner.next(&s.transcript, &mut admit)) => Some(next),
+                () = until_shutdown(self.runner.shutdown.clone()) => None,
+            };
+            let Some(waited) = waited else {
+                self.stop_for_shutdown(&mut s).await;
+                break;
+            };
+            let Ok(next) = waited else {
                 let waiting = match self.planner.name() {
                     "mcp" => "waiting for the agent's next call",
                     _ => "the model was being asked; its request was cancelled",
@@ -644,4 +651,14 @@ impl RunLoop<'_> {
             verdict_detail,
         }
     }
+}
+
+/// Resolves once the daemon is stopping (never outside one).
+async fn until_shutdown(shutdown: Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(mut shutdown) = shutdown
+        && shutdown.wait_for(|stopping| *stopping).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }

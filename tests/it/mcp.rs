@@ -638,3 +638,55 @@ fn the_mcp_inspector_sees_the_same_scope_and_the_same_refusals() {
     );
     assert_eq!(e.audit_phase("denied").len(), 2);
 }
+
+/// A daemon told to stop does not wait out its grace for an agent that is
+/// thinking: the session's run ends `halted` at once, and the daemon exits.
+#[test]
+fn a_stopping_daemon_ends_the_run_of_an_agent_between_calls_at_once() {
+    let e = estate(
+        "L3",
+        "{ max_steps: 8, max_mutations: 1, max_duration: 10m }",
+    );
+    let settings = std::fs::read_to_string(e.path().join("runwarden.yaml")).unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        format!("{settings}shutdown_grace: 60s\nmcp_idle_timeout: 10m\n")
+            .replace("mcp_idle_timeout: 2s\n", ""),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&e);
+    let never = e.work().join("never");
+    let mut client = agent(
+        &http(&e, &d, "fix", "web-01"),
+        &json!([
+            { "do": "call", "tool": "disk_usage", "args": { "path": "/tmp" } },
+            { "do": "wait_file", "path": never.display().to_string() },
+        ]),
+        1,
+    );
+    wait_for("the agent's call", Duration::from_secs(20), || {
+        e.audit_phase("result").first().cloned()
+    });
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopped = std::time::Instant::now();
+    let status = wait_for("the daemon's exit", Duration::from_secs(60), || {
+        d.child.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(30),
+        "the daemon waited out its grace for an idle agent: {:?}",
+        stopped.elapsed()
+    );
+    let v = e.audit_phase("verdict").remove(0);
+    assert_eq!(v["outcome"], "halted", "{v:#}");
+    assert!(
+        v["detail"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{v:#}"
+    );
+    let _ = client.kill();
+    let _ = client.wait();
+}
