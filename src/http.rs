@@ -509,7 +509,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             runbook: runbook.name.clone(),
             host: h.clone(),
             dry_run: body.dry_run,
-            trigger: crate::trigger::Trigger::Api,
+            trigger: crate::origin::Trigger::Api,
             alert: None,
             keys: Vec::new(),
             planner: Default::default(),

@@ -22,10 +22,12 @@
 //!     └ audit.result(dispatched, &result); transcript += result
 //! ```
 //!
-//! The modules form layers (no two import each other, `tests/fast/layers.rs`).
-//! The leaves: [`text`], [`files`], [`secret`], [`process`] (spawning argv,
-//! crate-private), [`verdict`], [`host`] (a host's allowlists), [`signing`]
-//! (signed tier-2 permits), [`runlock`], [`logging`].
+//! The modules form layers: every import goes down the order the README's
+//! Layout draws (`tests/fast/layers.rs` holds the code to it). The leaves:
+//! [`text`], [`files`], [`secret`], [`process`] (spawning argv,
+//! crate-private), [`verdict`], [`origin`] (what started a run), [`host`]
+//! (a host's allowlists), [`signing`] (signed tier-2 permits), [`runlock`],
+//! [`logging`].
 //!
 //! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`host::Host`], errors as `FILE:LINE:COLUMN`.
 //! - [`tools`]: each tool one file implementing the `Tool` trait, and the
@@ -84,6 +86,7 @@ pub mod install;
 pub mod logging;
 pub(crate) mod mcp;
 pub mod metrics;
+pub mod origin;
 pub mod plan;
 pub mod planner;
 pub mod process;

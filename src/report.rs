@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::origin::Trigger;
 use crate::tools::{Outcome, ToolResult};
-use crate::trigger::Trigger;
 use crate::verdict::Verdict;
 
 /// What became of one step.

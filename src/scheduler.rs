@@ -168,7 +168,7 @@ const PENDING_WAIT: Duration = Duration::from_secs(1);
 fn a_fire(candidates: &[Candidate]) -> bool {
     candidates
         .iter()
-        .all(|c| matches!(c, Candidate::Run(r) if r.trigger == crate::trigger::Trigger::Schedule))
+        .all(|c| matches!(c, Candidate::Run(r) if r.trigger == crate::origin::Trigger::Schedule))
 }
 
 /// A trigger admission started: run here (with its lease and, with
@@ -436,7 +436,7 @@ impl Scheduler {
                 run: run_info(&config, &a.run_id, a.req),
                 trigger: a.req.trigger,
                 keys: &a.req.keys,
-                req: a.req,
+                origin: a.req.origin(),
                 queue: match a.here {
                     Some(_) => QueueNote::Here,
                     None => QueueNote::Handed,
@@ -635,7 +635,7 @@ impl Scheduler {
                 run: run_info(config, &t.run_id, req),
                 trigger: req.trigger,
                 keys: &req.keys,
-                req,
+                origin: req.origin(),
                 queue: QueueNote::TakenFrom(&t.queued_by),
             })
             .collect();
@@ -738,7 +738,7 @@ impl Scheduler {
                 .with_label_values(&[runbook, host])
                 .inc();
         }
-        if trigger == crate::trigger::Trigger::Alert {
+        if trigger == crate::origin::Trigger::Alert {
             self.metrics
                 .alert_triggers
                 .with_label_values(&[runbook, result.as_str()])
@@ -1026,7 +1026,7 @@ impl Scheduler {
                 host: run.host.clone(),
                 dry_run: false,
                 planner: Default::default(),
-                trigger: crate::trigger::Trigger::Api,
+                trigger: crate::origin::Trigger::Api,
                 alert: None,
                 keys: Vec::new(),
                 together: None,
@@ -1054,7 +1054,7 @@ impl Scheduler {
         let mut refused: Vec<(String, Vec<String>)> = Vec::new();
         for (c, o) in candidates.iter().zip(outcomes) {
             let (runbook, host, _, trigger) = c.names();
-            if trigger != crate::trigger::Trigger::Schedule || o.result != TriggerResult::KillSwitch
+            if trigger != crate::origin::Trigger::Schedule || o.result != TriggerResult::KillSwitch
             {
                 continue;
             }
@@ -1153,7 +1153,7 @@ fn handed_back(
             .is_some_and(|r| r.allows_host(&began.host) && config.hosts.contains_key(&began.host));
         let detail = began.detail.clone().unwrap_or_default();
         let trigger =
-            serde_json::from_value::<crate::trigger::Trigger>(detail["trigger"].clone()).ok();
+            serde_json::from_value::<crate::origin::Trigger>(detail["trigger"].clone()).ok();
         match trigger {
             // A command's run and an agent's session end with their caller.
             Some(trigger)
@@ -1161,7 +1161,7 @@ fn handed_back(
                     && stopped > since
                     && !matches!(
                         trigger,
-                        crate::trigger::Trigger::Cli | crate::trigger::Trigger::Mcp
+                        crate::origin::Trigger::Cli | crate::origin::Trigger::Mcp
                     ) =>
             {
                 keys.push(crate::audit::runs::resumes_key(&began.run_id));
@@ -1248,7 +1248,7 @@ mod tests {
 
     fn alert(keys: &[&str]) -> RunRequest {
         let mut req = RunRequest::cli("rb".into(), "web".into(), false);
-        req.trigger = crate::trigger::Trigger::Alert;
+        req.trigger = crate::origin::Trigger::Alert;
         req.keys = keys.iter().map(|k| k.to_string()).collect();
         req
     }
@@ -1344,7 +1344,7 @@ mod tests {
         };
         std::fs::write(dir.path().join("kill-switch/ENGAGED"), "").unwrap();
         let mut fire = RunRequest::cli("rb".into(), "web".into(), false);
-        fire.trigger = crate::trigger::Trigger::Schedule;
+        fire.trigger = crate::origin::Trigger::Schedule;
         let got = s.submit_all(vec![fire.clone()]).await.unwrap();
         assert_eq!(got[0].result, TriggerResult::KillSwitch);
         let refused = lines();
@@ -1428,7 +1428,7 @@ mod tests {
         let next = fresh(shutdown);
         let (_, again) = next.recover().unwrap();
         assert_eq!(again.len(), 1);
-        assert_eq!(again[0].trigger, crate::trigger::Trigger::Alert);
+        assert_eq!(again[0].trigger, crate::origin::Trigger::Alert);
         assert!(
             again[0].keys.contains(&"fp:1".to_string()),
             "{:?}",

@@ -293,7 +293,7 @@ mod tests {
 
     fn alert(keys: &[&str]) -> RunRequest {
         let mut req = RunRequest::cli("rb".into(), "web".into(), false);
-        req.trigger = crate::trigger::Trigger::Alert;
+        req.trigger = crate::origin::Trigger::Alert;
         req.keys = keys.iter().map(|k| k.to_string()).collect();
         req
     }

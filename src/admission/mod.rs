@@ -107,7 +107,7 @@ pub(crate) struct Decided<'a> {
     /// Its fingerprint and group keys.
     pub(crate) keys: &'a [String],
     /// What kind of trigger it was.
-    pub(crate) trigger: crate::trigger::Trigger,
+    pub(crate) trigger: crate::origin::Trigger,
     /// What became of it.
     pub(crate) result: TriggerResult,
 }

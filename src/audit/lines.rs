@@ -9,10 +9,9 @@ use super::log::Written;
 use super::{AuditError, AuditLog, Entry, Phase, this_process};
 use crate::config::Autonomy;
 use crate::gate::{ApprovedBy, Denial, Hold, Permit, Proposal};
-use crate::planner::model::ModelTurn;
+use crate::origin::Trigger;
 use crate::text::bounded;
 use crate::tools::{Action, ToolResult};
-use crate::trigger::Trigger;
 use crate::verdict::Verdict;
 
 /// What every line of one run carries.
@@ -163,10 +162,21 @@ pub(crate) struct Queued<'a> {
     pub(crate) trigger: Trigger,
     /// Its deduplication keys (read back at start-up).
     pub(crate) keys: &'a [String],
-    /// The request, for the alert that started it, if an alert did.
-    pub(crate) req: &'a crate::trigger::RunRequest,
+    /// Who or what asked, for the alert that started it, if an alert did.
+    pub(crate) origin: Origin<'a>,
     /// Where the run waits and runs.
     pub(crate) queue: QueueNote<'a>,
+}
+
+/// What the record keeps of who or what asked for a run, beyond the kind
+/// of its trigger.
+#[derive(Debug, Default)]
+pub(crate) struct Origin<'a> {
+    /// The alert that started it, and the alerts its run sees together
+    /// (its own first).
+    pub(crate) alert: Option<(&'a Value, Vec<Value>)>,
+    /// The agent's client, for a run an agent drives over MCP.
+    pub(crate) client: Option<&'a str>,
 }
 
 /// Where an accepted trigger's run runs (with shared state, it may be
@@ -290,8 +300,8 @@ impl AuditLog {
                 let mut e = q.run.entry(Phase::Queued, None);
                 let mut detail =
                     json!({ "trigger": q.trigger, "keys": q.keys, "process": this_process() });
-                if let Some(a) = &q.req.alert {
-                    detail["alert"] = alert_record(a, &q.req.alerts_seen());
+                if let Some((alert, seen)) = &q.origin.alert {
+                    detail["alert"] = alert_record(alert, seen);
                 }
                 match q.queue {
                     QueueNote::Here => {}
@@ -330,7 +340,7 @@ impl AuditLog {
         trigger: Trigger,
         dry_run: bool,
         autonomy: Autonomy,
-        req: &crate::trigger::RunRequest,
+        origin: &Origin<'_>,
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Start, None);
         let mut detail = json!({
@@ -339,11 +349,11 @@ impl AuditLog {
             "autonomy": autonomy.as_str(),
             "process": this_process(),
         });
-        if let Some(a) = &req.alert {
-            detail["alert"] = alert_record(a, &req.alerts_seen());
+        if let Some((alert, seen)) = &origin.alert {
+            detail["alert"] = alert_record(alert, seen);
         }
-        if let Some(slot) = &req.agent {
-            detail["client"] = crate::text::one_line(&slot.client).into();
+        if let Some(client) = origin.client {
+            detail["client"] = crate::text::one_line(client).into();
         }
         if trigger == Trigger::Cli {
             // A person's run says whose it was (and, under sudo, who asked).
@@ -614,4 +624,35 @@ fn no_run(runbook: &str, phase: Phase) -> Entry {
         prompt: None,
     };
     run.entry(phase, None)
+}
+
+/// One request to the model and its answer, as the audit log keeps it
+/// (the model planner makes it; the record defines it).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct ModelTurn {
+    /// Which request of the run (1-based).
+    pub(crate) turn: u32,
+    /// The model asked.
+    pub(crate) model: String,
+    /// The messages this request added: the task on the first turn, then
+    /// each tool result exactly as the model saw it.
+    pub(crate) input: Vec<String>,
+    /// What the model wrote besides its calls.
+    pub(crate) content: String,
+    /// `{id, tool, arguments}` as the model wrote them.
+    pub(crate) tool_calls: Vec<Value>,
+    /// Calls past the step limit in one reply that were not proposed.
+    pub(crate) dropped: usize,
+    /// Tokens of the request, as the endpoint counted them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_tokens: Option<u64>,
+    /// Tokens of the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) completion_tokens: Option<u64>,
+    /// How long the answer took (retries included).
+    pub(crate) duration_ms: u64,
+    /// How many tries it took.
+    pub(crate) attempts: u32,
+    /// The model gave its final answer (no more calls).
+    pub(crate) final_answer: bool,
 }

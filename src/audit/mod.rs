@@ -43,7 +43,9 @@ pub(crate) mod runs;
 pub(crate) use follow::demotions;
 pub(crate) use lines::permitted;
 pub use lines::{AuditTicket, Permitted, RunInfo};
-pub(crate) use lines::{Dispatched, QueueNote, Queued, RunEnd, alert_of_record, handed};
+pub(crate) use lines::{
+    Dispatched, ModelTurn, Origin, QueueNote, Queued, RunEnd, alert_of_record, handed,
+};
 pub use log::{AuditError, AuditLog, torn_path};
 pub(crate) use query::{process_alive, promotion, run_lines, this_process};
 pub use segments::Rotation;

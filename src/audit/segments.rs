@@ -337,12 +337,11 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path).unwrap();
         let keys = ["fp1".to_string()];
-        let req = crate::trigger::RunRequest::cli("rb".into(), "web".into(), false);
         let queued = |id: &str, queue| crate::audit::Queued {
             run: run(id),
-            trigger: crate::trigger::Trigger::Alert,
+            trigger: crate::origin::Trigger::Alert,
             keys: &keys,
-            req: &req,
+            origin: crate::audit::Origin::default(),
             queue,
         };
         let lines = AuditLog::queued_lines(&[

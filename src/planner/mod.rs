@@ -13,9 +13,10 @@ pub(crate) mod steps;
 
 use serde_json::{Map, Value};
 
+pub(crate) use crate::audit::ModelTurn;
 use crate::gate::{Denial, ProposedCall};
 pub(crate) use agent::{AgentPlanner, Asked};
-pub(crate) use model::{ModelPlanner, ModelTurn};
+pub(crate) use model::ModelPlanner;
 pub(crate) use steps::StepsPlanner;
 
 /// What the planner wants next.

@@ -20,12 +20,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::openai::{Client, ModelError, Usage};
-use super::{Admit, Next, Transcript};
+use super::{Admit, ModelTurn, Next, Transcript};
 use crate::config::{Host, ModelEndpoint, Runbook};
 use crate::gate::ProposedCall;
 use crate::metrics::Metrics;
@@ -116,36 +115,6 @@ fn allowlists(host: &Host) -> String {
         return out;
     }
     format!("\nThe host allows only these (any other value is refused):\n{out}")
-}
-
-/// One request to the model and its answer, as the audit log keeps it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct ModelTurn {
-    /// Which request of the run (1-based).
-    pub(crate) turn: u32,
-    /// The model asked.
-    pub(crate) model: String,
-    /// The messages this request added: the task on the first turn, then
-    /// each tool result exactly as the model saw it.
-    pub(crate) input: Vec<String>,
-    /// What the model wrote besides its calls.
-    pub(crate) content: String,
-    /// `{id, tool, arguments}` as the model wrote them.
-    pub(crate) tool_calls: Vec<Value>,
-    /// Calls past the step limit in one reply that were not proposed.
-    pub(crate) dropped: usize,
-    /// Tokens of the request, as the endpoint counted them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) prompt_tokens: Option<u64>,
-    /// Tokens of the answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) completion_tokens: Option<u64>,
-    /// How long the answer took (retries included).
-    pub(crate) duration_ms: u64,
-    /// How many tries it took.
-    pub(crate) attempts: u32,
-    /// The model gave its final answer (no more calls).
-    pub(crate) final_answer: bool,
 }
 
 /// A call the model asked for and the run has not yet answered.

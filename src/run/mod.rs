@@ -454,7 +454,7 @@ impl Runner {
             // An agent's run is planned by its session alone: one that
             // reached a runner without it (another replica, a later start)
             // never falls back to the runbook's steps.
-            None if req.trigger == crate::trigger::Trigger::Mcp => {
+            None if req.trigger == crate::origin::Trigger::Mcp => {
                 return Err(StartError::Planner(
                     "an MCP session's run is planned by its agent, which is not connected here; the agent opens a new session to start another".into(),
                 ));
@@ -470,10 +470,13 @@ impl Runner {
             model: planner.model().map(String::from),
             prompt: planner.model().map(|_| crate::planner::model::prompt_tag()),
         };
-        if let Err(e) = self
-            .audit
-            .start(&info, req.trigger, req.dry_run, runbook.autonomy, req)
-        {
+        if let Err(e) = self.audit.start(
+            &info,
+            req.trigger,
+            req.dry_run,
+            runbook.autonomy,
+            &req.origin(),
+        ) {
             if let Some(m) = &self.metrics {
                 m.audit_write_failures.inc();
             }

@@ -20,34 +20,7 @@ pub(crate) trait Submit: Send + Sync + 'static {
     -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
-/// What started a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trigger {
-    /// `runwarden run` on the command line.
-    Cli,
-    /// The runbook's cron schedule.
-    Schedule,
-    /// An Alertmanager notification.
-    Alert,
-    /// `POST /api/v1/runs`: a person or a tool asked the daemon.
-    Api,
-    /// An agent over MCP: each of its tool calls is a step of the run.
-    Mcp,
-}
-
-impl Trigger {
-    /// As reports, audit lines and metric labels write it.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Cli => "cli",
-            Trigger::Schedule => "schedule",
-            Trigger::Alert => "alert",
-            Trigger::Api => "api",
-            Trigger::Mcp => "mcp",
-        }
-    }
-}
+pub use crate::origin::Trigger;
 
 /// A request to run one runbook on one host.
 #[derive(Debug, Clone)]
@@ -195,6 +168,14 @@ impl RunRequest {
             context["alerts"] = Value::Array(self.alerts_seen());
         }
         context
+    }
+
+    /// What the audit log records of who or what asked.
+    pub(crate) fn origin(&self) -> crate::audit::Origin<'_> {
+        crate::audit::Origin {
+            alert: self.alert.as_ref().map(|a| (a, self.alerts_seen())),
+            client: self.agent.as_ref().map(|slot| slot.client.as_str()),
+        }
     }
 
     /// The alerts this request's run sees together: its own first, then
