@@ -30,7 +30,7 @@ impl Fleet {
 impl Admission for Fleet {
     fn admit<'a>(
         &'a self,
-        asks: &'a [Ask<'a>],
+        asks: &'a [&'a Ask<'a>],
         decided: &'a [Decided<'a>],
         direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {

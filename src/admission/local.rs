@@ -238,7 +238,7 @@ impl Local {
     }
 
     /// Decide `asks` in order (the sync half of [`Admission::admit`]).
-    pub(crate) fn decide(&self, asks: &[Ask<'_>]) -> Vec<Admitted> {
+    pub(crate) fn decide(&self, asks: &[&Ask<'_>]) -> Vec<Admitted> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         self.catch_up(&mut slots);
         asks.iter()
@@ -255,7 +255,7 @@ impl Local {
 impl Admission for Local {
     fn admit<'a>(
         &'a self,
-        asks: &'a [Ask<'a>],
+        asks: &'a [&'a Ask<'a>],
         _: &'a [Decided<'a>],
         _direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {
@@ -314,7 +314,7 @@ mod tests {
             cap,
             run_id: "r".into(),
         };
-        match local.decide(std::slice::from_ref(&ask)).pop() {
+        match local.decide(&[&ask]).pop() {
             Some(Admitted::Started(_)) => TriggerResult::Started,
             Some(Admitted::Refused(r)) => r,
             Some(Admitted::Queued) => panic!("one machine queues nothing for a fleet"),

@@ -138,7 +138,7 @@ pub(crate) trait Admission: Send + Sync {
     /// admitted, and the sender must be told to retry.
     fn admit<'a>(
         &'a self,
-        asks: &'a [Ask<'a>],
+        asks: &'a [&'a Ask<'a>],
         decided: &'a [Decided<'a>],
         direct: usize,
     ) -> Pending<'a, Vec<Admitted>>;

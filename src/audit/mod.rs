@@ -46,6 +46,7 @@ pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use lines::{
     Dispatched, ModelTurn, Origin, QueueNote, Queued, RunEnd, alert_of_record, handed,
 };
+pub(crate) use log::Written;
 pub use log::{AuditError, AuditLog, torn_path};
 pub(crate) use query::{process_alive, promotion, run_lines, this_process};
 pub use segments::Rotation;

@@ -184,7 +184,7 @@ pub(super) fn unknown_fields<T: serde::de::DeserializeOwned>(
             Err(e) => e,
         };
         loc = next.location().unwrap_or(serde_saphyr::Location::UNKNOWN);
-        msg = super::strip_location(&next.without_snippet().to_string());
+        msg = super::read::strip_location(&next.without_snippet().to_string());
     }
 }
 

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::diag::Diagnostics;
+use super::duration;
 use super::raw;
-use super::{abs_path, duration};
+use super::settings::abs_path;
 use crate::host::*;
 
 const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,317 @@
+//! `runwarden.yaml`: the daemon's settings, each resolved and checked
+//! (paths absolute, durations and sizes read), its defaults where absent.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_saphyr::Spanned;
+
+use super::diag::Diagnostics;
+use super::read::{parse, read_file};
+use super::{
+    AuditHead, ConfigError, DEFAULT_LISTEN, Rotation, Settings, SharedState, duration, model, raw,
+    runbook,
+};
+use crate::host::safe_name;
+
+/// Read `DIR/runwarden.yaml` alone. The kill-switch commands need only this,
+/// and must work while a runbook or host file is half edited.
+pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
+    let settings_file = dir.join("runwarden.yaml");
+    let settings = match read_file(&settings_file, dir, diags, true) {
+        Some((text, _)) => parse::<raw::Settings>(&settings_file, &text, diags).unwrap_or_default(),
+        None => raw::Settings::default(),
+    };
+    let resolve = |v: &Option<Spanned<String>>, default: &str| -> PathBuf {
+        let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
+        dir.join(p)
+    };
+    let listen = match &settings.listen {
+        Some(l) => l.value.parse().unwrap_or_else(|e| {
+            diags.at(
+                &settings_file,
+                l.referenced,
+                format!(
+                    "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
+                    l.value
+                ),
+            );
+            DEFAULT_LISTEN
+        }),
+        None => DEFAULT_LISTEN,
+    };
+    let timezone_name = settings
+        .timezone
+        .as_ref()
+        .map_or("UTC".to_string(), |t| t.value.clone());
+    // UTC (the default) needs no look into the time-zone database, which
+    // costs every command a walk of its directories.
+    let timezone = match timezone_name.as_str() {
+        "UTC" | "Etc/UTC" => Ok(jiff::tz::TimeZone::UTC),
+        name => jiff::tz::TimeZone::get(name),
+    };
+    let timezone = timezone.unwrap_or_else(|e| {
+            if let Some(t) = &settings.timezone {
+                diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
+            }
+            jiff::tz::TimeZone::UTC
+        });
+    let max_concurrent_runs = match &settings.max_concurrent_runs {
+        Some(n) if n.value == 0 || n.value > 1000 => {
+            diags.at(
+                &settings_file,
+                n.referenced,
+                "max_concurrent_runs must be between 1 and 1000",
+            );
+            1
+        }
+        Some(n) => n.value as usize,
+        None => 4,
+    };
+    let audit_rotation = audit_rotation(settings.audit_rotation.as_ref(), &settings_file, diags);
+    let shutdown_grace = settings
+        .shutdown_grace
+        .as_ref()
+        .and_then(|g| duration(g, "shutdown_grace", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(30));
+    let approval_timeout = settings
+        .approval_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "approval_timeout", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(300));
+    if let Some(url) = &settings.approval_webhook
+        && reqwest::Url::parse(&url.value).is_err()
+    {
+        diags.at(
+            &settings_file,
+            url.referenced,
+            format!("approval_webhook \"{}\" is not a URL", url.value),
+        );
+    }
+    let model = settings
+        .model
+        .as_ref()
+        .and_then(|m| model::validate(&m.value, &settings_file, dir, diags));
+    let fleet_budget = settings
+        .fleet_budget
+        .as_ref()
+        .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
+    let postgres = settings
+        .state
+        .as_ref()
+        .and_then(|s| s.postgres.as_ref())
+        .map(|pg| SharedState {
+            url_file: dir.join(&pg.url_file.value),
+            ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
+            lease: pg
+                .lease
+                .as_ref()
+                .and_then(|l| duration(l, "state.postgres.lease", &settings_file, diags))
+                .filter(|l| {
+                    let ok = (Duration::from_secs(3)..=Duration::from_secs(600)).contains(l);
+                    if !ok && let Some(at) = &pg.lease {
+                        diags.at(&settings_file, at.referenced, "state.postgres.lease must be between 3s and 10m: a shorter one expires between two renewals, a longer one keeps a dead replica's runs for that long");
+                    }
+                    ok
+                })
+                .unwrap_or(Duration::from_secs(15)),
+        });
+    let replica = match &settings.replica {
+        Some(r) if !safe_name(&r.value) => {
+            diags.at(
+                &settings_file,
+                r.referenced,
+                format!("replica \"{}\" must be a lowercase name of letters, digits, '-' or '_' (it labels runs and leases)", r.value),
+            );
+            String::new()
+        }
+        Some(r) => r.value.clone(),
+        None => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .map(|h| {
+                h.to_lowercase()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .take(64)
+                    .collect()
+            })
+            .unwrap_or_else(|| "localhost".into()),
+    };
+    let mcp_idle_timeout = settings
+        .mcp_idle_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "mcp_idle_timeout", &settings_file, diags))
+        .unwrap_or(Duration::from_secs(600));
+    Settings {
+        mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
+        mcp_idle_timeout,
+        model,
+        fleet_budget,
+        postgres,
+        replica,
+        approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
+        approval_timeout,
+        approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
+        audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
+        audit_rotation,
+        audit_head: match &settings.audit_head {
+            None => AuditHead::Auto,
+            Some(v) if v.value == "journal" => AuditHead::Journal,
+            Some(v) if v.value == "none" => AuditHead::None,
+            Some(v) => {
+                diags.at(
+                    &settings_file,
+                    v.referenced,
+                    format!(
+                        "audit_head \"{}\" is not known: use `journal` (each run's head goes to the system journal) or `none`",
+                        v.value
+                    ),
+                );
+                AuditHead::None
+            }
+        },
+        kill_switch_dir: resolve(&settings.kill_switch_dir, "kill-switch"),
+        permit_key_file: resolve(&settings.permit_key_file, "state/permit.key"),
+        state_dir: resolve(&settings.state_dir, "state"),
+        listen,
+        timezone,
+        max_concurrent_runs,
+        webhook_token_file: settings
+            .webhook_token_file
+            .as_ref()
+            .map(|f| dir.join(&f.value)),
+        shutdown_grace,
+    }
+}
+
+impl Settings {
+    /// The settings of `dir`, however its runbooks and hosts are: exactly
+    /// what `serve` would use, or the problems of runwarden.yaml.
+    pub(crate) fn load(dir: &Path) -> Result<Settings, ConfigError> {
+        let mut diags = Diagnostics::default();
+        let settings = load_settings(dir, &mut diags);
+        if diags.is_empty() {
+            Ok(settings)
+        } else {
+            Err(ConfigError(diags.into_vec()))
+        }
+    }
+}
+
+pub(super) fn abs_path(
+    v: &Spanned<String>,
+    field: &str,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> PathBuf {
+    let p = PathBuf::from(&v.value);
+    if !p.is_absolute() {
+        diags.at(
+            file,
+            v.referenced,
+            format!(
+                "{field}: \"{}\" is not an absolute path",
+                v.value.escape_debug()
+            ),
+        );
+    } else if v.value.contains('\0') {
+        diags.at(
+            file,
+            v.referenced,
+            format!("{field}: path contains a NUL byte"),
+        );
+    } else if p.components().any(|c| c == std::path::Component::ParentDir) {
+        diags.at(
+            file,
+            v.referenced,
+            format!(
+                "{field}: \"{}\" contains `..`; write the path it means",
+                v.value
+            ),
+        );
+    }
+    p
+}
+
+/// `audit_rotation:`: each field defaults on its own; `max_age` and `keep`
+/// also take `never` (no rotation by age; keep every segment).
+fn audit_rotation(
+    raw: Option<&raw::AuditRotation>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Rotation {
+    let mut r = Rotation::default();
+    let Some(raw) = raw else {
+        return r;
+    };
+    if let Some(size) = &raw.max_size {
+        match bytes(&size.value) {
+            Some(b) if (4 << 10..=1 << 40).contains(&b) => r.max_bytes = b,
+            _ => diags.at(
+                file,
+                size.referenced,
+                format!(
+                    "audit_rotation.max_size \"{}\" is not a size between 4KiB and 1TiB: write e.g. 16MiB (the default; a daemon's start reads the current segment whole)",
+                    size.value
+                ),
+            ),
+        }
+    }
+    let never = |v: &Spanned<String>, field: &str, diags: &mut Diagnostics| match v.value.as_str() {
+        "never" => Ok(None),
+        _ => duration(v, field, file, diags).map(Some).ok_or(()),
+    };
+    if let Some(age) = &raw.max_age
+        && let Ok(d) = never(age, "audit_rotation.max_age", diags)
+    {
+        r.max_age = d;
+    }
+    if let Some(keep) = &raw.keep
+        && let Ok(d) = never(keep, "audit_rotation.keep", diags)
+    {
+        if d.is_some_and(|d| d < Duration::from_secs(86_400)) {
+            diags.at(
+                file,
+                keep.referenced,
+                "audit_rotation.keep must be at least 1d (or `never`): it is how long the record of what ran is kept",
+            );
+        }
+        r.keep = d;
+    }
+    if let Some(total) = &raw.max_total {
+        match total.value.as_str() {
+            "never" => r.max_total = None,
+            text => match bytes(text) {
+                Some(b) if b >= 4 * r.max_bytes => r.max_total = Some(b),
+                _ => diags.at(
+                    file,
+                    total.referenced,
+                    format!(
+                        "audit_rotation.max_total \"{}\" is not a size of at least 4 segments (4 x max_size): write e.g. 10GiB, or `never`",
+                        total.value
+                    ),
+                ),
+            },
+        }
+    }
+    r
+}
+
+/// `16MiB`, `512KiB`, `1GiB` or a number of bytes.
+fn bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let n: u64 = text[..digits].parse().ok()?;
+    let shift = match text[digits..].trim() {
+        "" | "B" => 0,
+        "KiB" | "K" => 10,
+        "MiB" | "M" => 20,
+        "GiB" | "G" => 30,
+        "TiB" | "T" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}

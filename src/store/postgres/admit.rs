@@ -1,0 +1,225 @@
+//! Admission and the fleet's queue: a notification's triggers decided in
+//! one call of `runwarden_admit_all`, a run's confirmation, taking queued
+//! runs, the triggers a replica decided alone, claims given back.
+
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use super::{Postgres, millis, one};
+use crate::store::StoreError;
+
+impl Postgres {
+    /// Decide a notification's triggers across the fleet, in one round
+    /// trip and one transaction; see `runwarden_admit_all`. They go sorted
+    /// by (runbook, host), so two replicas lock rows in the same order; the
+    /// outcomes come back in the order given. With `confirm`, the runs
+    /// that start wait for [`recorded`](Self::recorded): until then a
+    /// trigger for their host is `pending`, not a duplicate.
+    pub(in crate::store) async fn admit_all(
+        &self,
+        items: &[crate::store::Admit],
+        window: Duration,
+        direct: Option<usize>,
+        confirm: bool,
+    ) -> Result<Vec<(String, Option<i64>, bool)>, StoreError> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| {
+            (&items[a].runbook, &items[a].host).cmp(&(&items[b].runbook, &items[b].host))
+        });
+        let column = |f: &dyn Fn(&crate::store::Admit) -> String| {
+            order.iter().map(|&i| f(&items[i])).collect::<Vec<_>>()
+        };
+        let runbooks = column(&|a| a.runbook.clone());
+        let hosts = column(&|a| a.host.clone());
+        let keys = column(&|a| serde_json::to_string(&a.keys).unwrap_or_default());
+        let run_ids = column(&|a| a.run_id.clone());
+        let triggers = column(&|a| a.trigger.to_string());
+        let requests = column(&|a| a.request.clone());
+        let direct = direct.map(|d| i32::try_from(d).unwrap_or(i32::MAX));
+        let cooldowns: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| items[i].cooldown.map(millis))
+            .collect();
+        let cap_counts: Vec<Option<i32>> = order
+            .iter()
+            .map(|&i| {
+                items[i]
+                    .cap
+                    .map(|c| i32::try_from(c.count).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let caps_ms: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| items[i].cap.map(|c| millis(c.per)))
+            .collect();
+        let (lease, window) = (millis(self.lease), millis(window));
+        let fire = fire_of(items);
+        let rows = self
+            .with("recording the triggers", |c| async move {
+                c.query_typed(
+                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                    &[
+                        (&runbooks, Type::TEXT_ARRAY),
+                        (&hosts, Type::TEXT_ARRAY),
+                        (&keys, Type::TEXT_ARRAY),
+                        (&cooldowns, Type::INT8_ARRAY),
+                        (&run_ids, Type::TEXT_ARRAY),
+                        (&self.replica, Type::TEXT),
+                        (&lease, Type::INT8),
+                        (&triggers, Type::TEXT_ARRAY),
+                        (&window, Type::INT8),
+                        (&cap_counts, Type::INT4_ARRAY),
+                        (&caps_ms, Type::INT8_ARRAY),
+                        (&requests, Type::TEXT_ARRAY),
+                        (&direct, Type::INT4),
+                        (&fire, Type::TEXT),
+                        (&confirm, Type::BOOL),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        if rows.len() != items.len() {
+            return Err(StoreError::Database(format!(
+                "recording the triggers: {} outcomes for {} triggers",
+                rows.len(),
+                items.len()
+            )));
+        }
+        let mut out = vec![(String::new(), None, false); items.len()];
+        for row in rows {
+            let n: i32 = row.get(0);
+            let i = usize::try_from(n - 1)
+                .ok()
+                .and_then(|k| order.get(k).copied())
+                .ok_or_else(|| {
+                    StoreError::Database(format!("recording the triggers: no trigger {n}"))
+                })?;
+            out[i] = (row.get(1), row.get(2), row.get(3));
+        }
+        Ok(out)
+    }
+
+    /// The triggers of runs admitted here are on this machine's disk: a
+    /// retry of one is now a duplicate, and those `queued` may be taken
+    /// by any replica (see `runwarden_recorded`). Returns how many queued
+    /// runs were marked; fewer than given means the rest were removed as
+    /// stale (this replica took longer than a lease).
+    pub(crate) async fn recorded(
+        &self,
+        run_ids: &[String],
+        queued: &[String],
+    ) -> Result<usize, StoreError> {
+        let (ids, queued) = (run_ids.to_vec(), queued.to_vec());
+        self.with("confirming recorded runs", |c| async move {
+            c.query_typed(
+                "SELECT runwarden_recorded($1, $2)",
+                &[(&ids, Type::TEXT_ARRAY), (&queued, Type::TEXT_ARRAY)],
+            )
+            .await
+        })
+        .await
+        .and_then(|rows| {
+            let marked: i32 = one(rows, "confirming recorded runs")?.get(0);
+            Ok(usize::try_from(marked).unwrap_or(0))
+        })
+    }
+
+    /// Take up to `limit` queued runs of `runbooks` (see `runwarden_take`):
+    /// run id, runbook, host, token, request, the replica that queued it.
+    #[allow(clippy::type_complexity, reason = "one row of one SQL function")]
+    pub(in crate::store) async fn take_queued(
+        &self,
+        limit: usize,
+        runbooks: Vec<String>,
+    ) -> Result<Vec<(String, String, String, i64, String, String)>, StoreError> {
+        let (lease, limit) = (millis(self.lease), i32::try_from(limit).unwrap_or(i32::MAX));
+        let rows = self
+            .with("taking queued runs", |c| async move {
+                c.query_typed(
+                    "SELECT run_id, runbook, host, token, request::text, queued_by
+                     FROM runwarden_take($1, $2, $3, $4)",
+                    &[
+                        (&self.replica, Type::TEXT),
+                        (&lease, Type::INT8),
+                        (&limit, Type::INT4),
+                        (&runbooks, Type::TEXT_ARRAY),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+            .collect())
+    }
+
+    /// Record triggers this replica decided alone (the kill switch, out of
+    /// scope, no runbook), so the fleet's table holds every trigger's one
+    /// outcome, in one round trip.
+    pub(crate) async fn record_triggers(
+        &self,
+        rows: &[crate::store::Recorded],
+    ) -> Result<(), StoreError> {
+        let column =
+            |f: fn(&crate::store::Recorded) -> String| rows.iter().map(f).collect::<Vec<_>>();
+        let (runbooks, hosts, triggers, outcomes) = (
+            column(|r| r.runbook.clone()),
+            column(|r| r.host.clone()),
+            column(|r| r.trigger.to_string()),
+            column(|r| r.outcome.to_string()),
+        );
+        // Arrays of arrays must be rectangular: the keys go as JSON.
+        let keys = column(|r| serde_json::to_string(&r.keys).unwrap_or_default());
+        self.with("recording triggers", |c| async move {
+            c.query_typed(
+                "INSERT INTO runwarden_triggers (replica, runbook, host, trigger, keys, outcome)
+                 SELECT $1, r, h, t, ARRAY(SELECT jsonb_array_elements_text(k::jsonb)), o
+                 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS x(r, h, t, k, o)",
+                &[
+                    (&self.replica, Type::TEXT),
+                    (&runbooks, Type::TEXT_ARRAY),
+                    (&hosts, Type::TEXT_ARRAY),
+                    (&triggers, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&outcomes, Type::TEXT_ARRAY),
+                ],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Give back the claims of runs that were accepted here but could not be
+    /// recorded in this machine's audit log: they never start.
+    pub(crate) async fn abandon(&self, run_ids: &[String]) -> Result<(), StoreError> {
+        let ids = run_ids.to_vec();
+        self.with("giving back unrecorded claims", |c| async move {
+            c.execute(
+                "WITH queued AS (DELETE FROM runwarden_queue WHERE run_id = ANY($1)),
+                      gone AS (UPDATE runwarden_runs SET status = 'not_started', ended_at = clock_timestamp()
+                     WHERE run_id = ANY($1) RETURNING runbook, host, token)
+                 UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL
+                     FROM gone WHERE l.runbook = gone.runbook AND l.host = gone.host AND l.token = gone.token",
+                &[&ids],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+}
+
+/// The schedule fire a batch is, when it is one: every trigger a
+/// `schedule` of one runbook with the same fire key (`cron:TIME`). Every
+/// replica fires it; the first to admit it decides all of its hosts.
+fn fire_of(items: &[crate::store::Admit]) -> Option<String> {
+    let first = items.first()?;
+    let one_fire = items
+        .iter()
+        .all(|a| a.trigger == "schedule" && a.runbook == first.runbook && a.keys == first.keys);
+    (one_fire && first.keys.len() == 1).then(|| format!("{} {}", first.runbook, first.keys[0]))
+}
