@@ -104,6 +104,12 @@ pub mod transcript;
 pub mod trigger;
 pub mod verdict;
 
+/// A PostgreSQL cluster of a test's own, for the unit tests of the fleet's
+/// state (the root tier).
+#[cfg(all(test, feature = "estate"))]
+#[path = "../tests/support/pg.rs"]
+mod test_pg;
+
 /// This build's version and the commit it was built from
 /// (`runwarden --version`; the package's version is the same).
 pub const VERSION: &str = concat!(

@@ -1,14 +1,18 @@
-//! Admission across replicas: the shared PostgreSQL state decides a
-//! notification's triggers in one round trip and one transaction
-//! (`runwarden_admit_all`), a started one with the lease its run holds (or
-//! queued for the fleet, when this replica has no run permit free for it),
-//! and records what the replica decided alone beside them.
+//! Admission across replicas: a notification's triggers decided under the
+//! locks of their (runbook, host) rows in the shared PostgreSQL state, by
+//! the same [`rules`] as this machine's own admission, and everything the
+//! batch decided (its runs, their leases, each trigger's one outcome, what
+//! the replica decided alone) written in the same transaction: two round
+//! trips for the whole batch. A started run holds its lease, or waits in
+//! the fleet's queue when this replica has no run permit free for it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::rules::{self, Holder};
 use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
-use crate::store::{Admit, Postgres, Recorded};
+use crate::store::{LeaseWrite, PairRow, Postgres, RunWrite, TriggerRow, Writes};
 use crate::trigger::RunRequest;
 
 /// Admission in the shared state.
@@ -18,6 +22,28 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
+    /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
+    /// no trigger keys (so no duplicate window), its trigger on the
+    /// person's terminal rather than a sender's retry (nothing to confirm).
+    /// `Started` holds the run's lease; anything else says why it did not
+    /// start.
+    pub(crate) async fn claim(
+        &self,
+        req: &RunRequest,
+        run_id: &str,
+    ) -> Result<Admitted, crate::store::StoreError> {
+        let ask = Ask {
+            req,
+            cooldown: None,
+            cap: None,
+            run_id: run_id.to_string(),
+        };
+        let mut admitted = self.admit_batch(&[&ask], &[], 1, false).await?;
+        Ok(admitted
+            .pop()
+            .unwrap_or(Admitted::Refused(TriggerResult::Deduplicated)))
+    }
+
     /// Admission through `store`.
     pub(crate) fn new(store: Arc<Postgres>) -> Fleet {
         Fleet {
@@ -27,6 +53,13 @@ impl Fleet {
     }
 }
 
+/// What the fleet made of one ask, before its lease is held.
+enum Made {
+    Started { token: i64 },
+    Queued,
+    Refused(TriggerResult),
+}
+
 impl Admission for Fleet {
     fn admit<'a>(
         &'a self,
@@ -34,77 +67,7 @@ impl Admission for Fleet {
         decided: &'a [Decided<'a>],
         direct: usize,
     ) -> Pending<'a, Vec<Admitted>> {
-        Box::pin(async move {
-            // What a replica taking it would run: only needed when some of
-            // the asks may go to the queue (more than this replica can start).
-            let may_queue = direct < asks.len();
-            let items: Vec<Admit> = asks
-                .iter()
-                .map(|a| Admit {
-                    runbook: a.req.runbook.clone(),
-                    host: a.req.host.clone(),
-                    keys: a.req.keys.clone(),
-                    cooldown: a.cooldown,
-                    cap: a.cap,
-                    run_id: a.run_id.clone(),
-                    trigger: a.req.trigger.as_str(),
-                    request: match may_queue {
-                        true => a.req.to_queue(),
-                        false => String::new(),
-                    },
-                })
-                .collect();
-            let admitted: Vec<Admitted> = match items.is_empty() {
-                true => Vec::new(),
-                false => self
-                    .store
-                    .admit(&items, self.window, Some(direct), true)
-                    .await?
-                    .into_iter()
-                    .map(|a| match a {
-                        crate::store::Admitted::Started(lease) => Admitted::Started(Some(lease)),
-                        crate::store::Admitted::Queued => Admitted::Queued,
-                        crate::store::Admitted::Cooldown => {
-                            Admitted::Refused(TriggerResult::Cooldown)
-                        }
-                        crate::store::Admitted::KillSwitch => {
-                            Admitted::Refused(TriggerResult::KillSwitch)
-                        }
-                        crate::store::Admitted::Deduplicated => {
-                            Admitted::Refused(TriggerResult::Deduplicated)
-                        }
-                        crate::store::Admitted::Capped => Admitted::Refused(TriggerResult::Capped),
-                        crate::store::Admitted::Pending => {
-                            Admitted::Refused(TriggerResult::Pending)
-                        }
-                    })
-                    .collect(),
-            };
-            let rows: Vec<Recorded> = decided
-                .iter()
-                .map(|d| Recorded {
-                    runbook: d.runbook.to_string(),
-                    host: d.host.to_string(),
-                    trigger: d.trigger.as_str(),
-                    keys: d.keys.to_vec(),
-                    outcome: d.result.as_str(),
-                })
-                .collect();
-            if !rows.is_empty()
-                && let Err(e) = self.store.record_triggers(&rows).await
-            {
-                // None of the notification starts: give back what was claimed.
-                let claimed: Vec<String> = asks
-                    .iter()
-                    .zip(&admitted)
-                    .filter(|(_, a)| matches!(a, Admitted::Started(_) | Admitted::Queued))
-                    .map(|(ask, _)| ask.run_id.clone())
-                    .collect();
-                give_back(&self.store, &claimed).await;
-                return Err(e);
-            }
-            Ok(admitted)
-        })
+        Box::pin(self.admit_batch(asks, decided, direct, true))
     }
 
     fn abandon<'a>(&'a self, started: &'a [(&'a RunRequest, String)]) -> Pending<'a, ()> {
@@ -119,6 +82,218 @@ impl Admission for Fleet {
     fn ended(&self, _: &RunRequest) {}
 }
 
+impl Fleet {
+    /// [`Admission::admit`], and with `confirm` the runs that start wait
+    /// for this replica to say their triggers are on its disk
+    /// ([`Postgres::recorded`]) before a retry of one is their duplicate.
+    async fn admit_batch(
+        &self,
+        asks: &[&Ask<'_>],
+        decided: &[Decided<'_>],
+        direct: usize,
+        confirm: bool,
+    ) -> Result<Vec<Admitted>, crate::store::StoreError> {
+        if asks.is_empty() {
+            // Only what this replica decided alone: one statement records it.
+            if !decided.is_empty() {
+                self.store.record_triggers(&recorded(decided)).await?;
+            }
+            return Ok(Vec::new());
+        }
+        let mut pairs: Vec<(String, String)> = asks
+            .iter()
+            .map(|a| (a.req.runbook.clone(), a.req.host.clone()))
+            .collect();
+        pairs.sort();
+        pairs.dedup();
+        let within = asks
+            .iter()
+            .filter_map(|a| a.cap.map(|c| c.per))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        let mut batch = self.store.lock_batch(&pairs, fire_of(asks), within).await?;
+        let mut writes = Writes {
+            confirm,
+            ..Writes::default()
+        };
+        writes.triggers = recorded(decided);
+        let made = match batch.fire_taken {
+            // Another replica decided this schedule's fire, and
+            // recorded its hosts' outcomes.
+            true => (0..asks.len())
+                .map(|_| Made::Refused(TriggerResult::Deduplicated))
+                .collect(),
+            false => self.decide(asks, &mut batch.rows, direct, &mut writes),
+        };
+        batch.write(writes).await?;
+        Ok(asks
+            .iter()
+            .zip(made)
+            .map(|(ask, made)| match made {
+                Made::Started { token } => Admitted::Started(Some(self.store.lease(
+                    &ask.req.runbook,
+                    &ask.req.host,
+                    &ask.run_id,
+                    token,
+                ))),
+                Made::Queued => Admitted::Queued,
+                Made::Refused(result) => Admitted::Refused(result),
+            })
+            .collect())
+    }
+
+    /// Decide `asks` against their locked `rows`, in (runbook, host) order
+    /// as the rows were locked, each seeing what the ones before it made;
+    /// the first `direct` that start are this replica's to run now, the
+    /// rest go to the fleet's queue. Returns one outcome per ask, in the
+    /// asks' order, and puts what is to be written in `writes`.
+    fn decide(
+        &self,
+        asks: &[&Ask<'_>],
+        rows: &mut [PairRow],
+        direct: usize,
+        writes: &mut Writes,
+    ) -> Vec<Made> {
+        let may_queue = direct < asks.len();
+        let mut order: Vec<usize> = (0..asks.len()).collect();
+        order.sort_by(|&a, &b| {
+            let key = |i: usize| (&asks[i].req.runbook, &asks[i].req.host);
+            key(a).cmp(&key(b))
+        });
+        let mut made: Vec<Option<Made>> = (0..asks.len()).map(|_| None).collect();
+        let mut leases: BTreeMap<(String, String), LeaseWrite> = BTreeMap::new();
+        let mut claimed = 0;
+        for i in order {
+            let ask = asks[i];
+            let (runbook, host) = (&ask.req.runbook, &ask.req.host);
+            let Some(row) = rows
+                .iter_mut()
+                .find(|r| &r.runbook == runbook && &r.host == host)
+            else {
+                // Every pair was made and locked: a row missing is the
+                // database's doing, and nothing starts on it.
+                made[i] = Some(Made::Refused(TriggerResult::Pending));
+                continue;
+            };
+            let facts = rules::Facts {
+                stopped: row.stopped,
+                held: row.held.then_some(match row.unconfirmed {
+                    true => Holder::Unconfirmed,
+                    false => Holder::Confirmed,
+                }),
+                ended_ago: row.ended_ago,
+                last_started_by: &|k| row.keys.iter().any(|have| have == k),
+                started_ago: &row.started_ago,
+            };
+            let terms = rules::Terms {
+                keys: &ask.req.keys,
+                cooldown: ask.cooldown,
+                cap: ask.cap,
+                window: self.window,
+            };
+            let result = rules::decide(&facts, &terms);
+            let outcome = match result {
+                None => {
+                    let queued = may_queue && claimed >= direct;
+                    claimed += usize::from(!queued);
+                    row.token += 1;
+                    row.held = true;
+                    row.unconfirmed = writes.confirm;
+                    row.keys = ask.req.keys.clone();
+                    leases.insert(
+                        (runbook.clone(), host.clone()),
+                        LeaseWrite {
+                            runbook: runbook.clone(),
+                            host: host.clone(),
+                            keys: row.keys.clone(),
+                            started: Some((row.token, ask.run_id.clone(), queued)),
+                        },
+                    );
+                    writes.runs.push(RunWrite {
+                        run_id: ask.run_id.clone(),
+                        runbook: runbook.clone(),
+                        host: host.clone(),
+                        token: row.token,
+                        queued: queued.then(|| ask.req.to_queue()),
+                    });
+                    match queued {
+                        true => Made::Queued,
+                        false => Made::Started { token: row.token },
+                    }
+                }
+                // A duplicate of the run in flight counts as its trigger.
+                Some(TriggerResult::Deduplicated) if row.held => {
+                    for k in &ask.req.keys {
+                        if !row.keys.contains(k) {
+                            row.keys.push(k.clone());
+                        }
+                    }
+                    let lease = leases
+                        .entry((runbook.clone(), host.clone()))
+                        .or_insert_with(|| LeaseWrite {
+                            runbook: runbook.clone(),
+                            host: host.clone(),
+                            keys: Vec::new(),
+                            started: None,
+                        });
+                    lease.keys = row.keys.clone();
+                    Made::Refused(TriggerResult::Deduplicated)
+                }
+                Some(refused) => Made::Refused(refused),
+            };
+            // A pending trigger is asked again, or recorded by this
+            // replica when it gives up: one row per trigger.
+            let (outcome_name, run_id) = match &outcome {
+                Made::Started { .. } | Made::Queued => ("started", Some(ask.run_id.clone())),
+                Made::Refused(r) => (r.as_str(), None),
+            };
+            if outcome_name != TriggerResult::Pending.as_str() {
+                writes.triggers.push(TriggerRow {
+                    runbook: runbook.clone(),
+                    host: host.clone(),
+                    trigger: ask.req.trigger.as_str().to_string(),
+                    keys: ask.req.keys.clone(),
+                    outcome: outcome_name,
+                    run_id,
+                });
+            }
+            made[i] = Some(outcome);
+        }
+        writes.leases = leases.into_values().collect();
+        made.into_iter()
+            .map(|m| m.unwrap_or(Made::Refused(TriggerResult::Deduplicated)))
+            .collect()
+    }
+}
+
+/// The outcomes this replica decided alone, as the fleet records them.
+fn recorded(decided: &[Decided<'_>]) -> Vec<TriggerRow> {
+    decided
+        .iter()
+        .map(|d| TriggerRow {
+            runbook: d.runbook.to_string(),
+            host: d.host.to_string(),
+            trigger: d.trigger.as_str().to_string(),
+            keys: d.keys.to_vec(),
+            outcome: d.result.as_str(),
+            run_id: None,
+        })
+        .collect()
+}
+
+/// The schedule fire a batch is, when it is one: every ask a `schedule`
+/// of one runbook with the same fire key (`cron:TIME`). Every replica
+/// fires it; the first to admit it decides all of its hosts.
+fn fire_of(asks: &[&Ask<'_>]) -> Option<String> {
+    let first = asks.first()?.req;
+    let one_fire = asks.iter().all(|a| {
+        a.req.trigger == crate::origin::Trigger::Schedule
+            && a.req.runbook == first.runbook
+            && a.req.keys == first.keys
+    });
+    (one_fire && first.keys.len() == 1).then(|| format!("{} {}", first.runbook, first.keys[0]))
+}
+
 /// Give back the claims of runs that will not start after all.
 async fn give_back(store: &Postgres, ids: &[String]) {
     if ids.is_empty() {
@@ -129,5 +304,215 @@ async fn give_back(store: &Postgres, ids: &[String]) {
             "{} claim(s) not given back ({e}); they expire with their lease",
             ids.len()
         );
+    }
+}
+
+/// The fleet's admission against a PostgreSQL cluster of its own (the root
+/// tier: `--features estate`, as root): the table of cases both admissions
+/// are held to, and replicas of this version and of the previous one (which
+/// decides in `runwarden_admit_all`) deciding for the same hosts during a
+/// rolling upgrade.
+#[cfg(all(test, feature = "estate"))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::config::MaxRuns;
+
+    use crate::test_pg as pg;
+
+    /// A migrated cluster and this version's admission on it.
+    async fn fleet() -> (pg::Pg, tempfile::TempDir, Arc<Postgres>, Fleet) {
+        let pg = pg::Pg::start();
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("url");
+        std::fs::write(&url, pg.url()).unwrap();
+        std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let shared = crate::config::SharedState {
+            url_file: url,
+            lease: Duration::from_secs(30),
+            ca_file: None,
+        };
+        let store = Arc::new(Postgres::open(&shared, "new").unwrap());
+        store.migrate().await.unwrap();
+        (pg, dir, store.clone(), Fleet::new(store))
+    }
+
+    fn alert(runbook: &str, host: &str, keys: &[String]) -> RunRequest {
+        let mut req = RunRequest::cli(runbook.into(), host.into(), false);
+        req.trigger = crate::origin::Trigger::Alert;
+        req.keys = keys.to_vec();
+        req
+    }
+
+    /// One ask of this version's admission, as the scheduler makes it.
+    async fn admit_one(
+        fleet: &Fleet,
+        req: &RunRequest,
+        cooldown: Option<Duration>,
+        cap: Option<MaxRuns>,
+    ) -> String {
+        let ask = Ask {
+            req,
+            cooldown,
+            cap,
+            run_id: uuid::Uuid::now_v7().to_string(),
+        };
+        match fleet
+            .admit_batch(&[&ask], &[], 1, true)
+            .await
+            .unwrap()
+            .pop()
+        {
+            Some(Admitted::Started(_) | Admitted::Queued) => "started".into(),
+            Some(Admitted::Refused(r)) => r.as_str().into(),
+            None => panic!("one outcome per ask"),
+        }
+    }
+
+    /// The previous version's admission of one alert: its SQL function.
+    fn admit_the_old_way(pg: &pg::Pg, runbook: &str, host: &str, key: &str, run: &str) -> String {
+        pg.sql(&format!(
+            "SELECT outcome FROM runwarden_admit_all(ARRAY['{runbook}'], ARRAY['{host}'], ARRAY['[\"{key}\"]'], \
+             ARRAY[NULL::bigint], ARRAY['{run}'], 'old', 30000, ARRAY['alert'], 60000, ARRAY[NULL::integer], \
+             ARRAY[NULL::bigint], ARRAY['{{}}'], 1, NULL, true)"
+        ))
+    }
+
+    #[tokio::test]
+    async fn the_admission_table_on_postgres_decided_in_rust() {
+        let (pg, _dir, _store, fleet) = fleet().await;
+        let cases: Vec<serde_json::Value> =
+            serde_json::from_str(include_str!("../../tests/fixtures/admission-cases.json"))
+                .unwrap();
+        assert!(cases.len() >= 10);
+        let array = |v: &serde_json::Value| {
+            let keys: Vec<String> = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| format!("'{}'", k.as_str().unwrap()))
+                .collect();
+            format!("ARRAY[{}]::text[]", keys.join(", "))
+        };
+        for (i, case) in cases.iter().enumerate() {
+            let runbook = format!("table-{i}");
+            let before = &case["before"];
+            if before["in_flight"] == true {
+                pg.sql(&format!(
+                    "INSERT INTO runwarden_leases (runbook, host, token, run_id, replica, expires_at, keys)
+                     VALUES ('{runbook}', 'h', 1, 'before-{i}', 'other', now() + interval '1 hour', {})",
+                    array(&before["keys"])
+                ));
+            } else if let Some(ago) = before["ended_s_ago"].as_u64() {
+                pg.sql(&format!(
+                    "INSERT INTO runwarden_leases (runbook, host, token, ended_at, keys)
+                     VALUES ('{runbook}', 'h', 1, now() - interval '{ago} seconds', {})",
+                    array(&before["keys"])
+                ));
+            }
+            for (k, ago) in before["starts_s_ago"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                pg.sql(&format!(
+                    "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, started_at)
+                     VALUES ('start-{i}-{k}', '{runbook}', 'h', 'other', 1, 'ended', now() - interval '{ago} seconds')"
+                ));
+            }
+            let keys: Vec<String> = serde_json::from_value(case["keys"].clone()).unwrap();
+            let cooldown = case["cooldown_s"].as_u64().map(Duration::from_secs);
+            let cap = case["cap"].as_object().map(|c| MaxRuns {
+                count: c["count"].as_u64().unwrap() as u32,
+                per: Duration::from_secs(c["per_s"].as_u64().unwrap()),
+            });
+            let got = admit_one(&fleet, &alert(&runbook, "h", &keys), cooldown, cap).await;
+            assert_eq!(got, case["expect"].as_str().unwrap(), "{}", case["case"]);
+            // Every outcome but `pending` is the fleet's record of the trigger.
+            let recorded = pg.sql(&format!(
+                "SELECT outcome FROM runwarden_triggers WHERE runbook = '{runbook}'"
+            ));
+            assert_eq!(recorded, got, "{}", case["case"]);
+        }
+    }
+
+    /// During a rolling upgrade, replicas of the previous version decide in
+    /// SQL and this one in Rust, on the same rows under the same locks: a
+    /// run either one admitted and has not confirmed is `pending` to the
+    /// other, then a duplicate once confirmed; a schedule's fire one of
+    /// them decided is decided for the other too.
+    #[tokio::test]
+    async fn replicas_of_this_version_and_the_previous_one_admit_one_run_per_host() {
+        let (pg, _dir, store, fleet) = fleet().await;
+        let a = vec!["fp:a".to_string()];
+        // The previous version starts a run; this one hears of it.
+        assert_eq!(
+            admit_the_old_way(&pg, "rb", "old-first", "fp:a", "old-run"),
+            "started"
+        );
+        let req = alert("rb", "old-first", &a);
+        assert_eq!(admit_one(&fleet, &req, None, None).await, "pending");
+        pg.sql("SELECT runwarden_recorded(ARRAY['old-run'], ARRAY[]::text[])");
+        assert_eq!(admit_one(&fleet, &req, None, None).await, "deduplicated");
+        // This version starts a run; the previous one hears of it.
+        let req = alert("rb", "new-first", &a);
+        let ask = Ask {
+            req: &req,
+            cooldown: None,
+            cap: None,
+            run_id: "new-run".into(),
+        };
+        let started = fleet.admit_batch(&[&ask], &[], 1, true).await.unwrap();
+        assert!(
+            matches!(started[..], [Admitted::Started(Some(_))]),
+            "{started:?}"
+        );
+        assert_eq!(
+            admit_the_old_way(&pg, "rb", "new-first", "fp:b", "old-2"),
+            "pending"
+        );
+        store.recorded(&["new-run".to_string()], &[]).await.unwrap();
+        assert_eq!(
+            admit_the_old_way(&pg, "rb", "new-first", "fp:b", "old-3"),
+            "deduplicated"
+        );
+        let keys = pg.sql("SELECT keys FROM runwarden_leases WHERE host = 'new-first'");
+        assert_eq!(keys, "{fp:a,fp:b}", "the duplicate's key is the run's");
+        // A schedule's fire this version decided is decided for the other.
+        let fire = vec!["cron:2026-12-05T03:00:00Z".to_string()];
+        let mut reqs: Vec<RunRequest> = ["s1", "s2"]
+            .iter()
+            .map(|h| alert("nightly", h, &fire))
+            .collect();
+        for r in &mut reqs {
+            r.trigger = crate::origin::Trigger::Schedule;
+        }
+        let asks: Vec<Ask> = reqs
+            .iter()
+            .map(|req| Ask {
+                req,
+                cooldown: None,
+                cap: None,
+                run_id: uuid::Uuid::now_v7().to_string(),
+            })
+            .collect();
+        let asks: Vec<&Ask> = asks.iter().collect();
+        let decided = fleet.admit_batch(&asks, &[], 0, true).await.unwrap();
+        assert!(
+            decided.iter().all(|d| matches!(d, Admitted::Queued)),
+            "a fire goes to the fleet's queue: {decided:?}"
+        );
+        let old = pg.sql(&format!(
+            "SELECT string_agg(outcome, ',') FROM runwarden_admit_all(ARRAY['nightly', 'nightly'], ARRAY['s1', 's2'], \
+             ARRAY['[\"{0}\"]', '[\"{0}\"]'], ARRAY[NULL::bigint, NULL], ARRAY['o1', 'o2'], 'old', 30000, \
+             ARRAY['schedule', 'schedule'], 60000, ARRAY[NULL::integer, NULL], ARRAY[NULL::bigint, NULL], \
+             ARRAY['{{}}', '{{}}'], 0, 'nightly {0}', true)",
+            fire[0]
+        ));
+        assert_eq!(old, "deduplicated,deduplicated");
+        let runs = pg.sql("SELECT count(*) FROM runwarden_runs WHERE runbook = 'nightly'");
+        assert_eq!(runs, "2", "one run per host");
     }
 }

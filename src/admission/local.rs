@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
+use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult, rules};
 use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
 use crate::trigger::RunRequest;
@@ -94,25 +94,25 @@ impl Slot {
         cap: Option<MaxRuns>,
         window: Duration,
     ) -> Option<(TriggerResult, Option<Duration>)> {
-        if self.in_flight {
-            return Some((TriggerResult::Deduplicated, None));
-        }
-        let ago = self.ended.map(|e| e.elapsed());
-        if let Some(ago) = ago {
-            let repeat = keys.iter().any(|k| self.keys.contains(k));
-            if repeat && ago < window {
-                return Some((TriggerResult::Deduplicated, Some(ago)));
-            }
-            if cooldown.is_some_and(|c| ago < c) {
-                return Some(match repeat {
-                    true => (TriggerResult::Deduplicated, Some(ago)),
-                    false => (TriggerResult::Cooldown, Some(ago)),
-                });
-            }
-        }
-        let cap = cap?;
-        let recent = self.starts.iter().filter(|t| t.elapsed() < cap.per).count();
-        (recent >= cap.count as usize).then_some((TriggerResult::Capped, ago))
+        let ended_ago = match self.in_flight {
+            true => None,
+            false => self.ended.map(|e| e.elapsed()),
+        };
+        let started_ago: Vec<Duration> = self.starts.iter().map(|t| t.elapsed()).collect();
+        let facts = rules::Facts {
+            stopped: false,
+            held: self.in_flight.then_some(rules::Holder::Confirmed),
+            ended_ago,
+            last_started_by: &|k| self.keys.contains(k),
+            started_ago: &started_ago,
+        };
+        let terms = rules::Terms {
+            keys,
+            cooldown,
+            cap,
+            window,
+        };
+        rules::decide(&facts, &terms).map(|result| (result, ended_ago))
     }
 
     /// Decide one trigger, and hold the slot when it starts. A duplicate of

@@ -9,14 +9,16 @@
 //! switch) is decided before; [`Admission`] decides the rest and records
 //! every outcome, so counting and recording happen once, in the scheduler.
 //!
-//! Two implementations: [`Local`] keeps the slots in this process (restored
-//! from the audit log at start), [`Fleet`] asks the shared PostgreSQL state,
-//! where the same rule is `runwarden_admit` and the window is passed to it.
-//! One table of cases (`tests/fixtures/admission-cases.json`) holds both to
-//! the same outcomes.
+//! The rule itself is written once, in [`rules`], as pure functions over
+//! what is known of a (runbook, host). Two implementations gather that and
+//! keep what the rules decide: [`Local`] in this process (restored from the
+//! audit log at start), [`Fleet`] in the shared PostgreSQL state, under the
+//! rows' locks. One table of cases (`tests/fixtures/admission-cases.json`)
+//! holds both to the same outcomes.
 
 mod fleet;
 mod local;
+pub(crate) mod rules;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -18,6 +18,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::admission::{Admitted, TriggerResult};
 use crate::audit::{AuditError, AuditLog, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
@@ -291,9 +292,10 @@ impl Runner {
         let lease = match (lease, &self.store) {
             (Some(lease), _) => Some(lease),
             (None, Some(store)) if !req.dry_run => {
-                match store.claim(&req.runbook, &req.host, &run_id).await {
-                    Ok(crate::store::Admitted::Started(lease)) => Some(lease),
-                    Ok(crate::store::Admitted::KillSwitch) => {
+                let fleet = crate::admission::Fleet::new(store.clone());
+                match fleet.claim(req, &run_id).await {
+                    Ok(Admitted::Started(Some(lease))) => Some(lease),
+                    Ok(Admitted::Refused(TriggerResult::KillSwitch)) => {
                         return Err(StartError::KillSwitch(format!(
                             "the fleet's kill switch is engaged for {}: nothing ran",
                             req.runbook

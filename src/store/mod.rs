@@ -8,11 +8,14 @@
 //! PostgreSQL: it is what keeps a person's `runwarden run` and the daemon
 //! apart on one machine, and what stops a machine offline.
 //!
-//! PostgreSQL adds what several machines must agree on, each decision one
-//! SQL function call so no two replicas interleave between a check and its
-//! record:
-//! - **Admission** (`runwarden_admit`): every accepted trigger with its one
-//!   outcome; a live lease deduplicates, a recent end holds off (cooldown).
+//! PostgreSQL adds what several machines must agree on, each check and its
+//! record in one transaction so no two replicas interleave between them:
+//! - **Admission** ([`Postgres::lock_batch`]): a batch's (runbook, host)
+//!   rows locked and read, and everything decided of them written in the
+//!   same transaction, every trigger with its one outcome. The decisions
+//!   are not here: they are `admission::rules`, the same Rust functions
+//!   this machine's own admission calls. (Releases before 0.4 decided in
+//!   SQL, `runwarden_admit_all`, which stays for them during a roll.)
 //! - **Leases and fencing** ([`Lease`]): a run holds its (runbook, host)
 //!   under a token that only grows, renews it every third of the lease, and
 //!   proves it before every call in the same round trip that counts the
@@ -42,7 +45,7 @@ pub(crate) mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use postgres::{Postgres, Schema};
+pub(crate) use postgres::{LeaseWrite, PairRow, Postgres, RunWrite, Schema, TriggerRow, Writes};
 
 use crate::config::runbook::FleetBudget;
 use crate::gate::DenyReason;
@@ -76,50 +79,6 @@ pub(crate) struct Reaped {
     pub(crate) replica: String,
 }
 
-/// A trigger for the fleet to decide (see `runwarden_admit`).
-#[derive(Debug, Clone)]
-pub(crate) struct Admit {
-    /// The runbook it names.
-    pub(crate) runbook: String,
-    /// The host it names.
-    pub(crate) host: String,
-    /// Its fingerprint and group keys.
-    pub(crate) keys: Vec<String>,
-    /// The runbook's cooldown.
-    pub(crate) cooldown: Option<Duration>,
-    /// The runbook's `max_runs`.
-    pub(crate) cap: Option<crate::config::MaxRuns>,
-    /// The run id it starts under, if it starts.
-    pub(crate) run_id: String,
-    /// `alert`, `schedule`, `api`...
-    pub(crate) trigger: &'static str,
-    /// What a replica that takes it from the queue runs (see
-    /// [`crate::trigger::RunRequest::to_queue`]); empty when it cannot be
-    /// queued (the replica holds a permit for every ask of the batch).
-    pub(crate) request: String,
-}
-
-/// What the fleet made of one trigger.
-#[derive(Debug)]
-pub(crate) enum Admitted {
-    /// It starts a run, which holds this lease.
-    Started(Lease),
-    /// It starts a run the fleet's queue holds, for whichever replica has a
-    /// free run permit first ([`Postgres::take`]).
-    Queued,
-    /// The runbook ran on the host too recently.
-    Cooldown,
-    /// A run for it is in flight, or it repeats the last run's trigger.
-    Deduplicated,
-    /// The fleet's kill switch is engaged (admission saw it).
-    KillSwitch,
-    /// The runbook's `max_runs` on the host is reached, across the fleet.
-    Capped,
-    /// A run another replica admitted holds the host, and that replica has
-    /// not yet said its disk holds the trigger (see `runwarden_recorded`).
-    Pending,
-}
-
 /// A run taken from the fleet's queue: this replica's to run now.
 #[derive(Debug)]
 pub(crate) struct Taken {
@@ -146,21 +105,6 @@ pub(crate) struct ReplicaSwitch {
     pub(crate) scope: String,
     /// What the file says, and when the replica last said so.
     pub(crate) detail: String,
-}
-
-/// A trigger a replica decided alone, for the fleet's record.
-#[derive(Debug, Clone)]
-pub(crate) struct Recorded {
-    /// The runbook it named.
-    pub(crate) runbook: String,
-    /// The host it named.
-    pub(crate) host: String,
-    /// `alert`, `schedule`, `api`...
-    pub(crate) trigger: &'static str,
-    /// Its fingerprint and group keys.
-    pub(crate) keys: Vec<String>,
-    /// What became of it.
-    pub(crate) outcome: &'static str,
 }
 
 /// Which claim a run holds: its (runbook, host), its run id and token.
@@ -250,70 +194,6 @@ impl Budgets {
 }
 
 impl Postgres {
-    /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
-    /// no dedupe keys; anything but `Started` says why it did not start.
-    pub(crate) async fn claim(
-        self: &Arc<Self>,
-        runbook: &str,
-        host: &str,
-        run_id: &str,
-    ) -> Result<Admitted, StoreError> {
-        let item = Admit {
-            runbook: runbook.to_string(),
-            host: host.to_string(),
-            keys: Vec::new(),
-            cooldown: None,
-            cap: None,
-            run_id: run_id.to_string(),
-            trigger: "cli",
-            request: String::new(),
-        };
-        Ok(self
-            // No trigger keys: no repeat, so no duplicate window applies;
-            // the person's run is claimed here and now.
-            .admit(&[item], Duration::ZERO, None, false)
-            .await?
-            .pop()
-            .unwrap_or(Admitted::Deduplicated))
-    }
-
-    /// Decide a notification's triggers across the fleet (see
-    /// `runwarden_admit_all`): one outcome per trigger, in order. The first
-    /// `direct` that start are this replica's to run now, each with its
-    /// lease, renewed from now on; the others that start wait in the
-    /// fleet's queue (`None`: all are this replica's). With `confirm`, the
-    /// caller says [`recorded`](Postgres::recorded) once its disk holds the
-    /// triggers, and until then a retry of one is [`Admitted::Pending`].
-    pub(crate) async fn admit(
-        self: &Arc<Self>,
-        items: &[Admit],
-        window: Duration,
-        direct: Option<usize>,
-        confirm: bool,
-    ) -> Result<Vec<Admitted>, StoreError> {
-        let outcomes = self.admit_all(items, window, direct, confirm).await?;
-        Ok(items
-            .iter()
-            .zip(outcomes)
-            .map(
-                |(item, (outcome, token, queued))| match (outcome.as_str(), token) {
-                    ("started", Some(_)) if queued => Admitted::Queued,
-                    ("started", Some(token)) => Admitted::Started(self.lease(
-                        &item.runbook,
-                        &item.host,
-                        &item.run_id,
-                        token,
-                    )),
-                    ("cooldown", _) => Admitted::Cooldown,
-                    ("kill_switch", _) => Admitted::KillSwitch,
-                    ("capped", _) => Admitted::Capped,
-                    ("pending", _) => Admitted::Pending,
-                    _ => Admitted::Deduplicated,
-                },
-            )
-            .collect())
-    }
-
     /// Take up to `limit` runs from the fleet's queue (of the runbooks this
     /// replica knows), each now this replica's under its lease, renewed
     /// from now on. No other replica takes the same one.
@@ -338,7 +218,13 @@ impl Postgres {
     }
 
     /// The lease a run admitted under `token` holds, renewed from now on.
-    fn lease(self: &Arc<Self>, runbook: &str, host: &str, run_id: &str, token: i64) -> Lease {
+    pub(crate) fn lease(
+        self: &Arc<Self>,
+        runbook: &str,
+        host: &str,
+        run_id: &str,
+        token: i64,
+    ) -> Lease {
         let id = LeaseId {
             runbook: runbook.to_string(),
             host: host.to_string(),

@@ -1,8 +1,6 @@
-//! Admission and the fleet's queue: a notification's triggers decided in
-//! one call of `runwarden_admit_all`, a run's confirmation, taking queued
-//! runs, the triggers a replica decided alone, claims given back.
-
-use std::time::Duration;
+//! The fleet's queue and the rest of admission's storage: a run's
+//! confirmation, taking queued runs, the triggers a replica decided alone,
+//! claims given back. A batch's own transaction is `batch`.
 
 use tokio_postgres::types::Type;
 
@@ -10,97 +8,6 @@ use super::{Postgres, millis, one};
 use crate::store::StoreError;
 
 impl Postgres {
-    /// Decide a notification's triggers across the fleet, in one round
-    /// trip and one transaction; see `runwarden_admit_all`. They go sorted
-    /// by (runbook, host), so two replicas lock rows in the same order; the
-    /// outcomes come back in the order given. With `confirm`, the runs
-    /// that start wait for [`recorded`](Self::recorded): until then a
-    /// trigger for their host is `pending`, not a duplicate.
-    pub(in crate::store) async fn admit_all(
-        &self,
-        items: &[crate::store::Admit],
-        window: Duration,
-        direct: Option<usize>,
-        confirm: bool,
-    ) -> Result<Vec<(String, Option<i64>, bool)>, StoreError> {
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by(|&a, &b| {
-            (&items[a].runbook, &items[a].host).cmp(&(&items[b].runbook, &items[b].host))
-        });
-        let column = |f: &dyn Fn(&crate::store::Admit) -> String| {
-            order.iter().map(|&i| f(&items[i])).collect::<Vec<_>>()
-        };
-        let runbooks = column(&|a| a.runbook.clone());
-        let hosts = column(&|a| a.host.clone());
-        let keys = column(&|a| serde_json::to_string(&a.keys).unwrap_or_default());
-        let run_ids = column(&|a| a.run_id.clone());
-        let triggers = column(&|a| a.trigger.to_string());
-        let requests = column(&|a| a.request.clone());
-        let direct = direct.map(|d| i32::try_from(d).unwrap_or(i32::MAX));
-        let cooldowns: Vec<Option<i64>> = order
-            .iter()
-            .map(|&i| items[i].cooldown.map(millis))
-            .collect();
-        let cap_counts: Vec<Option<i32>> = order
-            .iter()
-            .map(|&i| {
-                items[i]
-                    .cap
-                    .map(|c| i32::try_from(c.count).unwrap_or(i32::MAX))
-            })
-            .collect();
-        let caps_ms: Vec<Option<i64>> = order
-            .iter()
-            .map(|&i| items[i].cap.map(|c| millis(c.per)))
-            .collect();
-        let (lease, window) = (millis(self.lease), millis(window));
-        let fire = fire_of(items);
-        let rows = self
-            .with("recording the triggers", |c| async move {
-                c.query_typed(
-                    "SELECT n, outcome, token, queued FROM runwarden_admit_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-                    &[
-                        (&runbooks, Type::TEXT_ARRAY),
-                        (&hosts, Type::TEXT_ARRAY),
-                        (&keys, Type::TEXT_ARRAY),
-                        (&cooldowns, Type::INT8_ARRAY),
-                        (&run_ids, Type::TEXT_ARRAY),
-                        (&self.replica, Type::TEXT),
-                        (&lease, Type::INT8),
-                        (&triggers, Type::TEXT_ARRAY),
-                        (&window, Type::INT8),
-                        (&cap_counts, Type::INT4_ARRAY),
-                        (&caps_ms, Type::INT8_ARRAY),
-                        (&requests, Type::TEXT_ARRAY),
-                        (&direct, Type::INT4),
-                        (&fire, Type::TEXT),
-                        (&confirm, Type::BOOL),
-                    ],
-                )
-                .await
-            })
-            .await?;
-        if rows.len() != items.len() {
-            return Err(StoreError::Database(format!(
-                "recording the triggers: {} outcomes for {} triggers",
-                rows.len(),
-                items.len()
-            )));
-        }
-        let mut out = vec![(String::new(), None, false); items.len()];
-        for row in rows {
-            let n: i32 = row.get(0);
-            let i = usize::try_from(n - 1)
-                .ok()
-                .and_then(|k| order.get(k).copied())
-                .ok_or_else(|| {
-                    StoreError::Database(format!("recording the triggers: no trigger {n}"))
-                })?;
-            out[i] = (row.get(1), row.get(2), row.get(3));
-        }
-        Ok(out)
-    }
-
     /// The triggers of runs admitted here are on this machine's disk: a
     /// retry of one is now a duplicate, and those `queued` may be taken
     /// by any replica (see `runwarden_recorded`). Returns how many queued
@@ -161,10 +68,10 @@ impl Postgres {
     /// outcome, in one round trip.
     pub(crate) async fn record_triggers(
         &self,
-        rows: &[crate::store::Recorded],
+        rows: &[crate::store::TriggerRow],
     ) -> Result<(), StoreError> {
         let column =
-            |f: fn(&crate::store::Recorded) -> String| rows.iter().map(f).collect::<Vec<_>>();
+            |f: fn(&crate::store::TriggerRow) -> String| rows.iter().map(f).collect::<Vec<_>>();
         let (runbooks, hosts, triggers, outcomes) = (
             column(|r| r.runbook.clone()),
             column(|r| r.host.clone()),
@@ -211,15 +118,4 @@ impl Postgres {
         .await
         .map(drop)
     }
-}
-
-/// The schedule fire a batch is, when it is one: every trigger a
-/// `schedule` of one runbook with the same fire key (`cron:TIME`). Every
-/// replica fires it; the first to admit it decides all of its hosts.
-fn fire_of(items: &[crate::store::Admit]) -> Option<String> {
-    let first = items.first()?;
-    let one_fire = items
-        .iter()
-        .all(|a| a.trigger == "schedule" && a.runbook == first.runbook && a.keys == first.keys);
-    (one_fire && first.keys.len() == 1).then(|| format!("{} {}", first.runbook, first.keys[0]))
 }

@@ -1,8 +1,8 @@
-//! The PostgreSQL side of shared state: one client per daemon, every
-//! decision in one SQL function call (one round trip), so no two replicas
-//! can interleave between a check and its record.
-//!
-//! The functions themselves live in `migrations/`, which `runwarden db
+//! The PostgreSQL side of shared state: one client per daemon (and one of
+//! admission's own, whose transaction spans two round trips), every check
+//! and its record in one transaction, so no two replicas can interleave
+//! between them.//!
+//! The schema and the functions the fences call live in `migrations/`, which `runwarden db
 //! migrate` applies and every daemon checks at start-up. A lost connection
 //! is dropped and made again on the next use; until then every operation
 //! fails, which the callers turn into "no call" (fencing) and 503
@@ -26,9 +26,12 @@ use tokio_postgres::{Client, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod admit;
+mod batch;
 mod lease;
 mod listen;
 mod switch;
+
+pub(crate) use batch::{LeaseWrite, PairRow, RunWrite, TriggerRow, Writes};
 
 use super::{FleetSwitch, StoreError};
 use crate::config::SharedState;
@@ -87,6 +90,9 @@ pub(crate) struct Postgres {
     /// This daemon's name among the replicas.
     pub(crate) replica: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    /// Admission's own connection: a batch's transaction spans two round
+    /// trips, which no other operation may interleave with.
+    admission: tokio::sync::Mutex<Option<Client>>,
     /// Why the last operation did not reach the database; `None` when it did.
     unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
@@ -176,6 +182,7 @@ impl Postgres {
             lease: shared.lease,
             replica: replica.to_string(),
             client: Default::default(),
+            admission: Default::default(),
             unhealthy: Mutex::new(Some("not connected yet".into())),
             switch: Default::default(),
             queue_ready: Default::default(),
@@ -212,6 +219,13 @@ impl Postgres {
             return Ok(c.clone());
         }
         *slot = None;
+        let client = Arc::new(self.connect().await?);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// A new connection, its driver spawned.
+    async fn connect(&self) -> Result<Client, StoreError> {
         let (client, connection) = tokio::time::timeout(
             op_timeout(self.lease),
             self.config.connect(self.tls.clone()),
@@ -224,8 +238,6 @@ impl Postgres {
                 tracing::debug!("PostgreSQL connection ended: {e}");
             }
         });
-        let client = Arc::new(client);
-        *slot = Some(client.clone());
         Ok(client)
     }
 
