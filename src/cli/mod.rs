@@ -218,6 +218,8 @@ pub async fn main(cli: Cli) -> i32 {
     dispatch(cli).await.unwrap_or_else(Failed::report)
 }
 
+/// One arm per command, each a call into its command's module: long as the
+/// command list is long, with nothing in it but the routing.
 async fn dispatch(cli: Cli) -> Exit {
     match cli.command {
         Command::Check {

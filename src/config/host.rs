@@ -29,42 +29,7 @@ pub(super) fn validate(
             format!("host name \"{name}\" must be 1-64 characters of a-z, 0-9, '-' or '_', starting with a letter or digit"),
         );
     }
-    let connection = match raw.connection.value {
-        raw::Connection::Local => Connection::Local,
-        raw::Connection::Agent(socket) => {
-            Connection::Agent(abs_path(&socket, "connection.agent", file, diags))
-        }
-        raw::Connection::Ssh(ssh) => {
-            if ssh.address.value.is_empty()
-                || ssh.address.value.starts_with('-')
-                || ssh
-                    .address
-                    .value
-                    .contains(|c: char| c.is_whitespace() || c == '@')
-            {
-                diags.at(
-                    file,
-                    ssh.address.referenced,
-                    "ssh.address must be a host name or an IP address",
-                );
-            }
-            if !safe_name(&ssh.user.value) {
-                diags.at(
-                    file,
-                    ssh.user.referenced,
-                    "ssh.user must be a plain account name",
-                );
-            }
-            Connection::Ssh(Ssh {
-                address: ssh.address.value.clone(),
-                port: ssh.port.unwrap_or(22),
-                user: ssh.user.value.clone(),
-                identity: abs_path(&ssh.identity, "ssh.identity", file, diags),
-                known_hosts: abs_path(&ssh.known_hosts, "ssh.known_hosts", file, diags),
-                multiplex: ssh.multiplex.unwrap_or(true),
-            })
-        }
-    };
+    let connection = connection(&raw, file, diags);
     let jail = match &raw.jail {
         Some(j) => abs_path(j, "jail", file, diags),
         None => config_dir.join("state/jail"),
@@ -117,156 +82,10 @@ pub(super) fn validate(
         .as_ref()
         .map(|p| abs_path(p, "logrotate_state", file, diags));
 
-    let mut certificates = BTreeMap::new();
-    for (cname, c) in &raw.certificates {
-        check_key(cname, "certificates", c.referenced, file, diags);
-        let unit = c.value.unit.as_ref().map(|u| {
-            if !is_unit_name(&u.value) {
-                diags.at(file, u.referenced, bad_unit_message(&u.value));
-            }
-            u.value.clone()
-        });
-        let renew = c.value.renew.as_ref().map(|argv| {
-            match argv.value.first() {
-                Some(p) if Path::new(p).is_absolute() => {}
-                _ => diags.at(
-                    file,
-                    argv.referenced,
-                    format!("certificates.{cname}.renew must be an argv list whose first element is an absolute program path, e.g. [/usr/bin/certbot, renew, --cert-name, {cname}]"),
-                ),
-            }
-            if argv.value.iter().any(|a| a.contains('\0')) {
-                diags.at(file, argv.referenced, "renew arguments must not contain NUL bytes");
-            }
-            argv.value.clone()
-        });
-        certificates.insert(
-            cname.clone(),
-            Certificate {
-                path: abs_path(&c.value.path, "certificates.path", file, diags),
-                unit,
-                renew,
-            },
-        );
-    }
-
-    let mut health_checks = BTreeMap::new();
-    for (hname, url) in &raw.health_checks {
-        check_key(hname, "health_checks", url.referenced, file, diags);
-        if let Err(why) = loopback_url(&url.value) {
-            diags.at(
-                file,
-                url.referenced,
-                format!("health_checks.{hname}: {why}"),
-            );
-        }
-        health_checks.insert(hname.clone(), url.value.clone());
-    }
-
-    let mut worker_pools = BTreeMap::new();
-    for (pname, p) in &raw.worker_pools {
-        check_key(pname, "worker_pools", p.referenced, file, diags);
-        let pool = &p.value;
-        let master = match (&pool.unit, &pool.pid_file) {
-            (Some(u), None) => {
-                if !is_unit_name(&u.value) {
-                    diags.at(file, u.referenced, bad_unit_message(&u.value));
-                }
-                PoolMaster::Unit(u.value.clone())
-            }
-            (None, Some(f)) => {
-                let pid_file = abs_path(f, "worker_pools.pid_file", file, diags);
-                let executable = match &pool.executable {
-                    Some(x) => abs_path(x, "worker_pools.executable", file, diags),
-                    None => {
-                        diags.at(
-                            file,
-                            f.referenced,
-                            format!("worker_pools.{pname}: with `pid_file`, name the master's program too (`executable: /usr/bin/gunicorn`): the pid in the file is checked against it before any signal"),
-                        );
-                        PathBuf::new()
-                    }
-                };
-                PoolMaster::PidFile {
-                    file: pid_file,
-                    executable,
-                }
-            }
-            _ => {
-                diags.at(
-                    file,
-                    p.referenced,
-                    format!("worker_pools.{pname}: give exactly one of `unit` or `pid_file` to find the master process"),
-                );
-                PoolMaster::PidFile {
-                    file: PathBuf::new(),
-                    executable: PathBuf::new(),
-                }
-            }
-        };
-        let recycle = match &pool.recycle.value {
-            raw::Recycle::Reload => {
-                if !matches!(master, PoolMaster::Unit(_)) {
-                    diags.at(
-                        file,
-                        pool.recycle.referenced,
-                        format!("worker_pools.{pname}: `recycle: reload` needs `unit`; with a pid_file use `recycle: {{signal: HUP}}`"),
-                    );
-                }
-                Recycle::Reload
-            }
-            raw::Recycle::Signal(s) => match s.trim_start_matches("SIG") {
-                "HUP" => Recycle::Signal(PoolSignal::Hup),
-                "USR2" => Recycle::Signal(PoolSignal::Usr2),
-                other => {
-                    diags.at(
-                        file,
-                        pool.recycle.referenced,
-                        format!("worker_pools.{pname}: signal \"{other}\" is not a recycle signal; use HUP (nginx, gunicorn) or USR2 (php-fpm)"),
-                    );
-                    Recycle::Signal(PoolSignal::Hup)
-                }
-            },
-        };
-        let health_check = pool.health_check.as_ref().map(|h| {
-            if !raw.health_checks.contains_key(&h.value) {
-                diags.at(
-                    file,
-                    h.referenced,
-                    format!("worker_pools.{pname}.health_check \"{}\" is not defined under health_checks", h.value),
-                );
-            }
-            h.value.clone()
-        });
-        worker_pools.insert(
-            pname.clone(),
-            WorkerPool {
-                master,
-                recycle,
-                health_check,
-            },
-        );
-    }
-
-    let defaults = Binaries::default();
-    let b = &raw.binaries;
-    let bin = |v: &Option<serde_saphyr::Spanned<String>>,
-               default: &PathBuf,
-               diags: &mut Diagnostics| match v {
-        Some(p) => abs_path(p, "binaries", file, diags),
-        None => default.clone(),
-    };
-    let binaries = Binaries {
-        systemctl: bin(&b.systemctl, &defaults.systemctl, diags),
-        journalctl: bin(&b.journalctl, &defaults.journalctl, diags),
-        logrotate: bin(&b.logrotate, &defaults.logrotate, diags),
-        df: bin(&b.df, &defaults.df, diags),
-        du: bin(&b.du, &defaults.du, diags),
-        ps: bin(&b.ps, &defaults.ps, diags),
-        kill: bin(&b.kill, &defaults.kill, diags),
-        sudo: bin(&b.sudo, &defaults.sudo, diags),
-        ssh: bin(&b.ssh, &defaults.ssh, diags),
-    };
+    let certificates = certificates(&raw, file, diags);
+    let health_checks = health_checks(&raw, file, diags);
+    let worker_pools = worker_pools(&raw, file, diags);
+    let binaries = binaries(&raw, file, diags);
 
     let allow = allow_lists(&raw.allow, file, diags);
     let unsandboxed_tier1 = match &raw.unsandboxed_tier1 {
@@ -316,6 +135,237 @@ pub(super) fn validate(
 /// `allow:`: each list named like an argument, each value safe to put in
 /// an argv element (the value checks of a declared argument apply to them
 /// again at every call).
+/// `connection:`: this machine, its agent's socket, or SSH.
+fn connection(raw: &raw::Host, file: &Path, diags: &mut Diagnostics) -> Connection {
+    match &raw.connection.value {
+        raw::Connection::Local => Connection::Local,
+        raw::Connection::Agent(socket) => {
+            Connection::Agent(abs_path(socket, "connection.agent", file, diags))
+        }
+        raw::Connection::Ssh(ssh) => {
+            if ssh.address.value.is_empty()
+                || ssh.address.value.starts_with('-')
+                || ssh
+                    .address
+                    .value
+                    .contains(|c: char| c.is_whitespace() || c == '@')
+            {
+                diags.at(
+                    file,
+                    ssh.address.referenced,
+                    "ssh.address must be a host name or an IP address",
+                );
+            }
+            if !safe_name(&ssh.user.value) {
+                diags.at(
+                    file,
+                    ssh.user.referenced,
+                    "ssh.user must be a plain account name",
+                );
+            }
+            Connection::Ssh(Ssh {
+                address: ssh.address.value.clone(),
+                port: ssh.port.unwrap_or(22),
+                user: ssh.user.value.clone(),
+                identity: abs_path(&ssh.identity, "ssh.identity", file, diags),
+                known_hosts: abs_path(&ssh.known_hosts, "ssh.known_hosts", file, diags),
+                multiplex: ssh.multiplex.unwrap_or(true),
+            })
+        }
+    }
+}
+
+/// `certificates:`: each one's path, the unit that serves it, its renew argv.
+fn certificates(
+    raw: &raw::Host,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, Certificate> {
+    let mut certificates = BTreeMap::new();
+    for (cname, c) in &raw.certificates {
+        check_key(cname, "certificates", c.referenced, file, diags);
+        let unit = c.value.unit.as_ref().map(|u| {
+            if !is_unit_name(&u.value) {
+                diags.at(file, u.referenced, bad_unit_message(&u.value));
+            }
+            u.value.clone()
+        });
+        let renew = c.value.renew.as_ref().map(|argv| {
+            match argv.value.first() {
+                Some(p) if Path::new(p).is_absolute() => {}
+                _ => diags.at(
+                    file,
+                    argv.referenced,
+                    format!("certificates.{cname}.renew must be an argv list whose first element is an absolute program path, e.g. [/usr/bin/certbot, renew, --cert-name, {cname}]"),
+                ),
+            }
+            if argv.value.iter().any(|a| a.contains('\0')) {
+                diags.at(file, argv.referenced, "renew arguments must not contain NUL bytes");
+            }
+            argv.value.clone()
+        });
+        certificates.insert(
+            cname.clone(),
+            Certificate {
+                path: abs_path(&c.value.path, "certificates.path", file, diags),
+                unit,
+                renew,
+            },
+        );
+    }
+    certificates
+}
+
+/// `health_checks:`: loopback URLs by name.
+fn health_checks(
+    raw: &raw::Host,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, String> {
+    let mut health_checks = BTreeMap::new();
+    for (hname, url) in &raw.health_checks {
+        check_key(hname, "health_checks", url.referenced, file, diags);
+        if let Err(why) = loopback_url(&url.value) {
+            diags.at(
+                file,
+                url.referenced,
+                format!("health_checks.{hname}: {why}"),
+            );
+        }
+        health_checks.insert(hname.clone(), url.value.clone());
+    }
+    health_checks
+}
+
+/// `worker_pools:`, each through [`worker_pool`].
+fn worker_pools(
+    raw: &raw::Host,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, WorkerPool> {
+    let mut worker_pools = BTreeMap::new();
+    for (pname, p) in &raw.worker_pools {
+        check_key(pname, "worker_pools", p.referenced, file, diags);
+        let pool = worker_pool(pname, p, &raw.health_checks, file, diags);
+        worker_pools.insert(pname.clone(), pool);
+    }
+    worker_pools
+}
+
+/// One worker pool: how its master is found (a unit, or a pid file and
+/// the program it must be), how it is recycled, the health check after.
+fn worker_pool<H>(
+    pname: &str,
+    p: &serde_saphyr::Spanned<raw::WorkerPool>,
+    health_checks: &BTreeMap<String, H>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> WorkerPool {
+    let pool = &p.value;
+    let master = match (&pool.unit, &pool.pid_file) {
+        (Some(u), None) => {
+            if !is_unit_name(&u.value) {
+                diags.at(file, u.referenced, bad_unit_message(&u.value));
+            }
+            PoolMaster::Unit(u.value.clone())
+        }
+        (None, Some(f)) => {
+            let pid_file = abs_path(f, "worker_pools.pid_file", file, diags);
+            let executable = match &pool.executable {
+                Some(x) => abs_path(x, "worker_pools.executable", file, diags),
+                None => {
+                    diags.at(
+                        file,
+                        f.referenced,
+                        format!("worker_pools.{pname}: with `pid_file`, name the master's program too (`executable: /usr/bin/gunicorn`): the pid in the file is checked against it before any signal"),
+                    );
+                    PathBuf::new()
+                }
+            };
+            PoolMaster::PidFile {
+                file: pid_file,
+                executable,
+            }
+        }
+        _ => {
+            diags.at(
+                file,
+                p.referenced,
+                format!("worker_pools.{pname}: give exactly one of `unit` or `pid_file` to find the master process"),
+            );
+            PoolMaster::PidFile {
+                file: PathBuf::new(),
+                executable: PathBuf::new(),
+            }
+        }
+    };
+    let recycle = match &pool.recycle.value {
+        raw::Recycle::Reload => {
+            if !matches!(master, PoolMaster::Unit(_)) {
+                diags.at(
+                    file,
+                    pool.recycle.referenced,
+                    format!("worker_pools.{pname}: `recycle: reload` needs `unit`; with a pid_file use `recycle: {{signal: HUP}}`"),
+                );
+            }
+            Recycle::Reload
+        }
+        raw::Recycle::Signal(s) => match s.trim_start_matches("SIG") {
+            "HUP" => Recycle::Signal(PoolSignal::Hup),
+            "USR2" => Recycle::Signal(PoolSignal::Usr2),
+            other => {
+                diags.at(
+                    file,
+                    pool.recycle.referenced,
+                    format!("worker_pools.{pname}: signal \"{other}\" is not a recycle signal; use HUP (nginx, gunicorn) or USR2 (php-fpm)"),
+                );
+                Recycle::Signal(PoolSignal::Hup)
+            }
+        },
+    };
+    let health_check = pool.health_check.as_ref().map(|h| {
+        if !health_checks.contains_key(&h.value) {
+            diags.at(
+                file,
+                h.referenced,
+                format!(
+                    "worker_pools.{pname}.health_check \"{}\" is not defined under health_checks",
+                    h.value
+                ),
+            );
+        }
+        h.value.clone()
+    });
+    WorkerPool {
+        master,
+        recycle,
+        health_check,
+    }
+}
+
+/// `binaries:`: each an absolute path, Debian's where unset.
+fn binaries(raw: &raw::Host, file: &Path, diags: &mut Diagnostics) -> Binaries {
+    let defaults = Binaries::default();
+    let b = &raw.binaries;
+    let bin = |v: &Option<serde_saphyr::Spanned<String>>,
+               default: &PathBuf,
+               diags: &mut Diagnostics| match v {
+        Some(p) => abs_path(p, "binaries", file, diags),
+        None => default.clone(),
+    };
+    Binaries {
+        systemctl: bin(&b.systemctl, &defaults.systemctl, diags),
+        journalctl: bin(&b.journalctl, &defaults.journalctl, diags),
+        logrotate: bin(&b.logrotate, &defaults.logrotate, diags),
+        df: bin(&b.df, &defaults.df, diags),
+        du: bin(&b.du, &defaults.du, diags),
+        ps: bin(&b.ps, &defaults.ps, diags),
+        kill: bin(&b.kill, &defaults.kill, diags),
+        sudo: bin(&b.sudo, &defaults.sudo, diags),
+        ssh: bin(&b.ssh, &defaults.ssh, diags),
+    }
+}
+
 fn allow_lists(
     raw: &BTreeMap<String, serde_saphyr::Spanned<Vec<serde_saphyr::Spanned<String>>>>,
     file: &Path,

@@ -394,6 +394,10 @@ impl Gate {
     }
 
     /// Decide one call. Every call counts toward `max_steps`, whatever the decision.
+    ///
+    /// One function, in the order the checks are made (kill switch, scope,
+    /// arguments, approval, budget): the order is the safety property, and
+    /// it reads top to bottom here rather than across helpers.
     pub(crate) fn check(&mut self, call: &ProposedCall) -> Decision {
         self.budget.count_step();
         let deny = |reason, detail: String, tool| {

@@ -463,7 +463,78 @@ pub(super) fn validate(
         );
     }
 
-    let autonomy = match raw.autonomy.value.as_str() {
+    let autonomy = autonomy(&raw, file, diags);
+    let on_resolved = on_resolved(&raw, file, diags);
+    let host_names = runbook_hosts(&raw, hosts, file, diags);
+    let observe = tool_list(&raw.tools.observe, Tier::Observe, tools, file, diags);
+    let approve = tool_list(&raw.tools.approve, Tier::Change, tools, file, diags);
+
+    if let Some(s) = &raw.schedule
+        && let Err(e) = check_schedule(&s.value)
+    {
+        diags.at(
+            file,
+            s.referenced,
+            format!(
+                "schedule \"{}\" {e}; use 5-field crontab syntax such as \"0 3 * * 1\" or @daily",
+                s.value
+            ),
+        );
+    }
+    let cooldown = raw
+        .cooldown
+        .as_ref()
+        .and_then(|c| duration(c, "cooldown", file, diags));
+    let max_runs = raw.max_runs.as_ref().and_then(|m| max_runs(m, file, diags));
+    let demote_after = raw
+        .demote_after
+        .as_ref()
+        .and_then(|d| demote_after(d, autonomy, file, diags));
+    let on_alert = on_alert(&raw, hosts, file, diags);
+    let budget = budget(&raw, file, diags);
+    let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
+    let agent = agent(&raw, &budget, model_configured, file, diags);
+    let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
+    if raw.steps.is_empty() && agent.is_none() && planner != PlannedBy::Mcp {
+        diags.at(
+            file,
+            raw.name.referenced,
+            "the runbook has neither steps nor an agent goal: it would do nothing",
+        );
+    }
+
+    if diags.len() != before {
+        return None;
+    }
+    Some(Runbook {
+        name,
+        description: raw.description,
+        hosts: host_names,
+        autonomy: autonomy?,
+        schedule: raw.schedule.map(|s| s.value),
+        on_alert,
+        cooldown,
+        max_runs,
+        on_resolved,
+        demote_after,
+        observe,
+        approve,
+        budget,
+        fleet_budget: raw
+            .fleet_budget
+            .as_ref()
+            .and_then(|f| fleet_budget(f, file, diags)),
+        steps,
+        agent,
+        planner,
+        version,
+        source: file.to_path_buf(),
+    })
+}
+
+/// `autonomy:` (L1, L2 or L3).
+fn autonomy(raw: &raw::Runbook, file: &Path, diags: &mut Diagnostics) -> Option<Autonomy> {
+    match raw.autonomy.value.as_str() {
         "L1" => Some(Autonomy::L1),
         "L3" => Some(Autonomy::L3),
         "L2" => Some(Autonomy::L2),
@@ -477,9 +548,12 @@ pub(super) fn validate(
             );
             None
         }
-    };
+    }
+}
 
-    let on_resolved = match raw.on_resolved.as_ref().map(|s| s.value.as_str()) {
+/// `on_resolved:` (what a resolved alert does to its run's approvals).
+fn on_resolved(raw: &raw::Runbook, file: &Path, diags: &mut Diagnostics) -> OnResolved {
+    match raw.on_resolved.as_ref().map(|s| s.value.as_str()) {
         None | Some("withdraw_approvals") => OnResolved::WithdrawApprovals,
         Some("ignore") => OnResolved::Ignore,
         Some(other) => {
@@ -494,8 +568,17 @@ pub(super) fn validate(
             }
             OnResolved::default()
         }
-    };
+    }
+}
 
+/// `hosts:`: each defined in hosts/, none twice; their names as the
+/// config holds them.
+fn runbook_hosts(
+    raw: &raw::Runbook,
+    hosts: &BTreeMap<String, std::sync::Arc<str>>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Vec<std::sync::Arc<str>> {
     let mut host_names = Vec::new();
     let mut seen = std::collections::HashSet::new();
     if raw.hosts.value.is_empty() {
@@ -530,32 +613,17 @@ pub(super) fn validate(
                 .unwrap_or_else(|| h.value.as_str().into()),
         );
     }
+    host_names
+}
 
-    let observe = tool_list(&raw.tools.observe, Tier::Observe, tools, file, diags);
-    let approve = tool_list(&raw.tools.approve, Tier::Change, tools, file, diags);
-
-    if let Some(s) = &raw.schedule
-        && let Err(e) = check_schedule(&s.value)
-    {
-        diags.at(
-            file,
-            s.referenced,
-            format!(
-                "schedule \"{}\" {e}; use 5-field crontab syntax such as \"0 3 * * 1\" or @daily",
-                s.value
-            ),
-        );
-    }
-    let cooldown = raw
-        .cooldown
-        .as_ref()
-        .and_then(|c| duration(c, "cooldown", file, diags));
-    let max_runs = raw.max_runs.as_ref().and_then(|m| max_runs(m, file, diags));
-    let demote_after = raw
-        .demote_after
-        .as_ref()
-        .and_then(|d| demote_after(d, autonomy, file, diags));
-    let on_alert = raw.on_alert.as_ref().map(|a| {
+/// `on_alert:`: its matchers parsed, its host map's hosts defined.
+fn on_alert(
+    raw: &raw::Runbook,
+    hosts: &BTreeMap<String, std::sync::Arc<str>>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<OnAlert> {
+    raw.on_alert.as_ref().map(|a| {
         let mut matchers = Vec::new();
         for m in &a.matchers {
             match super::matchers::Matcher::parse(&m.value) {
@@ -586,8 +654,11 @@ pub(super) fn validate(
             host_label: a.host_label.value.clone(),
             host_map: a.host_map.clone(),
         }
-    });
+    })
+}
 
+/// `budget:`, each limit within its bounds; the defaults where unset.
+fn budget(raw: &raw::Runbook, file: &Path, diags: &mut Diagnostics) -> Budget {
     let mut budget = Budget::default();
     if let Some(s) = &raw.budget.max_steps {
         if s.value == 0 || s.value > 1000 {
@@ -614,7 +685,18 @@ pub(super) fn validate(
     {
         budget.max_duration = d;
     }
+    budget
+}
 
+/// `steps:`, each checked against the runbook's tool lists; `None` when
+/// there are more than any budget could run.
+fn steps(
+    raw: &raw::Runbook,
+    file: &Path,
+    tools: &crate::tools::Tools,
+    (observe, approve): (&BTreeSet<ToolId>, &BTreeSet<ToolId>),
+    diags: &mut Diagnostics,
+) -> Option<Vec<Step>> {
     if raw.steps.len() > MAX_STEPS {
         diags.at(
             file,
@@ -631,13 +713,24 @@ pub(super) fn validate(
     let mut steps = Vec::new();
     for (i, step) in raw.steps.iter().enumerate() {
         if let Some(s) = validate_step(
-            i, step, file, tools, &observe, &approve, &env, &mut ids, diags,
+            i, step, file, tools, observe, approve, &env, &mut ids, diags,
         ) {
             steps.push(s);
         }
     }
+    Some(steps)
+}
 
-    let agent = raw.agent.as_ref().map(|a| {
+/// `agent:`: a goal, steps within the budget, and a planner that can
+/// work toward it.
+fn agent(
+    raw: &raw::Runbook,
+    budget: &Budget,
+    model_configured: bool,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<Agent> {
+    raw.agent.as_ref().map(|a| {
         let max_steps = a.value.max_steps.as_ref().map_or(budget.max_steps, |m| {
             if m.value == 0 || m.value > budget.max_steps {
                 diags.at(
@@ -686,8 +779,19 @@ pub(super) fn validate(
             max_steps,
             after_steps: a.value.after_steps,
         }
-    });
-    let planner = match raw.planner.as_ref() {
+    })
+}
+
+/// `planner:` (steps, model or mcp), and whether the runbook has what
+/// that planner needs.
+fn planner(
+    raw: &raw::Runbook,
+    agent: Option<&Agent>,
+    model_configured: bool,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> PlannedBy {
+    match raw.planner.as_ref() {
         None if raw.steps.is_empty() => PlannedBy::Model,
         None => PlannedBy::Steps,
         Some(p) => match p.value.as_str() {
@@ -754,42 +858,7 @@ pub(super) fn validate(
                 PlannedBy::Steps
             }
         },
-    };
-    if raw.steps.is_empty() && agent.is_none() && planner != PlannedBy::Mcp {
-        diags.at(
-            file,
-            raw.name.referenced,
-            "the runbook has neither steps nor an agent goal: it would do nothing",
-        );
     }
-
-    if diags.len() != before {
-        return None;
-    }
-    Some(Runbook {
-        name,
-        description: raw.description,
-        hosts: host_names,
-        autonomy: autonomy?,
-        schedule: raw.schedule.map(|s| s.value),
-        on_alert,
-        cooldown,
-        max_runs,
-        on_resolved,
-        demote_after,
-        observe,
-        approve,
-        budget,
-        fleet_budget: raw
-            .fleet_budget
-            .as_ref()
-            .and_then(|f| fleet_budget(f, file, diags)),
-        steps,
-        agent,
-        planner,
-        version,
-        source: file.to_path_buf(),
-    })
 }
 
 fn tool_list(
