@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Client;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Statement};
 
 use super::{Postgres, millis, op_timeout, unreachable};
 use crate::store::StoreError;
@@ -92,16 +92,55 @@ pub(crate) struct Writes {
     pub(crate) confirm: bool,
 }
 
+/// Admission's connection and its statements, prepared once per
+/// connection (each is planned once, not per batch).
+pub(crate) struct Prepared {
+    client: Client,
+    claim: Statement,
+    make: Statement,
+    lock: Statement,
+    read: Statement,
+    write: Statement,
+}
+
+impl Prepared {
+    /// Prepare every statement on `client`: one round trip.
+    async fn on(client: Client) -> Result<Prepared, tokio_postgres::Error> {
+        use Type as T;
+        let pairs = [T::TEXT_ARRAY, T::TEXT_ARRAY];
+        let (claim, make, lock, read, write) = tokio::try_join!(
+            client.prepare_typed(CLAIM, &[T::TEXT]),
+            client.prepare_typed(MAKE, &pairs),
+            client.prepare_typed(LOCK, &pairs),
+            client.prepare_typed(READ, &[T::TEXT_ARRAY, T::TEXT_ARRAY, T::INT8]),
+            client.prepare_typed(WRITE, &WRITE_TYPES),
+        )?;
+        Ok(Prepared {
+            client,
+            claim,
+            make,
+            lock,
+            read,
+            write,
+        })
+    }
+}
+
 /// A batch's rows, locked: [`Locked::write`] ends it.
 pub(crate) struct Locked<'a> {
     store: &'a Postgres,
-    conn: tokio::sync::MutexGuard<'a, Option<Client>>,
+    conn: tokio::sync::MutexGuard<'a, Option<Prepared>>,
     /// Every (runbook, host) asked for, in (runbook, host) order.
     pub(crate) rows: Vec<PairRow>,
     /// The batch is a schedule's fire another replica already decided.
     pub(crate) fire_taken: bool,
     fire: bool,
 }
+
+const CLAIM: &str = "INSERT INTO runwarden_fires (fire) VALUES ($1) ON CONFLICT DO NOTHING";
+
+const MAKE: &str = "INSERT INTO runwarden_leases (runbook, host)
+     SELECT * FROM unnest($1::text[], $2::text[]) ORDER BY 1, 2 ON CONFLICT DO NOTHING";
 
 const LOCK: &str = "SELECT 1 FROM runwarden_leases l
      JOIN unnest($1::text[], $2::text[]) AS p(runbook, host) USING (runbook, host)
@@ -154,6 +193,31 @@ const WRITE: &str = "WITH leases AS (
      FROM unnest($15::text[], $16::text[], $17::text[], $18::text[], $19::text[], $20::text[])
           AS x(rb, h, t, k, o, id)";
 
+/// The types of [`WRITE`]'s parameters.
+const WRITE_TYPES: [Type; 21] = [
+    Type::TEXT,
+    Type::INT8,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::BOOL,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BOOL,
+];
+
 impl Postgres {
     /// Lock and read the rows of `pairs` (each made when missing) for a
     /// batch's decisions; with `fire`, first claim that schedule fire for
@@ -169,8 +233,12 @@ impl Postgres {
         let mut conn = self.admission.lock().await;
         let limit = op_timeout(self.lease);
         let opened = tokio::time::timeout(limit, async {
-            if conn.as_ref().is_none_or(|c| c.is_closed()) {
-                *conn = Some(self.connect().await?);
+            if conn.as_ref().is_none_or(|p| p.client.is_closed()) {
+                let client = self.connect().await?;
+                let prepared = Prepared::on(client)
+                    .await
+                    .map_err(|e| self.failed("preparing admission's statements", &e))?;
+                *conn = Some(prepared);
             }
             let Some(c) = conn.as_ref() else {
                 return Err(StoreError::Unreachable("no connection".into()));
@@ -205,35 +273,22 @@ impl Postgres {
 
 /// `BEGIN`, the fire's claim, the rows made, locked and read: one round trip.
 async fn read_locked(
-    c: &Client,
+    p: &Prepared,
     pairs: &[(String, String)],
     fire: Option<&str>,
     started_within: Duration,
 ) -> Result<(Vec<PairRow>, bool), tokio_postgres::Error> {
+    let c = &p.client;
     let runbooks: Vec<&str> = pairs.iter().map(|(r, _)| r.as_str()).collect();
     let hosts: Vec<&str> = pairs.iter().map(|(_, h)| h.as_str()).collect();
     let within = millis(started_within);
-    let pairs: [(&(dyn ToSql + Sync), Type); 3] = [
-        (&runbooks, Type::TEXT_ARRAY),
-        (&hosts, Type::TEXT_ARRAY),
-        (&within, Type::INT8),
-    ];
-    let make = c.execute_typed(
-        "INSERT INTO runwarden_leases (runbook, host)
-         SELECT * FROM unnest($1::text[], $2::text[]) ORDER BY 1, 2 ON CONFLICT DO NOTHING",
-        &pairs[..2],
-    );
-    let lock = c.query_typed(LOCK, &pairs[..2]);
-    let read = c.query_typed(READ, &pairs);
+    let params: [&(dyn ToSql + Sync); 3] = [&runbooks, &hosts, &within];
+    let make = c.execute(&p.make, &params[..2]);
+    let lock = c.query(&p.lock, &params[..2]);
+    let read = c.query(&p.read, &params);
     let claim = async {
         match fire {
-            Some(fire) => c
-                .execute_typed(
-                    "INSERT INTO runwarden_fires (fire) VALUES ($1) ON CONFLICT DO NOTHING",
-                    &[(&fire, Type::TEXT)],
-                )
-                .await
-                .map(|n| n == 0),
+            Some(fire) => c.execute(&p.claim, &[&fire]).await.map(|n| n == 0),
             None => Ok(false),
         }
     };
@@ -287,7 +342,12 @@ impl Locked<'_> {
 }
 
 /// The one statement of every write, then `COMMIT`, pipelined.
-async fn write_all(c: &Client, store: &Postgres, w: &Writes, fire: bool) -> Result<(), StoreError> {
+async fn write_all(
+    p: &Prepared,
+    store: &Postgres,
+    w: &Writes,
+    fire: bool,
+) -> Result<(), StoreError> {
     let json = |keys: &Vec<String>| serde_json::to_string(keys).unwrap_or_default();
     let lease_ms = millis(store.lease);
     let l = &w.leases;
@@ -318,31 +378,31 @@ async fn write_all(c: &Client, store: &Postgres, w: &Writes, fire: bool) -> Resu
     let t_k: Vec<String> = t.iter().map(|x| json(&x.keys)).collect();
     let t_o: Vec<&str> = t.iter().map(|x| x.outcome).collect();
     let t_id: Vec<Option<&str>> = t.iter().map(|x| x.run_id.as_deref()).collect();
-    let params: [(&(dyn ToSql + Sync), Type); 21] = [
-        (&store.replica, Type::TEXT),
-        (&lease_ms, Type::INT8),
-        (&l_rb, Type::TEXT_ARRAY),
-        (&l_h, Type::TEXT_ARRAY),
-        (&l_keys, Type::TEXT_ARRAY),
-        (&l_token, Type::INT8_ARRAY),
-        (&l_run, Type::TEXT_ARRAY),
-        (&l_queued, Type::BOOL_ARRAY),
-        (&w.confirm, Type::BOOL),
-        (&r_id, Type::TEXT_ARRAY),
-        (&r_rb, Type::TEXT_ARRAY),
-        (&r_h, Type::TEXT_ARRAY),
-        (&r_tok, Type::INT8_ARRAY),
-        (&r_req, Type::TEXT_ARRAY),
-        (&t_rb, Type::TEXT_ARRAY),
-        (&t_h, Type::TEXT_ARRAY),
-        (&t_t, Type::TEXT_ARRAY),
-        (&t_k, Type::TEXT_ARRAY),
-        (&t_o, Type::TEXT_ARRAY),
-        (&t_id, Type::TEXT_ARRAY),
-        (&fire, Type::BOOL),
+    let params: [&(dyn ToSql + Sync); 21] = [
+        &store.replica,
+        &lease_ms,
+        &l_rb,
+        &l_h,
+        &l_keys,
+        &l_token,
+        &l_run,
+        &l_queued,
+        &w.confirm,
+        &r_id,
+        &r_rb,
+        &r_h,
+        &r_tok,
+        &r_req,
+        &t_rb,
+        &t_h,
+        &t_t,
+        &t_k,
+        &t_o,
+        &t_id,
+        &fire,
     ];
-    let write = c.execute_typed(WRITE, &params);
-    let committed = tokio::try_join!(write, c.batch_execute("COMMIT"));
+    let c = &p.client;
+    let committed = tokio::try_join!(c.execute(&p.write, &params), c.batch_execute("COMMIT"));
     committed
         .map(drop)
         .map_err(|e| store.failed("recording the triggers", &e))

@@ -92,7 +92,7 @@ pub(crate) struct Postgres {
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Admission's own connection: a batch's transaction spans two round
     /// trips, which no other operation may interleave with.
-    admission: tokio::sync::Mutex<Option<Client>>,
+    admission: tokio::sync::Mutex<Option<batch::Prepared>>,
     /// Why the last operation did not reach the database; `None` when it did.
     unhealthy: Mutex<Option<String>>,
     /// The fleet's kill switch, as last heard.
