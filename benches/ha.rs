@@ -15,6 +15,10 @@
 //!    replica's, how many runs each replica ran, and whether any host ran
 //!    twice. Rounds interleave one and three replicas.
 //!
+//! `RUNWARDEN_BENCH_PREVIOUS=PATH` (a previous release's binary) adds a
+//! storm over three replicas in the middle of a roll: replica `a` that
+//! release, `b` and `c` this build; its figures are the check that a
+//! mixed fleet records every alert once and starts no host twice.
 //! `RUNWARDEN_BENCH_ONLY=fanout` runs part 4 alone;
 //! `RUNWARDEN_BENCH_ROUNDS` sets its rounds (default 3).
 //! The database is a cluster of the bench's own (tests/support/pg.rs).
@@ -360,16 +364,26 @@ fn main() {
         ms(percentile(&postgres, 0.99)) / ms(percentile(&local, 0.99))
     );
 
-    // 2. The storm, against one replica and against three.
+    // 2. The storm, against one replica and against three (and, given a
+    // previous release, three of which `a` is that release).
     let notifications = 200;
-    for replicas in [1, 3] {
+    let previous = std::env::var_os("RUNWARDEN_BENCH_PREVIOUS").map(PathBuf::from);
+    let mut rounds = vec![(1, None), (3, None)];
+    if let Some(bin) = &previous {
+        rounds.push((3, Some(bin.as_path())));
+    }
+    for (replicas, previous) in rounds {
         pg.sql("TRUNCATE runwarden_triggers, runwarden_runs, runwarden_leases");
         let dirs: Vec<_> = (0..replicas)
             .map(|r| estate(Some((&pg, ["a", "b", "c"][r])), 1).0)
             .collect();
         let daemons: Vec<Daemon> = dirs
             .iter()
-            .map(|d| start_logging(d.path(), "warn"))
+            .enumerate()
+            .map(|(i, d)| match previous {
+                Some(bin) if i == 0 => start_binary(bin, d.path(), "warn"),
+                _ => start_logging(d.path(), "warn"),
+            })
             .collect();
         let addrs: Vec<String> = daemons.iter().map(|d| d.addr.clone()).collect();
         let (lat, wall) = storm(&addrs, notifications);
@@ -379,8 +393,12 @@ fn main() {
         let twice = pg.sql(
             "SELECT count(*) FROM (SELECT host FROM runwarden_triggers WHERE outcome = 'started' GROUP BY host HAVING count(*) > 1) t",
         );
+        let mixed = match previous {
+            Some(bin) => format!(" (a: {})", bin.display()),
+            None => String::new(),
+        };
         println!(
-            "storm, {alerts} alerts in {notifications} notifications over {HOSTS} hosts, {replicas} replica(s):"
+            "storm, {alerts} alerts in {notifications} notifications over {HOSTS} hosts, {replicas} replica(s){mixed}:"
         );
         println!(
             "  accept p50 / p99 : {:.2} / {:.2} ms; {:.0} alerts/s",

@@ -141,8 +141,18 @@ pub fn start_quiet(dir: &Path) -> Daemon {
 }
 
 fn spawn_daemon(dir: &Path, level: &str, log: Stdio) -> Daemon {
+    spawn_binary(Path::new(env!("CARGO_BIN_EXE_runwarden")), dir, level, log)
+}
+
+/// `bin serve` on a free loopback port, logging at `level`: another build
+/// of runwarden (a previous release, for a fleet in the middle of a roll).
+pub fn start_binary(bin: &Path, dir: &Path, level: &str) -> Daemon {
+    spawn_binary(bin, dir, level, Stdio::inherit())
+}
+
+fn spawn_binary(bin: &Path, dir: &Path, level: &str, log: Stdio) -> Daemon {
     let t = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(dir)
         .env("RUNWARDEN_LOG", level)
