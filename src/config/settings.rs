@@ -26,36 +26,8 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         let p = v.as_ref().map(|s| s.value.as_str()).unwrap_or(default);
         dir.join(p)
     };
-    let listen = match &settings.listen {
-        Some(l) => l.value.parse().unwrap_or_else(|e| {
-            diags.at(
-                &settings_file,
-                l.referenced,
-                format!(
-                    "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
-                    l.value
-                ),
-            );
-            DEFAULT_LISTEN
-        }),
-        None => DEFAULT_LISTEN,
-    };
-    let timezone_name = settings
-        .timezone
-        .as_ref()
-        .map_or("UTC".to_string(), |t| t.value.clone());
-    // UTC (the default) needs no look into the time-zone database, which
-    // costs every command a walk of its directories.
-    let timezone = match timezone_name.as_str() {
-        "UTC" | "Etc/UTC" => Ok(jiff::tz::TimeZone::UTC),
-        name => jiff::tz::TimeZone::get(name),
-    };
-    let timezone = timezone.unwrap_or_else(|e| {
-            if let Some(t) = &settings.timezone {
-                diags.at(&settings_file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
-            }
-            jiff::tz::TimeZone::UTC
-        });
+    let listen = listen(&settings, &settings_file, diags);
+    let timezone = timezone(&settings, &settings_file, diags);
     let max_concurrent_runs = match &settings.max_concurrent_runs {
         Some(n) if n.value == 0 || n.value > 1000 => {
             diags.at(
@@ -96,48 +68,8 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .fleet_budget
         .as_ref()
         .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
-    let postgres = settings
-        .state
-        .as_ref()
-        .and_then(|s| s.postgres.as_ref())
-        .map(|pg| SharedState {
-            url_file: dir.join(&pg.url_file.value),
-            ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
-            lease: pg
-                .lease
-                .as_ref()
-                .and_then(|l| duration(l, "state.postgres.lease", &settings_file, diags))
-                .filter(|l| {
-                    let ok = (Duration::from_secs(3)..=Duration::from_secs(600)).contains(l);
-                    if !ok && let Some(at) = &pg.lease {
-                        diags.at(&settings_file, at.referenced, "state.postgres.lease must be between 3s and 10m: a shorter one expires between two renewals, a longer one keeps a dead replica's runs for that long");
-                    }
-                    ok
-                })
-                .unwrap_or(Duration::from_secs(15)),
-        });
-    let replica = match &settings.replica {
-        Some(r) if !safe_name(&r.value) => {
-            diags.at(
-                &settings_file,
-                r.referenced,
-                format!("replica \"{}\" must be a lowercase name of letters, digits, '-' or '_' (it labels runs and leases)", r.value),
-            );
-            String::new()
-        }
-        Some(r) => r.value.clone(),
-        None => nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .map(|h| {
-                h.to_lowercase()
-                    .chars()
-                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-                    .take(64)
-                    .collect()
-            })
-            .unwrap_or_else(|| "localhost".into()),
-    };
+    let postgres = postgres(&settings, dir, &settings_file, diags);
+    let replica = replica(&settings, &settings_file, diags);
     let mcp_idle_timeout = settings
         .mcp_idle_timeout
         .as_ref()
@@ -314,4 +246,98 @@ fn bytes(text: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(1 << shift)
+}
+
+/// `listen:`, the daemon's address (127.0.0.1:9731 when unset).
+fn listen(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> std::net::SocketAddr {
+    match &settings.listen {
+        Some(l) => l.value.parse().unwrap_or_else(|e| {
+            diags.at(
+                file,
+                l.referenced,
+                format!(
+                    "listen \"{}\" is not an address: {e}; write e.g. 127.0.0.1:9731",
+                    l.value
+                ),
+            );
+            DEFAULT_LISTEN
+        }),
+        None => DEFAULT_LISTEN,
+    }
+}
+
+/// `timezone:`, the schedules' time zone (UTC when unset).
+fn timezone(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> jiff::tz::TimeZone {
+    let timezone_name = settings
+        .timezone
+        .as_ref()
+        .map_or("UTC".to_string(), |t| t.value.clone());
+    // UTC (the default) needs no look into the time-zone database, which
+    // costs every command a walk of its directories.
+    let timezone = match timezone_name.as_str() {
+        "UTC" | "Etc/UTC" => Ok(jiff::tz::TimeZone::UTC),
+        name => jiff::tz::TimeZone::get(name),
+    };
+    timezone.unwrap_or_else(|e| {
+            if let Some(t) = &settings.timezone {
+                diags.at(file, t.referenced, format!("timezone \"{}\" is not known: {e}; use an IANA name such as UTC or Europe/Berlin", t.value));
+            }
+            jiff::tz::TimeZone::UTC
+        })
+}
+
+/// `state.postgres:`, the shared state, if the settings name one.
+fn postgres(
+    settings: &raw::Settings,
+    dir: &Path,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<SharedState> {
+    settings
+        .state
+        .as_ref()
+        .and_then(|s| s.postgres.as_ref())
+        .map(|pg| SharedState {
+            url_file: dir.join(&pg.url_file.value),
+            ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
+            lease: pg
+                .lease
+                .as_ref()
+                .and_then(|l| duration(l, "state.postgres.lease", file, diags))
+                .filter(|l| {
+                    let ok = (Duration::from_secs(3)..=Duration::from_secs(600)).contains(l);
+                    if !ok && let Some(at) = &pg.lease {
+                        diags.at(file, at.referenced, "state.postgres.lease must be between 3s and 10m: a shorter one expires between two renewals, a longer one keeps a dead replica's runs for that long");
+                    }
+                    ok
+                })
+                .unwrap_or(Duration::from_secs(15)),
+        })
+}
+
+/// `replica:`, this daemon's name among the replicas (the host name,
+/// lowercased, when unset).
+fn replica(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> String {
+    match &settings.replica {
+        Some(r) if !safe_name(&r.value) => {
+            diags.at(
+                file,
+                r.referenced,
+                format!("replica \"{}\" must be a lowercase name of letters, digits, '-' or '_' (it labels runs and leases)", r.value),
+            );
+            String::new()
+        }
+        Some(r) => r.value.clone(),
+        None => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .map(|h| {
+                h.to_lowercase()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .take(64)
+                    .collect()
+            })
+            .unwrap_or_else(|| "localhost".into()),
+    }
 }
