@@ -46,12 +46,14 @@
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
 //!   [`report`] is what it reports.
-//! - [`admission`]: one run per runbook and host, cooldown and dedupe, on
-//!   this machine ([`admission::Local`]) or across replicas ([`admission::Fleet`]).
+//! - [`admission`]: one run per runbook and host, cooldown, dedupe and
+//!   `max_runs`, decided by the same rules (`admission::rules`) on this
+//!   machine ([`admission::Local`]) and across replicas ([`admission::Fleet`]).
 //! - [`scheduler`]: what becomes of each trigger (kill switch, scope,
 //!   admission, the concurrency limit), each outcome counted once.
-//! - [`store`]: state several daemons share in PostgreSQL (admission,
-//!   leases and fencing, the fleet's kill switch and budget).
+//! - [`store`]: state several daemons share in PostgreSQL (admission's rows,
+//!   locked and written in one transaction; leases and fencing, the fleet's
+//!   kill switch and budget).
 //! - [`cli`]: the command line; messages and exit codes live there only.
 //! - [`transcript`]: a run read back from the audit log, model turns included.
 //!
