@@ -121,6 +121,83 @@ pub(crate) fn validate(
     diags: &mut Diagnostics,
 ) -> Option<Declared> {
     let before = diags.len();
+    check_name(&raw, file, diags);
+    let name = &raw.name;
+    let tier = tier(&raw, file, diags);
+    let description = raw.description.value.trim().to_string();
+    if description.is_empty() || description.len() > 1000 {
+        diags.at(
+            file,
+            raw.description.referenced,
+            "description must say what the tool does, in 1-1000 characters (people and the model read it)",
+        );
+    }
+    if raw.args.len() > MAX_ARGS {
+        diags.at(
+            file,
+            name.referenced,
+            format!("a tool takes at most {MAX_ARGS} arguments"),
+        );
+    }
+    let mut args = Vec::new();
+    for (arg_name, decl) in &raw.args {
+        if let Some(arg) = argument(arg_name, decl, file, diags) {
+            args.push((arg_name.clone(), arg));
+        }
+    }
+    let names: Vec<&str> = args.iter().map(|(n, _)| n.as_str()).collect();
+    let run = command(&raw.run, raw.stdin.as_ref(), &names, "run", file, diags);
+    let timeout = timeout(&raw, file, diags);
+    let output = output(&raw, file, diags);
+    let verify = raw
+        .verify
+        .as_ref()
+        .and_then(|v| verify(v, &names, file, diags));
+    let undo = raw.undo.as_ref().and_then(|u| {
+        command(
+            &u.value.run,
+            u.value.stdin.as_ref(),
+            &names,
+            "undo.run",
+            file,
+            diags,
+        )
+    });
+    check_tier_parts(&raw, tier, file, diags);
+    let verb = raw.verb.as_ref().and_then(|v| {
+        let ok = !v.value.is_empty()
+            && v.value.len() <= 32
+            && v.value.chars().all(|c| c.is_ascii_lowercase());
+        if !ok {
+            diags.at(
+                file,
+                v.referenced,
+                "verb must be one lower-case word (what a report says the tool did, e.g. drained)",
+            );
+        }
+        ok.then(|| v.value.clone())
+    });
+    if diags.len() != before {
+        return None;
+    }
+    Some(Declared {
+        name: name.value.clone(),
+        tier,
+        description,
+        args,
+        run: run?,
+        timeout,
+        output,
+        verify,
+        undo,
+        verb,
+        file: file.to_path_buf(),
+        sha256,
+    })
+}
+
+/// The tool's `name`: an identifier, no built-in's, its file's stem.
+fn check_name(raw: &ToolFile, file: &Path, diags: &mut Diagnostics) {
     let name = &raw.name;
     if !is_name(&name.value) {
         diags.at(
@@ -152,7 +229,11 @@ pub(crate) fn validate(
             ),
         );
     }
-    let tier = match raw.tier.value {
+}
+
+/// `tier:` 1 or 2 (3 is never a tool).
+fn tier(raw: &ToolFile, file: &Path, diags: &mut Diagnostics) -> Tier {
+    match raw.tier.value {
         1 => Tier::Observe,
         2 => Tier::Change,
         3 => {
@@ -167,31 +248,12 @@ pub(crate) fn validate(
             );
             Tier::Observe
         }
-    };
-    let description = raw.description.value.trim().to_string();
-    if description.is_empty() || description.len() > 1000 {
-        diags.at(
-            file,
-            raw.description.referenced,
-            "description must say what the tool does, in 1-1000 characters (people and the model read it)",
-        );
     }
-    if raw.args.len() > MAX_ARGS {
-        diags.at(
-            file,
-            name.referenced,
-            format!("a tool takes at most {MAX_ARGS} arguments"),
-        );
-    }
-    let mut args = Vec::new();
-    for (arg_name, decl) in &raw.args {
-        if let Some(arg) = argument(arg_name, decl, file, diags) {
-            args.push((arg_name.clone(), arg));
-        }
-    }
-    let names: Vec<&str> = args.iter().map(|(n, _)| n.as_str()).collect();
-    let run = command(&raw.run, raw.stdin.as_ref(), &names, "run", file, diags);
-    let timeout = match &raw.timeout {
+}
+
+/// `timeout:`, 100ms to 1h.
+fn timeout(raw: &ToolFile, file: &Path, diags: &mut Diagnostics) -> Duration {
+    match &raw.timeout {
         Some(t) => duration(t, "timeout", file, diags)
             .filter(|d| {
                 let ok = (Duration::from_millis(100)..=Duration::from_secs(3600)).contains(d);
@@ -202,8 +264,12 @@ pub(crate) fn validate(
             })
             .unwrap_or(DEFAULT_TIMEOUT),
         None => DEFAULT_TIMEOUT,
-    };
-    let output = match raw.output.as_ref().map(|o| o.value.as_str()) {
+    }
+}
+
+/// `output:`, text or json.
+fn output(raw: &ToolFile, file: &Path, diags: &mut Diagnostics) -> Output {
+    match raw.output.as_ref().map(|o| o.value.as_str()) {
         None | Some("text") => Output::Text,
         Some("json") => Output::Json,
         Some(other) => {
@@ -219,21 +285,11 @@ pub(crate) fn validate(
             }
             Output::Text
         }
-    };
-    let verify = raw
-        .verify
-        .as_ref()
-        .and_then(|v| verify(v, &names, file, diags));
-    let undo = raw.undo.as_ref().and_then(|u| {
-        command(
-            &u.value.run,
-            u.value.stdin.as_ref(),
-            &names,
-            "undo.run",
-            file,
-            diags,
-        )
-    });
+    }
+}
+
+/// `verify:` and `undo:` belong to tier 2, and a tier-2 tool needs `verify:`.
+fn check_tier_parts(raw: &ToolFile, tier: Tier, file: &Path, diags: &mut Diagnostics) {
     match (tier, &raw.verify, &raw.undo) {
         (Tier::Change, None, _) => diags.at(
             file,
@@ -252,36 +308,6 @@ pub(crate) fn validate(
         ),
         _ => {}
     }
-    let verb = raw.verb.as_ref().and_then(|v| {
-        let ok = !v.value.is_empty()
-            && v.value.len() <= 32
-            && v.value.chars().all(|c| c.is_ascii_lowercase());
-        if !ok {
-            diags.at(
-                file,
-                v.referenced,
-                "verb must be one lower-case word (what a report says the tool did, e.g. drained)",
-            );
-        }
-        ok.then(|| v.value.clone())
-    });
-    if diags.len() != before {
-        return None;
-    }
-    Some(Declared {
-        name: name.value.clone(),
-        tier,
-        description,
-        args,
-        run: run?,
-        timeout,
-        output,
-        verify,
-        undo,
-        verb,
-        file: file.to_path_buf(),
-        sha256,
-    })
 }
 
 /// One argument's declaration.
