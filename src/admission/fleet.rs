@@ -86,7 +86,23 @@ impl Fleet {
     /// [`Admission::admit`], and with `confirm` the runs that start wait
     /// for this replica to say their triggers are on its disk
     /// ([`Postgres::recorded`]) before a retry of one is their duplicate.
+    ///
+    /// A batch PostgreSQL rolled back for a deadlock (its rows are locked
+    /// in order, but the fleet's queue takes runs and updates their leases
+    /// in its own order) wrote nothing: it is decided again from fresh
+    /// rows, a few times, before the sender is told to retry.
     async fn admit_batch(
+        &self,
+        asks: &[&Ask<'_>],
+        decided: &[Decided<'_>],
+        direct: usize,
+        confirm: bool,
+    ) -> Result<Vec<Admitted>, crate::store::StoreError> {
+        crate::store::again(|| self.admit_once(asks, decided, direct, confirm)).await
+    }
+
+    /// One try of [`admit_batch`](Self::admit_batch).
+    async fn admit_once(
         &self,
         asks: &[&Ask<'_>],
         decided: &[Decided<'_>],
@@ -314,7 +330,6 @@ async fn give_back(store: &Postgres, ids: &[String]) {
 /// rolling upgrade.
 #[cfg(all(test, feature = "estate"))]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
     use crate::config::MaxRuns;
@@ -324,18 +339,20 @@ mod tests {
     /// A migrated cluster and this version's admission on it.
     async fn fleet() -> (pg::Pg, tempfile::TempDir, Arc<Postgres>, Fleet) {
         let pg = pg::Pg::start();
-        let dir = tempfile::tempdir().unwrap();
-        let url = dir.path().join("url");
-        std::fs::write(&url, pg.url()).unwrap();
-        std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let shared = crate::config::SharedState {
-            url_file: url,
-            lease: Duration::from_secs(30),
-            ca_file: None,
-        };
-        let store = Arc::new(Postgres::open(&shared, "new").unwrap());
-        store.migrate().await.unwrap();
+        let (dir, store) = crate::store::migrated(&pg, "new").await;
         (pg, dir, store.clone(), Fleet::new(store))
+    }
+
+    /// Asks of `reqs`, each with no cooldown or cap, as the scheduler makes them.
+    fn asks_of(reqs: &[RunRequest]) -> Vec<Ask<'_>> {
+        reqs.iter()
+            .map(|req| Ask {
+                req,
+                cooldown: None,
+                cap: None,
+                run_id: uuid::Uuid::now_v7().to_string(),
+            })
+            .collect()
     }
 
     fn alert(runbook: &str, host: &str, keys: &[String]) -> RunRequest {
@@ -489,15 +506,7 @@ mod tests {
         for r in &mut reqs {
             r.trigger = crate::origin::Trigger::Schedule;
         }
-        let asks: Vec<Ask> = reqs
-            .iter()
-            .map(|req| Ask {
-                req,
-                cooldown: None,
-                cap: None,
-                run_id: uuid::Uuid::now_v7().to_string(),
-            })
-            .collect();
+        let asks = asks_of(&reqs);
         let asks: Vec<&Ask> = asks.iter().collect();
         let decided = fleet.admit_batch(&asks, &[], 0, true).await.unwrap();
         assert!(
@@ -514,5 +523,37 @@ mod tests {
         assert_eq!(old, "deduplicated,deduplicated");
         let runs = pg.sql("SELECT count(*) FROM runwarden_runs WHERE runbook = 'nightly'");
         assert_eq!(runs, "2", "one run per host");
+    }
+
+    /// Admission locks its batch's leases in order, but a run taken from
+    /// the fleet's queue locks its own: PostgreSQL may find the two waiting
+    /// on each other and roll admission back. The batch is decided again,
+    /// not lost, and the sender never hears of it.
+    #[tokio::test]
+    async fn a_batch_rolled_back_for_a_deadlock_is_decided_again() {
+        let (pg, _dir, _store, fleet) = fleet().await;
+        pg.sql(
+            "INSERT INTO runwarden_leases (runbook, host, token, ended_at)
+             VALUES ('rb', 'h1', 1, now() - interval '1 hour'), ('rb', 'h2', 1, now() - interval '1 hour')",
+        );
+        let admitted = crate::store::crossed(&pg, "h1", "h2", async move {
+            let reqs = [
+                alert("rb", "h1", &["fp:1".into()]),
+                alert("rb", "h2", &["fp:2".into()]),
+            ];
+            let asks = asks_of(&reqs);
+            let asks: Vec<&Ask> = asks.iter().collect();
+            fleet.admit_batch(&asks, &[], 2, true).await
+        })
+        .await;
+        let admitted = admitted.expect("decided again, not refused");
+        assert!(
+            admitted
+                .iter()
+                .all(|a| matches!(a, Admitted::Started(Some(_)))),
+            "{admitted:?}"
+        );
+        let triggers = pg.sql("SELECT count(*) FROM runwarden_triggers WHERE runbook = 'rb'");
+        assert_eq!(triggers, "2", "each trigger recorded once");
     }
 }

@@ -379,8 +379,9 @@ mod tests {
         );
     }
 
-    /// One table of cases, run here against this machine's own admission
-    /// and in the root tier against PostgreSQL's (`it::ha::admission_*`).
+    /// One table of cases, run here against this machine's own admission,
+    /// and in the root tier against the fleet's (`admission::fleet::tests`)
+    /// and the SQL of earlier releases (`it::ha::the_admission_table_on_postgres`).
     #[tokio::test(start_paused = true)]
     async fn the_admission_table_on_this_machines_own_state() {
         let cases: Vec<serde_json::Value> =

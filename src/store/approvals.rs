@@ -11,8 +11,8 @@ impl Postgres {
         request: &Request,
         expires_at: jiff::Timestamp,
     ) -> Result<(), StoreError> {
-        let json = serde_json::to_value(request).unwrap_or_default();
-        let expires = expires_at.to_string();
+        let json = &serde_json::to_value(request).unwrap_or_default();
+        let expires = &expires_at.to_string();
         self.with("sharing the approval request", |c| async move {
             c.execute(
                 "INSERT INTO runwarden_approvals (id, replica, run_id, request, digest, expires_at)
@@ -88,7 +88,6 @@ impl Postgres {
         &self,
         ids: &[String],
     ) -> Result<Vec<(String, State)>, StoreError> {
-        let ids = ids.to_vec();
         self.with("reading decisions", |c| async move {
             let rows = c
                 .query(
@@ -116,7 +115,7 @@ impl Postgres {
         key: &str,
         state: &State,
     ) -> Result<Vec<Request>, StoreError> {
-        let state = serde_json::to_string(state).unwrap_or_default();
+        let state = &serde_json::to_string(state).unwrap_or_default();
         self.with("withdrawing approval requests", |c| async move {
             let rows = c
                 .query(
@@ -138,7 +137,7 @@ impl Postgres {
     /// A request this replica stopped waiting on (expired, or the run was
     /// cancelled) ends so in the shared state, unless a decision got there first.
     pub(crate) async fn close_approval(&self, id: &str, state: &State) -> Result<(), StoreError> {
-        let state = serde_json::to_string(state).unwrap_or_default();
+        let state = &serde_json::to_string(state).unwrap_or_default();
         self.with("closing the approval request", |c| async move {
             c.execute(
                 "UPDATE runwarden_approvals SET state = $2::text::jsonb WHERE id = $1 AND state->>'state' = 'pending'",

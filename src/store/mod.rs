@@ -45,7 +45,11 @@ pub(crate) mod workers;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use postgres::{LeaseWrite, PairRow, Postgres, RunWrite, Schema, TriggerRow, Writes};
+#[cfg(all(test, feature = "estate"))]
+pub(crate) use postgres::tests::{crossed, migrated};
+pub(crate) use postgres::{
+    LeaseWrite, PairRow, Postgres, RunWrite, Schema, TriggerRow, Writes, again,
+};
 
 use crate::config::runbook::FleetBudget;
 use crate::gate::DenyReason;
@@ -60,6 +64,11 @@ pub(crate) enum StoreError {
     /// The database answered with an error.
     #[error("PostgreSQL refused: {0}")]
     Database(String),
+    /// The database rolled the transaction back because it waited on
+    /// another that waited on it (a deadlock) or could not be serialized:
+    /// nothing of it was written, and it may simply be tried again.
+    #[error("PostgreSQL rolled back a transaction that waited on another: {0}")]
+    Contended(String),
     /// `state.postgres` or the database's schema is not usable.
     #[error("{0}")]
     Config(String),

@@ -2403,10 +2403,11 @@ fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead
 }
 
 /// The admission table (`tests/fixtures/admission-cases.json`) against
-/// PostgreSQL's `runwarden_admit`, called as the fleet calls it, with the
-/// duplicate window this runwarden passes: the same outcomes as this
-/// machine's own admission, whose half of the table is in the fast tier
-/// (`admission::local::tests::the_admission_table_on_this_machines_own_state`).
+/// PostgreSQL's `runwarden_admit`, as releases before 0.4 call it (they
+/// decide in SQL, and still roll with this one), with the duplicate window
+/// they pass: the same outcomes as the rules this release decides by, on
+/// this machine (`admission::local::tests::the_admission_table_on_this_machines_own_state`)
+/// and across the fleet (`admission::fleet::tests::the_admission_table_on_postgres_decided_in_rust`).
 #[test]
 fn the_admission_table_on_postgres() {
     let pg = Pg::start();

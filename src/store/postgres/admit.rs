@@ -18,11 +18,10 @@ impl Postgres {
         run_ids: &[String],
         queued: &[String],
     ) -> Result<usize, StoreError> {
-        let (ids, queued) = (run_ids.to_vec(), queued.to_vec());
         self.with("confirming recorded runs", |c| async move {
             c.query_typed(
                 "SELECT runwarden_recorded($1, $2)",
-                &[(&ids, Type::TEXT_ARRAY), (&queued, Type::TEXT_ARRAY)],
+                &[(&run_ids, Type::TEXT_ARRAY), (&queued, Type::TEXT_ARRAY)],
             )
             .await
         })
@@ -42,6 +41,7 @@ impl Postgres {
         runbooks: Vec<String>,
     ) -> Result<Vec<(String, String, String, i64, String, String)>, StoreError> {
         let (lease, limit) = (millis(self.lease), i32::try_from(limit).unwrap_or(i32::MAX));
+        let runbooks = &runbooks;
         let rows = self
             .with("taking queued runs", |c| async move {
                 c.query_typed(
@@ -80,6 +80,8 @@ impl Postgres {
         );
         // Arrays of arrays must be rectangular: the keys go as JSON.
         let keys = column(|r| serde_json::to_string(&r.keys).unwrap_or_default());
+        let (runbooks, hosts, triggers, keys, outcomes) =
+            (&runbooks, &hosts, &triggers, &keys, &outcomes);
         self.with("recording triggers", |c| async move {
             c.query_typed(
                 "INSERT INTO runwarden_triggers (replica, runbook, host, trigger, keys, outcome)
@@ -103,7 +105,6 @@ impl Postgres {
     /// Give back the claims of runs that were accepted here but could not be
     /// recorded in this machine's audit log: they never start.
     pub(crate) async fn abandon(&self, run_ids: &[String]) -> Result<(), StoreError> {
-        let ids = run_ids.to_vec();
         self.with("giving back unrecorded claims", |c| async move {
             c.execute(
                 "WITH queued AS (DELETE FROM runwarden_queue WHERE run_id = ANY($1)),
@@ -111,7 +112,7 @@ impl Postgres {
                      WHERE run_id = ANY($1) RETURNING runbook, host, token)
                  UPDATE runwarden_leases l SET expires_at = NULL, run_id = NULL
                      FROM gone WHERE l.runbook = gone.runbook AND l.host = gone.host AND l.token = gone.token",
-                &[&ids],
+                &[&run_ids],
             )
             .await
         })

@@ -411,10 +411,16 @@ async fn write_all(
 impl Postgres {
     /// An error of the database's, as a [`StoreError`] that says `what`.
     pub(super) fn failed(&self, what: &str, e: &tokio_postgres::Error) -> StoreError {
+        use tokio_postgres::error::SqlState;
         let said = format!("{what}: {}", crate::error_chain(e));
-        match unreachable(e) {
-            true => StoreError::Unreachable(said),
-            false => StoreError::Database(said),
+        let contended = [
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+        ];
+        match e.code() {
+            Some(code) if contended.contains(code) => StoreError::Contended(said),
+            _ if unreachable(e) => StoreError::Unreachable(said),
+            _ => StoreError::Database(said),
         }
     }
 

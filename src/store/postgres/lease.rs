@@ -22,7 +22,6 @@ impl Postgres {
         keep: i64,
     ) -> Result<(String, Option<String>), StoreError> {
         let ms = millis(self.lease);
-        let (scopes, limits, windows) = (scopes.to_vec(), limits.to_vec(), windows.to_vec());
         let rows = self.with("fencing the call", |c| async move {
             // Typed: one round trip, no separate prepare.
             c

@@ -246,41 +246,40 @@ impl Postgres {
     /// connection, so the next operation makes a new one.
     pub(super) async fn with<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(Arc<Client>) -> Fut,
+        F: Fn(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         self.within(op_timeout(self.lease), what, f).await
     }
 
-    /// [`with`](Self::with), within `limit`.
+    /// [`with`](Self::with), within `limit`. Every operation is one
+    /// transaction, tried again when PostgreSQL rolled it back for
+    /// contention ([`again`]).
     async fn within<T, F, Fut>(&self, limit: Duration, what: &str, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(Arc<Client>) -> Fut,
+        F: Fn(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        let result = match self.client().await {
-            Ok(client) => match tokio::time::timeout(limit, f(client)).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) if unreachable(&e) => Err(StoreError::Unreachable(format!(
-                    "{what}: {}",
-                    crate::error_chain(&e)
-                ))),
-                Ok(Err(e)) => Err(StoreError::Database(format!(
-                    "{what}: {}",
-                    crate::error_chain(&e)
-                ))),
-                Err(_) => Err(StoreError::Unreachable(format!("{what}: timed out"))),
-            },
-            Err(e) => Err(e),
-        };
-        match &result {
-            Err(StoreError::Unreachable(why)) => {
-                *self.client.lock().await = None;
-                self.note(Some(why.clone()));
+        again(|| async {
+            let result = match self.client().await {
+                Ok(client) => match tokio::time::timeout(limit, f(client)).await {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(self.failed(what, &e)),
+                    Err(_) => Err(StoreError::Unreachable(format!("{what}: timed out"))),
+                },
+                Err(e) => Err(e),
+            };
+            match &result {
+                Err(StoreError::Unreachable(why)) => {
+                    *self.client.lock().await = None;
+                    self.note(Some(why.clone()));
+                }
+                Err(StoreError::Contended(_)) => {}
+                _ => self.note(None),
             }
-            _ => self.note(None),
-        }
-        result
+            result
+        })
+        .await
     }
 
     /// Apply every migration the database lacks, in order, each in its own
@@ -289,10 +288,10 @@ impl Postgres {
         let have = self.version().await?;
         let mut applied = Vec::new();
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > have) {
-            let body = format!("BEGIN;\n{sql}\nCOMMIT;");
+            let body = &format!("BEGIN;\n{sql}\nCOMMIT;");
             // Not a run's operation: a busy server may take its time over DDL.
             self.within(MIGRATION_TIMEOUT, "migrating", |c| async move {
-                c.batch_execute(&body).await
+                c.batch_execute(body).await
             })
             .await?;
             applied.push(*version);
@@ -372,12 +371,36 @@ fn op_timeout(lease: Duration) -> Duration {
     (lease / 3).min(Duration::from_secs(5))
 }
 
+/// A transaction PostgreSQL rolled back because it waited on another
+/// that waited on it (a deadlock: rows are locked in order within
+/// runwarden's own statements, but not across every release's and
+/// function's) wrote nothing: `op` is tried again, a few times and a few
+/// milliseconds apart, before its caller hears of it.
+pub(crate) async fn again<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    const TRIES: u64 = 5;
+    let mut tried = 1;
+    loop {
+        match op().await {
+            Err(StoreError::Contended(why)) if tried < TRIES => {
+                tracing::debug!("tried again: {why}");
+                tokio::time::sleep(Duration::from_millis(tried * 3)).await;
+                tried += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::MIGRATIONS;
 
     /// The list is written by hand: every file under migrations/ is in it,
@@ -406,5 +429,100 @@ mod tests {
                 "{file} does not record its version"
             );
         }
+    }
+
+    /// This release's store as replica `replica` on `pg`, migrated (the
+    /// directory holds its `state.postgres` URL file).
+    #[cfg(feature = "estate")]
+    pub(crate) async fn migrated(
+        pg: &crate::test_pg::Pg,
+        replica: &str,
+    ) -> (tempfile::TempDir, std::sync::Arc<super::Postgres>) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("url");
+        std::fs::write(&url, pg.url()).unwrap();
+        std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let shared = crate::config::SharedState {
+            url_file: url,
+            lease: std::time::Duration::from_secs(30),
+            ca_file: None,
+        };
+        let store = std::sync::Arc::new(super::Postgres::open(&shared, replica).unwrap());
+        store.migrate().await.unwrap();
+        (dir, store)
+    }
+
+    /// A transaction of another client's that crosses `this`, already
+    /// under way, as a run taken from the fleet's queue may: it holds the
+    /// lease of (`rb`, `second`), waits until `this` waits on it, then asks
+    /// for (`rb`, `first`), which `this` holds. PostgreSQL finds the two
+    /// waiting on each other; `this` waited first, so its deadlock check
+    /// (after `deadlock_timeout`) is the one that rolls a transaction back.
+    #[cfg(feature = "estate")]
+    pub(crate) async fn crossed<T: Send + 'static>(
+        pg: &crate::test_pg::Pg,
+        first: &str,
+        second: &str,
+        this: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let (other, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let lock = |host: &str| {
+            format!(
+                "SELECT 1 FROM runwarden_leases WHERE runbook = 'rb' AND host = '{host}' FOR UPDATE"
+            )
+        };
+        other.batch_execute("BEGIN").await.unwrap();
+        other.batch_execute(&lock(second)).await.unwrap();
+        let this = tokio::spawn(this);
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while pg.sql(waiting) != "1" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "it never waited on {second}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        other.batch_execute(&lock(first)).await.unwrap();
+        other.batch_execute("COMMIT").await.unwrap();
+        let done = this.await.unwrap();
+        let deadlocks =
+            pg.sql("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()");
+        assert_ne!(deadlocks, "0", "the two never waited on each other");
+        done
+    }
+
+    /// An operation PostgreSQL rolled back for a deadlock wrote nothing:
+    /// it is tried again, and its caller (a call's fence, a run's
+    /// confirmation, a claim given back) never hears of it.
+    #[cfg(feature = "estate")]
+    #[tokio::test]
+    async fn an_operation_rolled_back_for_a_deadlock_is_tried_again() {
+        let pg = crate::test_pg::Pg::start();
+        let (_dir, store) = migrated(&pg, "r").await;
+        pg.sql(
+            "INSERT INTO runwarden_leases (runbook, host, token) VALUES ('rb', 'h1', 1), ('rb', 'h2', 1)",
+        );
+        // One transaction that takes h1, then h2.
+        let op = store.clone();
+        let done = crossed(&pg, "h1", "h2", async move {
+            op.with("taking two leases", |c| async move {
+                c.batch_execute(
+                    "UPDATE runwarden_leases SET token = token + 1 WHERE host = 'h1';
+                     UPDATE runwarden_leases SET token = token + 1 WHERE host = 'h2'",
+                )
+                .await
+            })
+            .await
+        })
+        .await;
+        assert!(done.is_ok(), "{done:?}");
+        let tokens =
+            pg.sql("SELECT string_agg(token::text, ',' ORDER BY host) FROM runwarden_leases");
+        assert_eq!(tokens, "2,2", "written once, whole");
     }
 }
