@@ -63,6 +63,175 @@ pub struct Host {
     pub(crate) permit_public_key: Option<String>,
 }
 
+/// One kind of allowlist a host file holds, declared once: the agent's
+/// report of its policy (and so `host check` and `check`), the task a model
+/// is given and the policy `install print` writes all read [`ALLOWLISTS`],
+/// so a kind is in every one of them or in none.
+pub(crate) struct AllowlistKind {
+    /// The host file's field.
+    pub(crate) field: &'static str,
+    /// What a model is told the list holds.
+    pub(crate) told: &'static str,
+    /// Its lists: one, named `field`; or, for `allow`, one per name under
+    /// it (`allow.NAME`). Each entry is what an argument may give.
+    pub(crate) lists: fn(&Host) -> Lists,
+    /// The field as a host file writes it (YAML lines; none when empty).
+    pub(crate) written: fn(&Host) -> String,
+}
+
+/// A kind's lists, by name, each with its entries.
+pub(crate) type Lists = Vec<(String, Vec<String>)>;
+
+/// One list named `field`.
+fn one(field: &str, entries: impl IntoIterator<Item = String>) -> Lists {
+    vec![(field.to_string(), entries.into_iter().collect())]
+}
+
+fn shown(paths: &[PathBuf]) -> impl Iterator<Item = String> + '_ {
+    paths.iter().map(|p| p.display().to_string())
+}
+
+/// A string as YAML writes it (JSON's quoting is YAML's).
+pub(crate) fn quoted(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// A list as YAML's flow style writes it, each item quoted.
+pub(crate) fn flow_list(items: impl IntoIterator<Item = String>) -> String {
+    let items: Vec<String> = items.into_iter().map(|s| quoted(&s)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// `field: [..]`, always (an empty list says the host allows none).
+fn written_list(field: &str, entries: impl IntoIterator<Item = String>) -> String {
+    format!("{field}: {}\n", flow_list(entries))
+}
+
+/// `field:` and an indented entry per name; nothing when there is none.
+fn written_map<V>(
+    field: &str,
+    map: &BTreeMap<String, V>,
+    entry: impl Fn(&str, &V) -> String,
+) -> String {
+    if map.is_empty() {
+        return String::new();
+    }
+    let entries: String = map.iter().map(|(name, v)| entry(name, v)).collect();
+    format!("{field}:\n{entries}")
+}
+
+/// Every kind of allowlist, in the order a host file lists them.
+pub(crate) const ALLOWLISTS: [AllowlistKind; 8] = [
+    AllowlistKind {
+        field: "paths",
+        told: "paths (and what is under them)",
+        lists: |h| one("paths", shown(&h.paths)),
+        written: |h| written_list("paths", shown(&h.paths)),
+    },
+    AllowlistKind {
+        field: "units",
+        told: "units",
+        lists: |h| one("units", h.units.iter().cloned()),
+        written: |h| written_list("units", h.units.iter().cloned()),
+    },
+    AllowlistKind {
+        field: "journals",
+        // A unit of `units` may have its journal read too: not repeated.
+        told: "journals",
+        lists: |h| one("journals", h.journals.difference(&h.units).cloned()),
+        written: |h| written_list("journals", h.journals.iter().cloned()),
+    },
+    AllowlistKind {
+        field: "logrotate_configs",
+        told: "logrotate configs",
+        lists: |h| one("logrotate_configs", shown(&h.logrotate_configs)),
+        written: |h| written_list("logrotate_configs", shown(&h.logrotate_configs)),
+    },
+    AllowlistKind {
+        field: "certificates",
+        told: "certificates",
+        lists: |h| one("certificates", h.certificates.keys().cloned()),
+        written: |h| {
+            written_map("certificates", &h.certificates, |name, c| {
+                let mut s = format!(
+                    "  {name}:\n    path: {}\n",
+                    quoted(&c.path.display().to_string())
+                );
+                if let Some(u) = &c.unit {
+                    s += &format!("    unit: {}\n", quoted(u));
+                }
+                if let Some(r) = &c.renew {
+                    s += &format!("    renew: {}\n", flow_list(r.iter().cloned()));
+                }
+                s
+            })
+        },
+    },
+    AllowlistKind {
+        field: "health_checks",
+        told: "health checks",
+        lists: |h| one("health_checks", h.health_checks.keys().cloned()),
+        written: |h| {
+            written_map("health_checks", &h.health_checks, |name, url| {
+                format!("  {name}: {}\n", quoted(url))
+            })
+        },
+    },
+    AllowlistKind {
+        field: "worker_pools",
+        told: "worker pools",
+        lists: |h| one("worker_pools", h.worker_pools.keys().cloned()),
+        written: |h| written_map("worker_pools", &h.worker_pools, WorkerPool::written),
+    },
+    AllowlistKind {
+        field: "allow",
+        told: "allow",
+        lists: |h| {
+            h.allow
+                .iter()
+                .map(|(name, values)| (format!("allow.{name}"), values.clone()))
+                .collect()
+        },
+        written: |h| {
+            written_map("allow", &h.allow, |name, values| {
+                format!("  {name}: {}\n", flow_list(values.iter().cloned()))
+            })
+        },
+    },
+];
+
+/// One list of a host's allowlists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Allowlist {
+    /// Its name: the host file's field, or `allow.NAME`.
+    pub(crate) list: String,
+    /// What a model is told it holds (a declared tool's list: its name).
+    pub(crate) told: String,
+    /// What an argument may give.
+    pub(crate) entries: Vec<String>,
+}
+
+impl Host {
+    /// Every list of every kind of allowlist, in [`ALLOWLISTS`]' order.
+    pub(crate) fn allowlists(&self) -> Vec<Allowlist> {
+        ALLOWLISTS
+            .iter()
+            .flat_map(|kind| {
+                (kind.lists)(self)
+                    .into_iter()
+                    .map(|(list, entries)| Allowlist {
+                        told: match list == kind.field {
+                            true => kind.told.to_string(),
+                            false => list.clone(),
+                        },
+                        list,
+                        entries,
+                    })
+            })
+            .collect()
+    }
+}
+
 /// How tools reach a host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Connection {
@@ -113,6 +282,31 @@ pub(crate) struct WorkerPool {
     pub(crate) recycle: Recycle,
     /// Name of a health check in the same host file.
     pub(crate) health_check: Option<String>,
+}
+
+impl WorkerPool {
+    /// The pool as a host file writes it, under `worker_pools:`.
+    fn written(name: &str, pool: &WorkerPool) -> String {
+        let mut s = format!("  {name}:\n");
+        match &pool.master {
+            PoolMaster::Unit(u) => s += &format!("    unit: {}\n", quoted(u)),
+            PoolMaster::PidFile { file, executable } => {
+                s += &format!("    pid_file: {}\n", quoted(&file.display().to_string()));
+                s += &format!(
+                    "    executable: {}\n",
+                    quoted(&executable.display().to_string())
+                );
+            }
+        }
+        match pool.recycle {
+            Recycle::Reload => s += "    recycle: reload\n",
+            Recycle::Signal(sig) => s += &format!("    recycle: {{ signal: {} }}\n", sig.name()),
+        }
+        if let Some(h) = &pool.health_check {
+            s += &format!("    health_check: {h}\n");
+        }
+        s
+    }
 }
 
 /// Where the pool's master process is found.

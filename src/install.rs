@@ -10,21 +10,12 @@ use std::fmt::Write;
 use crate::config::Host;
 use crate::config::runbook::{Autonomy, Runbook, StepAction, is_template};
 use crate::config::{Config, Connection};
-use crate::host::{PoolMaster, Recycle};
+use crate::host::{Recycle, quoted as q};
 use crate::process::Argv;
 use crate::tools::ToolId;
 
 /// Where the agent binary is expected on a managed host.
 pub(crate) const AGENT_PATH: &str = "/usr/local/bin/runwarden";
-
-fn q(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
-}
-
-fn list<I: IntoIterator<Item = String>>(items: I) -> String {
-    let v: Vec<String> = items.into_iter().map(|s| q(&s)).collect();
-    format!("[{}]", v.join(", "))
-}
 
 /// Where the agent reached over SSH works, and where root's agent on the
 /// daemon's own machine does (its own state directory).
@@ -74,85 +65,14 @@ pub(crate) fn policy(
         "du_budget: {}",
         humantime::format_duration(host.du_budget)
     );
-    let _ = writeln!(
-        s,
-        "paths: {}",
-        list(host.paths.iter().map(|p| p.display().to_string()))
-    );
-    let _ = writeln!(s, "units: {}", list(host.units.iter().cloned()));
-    let _ = writeln!(s, "journals: {}", list(host.journals.iter().cloned()));
-    let _ = writeln!(
-        s,
-        "logrotate_configs: {}",
-        list(
-            host.logrotate_configs
-                .iter()
-                .map(|p| p.display().to_string())
-        )
-    );
+    for kind in &crate::host::ALLOWLISTS {
+        s += &(kind.written)(host);
+    }
     if let Some(st) = &host.logrotate_state {
         let _ = writeln!(s, "logrotate_state: {}", q(&st.display().to_string()));
     }
-    if !host.certificates.is_empty() {
-        let _ = writeln!(s, "certificates:");
-        for (name, c) in &host.certificates {
-            let _ = writeln!(
-                s,
-                "  {name}:\n    path: {}",
-                q(&c.path.display().to_string())
-            );
-            if let Some(u) = &c.unit {
-                let _ = writeln!(s, "    unit: {}", q(u));
-            }
-            if let Some(r) = &c.renew {
-                let _ = writeln!(s, "    renew: {}", list(r.iter().cloned()));
-            }
-        }
-    }
-    if !host.allow.is_empty() {
-        let _ = writeln!(s, "allow:");
-        for (name, values) in &host.allow {
-            let _ = writeln!(s, "  {name}: {}", list(values.iter().cloned()));
-        }
-    }
     if host.unsandboxed_tier1 {
         let _ = writeln!(s, "unsandboxed_tier1: allow");
-    }
-    if !host.health_checks.is_empty() {
-        let _ = writeln!(s, "health_checks:");
-        for (name, url) in &host.health_checks {
-            let _ = writeln!(s, "  {name}: {}", q(url));
-        }
-    }
-    if !host.worker_pools.is_empty() {
-        let _ = writeln!(s, "worker_pools:");
-        for (name, p) in &host.worker_pools {
-            let _ = writeln!(s, "  {name}:");
-            match &p.master {
-                PoolMaster::Unit(u) => {
-                    let _ = writeln!(s, "    unit: {}", q(u));
-                }
-                PoolMaster::PidFile { file, executable } => {
-                    let _ = writeln!(s, "    pid_file: {}", q(&file.display().to_string()));
-                    let _ = writeln!(
-                        s,
-                        "    executable: {}",
-                        q(&executable.display().to_string())
-                    );
-                }
-            }
-            match p.recycle {
-                Recycle::Reload => {
-                    let _ = writeln!(s, "    recycle: reload");
-                }
-                Recycle::Signal(sig) => {
-                    let _ = writeln!(s, "    recycle: {{ signal: {} }}", sig.name());
-                }
-            }
-            if let Some(h) = &p.health_check {
-                let _ = writeln!(s, "    health_check: {h}");
-            }
-        }
     }
     s
 }
@@ -499,5 +419,73 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("b.service"), "{text}");
+    }
+
+    /// A host file naming an entry of every kind of allowlist.
+    const EVERY_KIND: &str = "name: h\nconnection: local\n\
+        units: [a.service]\njournals: [j.service]\npaths: [/var/log/app]\n\
+        logrotate_configs: [/etc/logrotate.d/app]\n\
+        certificates:\n  web: { path: /etc/ssl/web.pem, unit: a.service }\n\
+        health_checks:\n  web: http://127.0.0.1:8080/health\n\
+        worker_pools:\n  app: { unit: a.service, recycle: reload, health_check: web }\n\
+        allow:\n  backends: [web, api]\n";
+
+    fn host_from(text: &str) -> (tempfile::TempDir, Host) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h.yaml");
+        std::fs::write(&file, text).unwrap();
+        let host = crate::config::load_host_file(&file, dir.path()).unwrap();
+        (dir, host)
+    }
+
+    /// The policy `install print` writes holds every allowlist of the host
+    /// file, and the agent reports each of them: a kind of allowlist added
+    /// to the host file and forgotten in either is caught here (the host
+    /// file above names every kind).
+    #[test]
+    fn the_policy_install_print_writes_holds_every_allowlist_of_the_host_file() {
+        let (_d, host) = host_from(EVERY_KIND);
+        let reported = crate::agent::allowlists(&host);
+        for (list, entries) in reported.as_object().unwrap() {
+            assert!(
+                !entries.as_array().unwrap().is_empty(),
+                "{list} is empty: name an entry of it in EVERY_KIND"
+            );
+        }
+        assert_eq!(
+            reported["allow.backends"],
+            serde_json::json!(["web", "api"])
+        );
+        let written = policy(&host, None, false, "/var/lib/runwarden/jail");
+        let (_d, read_back) = host_from(&written);
+        assert_eq!(crate::agent::allowlists(&read_back), reported, "{written}");
+    }
+
+    /// A host file and an agent's policy that differ only in a declared
+    /// tool's list (`allow:`) differ: the agent would refuse the value.
+    #[test]
+    fn a_policy_that_differs_only_in_a_declared_tools_list_differs() {
+        let (_d, ours) = host_from(EVERY_KIND);
+        let (_d, theirs) = host_from(&EVERY_KIND.replace("[web, api]", "[web]"));
+        let differences = crate::agent::policy_differences(
+            &crate::agent::allowlists(&ours),
+            &crate::agent::allowlists(&theirs),
+        );
+        assert_eq!(
+            differences,
+            [("allow.backends".to_string(), "api".to_string(), true)]
+        );
+        // A list only one side has is all differences, either way round.
+        let (_d, none) = host_from(&EVERY_KIND.replace("allow:\n  backends: [web, api]\n", ""));
+        let differences = crate::agent::policy_differences(
+            &crate::agent::allowlists(&none),
+            &crate::agent::allowlists(&ours),
+        );
+        assert_eq!(differences.len(), 2, "{differences:?}");
+        assert!(
+            differences
+                .iter()
+                .all(|(list, _, ours)| list == "allow.backends" && !ours)
+        );
     }
 }

@@ -331,17 +331,16 @@ fn status_answer(state: &str, result: Option<Value>) -> ToolResult {
     ToolResult::observed(json!({ "state": state, "result": result }))
 }
 
-/// The allowlists of a host, as comparable lists.
+/// The allowlists of a host, as comparable lists (see
+/// [`crate::host::ALLOWLISTS`]): one key per list, a declared tool's as
+/// `allow.NAME`.
 pub(crate) fn allowlists(h: &Host) -> Value {
-    json!({
-        "paths": h.paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "units": h.units,
-        "journals": h.journals,
-        "logrotate_configs": h.logrotate_configs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "certificates": h.certificates.keys().collect::<Vec<_>>(),
-        "health_checks": h.health_checks.keys().collect::<Vec<_>>(),
-        "worker_pools": h.worker_pools.keys().collect::<Vec<_>>(),
-    })
+    Value::Object(
+        h.allowlists()
+            .into_iter()
+            .map(|l| (l.list, json!(l.entries)))
+            .collect(),
+    )
 }
 
 /// Where a host file and a host's policy disagree: (field, entry, whether
@@ -354,9 +353,14 @@ pub(crate) fn policy_differences(ours: &Value, theirs: &Value) -> Vec<(String, S
             .filter_map(|x| x.as_str().map(String::from))
             .collect()
     };
+    // A list only one side has is empty on the other.
+    let lists: std::collections::BTreeSet<&String> = [ours, theirs]
+        .iter()
+        .flat_map(|side| side.as_object().into_iter().flatten().map(|(k, _)| k))
+        .collect();
     let mut out = Vec::new();
-    for (field, mine) in ours.as_object().into_iter().flatten() {
-        let (mine, host_side) = (set(mine), set(&theirs[field]));
+    for field in lists {
+        let (mine, host_side) = (set(&ours[field]), set(&theirs[field]));
         out.extend(
             mine.difference(&host_side)
                 .map(|e| (field.clone(), e.clone(), true)),

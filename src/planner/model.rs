@@ -60,46 +60,9 @@ const ALLOWLIST_SHOWN: usize = 20;
 /// them (the gate refuses anything else either way). Bounded: at most
 /// [`ALLOWLIST_SHOWN`] values of each list, each cut short.
 fn allowlists(host: &Host) -> String {
-    let lists: [(&str, Vec<String>); 7] = [
-        ("units", host.units.iter().cloned().collect()),
-        (
-            "journals",
-            host.journals
-                .iter()
-                .filter(|j| !host.units.contains(*j))
-                .cloned()
-                .collect(),
-        ),
-        (
-            "paths (and what is under them)",
-            host.paths.iter().map(|p| p.display().to_string()).collect(),
-        ),
-        (
-            "logrotate configs",
-            host.logrotate_configs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect(),
-        ),
-        ("certificates", host.certificates.keys().cloned().collect()),
-        (
-            "health checks",
-            host.health_checks.keys().cloned().collect(),
-        ),
-        ("worker pools", host.worker_pools.keys().cloned().collect()),
-    ];
-    // Declared tools' lists, by the name their `allowlist` arguments give.
-    let allow = host
-        .allow
-        .iter()
-        .map(|(name, values)| (format!("allow.{name}"), values.clone()));
-    let lists: Vec<(String, Vec<String>)> = lists
-        .into_iter()
-        .map(|(what, v)| (what.to_string(), v))
-        .chain(allow)
-        .collect();
     let mut out = String::new();
-    for (what, values) in lists.iter().filter(|(_, v)| !v.is_empty()) {
+    for list in host.allowlists().iter().filter(|l| !l.entries.is_empty()) {
+        let (what, values) = (&list.told, &list.entries);
         let shown: Vec<String> = values
             .iter()
             .take(ALLOWLIST_SHOWN)
