@@ -130,7 +130,7 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
         approvals.clone(),
-        store.clone(),
+        crate::state::chosen(store.clone()),
     );
     let (interrupted, again) = scheduler
         .recover()
@@ -142,14 +142,14 @@ pub async fn serve(
     }
     // Runs the last stop handed back before they proposed anything: their
     // triggers were answered `started`, so they run now.
-    if !again.is_empty() && store.is_none() {
+    if !again.is_empty() && !scheduler.state().queues() {
         let n = again.len();
         match scheduler.submit_all(again).await {
             Ok(outcomes) => tracing::info!(
                 "{n} run(s) the last stop handed back start again: {} started",
                 outcomes
                     .iter()
-                    .filter(|o| o.result == crate::admission::TriggerResult::Started)
+                    .filter(|o| o.result == crate::state::TriggerResult::Started)
                     .count()
             ),
             Err(e) => {
@@ -181,7 +181,7 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
-    if let Some(store) = store {
+    if let Some(store) = store.clone() {
         workers.spawn(store.clone().listen(stop_rx.clone()));
         workers.spawn(
             scheduler
@@ -205,7 +205,7 @@ pub async fn serve(
     }
     workers.spawn(crate::store::workers::fleet_worker(
         config_rx.clone(),
-        scheduler.store().cloned(),
+        store.clone(),
         metrics.clone(),
         stop_rx.clone(),
     ));

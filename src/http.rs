@@ -360,7 +360,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
-    if let Some(why) = s.scheduler.store().and_then(|st| st.unhealthy()) {
+    if let Some(why) = s.scheduler.state().unhealthy() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("unhealthy: the shared state (PostgreSQL) cannot be reached: {why}; no trigger is accepted and no call runs here until it can\n"),
@@ -559,18 +559,18 @@ async fn fleet_runs(
         Ok(q) => q.0,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let Some(store) = s.scheduler.store() else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "no shared state: runwarden.yaml sets no state.postgres, so this daemon's runs are all there is (GET /api/v1/runs)",
-        );
-    };
     let limit = q.limit.unwrap_or(500).clamp(1, 10_000);
-    match store
+    match s
+        .scheduler
+        .state()
         .fleet_runs(q.runbook.as_deref(), q.host.as_deref(), limit)
         .await
     {
-        Ok(runs) => axum::Json(json!({ "runs": runs })).into_response(),
+        Ok(Some(runs)) => axum::Json(json!({ "runs": runs })).into_response(),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "no shared state: runwarden.yaml sets no state.postgres, so this daemon's runs are all there is (GET /api/v1/runs)",
+        ),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
@@ -691,7 +691,7 @@ async fn alerts(
 fn pending(outcomes: &[crate::scheduler::Outcome]) -> bool {
     outcomes
         .iter()
-        .any(|o| o.result == crate::admission::TriggerResult::Pending)
+        .any(|o| o.result == crate::state::TriggerResult::Pending)
 }
 
 /// A batch's answer: `status` with its outcomes, or 503 with the same
@@ -757,10 +757,11 @@ fn plan_asked(query: Option<&str>) -> Result<bool, String> {
 /// Alertmanager's routing against the daemon before deploying it.
 async fn plan_notification(s: &AppState, n: Notification) -> Response {
     let config = s.config.borrow().clone();
-    let killswitch = crate::gate::KillSwitch::new(config.settings.kill_switch_dir.clone())
-        .with_fleet(s.scheduler.store().map(|st| st.switch.clone()));
-    let demotions = crate::audit::demotions(&config.settings)
-        .with_fleet(s.scheduler.store().map(|st| st.demoted.clone()));
+    let killswitch = s
+        .scheduler
+        .state()
+        .kill_switch(&config.settings.kill_switch_dir);
+    let demotions = s.scheduler.state().demotions(&config.settings);
     let answer = tokio::task::spawn_blocking(move || {
         let record = crate::audit::runs::recovery(&config.settings.audit_log)?;
         Ok::<_, std::io::Error>(crate::plan::notification(
@@ -814,18 +815,10 @@ async fn approvals_list(State(s): State<AppState>, headers: HeaderMap) -> Respon
     if let Err((status, why)) = approver_token(&s, &headers) {
         return problem(status, why);
     }
-    let list = match s.scheduler.store() {
-        // Every replica's requests.
-        Some(store) => match store.approvals(None).await {
-            Ok(list) => list,
-            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        },
-        None => s
-            .scheduler
-            .approvals
-            .as_ref()
-            .map(|a| a.list())
-            .unwrap_or_default(),
+    let here = s.scheduler.approvals.as_deref();
+    let list = match s.scheduler.state().approvals(here, None).await {
+        Ok(list) => list,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     axum::Json(json!({ "approvals": list })).into_response()
 }
@@ -838,12 +831,10 @@ async fn approval_show(
     if let Err((status, why)) = approver_token(&s, &headers) {
         return problem(status, why);
     }
-    let found = match s.scheduler.store() {
-        Some(store) => match store.approvals(Some(&id)).await {
-            Ok(mut list) => list.pop(),
-            Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        },
-        None => s.scheduler.approvals.as_ref().and_then(|a| a.get(&id)),
+    let here = s.scheduler.approvals.as_deref();
+    let found = match s.scheduler.state().approvals(here, Some(&id)).await {
+        Ok(mut list) => list.pop(),
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     match found {
         Some(r) => axum::Json(r).into_response(),
@@ -895,20 +886,14 @@ async fn approval_decide(
         );
     };
     use crate::gate::approvals::DecisionError;
-    let decided = match (s.scheduler.store(), approvals.approver(&token)) {
-        // Decided in the shared state, exactly once across the fleet; the
-        // replica whose run waits reads it back.
-        (Some(store), Some(by)) => {
-            let comment = crate::gate::approvals::clean_comment(&body.comment);
-            match store
-                .decide_approval(&id, &body.digest, approve, &by, &comment)
-                .await
-            {
-                Ok(d) => d,
-                Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-            }
-        }
-        _ => approvals.decide(&id, &token, &body.digest, approve, &body.comment),
+    let decided = match s
+        .scheduler
+        .state()
+        .decide_approval(approvals, &id, &token, &body.digest, approve, &body.comment)
+        .await
+    {
+        Ok(decided) => decided,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     match decided {
         Ok(r) => axum::Json(r).into_response(),

@@ -12,7 +12,7 @@
 //! cli ──[RunRequest]──────────────────────────────┐
 //! trigger (cron, webhook) ──[Candidate]──> scheduler ──[RunRequest]──> run
 //!   (no runbook, out of scope, kill switch: alone;         │
-//!    the rest: admission, Local or Fleet; queued line on disk)
+//!    the rest: state's admission, Local or Fleet; queued line on disk)
 //! run ── planner.next(&transcript, admit)  -> Call | Suggest | Turn | Finish
 //!     │ gate.check(&call)           -> Deny(reason) ─> audit.denied, back to planner
 //!     │                             -> Allow(Permit)
@@ -46,9 +46,12 @@
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
 //!   [`report`] is what it reports.
-//! - [`admission`]: one run per runbook and host, cooldown, dedupe and
-//!   `max_runs`, decided by the same rules (`admission::rules`) on this
-//!   machine ([`admission::Local`]) and across replicas ([`admission::Fleet`]).
+//! - [`state`]: what one machine and a fleet must agree on, behind one
+//!   trait ([`state::SharedState`]) chosen once at start-up: admission (one
+//!   run per runbook and host, cooldown, dedupe and `max_runs`, decided by
+//!   the same rules, `state::rules`), a person's run's claim, a failure
+//!   toward demotion, approval requests; this machine's
+//!   ([`state::Local`]) and PostgreSQL's ([`state::Fleet`]).
 //! - [`scheduler`]: what becomes of each trigger (kill switch, scope,
 //!   admission, the concurrency limit), each outcome counted once.
 //! - [`store`]: state several daemons share in PostgreSQL (admission's rows,
@@ -72,7 +75,6 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod admission;
 pub mod agent;
 pub mod app;
 pub mod audit;
@@ -99,6 +101,7 @@ pub mod sandbox;
 pub mod scheduler;
 pub mod secret;
 pub mod signing;
+pub mod state;
 pub mod store;
 pub mod text;
 pub mod tools;

@@ -19,12 +19,12 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::admission::{DUPLICATE_WINDOW, Slot, TriggerResult};
 use crate::audit::runs::Recovery;
 use crate::config::Config;
 use crate::config::runbook::StepAction;
 use crate::gate::{Decision, Demotions, Gate, KillSwitch};
 use crate::planner::{Next, StepsPlanner, Transcript};
+use crate::state::{DUPLICATE_WINDOW, Slot, TriggerResult};
 use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Candidate, Notification, candidates, resolved};
 

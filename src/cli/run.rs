@@ -33,7 +33,7 @@ pub(super) async fn runner(dir: &Path) -> Result<Runner, Failed> {
         store.demoted.set(fleet);
         runner.demotions = runner.demotions.with_fleet(Some(store.demoted.clone()));
     }
-    runner.store = store;
+    runner.state = crate::state::chosen(store);
     Ok(runner)
 }
 

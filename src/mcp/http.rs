@@ -32,9 +32,9 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
 use super::{Server, Session, Started, Starter};
-use crate::admission::TriggerResult;
 use crate::config::Config;
 use crate::scheduler::Scheduler;
+use crate::state::TriggerResult;
 
 /// The tower service behind `/mcp`.
 type Service = StreamableHttpService<HttpSession, LocalSessionManager>;

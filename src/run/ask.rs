@@ -68,18 +68,14 @@ impl RunLoop<'_> {
             state: State::Pending,
         });
         // With shared state, any replica lists it and takes the decision.
-        if let (Some(store), Some(req)) = (&self.runner.store, approvals.get(&id)) {
-            let expires = req
-                .expires_at
-                .parse()
-                .unwrap_or_else(|_| jiff::Timestamp::now());
-            if let Err(e) = store.publish_approval(&req, expires).await {
-                let why = format!(
-                    "the approval request could not be shared with the fleet, nobody was asked: {e}"
-                );
-                approvals.close(&id, State::Cancelled { why: why.clone() });
-                return Err(deny(DenyReason::NoApprover, why));
-            }
+        if let Some(req) = approvals.get(&id)
+            && let Err(e) = self.runner.state.share_approval(&req).await
+        {
+            let why = format!(
+                "the approval request could not be shared with the fleet, nobody was asked: {e}"
+            );
+            approvals.close(&id, State::Cancelled { why: why.clone() });
+            return Err(deny(DenyReason::NoApprover, why));
         }
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, tool = tool.name(), "approval requested");
         if let Some(m) = &self.runner.metrics {
@@ -107,12 +103,12 @@ impl RunLoop<'_> {
             })
             .await;
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
-        if let (Some(store), Some(req)) = (&self.runner.store, approvals.get(&id))
+        if let Some(req) = approvals.get(&id)
             && matches!(
                 resolution,
                 Resolution::Expired | Resolution::Cancelled(_) | Resolution::Withdrawn(_)
             )
-            && let Err(e) = store.close_approval(&id, &req.state).await
+            && let Err(e) = self.runner.state.close_approval(&req).await
         {
             tracing::warn!(approval_id = %id, "the fleet still shows the request pending ({e}); a decision on it now is refused once it expires");
         }

@@ -18,7 +18,6 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::admission::{Admitted, TriggerResult};
 use crate::audit::{AuditError, AuditLog, RunInfo};
 use crate::config::{Config, Host, Runbook};
 use crate::executor::Executor;
@@ -26,6 +25,7 @@ use crate::gate::approvals::Approvals;
 use crate::gate::{Demotions, KillSwitch};
 use crate::metrics::Metrics;
 use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
+use crate::state::{Admitted, TriggerResult};
 use crate::verdict::Verdict;
 use claim::Claim;
 use run_loop::RunLoop;
@@ -107,8 +107,9 @@ pub struct Runner {
     pub(crate) approvals: Option<Arc<Approvals>>,
     /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
     pub(crate) approval_webhook: Option<String>,
-    /// State shared with other daemons (`state.postgres`); `None`: this machine's own.
-    pub(crate) store: Option<Arc<crate::store::Postgres>>,
+    /// What this run and the others must agree on: this machine's own
+    /// state, or the fleet's (`state.postgres`).
+    pub(crate) state: Arc<dyn crate::state::SharedState>,
     /// Told how a model's turn is coming along while it writes (`run` on a
     /// terminal shows a progress line).
     pub(crate) model_progress: Option<crate::planner::openai::ProgressFn>,
@@ -128,7 +129,7 @@ impl Runner {
             shutdown: None,
             approvals: None,
             approval_webhook: None,
-            store: None,
+            state: crate::state::chosen(None),
             model_progress: None,
         }
     }
@@ -289,28 +290,25 @@ impl Runner {
         run_id: String,
         lease: Option<crate::store::Lease>,
     ) -> Result<RunReport, StartError> {
-        let lease = match (lease, &self.store) {
-            (Some(lease), _) => Some(lease),
-            (None, Some(store)) if !req.dry_run => {
-                let fleet = crate::admission::Fleet::new(store.clone());
-                match fleet.claim(req, &run_id).await {
-                    Ok(Admitted::Started(Some(lease))) => Some(lease),
-                    Ok(Admitted::Refused(TriggerResult::KillSwitch)) => {
-                        return Err(StartError::KillSwitch(format!(
-                            "the fleet's kill switch is engaged for {}: nothing ran",
-                            req.runbook
-                        )));
-                    }
-                    Ok(_) => {
-                        return Err(StartError::Busy(format!(
-                            "another run of {} on {} holds its lease in the shared state",
-                            req.runbook, req.host
-                        )));
-                    }
-                    Err(e) => return Err(StartError::Lock(format!("{e}; nothing ran"))),
+        let lease = match lease {
+            Some(lease) => Some(lease),
+            None if !req.dry_run => match self.state.claim(req, &run_id).await {
+                Ok(Admitted::Started(lease)) => lease,
+                Ok(Admitted::Refused(TriggerResult::KillSwitch)) => {
+                    return Err(StartError::KillSwitch(format!(
+                        "the fleet's kill switch is engaged for {}: nothing ran",
+                        req.runbook
+                    )));
                 }
-            }
-            (None, _) => None,
+                Ok(_) => {
+                    return Err(StartError::Busy(format!(
+                        "another run of {} on {} holds its lease in the shared state",
+                        req.runbook, req.host
+                    )));
+                }
+                Err(e) => return Err(StartError::Lock(format!("{e}; nothing ran"))),
+            },
+            None => None,
         };
         let claim = lease.as_ref().map(|l| l as &dyn Claim);
         let mut outcome = self.run_leased(req, &run_id, claim).await;
@@ -370,20 +368,10 @@ impl Runner {
             return;
         };
         let run_id = failure.run_id.clone();
-        let reached = match &self.store {
-            Some(store) => store
-                .record_failure(&failure, rule)
-                .await
-                .map_err(|e| e.to_string()),
-            // On the run's own thread, as its audit lines are written.
-            None => crate::gate::demotion::record_local(
-                &self.config.settings.state_dir,
-                rule,
-                failure,
-                &self.config.settings.replica,
-            )
-            .map_err(|e| e.to_string()),
-        };
+        let reached = self
+            .state
+            .record_failure(&self.config.settings, failure, rule)
+            .await;
         match reached {
             Ok(None) => {}
             Ok(Some(demotion)) => {

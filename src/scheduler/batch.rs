@@ -10,11 +10,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::{Scheduler, run_info};
-use crate::admission::{Admitted, Ask, Decided, TriggerResult};
 use crate::audit::{AuditError, AuditLog, QueueNote, Queued, Written};
 use crate::config::Config;
 use crate::run::RunRequest;
-use crate::store::{Lease, Postgres, StoreError};
+use crate::state::{Admitted, Ask, Decided, TriggerResult};
+use crate::store::{Lease, StoreError};
 use crate::trigger::alerts::Candidate;
 
 /// How long the answer to a trigger waits for a run's intent sync to make
@@ -221,7 +221,7 @@ impl Scheduler {
         give_up: bool,
         held: &mut Vec<OwnedSemaphorePermit>,
     ) -> Vec<Item<'a>> {
-        if self.store.is_some() {
+        if self.state.queues() {
             self.apply_limit(config);
         }
         let mut engaged: HashMap<String, bool> = HashMap::new();
@@ -268,7 +268,7 @@ impl Scheduler {
         fire: bool,
     ) -> Result<Vec<Item<'a>>, SubmitError> {
         let asks: Vec<&Ask> = items.iter().filter_map(Item::ask).collect();
-        if self.store.is_some() && !fire {
+        if self.state.queues() && !fire {
             while held.len() < asks.len()
                 && let Ok(permit) = self.permits.clone().try_acquire_owned()
             {
@@ -277,7 +277,7 @@ impl Scheduler {
         }
         let decided: Vec<Decided> = items.iter().filter_map(Item::decided_alone).collect();
         let answers = self
-            .admission
+            .state
             .admit(&asks, &decided, held.len())
             .await
             .map_err(|e| {
@@ -376,9 +376,7 @@ impl Scheduler {
             );
             return Err(e.into());
         }
-        if let Some(store) = &self.store {
-            self.confirm(store, &ids, &handed).await?;
-        }
+        self.state.confirm(&ids, &handed).await?;
         Ok(())
     }
 
@@ -424,7 +422,7 @@ impl Scheduler {
                     .iter()
                     .map(|(ask, _)| (ask.req, ask.run_id.clone()))
                     .collect();
-                let _ = self.admission.abandon(&started).await;
+                let _ = self.state.abandon(&started).await;
                 Err(e.into())
             }
         }
@@ -436,55 +434,6 @@ impl Scheduler {
             path: self.audit.path().to_path_buf(),
             source: std::io::Error::other(format!("the writing thread failed: {e}")),
         }
-    }
-
-    /// Tell the fleet that runs admitted here have their triggers on disk
-    /// (see [`Postgres::recorded`]). Runs this replica queued become
-    /// takeable: for them it tries for as long as a lease, and runs the
-    /// fleet removed meanwhile (this replica took longer than a lease to
-    /// record them) will not run, so the sender is told to send again.
-    /// When every run is this replica's own, one try: those runs go on
-    /// whatever the answer, and until they end a retry of their trigger is
-    /// answered `pending` rather than lost.
-    async fn confirm(
-        &self,
-        store: &Postgres,
-        ids: &[String],
-        handed: &[String],
-    ) -> Result<(), SubmitError> {
-        if handed.is_empty() {
-            if let Err(e) = store.recorded(ids, &[]).await {
-                tracing::warn!(
-                    "{} run(s) started here could not be confirmed to the fleet; they go on, and a trigger for their hosts is answered `pending` (retry) until they end: {e}",
-                    ids.len()
-                );
-            }
-            return Ok(());
-        }
-        let give_up = Instant::now() + store.lease;
-        let marked = loop {
-            match store.recorded(ids, handed).await {
-                Ok(marked) => break marked,
-                Err(e) if Instant::now() >= give_up => {
-                    tracing::error!(
-                        "{} queued run(s) could not be handed to the fleet; they are removed after a lease and the sender is told to send again: {e}",
-                        handed.len()
-                    );
-                    return Err(e.into());
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        };
-        if marked < handed.len() {
-            let e = StoreError::Database(format!(
-                "{} of {} queued run(s) were removed before this replica handed them over (it took longer than a lease to record them); they do not run, and the sender is told to send again",
-                handed.len() - marked,
-                handed.len()
-            ));
-            tracing::error!("{e}");
-            return Err(e.into());
-        }
-        Ok(())
     }
 
     /// What this daemon says of a run request alone: no such runbook, a
@@ -524,7 +473,7 @@ impl Scheduler {
         req: &RunRequest,
         held: &mut Vec<OwnedSemaphorePermit>,
     ) -> Option<TriggerResult> {
-        if req.agent.is_none() || self.store.is_none() {
+        if req.agent.is_none() || !self.state.queues() {
             return None;
         }
         match self.permits.clone().try_acquire_owned() {

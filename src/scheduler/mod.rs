@@ -1,5 +1,5 @@
 //! The one consumer of triggers: what it can say alone (no runbook, out of
-//! scope, the kill switch), then [`Admission`] for the rest, each outcome
+//! scope, the kill switch), then the [`SharedState`]'s admission for the rest, each outcome
 //! counted and recorded once, the accepted ones on disk (`queued`), then a
 //! run under the global concurrency limit.
 //!
@@ -15,13 +15,13 @@ use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::admission::{Admission, Fleet, Local};
 use crate::audit::{AuditLog, Phase, RunInfo};
 use crate::config::Config;
 use crate::gate::KillSwitch;
 use crate::metrics::Metrics;
 use crate::run::{RunReport, RunRequest, Runner};
-use crate::store::{Lease, Postgres};
+use crate::state::SharedState;
+use crate::store::Lease;
 use crate::verdict::Verdict;
 
 mod batch;
@@ -42,10 +42,9 @@ pub(crate) struct Scheduler {
     metrics: Arc<Metrics>,
     /// Reports of recent runs, for the API.
     pub(crate) reports: Arc<Reports>,
-    /// Decides what this daemon cannot decide alone, and records it.
-    admission: Arc<dyn Admission>,
-    /// This machine's own admission (no shared state): restored from the log.
-    local: Option<Arc<Local>>,
+    /// Decides what this daemon cannot decide alone, and records it; and
+    /// the rest one machine and a fleet must agree on.
+    state: Arc<dyn SharedState>,
     /// The global limit on runs in flight, and the limit it holds now
     /// (`max_concurrent_runs` of the config in force: a reload changes it).
     permits: Arc<Semaphore>,
@@ -58,9 +57,6 @@ pub(crate) struct Scheduler {
     /// Held from deciding a batch to recording it: a trigger is only ever
     /// deduplicated against a run whose trigger is already on disk.
     submitting: tokio::sync::Mutex<()>,
-    /// State shared with other daemons: leases, the fleet's switch.
-    /// `None`: this machine decides alone.
-    store: Option<Arc<Postgres>>,
     /// The demotions every run's gate asks, one for all runs so the audit
     /// log's record of them is read once and followed (made again when a
     /// reload moves the state directory or the log).
@@ -75,29 +71,21 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
         approvals: Option<Arc<crate::gate::approvals::Approvals>>,
-        store: Option<Arc<Postgres>>,
+        state: Arc<dyn SharedState>,
     ) -> Arc<Scheduler> {
         let limit = config.borrow().settings.max_concurrent_runs;
-        let local = store.is_none().then(|| Arc::new(Local::default()));
-        let admission: Arc<dyn Admission> = match (&store, &local) {
-            (Some(store), _) => Arc::new(Fleet::new(store.clone())),
-            (None, Some(local)) => local.clone(),
-            (None, None) => Arc::new(Local::default()),
-        };
         Arc::new(Scheduler {
             config,
             audit,
             metrics,
             reports: Default::default(),
-            admission,
-            local,
+            state,
             permits: Arc::new(Semaphore::new(limit)),
             limit: Mutex::new(limit),
             active: watch::channel(0).0,
             shutdown,
             approvals,
             submitting: Default::default(),
-            store,
             demotions: Mutex::default(),
         })
     }
@@ -113,8 +101,7 @@ impl Scheduler {
         match held.as_ref() {
             Some(d) if d.is_of(&config.settings) => d.clone(),
             _ => {
-                let d = crate::audit::demotions(&config.settings)
-                    .with_fleet(self.store.as_ref().map(|s| s.demoted.clone()));
+                let d = self.state.demotions(&config.settings);
                 *held = Some(d.clone());
                 d
             }
@@ -122,8 +109,7 @@ impl Scheduler {
     }
 
     fn killswitch(&self, config: &Config) -> KillSwitch {
-        KillSwitch::new(config.settings.kill_switch_dir.clone())
-            .with_fleet(self.store.as_ref().map(|s| s.switch.clone()))
+        self.state.kill_switch(&config.settings.kill_switch_dir)
     }
 
     /// Bring the number of run permits to `max_concurrent_runs` of `config`:
@@ -218,7 +204,7 @@ impl Scheduler {
             audit: self.audit.clone(),
             killswitch: self.killswitch(config),
             demotions: self.demotions(config),
-            store: self.store.clone(),
+            state: self.state.clone(),
             metrics: Some(self.metrics.clone()),
             shutdown: Some(self.shutdown.clone()),
             approvals: self.approvals.clone(),
@@ -257,7 +243,7 @@ impl Scheduler {
     ) {
         // The slot first: once the metrics say the run ended, a new
         // trigger for this runbook and host can start.
-        self.admission.ended(req);
+        self.state.ended(req);
         self.metrics.runs_in_flight.dec();
         // A run the shutdown kept from starting (it waited for its run
         // lock) is handed to the next start, as one stopped before its
@@ -270,7 +256,7 @@ impl Scheduler {
         let handed = handed_to.is_some()
             || (outcome.is_err()
                 && self.stopping()
-                && self.store.is_none()
+                && !self.state.queues()
                 && !req.dry_run
                 && req.agent.is_none());
         let verdict = match &outcome {
@@ -351,16 +337,15 @@ impl Scheduler {
                 r.key, config.settings.replica
             );
             let mut withdrawn = approvals.withdraw(&r.runbook, &r.host, &r.key, &why);
-            if let Some(store) = &self.store {
-                let state = crate::gate::approvals::State::Withdrawn { why: why.clone() };
-                match store
-                    .withdraw_approvals(&r.runbook, &r.host, &r.key, &state)
-                    .await
-                {
-                    Ok(more) => withdrawn.extend(more),
-                    Err(e) => {
-                        tracing::warn!(runbook = %r.runbook, host = %r.host, "approval requests of other replicas not withdrawn: {e}; they wait until decided or expired")
-                    }
+            let state = crate::gate::approvals::State::Withdrawn { why: why.clone() };
+            match self
+                .state
+                .withdraw_approvals(&r.runbook, &r.host, &r.key, &state)
+                .await
+            {
+                Ok(more) => withdrawn.extend(more),
+                Err(e) => {
+                    tracing::warn!(runbook = %r.runbook, host = %r.host, "approval requests of other replicas not withdrawn: {e}; they wait until decided or expired")
                 }
             }
             for req in withdrawn {
@@ -377,9 +362,9 @@ impl Scheduler {
         out
     }
 
-    /// The shared state, when several daemons share one.
-    pub(crate) fn store(&self) -> Option<&Arc<Postgres>> {
-        self.store.as_ref()
+    /// What this daemon and the others it shares state with agree on.
+    pub(crate) fn state(&self) -> &dyn SharedState {
+        &*self.state
     }
 
     /// A run whose lease expired (its replica died or lost the database)
@@ -458,9 +443,7 @@ impl Scheduler {
                 .insert((start.runbook, start.host), (jiff::Timestamp::now(), keys));
             closed += 1;
         }
-        if let Some(local) = &self.local {
-            local.restore(&record, self.audit.path());
-        }
+        self.state.restore(&record, self.audit.path());
         Ok((closed, again))
     }
 }

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::admission::TriggerResult;
+use crate::state::TriggerResult;
 use crate::trigger::alerts::Candidate;
 
 /// A scheduler over a real config directory: runbook `rb` on host `web`,
@@ -32,7 +32,7 @@ fn scheduler() -> (tempfile::TempDir, Arc<Config>, Arc<Scheduler>) {
         metrics,
         shutdown,
         None,
-        None,
+        crate::state::chosen(None),
     );
     (dir, config, s)
 }
@@ -160,7 +160,7 @@ async fn a_daemon_shutting_down_asks_for_a_retry_not_a_kill_switch() {
         s.metrics.clone(),
         shutdown,
         None,
-        None,
+        crate::state::chosen(None),
     );
     stop.send(true).unwrap();
     let got = s.submit_all(vec![alert(&["fp:1"])]).await.unwrap();
@@ -181,7 +181,7 @@ async fn a_run_the_shutdown_stopped_before_any_call_runs_at_the_next_start() {
             first.metrics.clone(),
             shutdown,
             None,
-            None,
+            crate::state::chosen(None),
         )
     };
     let (stop, shutdown) = watch::channel(false);
@@ -287,7 +287,7 @@ async fn a_run_that_waited_for_a_permit_through_the_shutdown_is_handed_back() {
         Arc::new(Metrics::new(prometheus::Registry::new())),
         shutdown,
         None,
-        None,
+        crate::state::chosen(None),
     );
     let held = crate::runlock::try_acquire(&config.settings.state_dir, "rb", "web", "someone")
         .unwrap()
@@ -320,7 +320,7 @@ async fn a_run_that_waited_for_a_permit_through_the_shutdown_is_handed_back() {
         Arc::new(Metrics::new(prometheus::Registry::new())),
         shutdown,
         None,
-        None,
+        crate::state::chosen(None),
     );
     let (_, again) = next.recover().unwrap();
     let mut hosts: Vec<&str> = again.iter().map(|r| r.host.as_str()).collect();

@@ -13,7 +13,7 @@
 //! - **Admission** ([`Postgres::lock_batch`]): a batch's (runbook, host)
 //!   rows locked and read, and everything decided of them written in the
 //!   same transaction, every trigger with its one outcome. The decisions
-//!   are not here: they are `admission::rules`, the same Rust functions
+//!   are not here: they are `state::rules`, the same Rust functions
 //!   this machine's own admission calls. (Releases before 0.4 decided in
 //!   SQL, `runwarden_admit_all`, which stays for them during a roll.)
 //! - **Leases and fencing** ([`Lease`]): a run holds its (runbook, host)
@@ -69,6 +69,10 @@ pub(crate) enum StoreError {
     /// nothing of it was written, and it may simply be tried again.
     #[error("PostgreSQL rolled back a transaction that waited on another: {0}")]
     Contended(String),
+    /// This machine's own state (a file under the state directory) could
+    /// not be read or written.
+    #[error("this machine's state: {0}")]
+    Local(String),
     /// `state.postgres` or the database's schema is not usable.
     #[error("{0}")]
     Config(String),

@@ -2406,8 +2406,8 @@ fn replicas_keep_working_through_a_rolling_restart_on_a_schema_one_version_ahead
 /// PostgreSQL's `runwarden_admit`, as releases before 0.4 call it (they
 /// decide in SQL, and still roll with this one), with the duplicate window
 /// they pass: the same outcomes as the rules this release decides by, on
-/// this machine (`admission::local::tests::the_admission_table_on_this_machines_own_state`)
-/// and across the fleet (`admission::fleet::tests::the_admission_table_on_postgres_decided_in_rust`).
+/// this machine (`state::local::tests::the_admission_table_on_this_machines_own_state`)
+/// and across the fleet (`state::fleet::tests::the_admission_table_on_postgres_decided_in_rust`).
 #[test]
 fn the_admission_table_on_postgres() {
     let pg = Pg::start();
@@ -2434,7 +2434,7 @@ fn the_admission_table_on_postgres() {
             .collect();
         format!("ARRAY[{}]::text[]", keys.join(", "))
     };
-    let window = runwarden::admission::DUPLICATE_WINDOW.as_millis();
+    let window = runwarden::state::DUPLICATE_WINDOW.as_millis();
     for (i, case) in cases.iter().enumerate() {
         let runbook = format!("table-{i}");
         let before = &case["before"];

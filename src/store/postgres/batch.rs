@@ -1,7 +1,7 @@
 //! Admission's storage in the shared state: a batch's (runbook, host) rows
 //! locked and read, then everything the batch decided written, in one
 //! transaction on a connection of admission's own. What to write is
-//! decided in Rust (`admission::rules`, by `admission::Fleet`); PostgreSQL
+//! decided in Rust (`state::rules`, by `state::Fleet`); PostgreSQL
 //! does the locking, the storage and the atomicity.
 //!
 //! Two round trips, each pipelined: `BEGIN`, the fire's claim, the rows

@@ -7,9 +7,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult, rules};
+use super::{
+    Admitted, ApprovalState, Approvals, Ask, DUPLICATE_WINDOW, Decided, DecisionError, DemoteAfter,
+    Demotion, Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
+    TriggerResult, rules,
+};
 use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
+use crate::store::StoreError;
 use crate::trigger::RunRequest;
 
 /// The state of one (runbook, host) pair.
@@ -170,22 +175,6 @@ impl Default for Local {
 }
 
 impl Local {
-    /// The slots as the audit log left them: (runbook, host) -> when its last
-    /// run ended and the keys that started it, and when its recent runs started.
-    /// Then it follows the log at `path` for the runs of other processes.
-    pub(crate) fn restore(&self, record: &crate::audit::runs::Recovery, path: &std::path::Path) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        for key in record.ends.keys().chain(record.starts.keys()) {
-            slots.insert(key.clone(), Slot::from_record(record, key));
-        }
-        let open = record
-            .unfinished
-            .iter()
-            .map(|(e, keys)| (e.run_id.clone(), keys.clone()));
-        *self.others.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Others::from(path, record.through, open));
-    }
-
     /// Take in what other processes recorded since the last look.
     fn catch_up(&self, slots: &mut HashMap<(String, String), Slot>) {
         let mut others = self.others.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,7 +241,7 @@ impl Local {
     }
 }
 
-impl Admission for Local {
+impl SharedState for Local {
     fn admit<'a>(
         &'a self,
         asks: &'a [&'a Ask<'a>],
@@ -284,6 +273,119 @@ impl Admission for Local {
             .or_default();
         slot.in_flight = false;
         slot.ended = Some(Instant::now());
+    }
+
+    /// The audit log holds this machine's record of every trigger as it
+    /// is written: there is nothing to confirm.
+    fn confirm<'a>(&'a self, _: &'a [String], _: &'a [String]) -> Pending<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn queues(&self) -> bool {
+        false
+    }
+
+    fn claim<'a>(&'a self, _: &'a RunRequest, _: &'a str) -> Pending<'a, Admitted> {
+        Box::pin(async { Ok(Admitted::Started(None)) })
+    }
+
+    /// On the run's own thread, as its audit lines are written.
+    fn record_failure<'a>(
+        &'a self,
+        settings: &'a Settings,
+        failure: Failure,
+        rule: DemoteAfter,
+    ) -> Pending<'a, Option<Demotion>> {
+        let reached = crate::gate::demotion::record_local(
+            &settings.state_dir,
+            rule,
+            failure,
+            &settings.replica,
+        )
+        .map_err(|e| StoreError::Local(format!("the failure ledger: {e}")));
+        Box::pin(async move { reached })
+    }
+
+    /// Only this daemon lists its requests.
+    fn share_approval<'a>(&'a self, _: &'a Request) -> Pending<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn close_approval<'a>(&'a self, _: &'a Request) -> Pending<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn withdraw_approvals<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+        _: &'a str,
+        _: &'a ApprovalState,
+    ) -> Pending<'a, Vec<Request>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// The slots as the audit log left them: (runbook, host) -> when its last
+    /// run ended and the keys that started it, and when its recent runs started.
+    /// Then it follows the log at `path` for the runs of other processes.
+    fn restore(&self, record: &crate::audit::runs::Recovery, path: &std::path::Path) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for key in record.ends.keys().chain(record.starts.keys()) {
+            slots.insert(key.clone(), Slot::from_record(record, key));
+        }
+        let open = record
+            .unfinished
+            .iter()
+            .map(|(e, keys)| (e.run_id.clone(), keys.clone()));
+        *self.others.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Others::from(path, record.through, open));
+    }
+
+    fn approvals<'a>(
+        &'a self,
+        here: Option<&'a Approvals>,
+        id: Option<&'a str>,
+    ) -> Pending<'a, Vec<Request>> {
+        let found = match (here, id) {
+            (None, _) => Vec::new(),
+            (Some(here), None) => here.list(),
+            (Some(here), Some(id)) => here.get(id).into_iter().collect(),
+        };
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        here: &'a Approvals,
+        id: &'a str,
+        token: &'a [u8],
+        digest: &'a str,
+        approve: bool,
+        comment: &'a str,
+    ) -> Pending<'a, Result<Request, DecisionError>> {
+        let decided = here.decide(id, token, digest, approve, comment);
+        Box::pin(async move { Ok(decided) })
+    }
+
+    fn fleet_runs<'a>(
+        &'a self,
+        _: Option<&'a str>,
+        _: Option<&'a str>,
+        _: i64,
+    ) -> Pending<'a, Option<serde_json::Value>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn unhealthy(&self) -> Option<String> {
+        None
+    }
+
+    fn kill_switch(&self, dir: &std::path::Path) -> KillSwitch {
+        KillSwitch::new(dir.to_path_buf())
+    }
+
+    fn demotions(&self, settings: &Settings) -> Demotions {
+        crate::audit::demotions(settings)
     }
 }
 
@@ -380,7 +482,7 @@ mod tests {
     }
 
     /// One table of cases, run here against this machine's own admission,
-    /// and in the root tier against the fleet's (`admission::fleet::tests`)
+    /// and in the root tier against the fleet's (`state::fleet::tests`)
     /// and the SQL of earlier releases (`it::ha::the_admission_table_on_postgres`).
     #[tokio::test(start_paused = true)]
     async fn the_admission_table_on_this_machines_own_state() {

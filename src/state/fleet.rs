@@ -11,7 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rules::{self, Holder};
-use super::{Admission, Admitted, Ask, DUPLICATE_WINDOW, Decided, Pending, TriggerResult};
+use super::{
+    Admitted, ApprovalState, Approvals, Ask, DUPLICATE_WINDOW, Decided, DecisionError, DemoteAfter,
+    Demotion, Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
+    TriggerResult,
+};
+use crate::store::StoreError;
 use crate::store::{LeaseWrite, PairRow, Postgres, RunWrite, TriggerRow, Writes};
 use crate::trigger::RunRequest;
 
@@ -22,29 +27,7 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// Claim (runbook, host) for a person's `runwarden run`: no cooldown,
-    /// no trigger keys (so no duplicate window), its trigger on the
-    /// person's terminal rather than a sender's retry (nothing to confirm).
-    /// `Started` holds the run's lease; anything else says why it did not
-    /// start.
-    pub(crate) async fn claim(
-        &self,
-        req: &RunRequest,
-        run_id: &str,
-    ) -> Result<Admitted, crate::store::StoreError> {
-        let ask = Ask {
-            req,
-            cooldown: None,
-            cap: None,
-            run_id: run_id.to_string(),
-        };
-        let mut admitted = self.admit_batch(&[&ask], &[], 1, false).await?;
-        Ok(admitted
-            .pop()
-            .unwrap_or(Admitted::Refused(TriggerResult::Deduplicated)))
-    }
-
-    /// Admission through `store`.
+    /// The fleet's state in `store`.
     pub(crate) fn new(store: Arc<Postgres>) -> Fleet {
         Fleet {
             store,
@@ -60,7 +43,7 @@ enum Made {
     Refused(TriggerResult),
 }
 
-impl Admission for Fleet {
+impl SharedState for Fleet {
     fn admit<'a>(
         &'a self,
         asks: &'a [&'a Ask<'a>],
@@ -78,8 +61,161 @@ impl Admission for Fleet {
         })
     }
 
+    /// See [`Postgres::recorded`]. Runs this replica queued become
+    /// takeable: for them it tries for as long as a lease, and runs the
+    /// fleet removed meanwhile (this replica took longer than a lease to
+    /// record them) will not run, so the sender is told to send again.
+    /// When every run is this replica's own, one try: those runs go on
+    /// whatever the answer, and until they end a retry of their trigger is
+    /// answered `pending` rather than lost.
+    fn confirm<'a>(&'a self, started: &'a [String], handed: &'a [String]) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let store = &self.store;
+            if handed.is_empty() {
+                if let Err(e) = store.recorded(started, &[]).await {
+                    tracing::warn!(
+                        "{} run(s) started here could not be confirmed to the fleet; they go on, and a trigger for their hosts is answered `pending` (retry) until they end: {e}",
+                        started.len()
+                    );
+                }
+                return Ok(());
+            }
+            let give_up = tokio::time::Instant::now() + store.lease;
+            let marked = loop {
+                match store.recorded(started, handed).await {
+                    Ok(marked) => break marked,
+                    Err(e) if tokio::time::Instant::now() >= give_up => {
+                        tracing::error!(
+                            "{} queued run(s) could not be handed to the fleet; they are removed after a lease and the sender is told to send again: {e}",
+                            handed.len()
+                        );
+                        return Err(e);
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            };
+            if marked < handed.len() {
+                let e = StoreError::Database(format!(
+                    "{} of {} queued run(s) were removed before this replica handed them over (it took longer than a lease to record them); they do not run, and the sender is told to send again",
+                    handed.len() - marked,
+                    handed.len()
+                ));
+                tracing::error!("{e}");
+                return Err(e);
+            }
+            Ok(())
+        })
+    }
+
     /// The run's lease ends with the run.
     fn ended(&self, _: &RunRequest) {}
+
+    fn queues(&self) -> bool {
+        true
+    }
+
+    /// No cooldown, no trigger keys (so no duplicate window), its trigger
+    /// on the person's terminal rather than a sender's retry (nothing to
+    /// confirm). `Started` holds the run's lease; anything else says why
+    /// it did not start.
+    fn claim<'a>(&'a self, req: &'a RunRequest, run_id: &'a str) -> Pending<'a, Admitted> {
+        Box::pin(async move {
+            let ask = Ask {
+                req,
+                cooldown: None,
+                cap: None,
+                run_id: run_id.to_string(),
+            };
+            let mut admitted = self.admit_batch(&[&ask], &[], 1, false).await?;
+            Ok(admitted
+                .pop()
+                .unwrap_or(Admitted::Refused(TriggerResult::Deduplicated)))
+        })
+    }
+
+    fn record_failure<'a>(
+        &'a self,
+        _: &'a Settings,
+        failure: Failure,
+        rule: DemoteAfter,
+    ) -> Pending<'a, Option<Demotion>> {
+        Box::pin(async move { self.store.record_failure(&failure, rule).await })
+    }
+
+    fn share_approval<'a>(&'a self, request: &'a Request) -> Pending<'a, ()> {
+        Box::pin(async move {
+            let expires = request
+                .expires_at
+                .parse()
+                .unwrap_or_else(|_| jiff::Timestamp::now());
+            self.store.publish_approval(request, expires).await
+        })
+    }
+
+    fn close_approval<'a>(&'a self, request: &'a Request) -> Pending<'a, ()> {
+        Box::pin(self.store.close_approval(&request.id, &request.state))
+    }
+
+    fn withdraw_approvals<'a>(
+        &'a self,
+        runbook: &'a str,
+        host: &'a str,
+        key: &'a str,
+        state: &'a ApprovalState,
+    ) -> Pending<'a, Vec<Request>> {
+        Box::pin(self.store.withdraw_approvals(runbook, host, key, state))
+    }
+
+    fn restore(&self, _: &crate::audit::runs::Recovery, _: &std::path::Path) {}
+
+    fn approvals<'a>(
+        &'a self,
+        _: Option<&'a Approvals>,
+        id: Option<&'a str>,
+    ) -> Pending<'a, Vec<Request>> {
+        Box::pin(self.store.approvals(id))
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        here: &'a Approvals,
+        id: &'a str,
+        token: &'a [u8],
+        digest: &'a str,
+        approve: bool,
+        comment: &'a str,
+    ) -> Pending<'a, Result<Request, DecisionError>> {
+        Box::pin(async move {
+            let Some(by) = here.approver(token) else {
+                return Ok(Err(DecisionError::Unauthorized));
+            };
+            let comment = crate::gate::approvals::clean_comment(comment);
+            self.store
+                .decide_approval(id, digest, approve, &by, &comment)
+                .await
+        })
+    }
+
+    fn fleet_runs<'a>(
+        &'a self,
+        runbook: Option<&'a str>,
+        host: Option<&'a str>,
+        limit: i64,
+    ) -> Pending<'a, Option<serde_json::Value>> {
+        Box::pin(async move { self.store.fleet_runs(runbook, host, limit).await.map(Some) })
+    }
+
+    fn unhealthy(&self) -> Option<String> {
+        self.store.unhealthy()
+    }
+
+    fn kill_switch(&self, dir: &std::path::Path) -> KillSwitch {
+        KillSwitch::new(dir.to_path_buf()).with_fleet(Some(self.store.switch.clone()))
+    }
+
+    fn demotions(&self, settings: &Settings) -> Demotions {
+        crate::audit::demotions(settings).with_fleet(Some(self.store.demoted.clone()))
+    }
 }
 
 impl Fleet {

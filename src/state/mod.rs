@@ -1,0 +1,280 @@
+//! What one machine and a fleet must agree on, behind one trait.
+//!
+//! Every trigger (an alert, a schedule's fire, an API request) meets the
+//! same admission rule for its (runbook, host): a run in flight, or a
+//! repeat of the last run's own trigger within [`DUPLICATE_WINDOW`] or the
+//! runbook's cooldown, is `deduplicated`; another trigger within the
+//! cooldown is `cooldown`; anything else starts a run. What a daemon can
+//! say alone (no runbook, a host out of scope, an alert that cannot be
+//! kept, the kill switch) is decided before; [`SharedState`] decides the
+//! rest and records every outcome, so counting and recording happen once,
+//! in the scheduler. The same trait holds what else replicas must agree
+//! on: a person's run's claim of its host, a failed run counted toward its
+//! runbook's demotion, approval requests any replica may decide, and the
+//! kill switch and demotions a run's gate sees.
+//!
+//! The admission rule itself is written once, in [`rules`], as pure
+//! functions over what is known of a (runbook, host). Two implementations
+//! gather that and keep what the rules decide: [`Local`] in this process
+//! (restored from the audit log at start, its files under the state
+//! directory), [`Fleet`] in the shared PostgreSQL state, under the rows'
+//! locks. One table of cases (`tests/fixtures/admission-cases.json`) holds
+//! both to the same outcomes. Which one a daemon uses is chosen once, at
+//! start-up (`state.postgres` in the settings); nothing else asks.
+
+mod fleet;
+mod local;
+pub(crate) mod rules;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub(crate) use fleet::Fleet;
+pub(crate) use local::{Local, Slot};
+
+use std::path::Path;
+
+use crate::config::{DemoteAfter, Settings};
+use crate::gate::approvals::{Approvals, DecisionError, Request, State as ApprovalState};
+use crate::gate::demotion::{Demotion, Failure};
+use crate::gate::{Demotions, KillSwitch};
+use crate::store::{Lease, StoreError};
+use crate::trigger::RunRequest;
+
+/// How long after a run ends a repeat of its own trigger (the same alert
+/// fingerprint or group, the same schedule fire) is still a duplicate,
+/// whatever the cooldown: Alertmanager in HA mode sends a notification
+/// twice now and then, and every replica fires the same schedule. Well
+/// under Alertmanager's shortest sensible `group_interval`, so a real
+/// repeat of a still-firing alert starts a run again.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
+
+/// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TriggerResult {
+    /// A run was started.
+    Started,
+    /// A run for the same alert or group is queued or running.
+    Deduplicated,
+    /// The runbook ran on the host too recently.
+    Cooldown,
+    /// The alert names a host the runbook may not touch.
+    OutOfScope,
+    /// The kill switch is engaged.
+    KillSwitch,
+    /// No runbook matched the alert.
+    NoMatch,
+    /// The alert holds what cannot be kept (a NUL byte); it starts nothing.
+    Invalid,
+    /// The runbook ran on the host as often as its `max_runs` allows within
+    /// the window: a fix that keeps being needed is for a person to look at.
+    Capped,
+    /// Another replica admitted a run for the host that its disk does not
+    /// hold yet: it may die before it does, and then this trigger would be
+    /// the only trace of the alert. Not accepted; the sender retries (the
+    /// webhook answers 503) and by then that run is confirmed, a duplicate,
+    /// or gone, and the retry starts one.
+    Pending,
+}
+
+impl TriggerResult {
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TriggerResult::Started => "started",
+            TriggerResult::Deduplicated => "deduplicated",
+            TriggerResult::Cooldown => "cooldown",
+            TriggerResult::OutOfScope => "out_of_scope",
+            TriggerResult::KillSwitch => "kill_switch",
+            TriggerResult::NoMatch => "no_match",
+            TriggerResult::Invalid => "invalid",
+            TriggerResult::Capped => "capped",
+            TriggerResult::Pending => "pending",
+        }
+    }
+}
+
+/// A trigger in scope and not stopped here, put to admission.
+#[derive(Debug)]
+pub(crate) struct Ask<'a> {
+    /// The trigger.
+    pub(crate) req: &'a RunRequest,
+    /// The runbook's cooldown.
+    pub(crate) cooldown: Option<Duration>,
+    /// The runbook's `max_runs`.
+    pub(crate) cap: Option<crate::config::MaxRuns>,
+    /// The id its run takes if it starts.
+    pub(crate) run_id: String,
+}
+
+/// A trigger decided before admission, for the record.
+#[derive(Debug)]
+pub(crate) struct Decided<'a> {
+    /// The runbook it named (`none` when none took it).
+    pub(crate) runbook: &'a str,
+    /// The host it named (empty when it named none).
+    pub(crate) host: &'a str,
+    /// Its fingerprint and group keys.
+    pub(crate) keys: &'a [String],
+    /// What kind of trigger it was.
+    pub(crate) trigger: crate::origin::Trigger,
+    /// What became of it.
+    pub(crate) result: TriggerResult,
+}
+
+/// What admission made of an [`Ask`].
+#[derive(Debug)]
+pub(crate) enum Admitted {
+    /// It starts a run; with shared state, the run holds this lease.
+    Started(Option<Lease>),
+    /// It starts a run that waits in the fleet's queue for whichever
+    /// replica has a free run permit first (this one included).
+    Queued,
+    /// It does not: deduplicated, cooldown, or the fleet's kill switch.
+    Refused(TriggerResult),
+}
+
+/// The shared state of a daemon or a person's run: PostgreSQL's when
+/// `state.postgres` is set (`store`), else this machine's. Chosen here,
+/// once, at start-up.
+pub(crate) fn chosen(
+    store: Option<std::sync::Arc<crate::store::Postgres>>,
+) -> std::sync::Arc<dyn SharedState> {
+    match store {
+        Some(store) => std::sync::Arc::new(Fleet::new(store)),
+        None => std::sync::Arc::new(Local::default()),
+    }
+}
+
+/// A future a [`SharedState`] returns.
+pub(crate) type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// What one machine and a fleet must agree on: [`Local`] or [`Fleet`],
+/// chosen once at start-up.
+pub(crate) trait SharedState: Send + Sync {
+    /// One outcome per ask, in order; `decided` are recorded with them
+    /// (with shared state, in the fleet's table). With shared state, only
+    /// the first `direct` that start are this daemon's to run now (it holds
+    /// that many run permits) and the rest are [`Admitted::Queued`]; on one
+    /// machine every run waits for a permit here. An error: nothing was
+    /// admitted, and the sender must be told to retry.
+    fn admit<'a>(
+        &'a self,
+        asks: &'a [&'a Ask<'a>],
+        decided: &'a [Decided<'a>],
+        direct: usize,
+    ) -> Pending<'a, Vec<Admitted>>;
+
+    /// Runs admitted by `admit` that will not start after all (their
+    /// `queued` lines could not be written): give their claims back.
+    fn abandon<'a>(&'a self, started: &'a [(&'a RunRequest, String)]) -> Pending<'a, ()>;
+
+    /// The triggers of the runs `admit` started (`started`) and queued
+    /// (`handed`) are on this machine's disk: a retry of one is now its
+    /// duplicate, and the queued runs may be taken by any daemon. An
+    /// error: the queued runs will not run, and the sender must be told to
+    /// retry (the started ones go on whatever the answer).
+    fn confirm<'a>(&'a self, started: &'a [String], handed: &'a [String]) -> Pending<'a, ()>;
+
+    /// The run of `req` ended (or never started): its (runbook, host) is
+    /// free, and its trigger keys count as the last run's.
+    fn ended(&self, req: &RunRequest);
+
+    /// Whether runs admitted here that this daemon cannot start at once
+    /// go to a queue every daemon takes from (the fleet's). Then a daemon
+    /// takes its run permits as it admits (and an agent's run, which
+    /// cannot be queued, is `pending` while none is free), and a run
+    /// stopped before it started is handed to the queue; on one machine a
+    /// run waits for a permit here, and one stopped before it started is
+    /// restored from the audit log at the next start.
+    fn queues(&self) -> bool;
+
+    /// Claim the (runbook, host) for a run a person started on the
+    /// command line, through the same admission as a daemon's (not
+    /// recorded as a trigger): with shared state its lease, refused while
+    /// another run holds it or the fleet's kill switch is engaged; on one
+    /// machine no claim (the run lock is).
+    fn claim<'a>(&'a self, req: &'a RunRequest, run_id: &'a str) -> Pending<'a, Admitted>;
+
+    /// A failed run of a runbook with `demote_after` (`rule`) counts
+    /// toward its demotion: the demotion, if this failure reached it (of
+    /// racing replicas, exactly one does).
+    fn record_failure<'a>(
+        &'a self,
+        settings: &'a Settings,
+        failure: Failure,
+        rule: DemoteAfter,
+    ) -> Pending<'a, Option<Demotion>>;
+
+    /// An approval request this daemon's run waits on: with shared state,
+    /// shared so any replica lists and decides it.
+    fn share_approval<'a>(&'a self, request: &'a Request) -> Pending<'a, ()>;
+
+    /// A request this daemon stopped waiting on ends so for every replica,
+    /// unless a decision got there first.
+    fn close_approval<'a>(&'a self, request: &'a Request) -> Pending<'a, ()>;
+
+    /// Withdraw the pending requests of other replicas' runs of `runbook`
+    /// on `host` that trigger key `key` started: the requests withdrawn.
+    fn withdraw_approvals<'a>(
+        &'a self,
+        runbook: &'a str,
+        host: &'a str,
+        key: &'a str,
+        state: &'a ApprovalState,
+    ) -> Pending<'a, Vec<Request>>;
+
+    /// The approval requests a person may see through this daemon (`id`:
+    /// that one): with shared state every replica's, else `here`'s, this
+    /// daemon's own.
+    fn approvals<'a>(
+        &'a self,
+        here: Option<&'a Approvals>,
+        id: Option<&'a str>,
+    ) -> Pending<'a, Vec<Request>>;
+
+    /// A person's decision on request `id`, whose token `here` knows,
+    /// taken exactly once: with shared state in the fleet's table (the
+    /// replica whose run waits reads it back), else by `here`.
+    fn decide_approval<'a>(
+        &'a self,
+        here: &'a Approvals,
+        id: &'a str,
+        token: &'a [u8],
+        digest: &'a str,
+        approve: bool,
+        comment: &'a str,
+    ) -> Pending<'a, Result<Request, DecisionError>>;
+
+    /// The fleet's runs, newest first (`GET /api/v1/fleet/runs`); `None`
+    /// without shared state, where this daemon's runs are all there is.
+    fn fleet_runs<'a>(
+        &'a self,
+        runbook: Option<&'a str>,
+        host: Option<&'a str>,
+        limit: i64,
+    ) -> Pending<'a, Option<serde_json::Value>>;
+
+    /// What the audit log says of recent runs at start-up (when each
+    /// (runbook, host) last ended, the keys that started it, its recent
+    /// starts), read from `log`, which is then followed for the runs of
+    /// other processes on this machine. With shared state the fleet's rows
+    /// say it already.
+    fn restore(&self, record: &crate::audit::runs::Recovery, log: &Path);
+
+    /// `Some(why)` while the state cannot be relied on (the database is
+    /// unreachable): triggers are answered 503 and `/healthz` says why.
+    fn unhealthy(&self) -> Option<String>;
+
+    /// The kill switch a run's gate checks: the files in `dir`, and with
+    /// shared state the fleet's switch beside them.
+    fn kill_switch(&self, dir: &Path) -> KillSwitch;
+
+    /// The demotions a run's gate asks: this machine's record, and with
+    /// shared state the fleet's beside it.
+    fn demotions(&self, settings: &Settings) -> Demotions;
+}
