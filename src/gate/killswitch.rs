@@ -121,6 +121,11 @@ impl KillSwitch {
         self
     }
 
+    /// The fleet's switch beside the files, when several daemons share state.
+    pub(crate) fn fleet(&self) -> Option<&std::sync::Arc<FleetSwitch>> {
+        self.fleet.as_ref()
+    }
+
     /// The directory of the switch files.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir

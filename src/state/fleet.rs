@@ -209,6 +209,14 @@ impl SharedState for Fleet {
         self.store.unhealthy()
     }
 
+    fn sweep_switches(&self) -> Pending<'_, Vec<crate::gate::killswitch::Expired>> {
+        Box::pin(self.store.sweep_expired())
+    }
+
+    fn publish_switches<'a>(&'a self, engaged: &'a [(String, String)]) -> Pending<'a, ()> {
+        Box::pin(self.store.publish_switches(engaged))
+    }
+
     fn kill_switch(&self, dir: &std::path::Path) -> KillSwitch {
         KillSwitch::new(dir.to_path_buf()).with_fleet(Some(self.store.switch.clone()))
     }

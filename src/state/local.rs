@@ -380,6 +380,15 @@ impl SharedState for Local {
         None
     }
 
+    fn sweep_switches(&self) -> Pending<'_, Vec<crate::gate::killswitch::Expired>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// No other replica asks.
+    fn publish_switches<'a>(&'a self, _: &'a [(String, String)]) -> Pending<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn kill_switch(&self, dir: &std::path::Path) -> KillSwitch {
         KillSwitch::new(dir.to_path_buf())
     }

@@ -270,6 +270,15 @@ pub(crate) trait SharedState: Send + Sync {
     /// unreachable): triggers are answered 503 and `/healthz` says why.
     fn unhealthy(&self) -> Option<String>;
 
+    /// End the fleet's timed kill switches whose time has come: those
+    /// ended (this machine's own files end through [`KillSwitch`]).
+    fn sweep_switches(&self) -> Pending<'_, Vec<crate::gate::killswitch::Expired>>;
+
+    /// Tell the other replicas which of this machine's switch files are
+    /// engaged (scope, what a person reads), so `status` and `release` on
+    /// any of them can say what still stops runs here.
+    fn publish_switches<'a>(&'a self, engaged: &'a [(String, String)]) -> Pending<'a, ()>;
+
     /// The kill switch a run's gate checks: the files in `dir`, and with
     /// shared state the fleet's switch beside them.
     fn kill_switch(&self, dir: &Path) -> KillSwitch;

@@ -4,13 +4,18 @@
 //! close runs a killed process left open (verdict `interrupted`) and restore
 //! cooldowns, from one read of the audit log, then start
 //! the workers: the HTTP server, the cron worker, the kill-switch watcher and
-//! the config reloader, and with shared state those of `store::workers`. Stop (the `shutdown` future: SIGTERM/SIGINT in the
-//! binary, anything in tests): stop accepting triggers, let in-flight runs
-//! finish their current call and stop, bounded by `shutdown_grace`, then
-//! return.
+//! the config reloader, and with shared state those of `store::workers`.
+//! Stop (the `shutdown` future: SIGTERM/SIGINT in the binary, anything in
+//! tests): stop accepting triggers, let in-flight runs finish their current
+//! call and stop, bounded by `shutdown_grace`, then return.
 //!
-//! It is long because it is the one place every
-//! worker is wired; the workers that belong to a concept live with it.
+//! This is the one place that knows whether the state is this machine's or
+//! a fleet's (`state::chosen`): the scheduler, the runs and the API hold a
+//! `SharedState`, and only the fleet's own workers are given PostgreSQL.
+//! Every worker is wired here; the workers that belong to a concept live
+//! with it.
+
+mod switches;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +29,6 @@ use tokio::sync::{mpsc, watch};
 
 use crate::audit::AuditLog;
 use crate::config::Config;
-use crate::gate::KillSwitch;
 use crate::http::{AppState, WebhookToken, router};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
@@ -84,20 +88,7 @@ pub async fn serve(
         ..opts
     };
     let config_watch = ConfigWatch::start(&opts.config_dir);
-    let config = Arc::new(Config::load(&opts.config_dir)?);
-    for w in config.serve_problems(opts.listen)? {
-        tracing::warn!("{w}");
-    }
-    let listen = opts.listen.unwrap_or(config.settings.listen);
-    let token = match &config.settings.webhook_token_file {
-        Some(f) => Some(read_token(f)?),
-        None => None,
-    };
-    if !listen.ip().is_loopback() && token.is_none() {
-        bail!(
-            "refusing to listen on {listen} without a webhook token: set webhook_token_file in runwarden.yaml, or listen on 127.0.0.1"
-        );
-    }
+    let (config, listen, token) = loaded(&opts)?;
     let audit = Arc::new(AuditLog::open_with(
         &config.settings.audit_log,
         config.settings.audit_rotation.clone(),
@@ -116,47 +107,19 @@ pub async fn serve(
         Some(t) => WebhookToken::Bearer(t),
         None => WebhookToken::None,
     }));
-    let approvals = match &config.settings.approvers_file {
-        Some(f) => Some(Arc::new(crate::gate::approvals::Approvals::load(
-            f,
-            config.settings.approval_timeout,
-        )?)),
-        None => None,
-    };
+    let approvals = approvals_of(&config)?;
     let store = crate::store::workers::shared_state(&config).await?;
+    // The one place that knows which: everything else holds a SharedState.
+    let shared = crate::state::chosen(store.clone());
     let scheduler = Scheduler::new(
         config_rx.clone(),
         audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
         approvals.clone(),
-        crate::state::chosen(store.clone()),
+        shared.clone(),
     );
-    let (interrupted, again) = scheduler
-        .recover()
-        .context("reading the audit log for interrupted runs and cooldowns")?;
-    if interrupted > 0 {
-        tracing::warn!(
-            "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"
-        );
-    }
-    // Runs the last stop handed back before they proposed anything: their
-    // triggers were answered `started`, so they run now.
-    if !again.is_empty() && !scheduler.state().queues() {
-        let n = again.len();
-        match scheduler.submit_all(again).await {
-            Ok(outcomes) => tracing::info!(
-                "{n} run(s) the last stop handed back start again: {} started",
-                outcomes
-                    .iter()
-                    .filter(|o| o.result == crate::state::TriggerResult::Started)
-                    .count()
-            ),
-            Err(e) => {
-                tracing::error!("{n} run(s) the last stop handed back could not be started: {e}")
-            }
-        }
-    }
+    recover(&scheduler).await?;
     make_lock_files_ahead(config.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -174,34 +137,15 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
-    workers.spawn(killswitch_worker(
+    workers.spawn(switches::worker(
         config_rx.clone(),
-        store.clone(),
+        shared,
         audit.clone(),
         metrics.clone(),
         stop_rx.clone(),
     ));
     if let Some(store) = store.clone() {
-        workers.spawn(store.clone().listen(stop_rx.clone()));
-        workers.spawn(
-            scheduler
-                .clone()
-                .take_queued(store.clone(), stop_rx.clone()),
-        );
-        if let Some(approvals) = scheduler.approvals.clone() {
-            workers.spawn(crate::store::workers::approval_sync_worker(
-                store.clone(),
-                approvals,
-                stop_rx.clone(),
-            ));
-        }
-        let (closer, audit) = (scheduler.clone(), audit.clone());
-        workers.spawn(crate::store::workers::reap_worker(
-            store,
-            move |run| closer.closed_elsewhere(run, &audit),
-            metrics.clone(),
-            stop_rx.clone(),
-        ));
+        fleet_workers(&mut workers, store, &scheduler, &audit, &metrics, &stop_rx);
     }
     workers.spawn(crate::store::workers::fleet_worker(
         config_rx.clone(),
@@ -244,19 +188,142 @@ pub async fn serve(
     };
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.
+    let listening = Listening {
+        addr: bound,
+        runbooks: config.runbooks.len(),
+        hosts: config.hosts.len(),
+    };
+    announce(listening, ready, &mut workers, &stop_rx);
+
+    shutdown.await;
+    wind_down(&config, &scheduler, &stop_tx, &mcp).await;
+    let _ = server.await;
+    workers.shutdown().await;
+    Ok(())
+}
+
+/// L2 approvals, when `approvers_file` names who may decide.
+fn approvals_of(config: &Config) -> anyhow::Result<Option<Arc<crate::gate::approvals::Approvals>>> {
+    Ok(match &config.settings.approvers_file {
+        Some(f) => Some(Arc::new(crate::gate::approvals::Approvals::load(
+            f,
+            config.settings.approval_timeout,
+        )?)),
+        None => None,
+    })
+}
+
+/// Say the daemon is ready: to `ready` (tests), and to systemd
+/// (`READY=1`, and its watchdog's pings from now on).
+fn announce(
+    listening: Listening,
+    ready: Option<tokio::sync::oneshot::Sender<Listening>>,
+    workers: &mut tokio::task::JoinSet<()>,
+    stop_rx: &watch::Receiver<bool>,
+) {
     if let Some(tx) = ready {
-        let _ = tx.send(Listening {
-            addr: bound,
-            runbooks: config.runbooks.len(),
-            hosts: config.hosts.len(),
-        });
+        let _ = tx.send(listening);
     }
-    service_manager::ready(bound);
+    service_manager::ready(listening.addr);
     if let Some(every) = service_manager::watchdog_interval() {
         workers.spawn(service_manager::watchdog(every, stop_rx.clone()));
     }
+}
 
-    shutdown.await;
+/// The configuration `serve` starts with, where it listens and the
+/// webhook's token: refused (before anything opens) when it would listen
+/// beyond loopback with no token.
+fn loaded(opts: &ServeOptions) -> anyhow::Result<(Arc<Config>, SocketAddr, Option<Vec<u8>>)> {
+    let config = Arc::new(Config::load(&opts.config_dir)?);
+    for w in config.serve_problems(opts.listen)? {
+        tracing::warn!("{w}");
+    }
+    let listen = opts.listen.unwrap_or(config.settings.listen);
+    let token = match &config.settings.webhook_token_file {
+        Some(f) => Some(read_token(f)?),
+        None => None,
+    };
+    if !listen.ip().is_loopback() && token.is_none() {
+        bail!(
+            "refusing to listen on {listen} without a webhook token: set webhook_token_file in runwarden.yaml, or listen on 127.0.0.1"
+        );
+    }
+    Ok((config, listen, token))
+}
+
+/// Close the runs a killed process left open (verdict `interrupted`),
+/// restore admission's state from the same read of the audit log, and on
+/// one machine start again the runs the last stop handed back before they
+/// proposed anything (their triggers were answered `started`; a fleet's
+/// queue holds them instead).
+async fn recover(scheduler: &Arc<Scheduler>) -> anyhow::Result<()> {
+    let (interrupted, again) = scheduler
+        .recover()
+        .context("reading the audit log for interrupted runs and cooldowns")?;
+    if interrupted > 0 {
+        tracing::warn!(
+            "{interrupted} run(s) were interrupted by the last stop; see `runwarden audit show RUN_ID`"
+        );
+    }
+    if !again.is_empty() && !scheduler.state().queues() {
+        let n = again.len();
+        match scheduler.submit_all(again).await {
+            Ok(outcomes) => tracing::info!(
+                "{n} run(s) the last stop handed back start again: {} started",
+                outcomes
+                    .iter()
+                    .filter(|o| o.result == crate::state::TriggerResult::Started)
+                    .count()
+            ),
+            Err(e) => {
+                tracing::error!("{n} run(s) the last stop handed back could not be started: {e}")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The workers of a fleet's replica: LISTEN for the fleet's changes,
+/// take runs from its queue, keep approval requests in step, and close
+/// runs whose replica died (their lease expired).
+fn fleet_workers(
+    workers: &mut tokio::task::JoinSet<()>,
+    store: Arc<crate::store::Postgres>,
+    scheduler: &Arc<Scheduler>,
+    audit: &Arc<AuditLog>,
+    metrics: &Arc<Metrics>,
+    stop_rx: &watch::Receiver<bool>,
+) {
+    workers.spawn(store.clone().listen(stop_rx.clone()));
+    workers.spawn(
+        scheduler
+            .clone()
+            .take_queued(store.clone(), stop_rx.clone()),
+    );
+    if let Some(approvals) = scheduler.approvals.clone() {
+        workers.spawn(crate::store::workers::approval_sync_worker(
+            store.clone(),
+            approvals,
+            stop_rx.clone(),
+        ));
+    }
+    let (closer, audit) = (scheduler.clone(), audit.clone());
+    workers.spawn(crate::store::workers::reap_worker(
+        store,
+        move |run| closer.closed_elsewhere(run, &audit),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
+}
+
+/// Stop: no new triggers, in-flight runs stop at their next call (bounded
+/// by `shutdown_grace`), agents' sessions end so the server can stop.
+async fn wind_down(
+    config: &Config,
+    scheduler: &Scheduler,
+    stop_tx: &watch::Sender<bool>,
+    mcp: &crate::mcp::http::Endpoint,
+) {
     service_manager::stopping();
     tracing::info!("shutting down: no new triggers; waiting for in-flight runs to stop");
     let _ = stop_tx.send(true);
@@ -268,9 +335,6 @@ pub async fn serve(
     }
     // Agents' sessions hold streams open: ended, they let the server stop.
     mcp.close_all().await;
-    let _ = server.await;
-    workers.shutdown().await;
-    Ok(())
 }
 
 fn read_token(file: &Path) -> anyhow::Result<Vec<u8>> {
@@ -300,212 +364,6 @@ async fn approval_age_worker(
         }
     }
 }
-
-/// Since when a switch is engaged (its file's time, a dangling link's own),
-/// for on-call's "since when"; 0 while released.
-fn engaged_at(ks: &KillSwitch, runbook: Option<&str>, on: bool) -> f64 {
-    if !on {
-        return 0.0;
-    }
-    std::fs::symlink_metadata(ks.file_of(runbook))
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// Keep `runwarden_kill_switch_engaged` current. inotify events can be
-/// dropped, so every event (and a slow timer) means "look again"; the gate's
-/// own check before every call stays the backstop.
-///
-/// It also ends timed switches whose time has come (this machine's files,
-/// and with shared state the fleet's rows), with an audit line naming who
-/// engaged each and why, and publishes this replica's own switch files to
-/// the shared state, so `status` and `release` on any replica can say what
-/// still stops runs here.
-async fn killswitch_worker(
-    config: watch::Receiver<Arc<Config>>,
-    store: Option<Arc<crate::store::Postgres>>,
-    audit: Arc<AuditLog>,
-    metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let fleet = store.as_ref().map(|s| s.switch.clone());
-    let (tx, mut rx) = mpsc::channel::<()>(1);
-    let dir = config.borrow().settings.kill_switch_dir.clone();
-    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-        // Not on opens and reads, this worker's own among them: each look
-        // opens the directory, and would wake it again at once.
-        if e.as_ref().map_or(true, is_change) {
-            let _ = tx.try_send(());
-        }
-    })
-    .ok();
-    if let Some(w) = watcher.as_mut()
-        && let Err(e) = w.watch(&dir, notify::RecursiveMode::NonRecursive)
-    {
-        tracing::warn!(
-            "cannot watch the kill-switch directory {}: {e} (the gate still checks it before every call; raise fs.inotify.max_user_watches if this says so)",
-            dir.display()
-        );
-    }
-    let ks = KillSwitch::new(dir).with_fleet(fleet.clone());
-    let mut was: std::collections::HashMap<String, bool> = Default::default();
-    let mut log_change = |scope: &str, on: bool, why: &dyn Fn() -> String| {
-        // Every change, and a switch already engaged when the daemon starts.
-        match (was.insert(scope.to_string(), on), on) {
-            (Some(false) | None, true) => tracing::warn!(scope, "kill switch engaged: {}", why()),
-            (Some(true), false) => tracing::info!(scope, "kill switch released"),
-            _ => {}
-        }
-    };
-    let ended = |ended: crate::gate::killswitch::Expired, source: &str| {
-        tracing::warn!(
-            scope = %ended.scope,
-            "kill switch released itself at its time ({}): engaged by {} ({}: {})",
-            ended.until,
-            ended.engaged_by,
-            source,
-            ended.reason
-        );
-        if let Err(e) = audit.kill_switch_ended(&ended, source) {
-            tracing::error!("the kill switch's end could not be audited: {e}");
-        }
-    };
-    // What this replica last published of its own switch files: written
-    // again only when it changes (not a database write every few seconds).
-    let mut published: Option<Vec<(String, String)>> = None;
-    loop {
-        let files = ks.clone();
-        for e in tokio::task::spawn_blocking(move || files.sweep_expired())
-            .await
-            .unwrap_or_default()
-        {
-            ended(e, "file");
-        }
-        if let Some(store) = &store {
-            match store.sweep_expired().await {
-                Ok(list) => list.into_iter().for_each(|e| ended(e, "fleet")),
-                Err(e) => tracing::debug!("timed fleet switches not looked at: {e}"),
-            }
-            if let Ok(mine) = ks.status()
-                && published.as_ref() != Some(&mine)
-            {
-                match store.publish_switches(&mine).await {
-                    Ok(()) => published = Some(mine),
-                    Err(e) => tracing::debug!("this replica's switch files not published: {e}"),
-                }
-            }
-        }
-        // The gate's own checks, so the gauge and the gate never disagree
-        // (a dangling `ENGAGED` link stops every call, and shows as 1).
-        let global = ks.check_global();
-        let engaged_global = global.is_err();
-        log_change("global", engaged_global, &|| {
-            global
-                .as_ref()
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
-        });
-        metrics
-            .kill_switch_engaged
-            .with_label_values(&["global"])
-            .set(engaged_global as i64);
-        metrics
-            .kill_switch_since
-            .with_label_values(&["global"])
-            .set(engaged_at(&ks, None, engaged_global));
-        // When the engaged timed switches end: the worker looks again then.
-        let mut ends: Vec<jiff::Timestamp> = Vec::new();
-        let global_until = ks.until(None).filter(|_| engaged_global);
-        ends.extend(global_until);
-        metrics
-            .kill_switch_until
-            .with_label_values(&["global"])
-            .set(global_until.map_or(0.0, |t| t.as_second() as f64));
-        // The fleet's own switch (shared state), on every replica whichever
-        // one engaged it: `fleet` for all runs, `fleet:RUNBOOK` for one runbook.
-        if let Some(fleet) = &fleet {
-            let on = fleet.engaged("global");
-            log_change("fleet", on, &|| {
-                "engaged for the fleet (shared state)".into()
-            });
-            metrics
-                .kill_switch_engaged
-                .with_label_values(&["fleet"])
-                .set(on as i64);
-            metrics
-                .kill_switch_until
-                .with_label_values(&["fleet"])
-                .set(fleet.until("global").filter(|_| on).unwrap_or(0.0));
-        }
-        // The runbooks of the config in force now, not of the one at start-up.
-        let runbooks: Vec<String> = config.borrow().runbooks.keys().cloned().collect();
-        for rb in &runbooks {
-            if let Some(fleet) = &fleet {
-                let scope = format!("fleet:{rb}");
-                let on = fleet.engaged(rb);
-                log_change(&scope, on, &|| {
-                    "engaged for the fleet (shared state)".into()
-                });
-                metrics
-                    .kill_switch_engaged
-                    .with_label_values(&[&scope])
-                    .set(on as i64);
-                metrics
-                    .kill_switch_until
-                    .with_label_values(&[&scope])
-                    .set(fleet.until(rb).filter(|_| on).unwrap_or(0.0));
-            }
-            let on = ks.runbook_file_engaged(rb);
-            log_change(rb, on, &|| ks.file_of(Some(rb)).display().to_string());
-            metrics
-                .kill_switch_engaged
-                .with_label_values(&[rb])
-                .set(on as i64);
-            metrics
-                .kill_switch_since
-                .with_label_values(&[rb])
-                .set(engaged_at(&ks, Some(rb), on));
-            let until = ks.until(Some(rb)).filter(|_| on);
-            ends.extend(until);
-            metrics
-                .kill_switch_until
-                .with_label_values(&[rb])
-                .set(until.map_or(0.0, |t| t.as_second() as f64));
-        }
-        // Looked at again on a change to the directory or to the fleet's
-        // switch, when a timed switch ends, and every few seconds.
-        let now = jiff::Timestamp::now();
-        let fleet_end = fleet
-            .as_ref()
-            .and_then(|f| f.next_end())
-            .and_then(|t| jiff::Timestamp::from_millisecond((t * 1000.0) as i64).ok());
-        let wait = ends
-            .into_iter()
-            .chain(fleet_end)
-            .filter_map(|t| Duration::try_from(t.duration_since(now)).ok())
-            .filter(|d| !d.is_zero())
-            .min()
-            .map_or(RELOOK, |d| (d + Duration::from_millis(50)).min(RELOOK));
-        let fleet_changed = async {
-            match &fleet {
-                Some(f) => f.changed.notified().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = rx.recv() => {}
-            _ = fleet_changed => {}
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// How often the kill-switch worker looks without being told of a change.
-const RELOOK: Duration = Duration::from_secs(5);
 
 /// Reload on SIGHUP and when files under runbooks/ or hosts/ change. A valid
 /// config replaces the old one for the next run; an invalid one is rejected
