@@ -22,6 +22,18 @@ pub(crate) fn render(lines: &[Entry]) -> String {
     else {
         return out;
     };
+    header(&mut out, first);
+    for e in lines {
+        line(&mut out, e);
+    }
+    if !lines.iter().any(|e| e.phase == Some(Phase::Verdict)) {
+        out.push_str("\n── no verdict: the run is still going, or its process stopped\n");
+    }
+    out
+}
+
+/// Which run, which planner (and model, and prompt), since when.
+fn header(out: &mut String, first: &Entry) {
     let _ = writeln!(
         out,
         "run {}: runbook {} on host {}",
@@ -36,117 +48,114 @@ pub(crate) fn render(lines: &[Entry]) -> String {
         out.push(')');
     }
     let _ = writeln!(out, ", started {}", first.ts);
-    for e in lines {
-        let step = e.step.map(|s| s.to_string()).unwrap_or_default();
-        let call = || {
-            format!(
-                "{} {}",
-                e.tool.as_deref().unwrap_or("?"),
-                e.args
-                    .as_ref()
-                    .map(crate::report::args_text)
-                    .unwrap_or_default()
-            )
-        };
-        let detail = e.detail.as_ref().unwrap_or(&Value::Null);
-        match e.phase {
-            Some(Phase::Queued) => {
-                let _ = writeln!(out, "accepted {} (queued)", e.ts);
-            }
-            Some(Phase::Start) => {
-                let dry = if detail["dry_run"].as_bool() == Some(true) {
-                    " (dry run: tier-2 calls shown, not made)"
-                } else {
-                    ""
-                };
-                let _ = writeln!(out, "trigger {}{dry}", detail["trigger"]);
-                if !detail["alert"].is_null() {
-                    let _ = write!(out, "{}", alert_text(&detail["alert"]));
-                }
-            }
-            Some(Phase::Model) => model_turn(&mut out, detail),
-            Some(Phase::Intent) => {
-                let _ = writeln!(out, "\n── call {step}: {}", call());
-                let _ = writeln!(
-                    out,
-                    "   gate: allowed ({})",
-                    e.approved_by.as_deref().unwrap_or("?")
-                );
-                if let Some(d) = &e.declaration {
-                    let _ = writeln!(out, "   declared tool, file sha256:{d}");
-                }
-                if let Some(r) = &e.reason {
-                    let _ = writeln!(out, "   reason: {r}");
-                }
-            }
-            Some(Phase::Result) => {
-                let _ = write!(
-                    out,
-                    "   result: {} in {} ms",
-                    e.outcome.as_deref().unwrap_or("?"),
-                    e.duration_ms.unwrap_or(0)
-                );
-                if let Some(v) = detail.get("verified").and_then(Value::as_bool) {
-                    let _ = write!(out, ", verified: {v}");
-                }
-                out.push('\n');
-                if let Some(err) = detail.get("error").and_then(Value::as_str) {
-                    let _ = writeln!(out, "   error: {err}");
-                }
-                if let Some(said) =
-                    crate::tools::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
-                {
-                    let _ = writeln!(out, "   said: {said}");
-                }
-            }
-            Some(Phase::Denied) => {
-                let _ = writeln!(out, "\n── call {step}: {}", call());
-                let _ = writeln!(
-                    out,
-                    "   gate: DENIED {}: {}",
-                    detail["reason"].as_str().unwrap_or("?"),
-                    detail["message"].as_str().unwrap_or("")
-                );
-            }
-            Some(Phase::Proposal) => {
-                let _ = writeln!(out, "\n── call {step}: {}", call());
-                let _ = writeln!(out, "   gate: proposal for a person (L1), not run");
-            }
-            Some(Phase::Pending) => {
-                let _ = writeln!(out, "\n── call {step}: {}", call());
-                let _ = writeln!(
-                    out,
-                    "   gate: held for a person's approval ({})",
-                    detail["approval_id"].as_str().unwrap_or("?")
-                );
-            }
-            Some(Phase::DryRun) => {
-                let _ = writeln!(out, "\n── call {step}: {}", call());
-                let _ = writeln!(out, "   gate: allowed; dry run, not dispatched");
-            }
-            Some(Phase::Suggestion) => {
-                let _ = writeln!(
-                    out,
-                    "\n── suggestion for a person (tier 3, never run): {}",
-                    detail["suggestion"].as_str().unwrap_or("")
-                );
-            }
-            Some(Phase::Verdict) => {
-                claims(&mut out, detail);
-                let _ = writeln!(
-                    out,
-                    "\n── verdict: {} — {}",
-                    e.outcome.as_deref().unwrap_or("?"),
-                    detail["detail"].as_str().unwrap_or("")
-                );
-            }
-            Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment) | None => {}
+}
+
+/// One audit line as a person reads it.
+fn line(out: &mut String, e: &Entry) {
+    let step = e.step.map(|s| s.to_string()).unwrap_or_default();
+    let call = || {
+        format!(
+            "{} {}",
+            e.tool.as_deref().unwrap_or("?"),
+            e.args
+                .as_ref()
+                .map(crate::report::args_text)
+                .unwrap_or_default()
+        )
+    };
+    let detail = e.detail.as_ref().unwrap_or(&Value::Null);
+    match e.phase {
+        Some(Phase::Queued) => {
+            let _ = writeln!(out, "accepted {} (queued)", e.ts);
         }
+        Some(Phase::Start) => {
+            let dry = if detail["dry_run"].as_bool() == Some(true) {
+                " (dry run: tier-2 calls shown, not made)"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "trigger {}{dry}", detail["trigger"]);
+            if !detail["alert"].is_null() {
+                let _ = write!(out, "{}", alert_text(&detail["alert"]));
+            }
+        }
+        Some(Phase::Model) => model_turn(out, detail),
+        Some(Phase::Intent) => {
+            let _ = writeln!(out, "\n── call {step}: {}", call());
+            let _ = writeln!(
+                out,
+                "   gate: allowed ({})",
+                e.approved_by.as_deref().unwrap_or("?")
+            );
+            if let Some(d) = &e.declaration {
+                let _ = writeln!(out, "   declared tool, file sha256:{d}");
+            }
+            if let Some(r) = &e.reason {
+                let _ = writeln!(out, "   reason: {r}");
+            }
+        }
+        Some(Phase::Result) => {
+            let _ = write!(
+                out,
+                "   result: {} in {} ms",
+                e.outcome.as_deref().unwrap_or("?"),
+                e.duration_ms.unwrap_or(0)
+            );
+            if let Some(v) = detail.get("verified").and_then(Value::as_bool) {
+                let _ = write!(out, ", verified: {v}");
+            }
+            out.push('\n');
+            if let Some(err) = detail.get("error").and_then(Value::as_str) {
+                let _ = writeln!(out, "   error: {err}");
+            }
+            if let Some(said) = crate::tools::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
+            {
+                let _ = writeln!(out, "   said: {said}");
+            }
+        }
+        Some(Phase::Denied) => {
+            let _ = writeln!(out, "\n── call {step}: {}", call());
+            let _ = writeln!(
+                out,
+                "   gate: DENIED {}: {}",
+                detail["reason"].as_str().unwrap_or("?"),
+                detail["message"].as_str().unwrap_or("")
+            );
+        }
+        Some(Phase::Proposal) => {
+            let _ = writeln!(out, "\n── call {step}: {}", call());
+            let _ = writeln!(out, "   gate: proposal for a person (L1), not run");
+        }
+        Some(Phase::Pending) => {
+            let _ = writeln!(out, "\n── call {step}: {}", call());
+            let _ = writeln!(
+                out,
+                "   gate: held for a person's approval ({})",
+                detail["approval_id"].as_str().unwrap_or("?")
+            );
+        }
+        Some(Phase::DryRun) => {
+            let _ = writeln!(out, "\n── call {step}: {}", call());
+            let _ = writeln!(out, "   gate: allowed; dry run, not dispatched");
+        }
+        Some(Phase::Suggestion) => {
+            let _ = writeln!(
+                out,
+                "\n── suggestion for a person (tier 3, never run): {}",
+                detail["suggestion"].as_str().unwrap_or("")
+            );
+        }
+        Some(Phase::Verdict) => {
+            claims(out, detail);
+            let _ = writeln!(
+                out,
+                "\n── verdict: {} — {}",
+                e.outcome.as_deref().unwrap_or("?"),
+                detail["detail"].as_str().unwrap_or("")
+            );
+        }
+        Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment) | None => {}
     }
-    if !lines.iter().any(|e| e.phase == Some(Phase::Verdict)) {
-        out.push_str("\n── no verdict: the run is still going, or its process stopped\n");
-    }
-    out
 }
 
 /// The model's final answer held to the record: each checkable claim,

@@ -144,15 +144,8 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
-    if let Some(store) = store.clone() {
-        fleet_workers(&mut workers, store, &scheduler, &audit, &metrics, &stop_rx);
-    }
-    workers.spawn(crate::store::workers::fleet_worker(
-        config_rx.clone(),
-        store.clone(),
-        metrics.clone(),
-        stop_rx.clone(),
-    ));
+    let shared_with = (&scheduler, &audit, &metrics);
+    fleet_workers(&mut workers, store, &config_rx, shared_with, &stop_rx);
     // Installed before we say we are ready, so an early SIGHUP cannot kill the process.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot handle SIGHUP")?;
@@ -283,17 +276,27 @@ async fn recover(scheduler: &Arc<Scheduler>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The workers of a fleet's replica: LISTEN for the fleet's changes,
-/// take runs from its queue, keep approval requests in step, and close
-/// runs whose replica died (their lease expired).
+/// The fleet's gauges (`store::workers::fleet_worker`, which says there
+/// is no fleet too), and with shared state a replica's own workers: LISTEN
+/// for the fleet's changes, take runs from its queue, keep approval
+/// requests in step, and close runs whose replica died (their lease
+/// expired).
 fn fleet_workers(
     workers: &mut tokio::task::JoinSet<()>,
-    store: Arc<crate::store::Postgres>,
-    scheduler: &Arc<Scheduler>,
-    audit: &Arc<AuditLog>,
-    metrics: &Arc<Metrics>,
+    store: Option<Arc<crate::store::Postgres>>,
+    config_rx: &watch::Receiver<Arc<Config>>,
+    (scheduler, audit, metrics): (&Arc<Scheduler>, &Arc<AuditLog>, &Arc<Metrics>),
     stop_rx: &watch::Receiver<bool>,
 ) {
+    workers.spawn(crate::store::workers::fleet_worker(
+        config_rx.clone(),
+        store.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
+    let Some(store) = store else {
+        return;
+    };
     workers.spawn(store.clone().listen(stop_rx.clone()));
     workers.spawn(
         scheduler

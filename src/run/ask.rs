@@ -19,19 +19,35 @@ impl RunLoop<'_> {
         hold: Hold,
         r: &mut StepReport,
     ) -> Result<Permit, Denial> {
-        let tool = hold.action().tool();
-        let deny =
-            |reason, detail: String| Denial::new(hold.step(), reason, detail).of(tool.clone());
         let Some(approvals) = self.runner.approvals.clone() else {
             let why = match hold.demoted() {
                 Some(demoted) => format!("{demoted}; no person can approve here"),
                 None => "autonomy L2: no person can approve here".into(),
             };
-            return Err(deny(
+            return Err(denial(
+                &hold,
                 DenyReason::NoApprover,
                 format!("{why}; run it under `runwarden serve` with `approvers_file` set"),
             ));
         };
+        let (id, rx) = self.put_to_a_person(s, &approvals, &hold).await?;
+        r.detail = Some(format!("waiting for approval {id}"));
+        let deadline = s.gate.budget().deadline();
+        let resolution = approvals.wait(&id, rx, || self.cancelled(deadline)).await;
+        self.settled(&approvals, &id, &hold, &resolution).await;
+        self.answered(s, hold, r, &id, resolution)
+    }
+
+    /// The request, its `pending` line written first, opened here, shared
+    /// with the fleet and sent to the approval webhook: its id, and where
+    /// its decision arrives. A request nobody can be asked is a denial.
+    async fn put_to_a_person(
+        &self,
+        s: &RunState,
+        approvals: &approvals::Approvals,
+        hold: &Hold,
+    ) -> Result<(String, tokio::sync::watch::Receiver<State>), Denial> {
+        let tool = hold.action().tool();
         let args = hold.action().args_json();
         let reason = hold.action().reason().unwrap_or_default().to_string();
         let digest = approvals::digest(
@@ -44,8 +60,9 @@ impl RunLoop<'_> {
             &reason,
         );
         let id = uuid::Uuid::now_v7().to_string();
-        if let Err(err) = self.runner.audit.pending(&self.info, &hold, &id, &digest) {
-            return Err(deny(
+        if let Err(err) = self.runner.audit.pending(&self.info, hold, &id, &digest) {
+            return Err(denial(
+                hold,
                 DenyReason::NoApprover,
                 format!("the pending line could not be written, nobody was asked: {err}"),
             ));
@@ -75,7 +92,7 @@ impl RunLoop<'_> {
                 "the approval request could not be shared with the fleet, nobody was asked: {e}"
             );
             approvals.close(&id, State::Cancelled { why: why.clone() });
-            return Err(deny(DenyReason::NoApprover, why));
+            return Err(denial(hold, DenyReason::NoApprover, why));
         }
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, runbook = %self.runbook.name, host = %self.host.name, tool = tool.name(), "approval requested");
         if let Some(m) = &self.runner.metrics {
@@ -84,26 +101,36 @@ impl RunLoop<'_> {
         if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
             approvals.notify(url.clone(), req);
         }
-        r.detail = Some(format!("waiting for approval {id}"));
-        let deadline = s.gate.budget().deadline();
-        let resolution = approvals
-            .wait(&id, rx, || {
-                if let Err(engaged) = self.runner.killswitch.check(&self.runbook.name) {
-                    Some(Cancel::KillSwitch(engaged.to_string()))
-                } else if self.shutting_down() {
-                    Some(Cancel::Shutdown)
-                } else if tokio::time::Instant::now() >= deadline {
-                    Some(Cancel::MaxDuration)
-                } else if self.req.agent.as_ref().is_some_and(|a| a.gone()) {
-                    // Nothing changes for an agent no longer there to hear it.
-                    Some(Cancel::AgentGone)
-                } else {
-                    None
-                }
-            })
-            .await;
+        Ok((id, rx))
+    }
+
+    /// Why a wait for a person ends before anyone decided, if it does now.
+    fn cancelled(&self, deadline: tokio::time::Instant) -> Option<Cancel> {
+        if let Err(engaged) = self.runner.killswitch.check(&self.runbook.name) {
+            Some(Cancel::KillSwitch(engaged.to_string()))
+        } else if self.shutting_down() {
+            Some(Cancel::Shutdown)
+        } else if tokio::time::Instant::now() >= deadline {
+            Some(Cancel::MaxDuration)
+        } else if self.req.agent.as_ref().is_some_and(|a| a.gone()) {
+            // Nothing changes for an agent no longer there to hear it.
+            Some(Cancel::AgentGone)
+        } else {
+            None
+        }
+    }
+
+    /// The request is settled: logged, closed in the fleet's table when it
+    /// ended without a decision, counted.
+    async fn settled(
+        &self,
+        approvals: &approvals::Approvals,
+        id: &str,
+        hold: &Hold,
+        resolution: &Resolution,
+    ) {
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
-        if let Some(req) = approvals.get(&id)
+        if let Some(req) = approvals.get(id)
             && matches!(
                 resolution,
                 Resolution::Expired | Resolution::Cancelled(_) | Resolution::Withdrawn(_)
@@ -114,11 +141,28 @@ impl RunLoop<'_> {
         }
         if let Some(m) = &self.runner.metrics {
             m.approvals_pending.dec();
-            m.approval_wait.observe(approvals.waited(&id).as_secs_f64());
+            m.approval_wait.observe(approvals.waited(id).as_secs_f64());
             m.approvals
-                .with_label_values(&[&self.runbook.name, tool.name(), resolution.label()])
+                .with_label_values(&[
+                    &self.runbook.name,
+                    hold.action().tool().name(),
+                    resolution.label(),
+                ])
                 .inc();
         }
+    }
+
+    /// What a settled request makes of its held call: a permit through the
+    /// gate again, or a denial with its own reason.
+    fn answered(
+        &self,
+        s: &mut RunState,
+        hold: Hold,
+        r: &mut StepReport,
+        id: &str,
+        resolution: Resolution,
+    ) -> Result<Permit, Denial> {
+        let deny = |reason, detail: String| Err(denial(&hold, reason, detail));
         match resolution {
             Resolution::Approved(Decided { by, comment }) => {
                 r.detail = Some(match comment.is_empty() {
@@ -127,34 +171,38 @@ impl RunLoop<'_> {
                 });
                 s.gate.approved(hold, by)
             }
-            Resolution::Denied(Decided { by, comment }) => Err(deny(
+            Resolution::Denied(Decided { by, comment }) => deny(
                 DenyReason::ApprovalDenied,
                 format!("{by} denied approval {id}: {comment}"),
-            )),
-            Resolution::Expired => Err(deny(
+            ),
+            Resolution::Expired => deny(
                 DenyReason::ApprovalExpired,
                 format!("nobody decided on approval {id} in time"),
-            )),
-            Resolution::Cancelled(Cancel::MaxDuration) => Err(deny(
-                DenyReason::TimeBudget,
-                Cancel::MaxDuration.to_string(),
-            )),
-            Resolution::Cancelled(cause @ Cancel::Shutdown) => Err(deny(
+            ),
+            Resolution::Cancelled(Cancel::MaxDuration) => {
+                deny(DenyReason::TimeBudget, Cancel::MaxDuration.to_string())
+            }
+            Resolution::Cancelled(cause @ Cancel::Shutdown) => deny(
                 DenyReason::Shutdown,
                 format!("approval {id} cancelled: {cause}"),
-            )),
-            Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => Err(deny(
+            ),
+            Resolution::Cancelled(cause @ Cancel::KillSwitch(_)) => deny(
                 DenyReason::KillSwitch,
                 format!("approval {id} cancelled: {cause}"),
-            )),
-            Resolution::Cancelled(cause @ Cancel::AgentGone) => Err(deny(
+            ),
+            Resolution::Cancelled(cause @ Cancel::AgentGone) => deny(
                 DenyReason::AgentGone,
                 format!("approval {id} withdrawn: {cause}"),
-            )),
-            Resolution::Withdrawn(why) => Err(deny(
+            ),
+            Resolution::Withdrawn(why) => deny(
                 DenyReason::AlertResolved,
                 format!("approval {id} withdrawn: {why}"),
-            )),
+            ),
         }
     }
+}
+
+/// A denial of the held call.
+fn denial(hold: &Hold, reason: DenyReason, detail: String) -> Denial {
+    Denial::new(hold.step(), reason, detail).of(hold.action().tool().clone())
 }
