@@ -50,7 +50,7 @@ pub(crate) use log::Written;
 pub use log::{AuditError, AuditLog, torn_path};
 pub(crate) use query::{process_alive, promotion, run_lines, this_process};
 pub use segments::Rotation;
-pub use verify::{Verification, verify, verify_against};
+pub use verify::{Retired, Verification, verify, verify_against};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -62,48 +62,7 @@ pub(super) async fn check(dir: &Path) -> Exit {
         }
     }
     for r in cfg.runbooks.values() {
-        println!(
-            "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{}{} {}",
-            r.name,
-            r.autonomy.as_str(),
-            r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
-            r.observe.len(),
-            r.approve.len(),
-            r.steps.len(),
-            match &r.agent {
-                Some(a) => format!(
-                    " agent(max_steps={}) planner={}",
-                    a.max_steps,
-                    r.planner.as_str()
-                ),
-                None => String::new(),
-            },
-            match &r.fleet_budget {
-                Some(b) => format!(" fleet_budget={}", per_window(b)),
-                None => String::new(),
-            },
-            match &r.max_runs {
-                Some(m) => format!(
-                    " max_runs={}/{}",
-                    m.count,
-                    humantime::format_duration(m.per)
-                ),
-                None => String::new(),
-            },
-            match (r.on_alert.is_some(), r.on_resolved) {
-                (true, crate::config::OnResolved::Ignore) => " on_resolved=ignore",
-                _ => "",
-            },
-            match &r.demote_after {
-                Some(d) => format!(
-                    " demote_after={}/{}",
-                    d.failures,
-                    humantime::format_duration(d.per)
-                ),
-                None => String::new(),
-            },
-            r.source.display()
-        );
+        println!("{}", runbook_line(r));
     }
     let (demoted, problem) = super::promote::in_force(&cfg.settings, None).await;
     for d in demoted {
@@ -112,20 +71,78 @@ pub(super) async fn check(dir: &Path) -> Exit {
     if let Some(problem) = problem {
         eprintln!("warning: {problem}");
     }
-    match &cfg.settings.fleet_budget {
+    settings_lines(&cfg.settings);
+    println!(
+        "ok: {} host(s), {} runbook(s)",
+        cfg.hosts.len(),
+        cfg.runbooks.len()
+    );
+    Ok(0)
+}
+
+/// A runbook as `check` lists it: autonomy, hosts, tools, steps, and each
+/// limit it sets.
+fn runbook_line(r: &crate::config::Runbook) -> String {
+    format!(
+        "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{}{} {}",
+        r.name,
+        r.autonomy.as_str(),
+        r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
+        r.observe.len(),
+        r.approve.len(),
+        r.steps.len(),
+        match &r.agent {
+            Some(a) => format!(
+                " agent(max_steps={}) planner={}",
+                a.max_steps,
+                r.planner.as_str()
+            ),
+            None => String::new(),
+        },
+        match &r.fleet_budget {
+            Some(b) => format!(" fleet_budget={}", per_window(b)),
+            None => String::new(),
+        },
+        match &r.max_runs {
+            Some(m) => format!(
+                " max_runs={}/{}",
+                m.count,
+                humantime::format_duration(m.per)
+            ),
+            None => String::new(),
+        },
+        match (r.on_alert.is_some(), r.on_resolved) {
+            (true, crate::config::OnResolved::Ignore) => " on_resolved=ignore",
+            _ => "",
+        },
+        match &r.demote_after {
+            Some(d) => format!(
+                " demote_after={}/{}",
+                d.failures,
+                humantime::format_duration(d.per)
+            ),
+            None => String::new(),
+        },
+        r.source.display()
+    )
+}
+
+/// The settings every run shares: the fleet budget, where state lives, the model.
+fn settings_lines(settings: &crate::config::Settings) {
+    match &settings.fleet_budget {
         Some(b) => println!("fleet budget: {} across every run", per_window(b)),
         None => println!("fleet budget: none (each run's own budget only)"),
     }
-    match &cfg.settings.postgres {
+    match &settings.postgres {
         Some(pg) => println!(
             "state: shared in PostgreSQL ({}), replica {}, lease {}",
             pg.url_file.display(),
-            cfg.settings.replica,
+            settings.replica,
             humantime::format_duration(pg.lease)
         ),
         None => println!("state: this machine's own (no state.postgres)"),
     }
-    match &cfg.settings.model {
+    match &settings.model {
         Some(m) => println!(
             "model {} at {} (timeout {}, {} retries){}",
             m.name,
@@ -140,12 +157,6 @@ pub(super) async fn check(dir: &Path) -> Exit {
         ),
         None => println!("model: none configured (runbooks run their steps)"),
     }
-    println!(
-        "ok: {} host(s), {} runbook(s)",
-        cfg.hosts.len(),
-        cfg.runbooks.len()
-    );
-    Ok(0)
 }
 
 /// `check --json`: the same verdict as `check`, as one object for scripts

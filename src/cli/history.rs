@@ -43,40 +43,8 @@ pub(super) fn audit_verify(
         }
     }
     let pinned = heads.len();
-    let mut from_journal = None;
-    let mut journal_problem = None;
-    if audit::head::journal_available() {
-        match audit::head::journal_heads(&path) {
-            Ok(found) => {
-                from_journal = Some(found.trusted.len());
-                heads.extend(found.trusted);
-                for (uid, n) in found.ignored {
-                    let who = nix::unistd::User::from_uid(uid.into())
-                        .ok()
-                        .flatten()
-                        .map_or_else(
-                            || format!("uid {uid}"),
-                            |u| format!("{} (uid {uid})", u.name),
-                        );
-                    println!(
-                        "ignored {n} head record(s) in the journal from {who}: only heads sent by the log's owner or root are trusted"
-                    );
-                }
-            }
-            Err(e) => {
-                eprintln!("runwarden: {e}; only the chain is checked");
-                journal_problem = Some(e);
-            }
-        }
-    }
-    let torn = audit::torn_path(&path);
-    if let Ok(m) = std::fs::metadata(&torn) {
-        println!(
-            "{}: {} byte(s) of line(s) that writers killed mid-write left unfinished, set aside (never acknowledged, not part of the chain)",
-            torn.display(),
-            m.len()
-        );
-    }
+    let from_journal = journal_heads(&path, &mut heads);
+    say_torn(&path);
     let mut v = audit::verify_against(&path, &heads).map_err(|e| unreadable(&path, e))?;
     // A head is said to match only when it was checked against its line;
     // a pinned one that cannot be (retention removed its line) fails.
@@ -90,36 +58,8 @@ pub(super) fn audit_verify(
             ),
         ));
     }
-    if v.retired.segments > 0 {
-        let r = &v.retired;
-        println!(
-            "retention removed {} segment(s){}{}",
-            r.segments,
-            r.lines
-                .map_or(String::new(), |(a, b)| format!(" (lines {a}-{b})")),
-            match (&r.from, &r.to) {
-                (Some(f), Some(t)) => format!(", written from {f} to {t}"),
-                (None, Some(t)) => format!(", the last written at {t}"),
-                _ => String::new(),
-            }
-        );
-    }
-    let against = match (pinned, from_journal) {
-        (0, None) => match &journal_problem {
-            Some(e) => format!("no head recorded elsewhere was checked ({e})"),
-            None => "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
-                .to_string(),
-        },
-        (p, j) => format!(
-            "matches {} head(s) recorded elsewhere, each checked against its line ({p} pinned, {} from the journal){}",
-            v.heads_checked,
-            j.map_or("none".into(), |n| n.to_string()),
-            match v.heads_retired {
-                0 => String::new(),
-                n => format!("; {n} recorded for lines retention removed were not checked"),
-            }
-        ),
-    };
+    say_retired(&v.retired);
+    let against = against(pinned, from_journal, &v);
     match v {
         v if v.problems.is_empty() => {
             match v.segments {
@@ -148,6 +88,92 @@ pub(super) fn audit_verify(
             );
             Ok(EXIT_USAGE)
         }
+    }
+}
+
+/// The heads the journal holds for `path`, added to `heads`: how many
+/// (`Ok`), or why none were read (`Err`; `Ok(None)`: no journal here).
+fn journal_heads(path: &Path, heads: &mut Vec<audit::head::Head>) -> Result<Option<usize>, String> {
+    if !audit::head::journal_available() {
+        return Ok(None);
+    }
+    match audit::head::journal_heads(path) {
+        Ok(found) => {
+            let n = found.trusted.len();
+            heads.extend(found.trusted);
+            for (uid, n) in found.ignored {
+                let who = nix::unistd::User::from_uid(uid.into())
+                    .ok()
+                    .flatten()
+                    .map_or_else(
+                        || format!("uid {uid}"),
+                        |u| format!("{} (uid {uid})", u.name),
+                    );
+                println!(
+                    "ignored {n} head record(s) in the journal from {who}: only heads sent by the log's owner or root are trusted"
+                );
+            }
+            Ok(Some(n))
+        }
+        Err(e) => {
+            eprintln!("runwarden: {e}; only the chain is checked");
+            Err(e.to_string())
+        }
+    }
+}
+
+/// Lines writers killed mid-write left unfinished, set aside beside the log.
+fn say_torn(path: &Path) {
+    let torn = audit::torn_path(path);
+    if let Ok(m) = std::fs::metadata(&torn) {
+        println!(
+            "{}: {} byte(s) of line(s) that writers killed mid-write left unfinished, set aside (never acknowledged, not part of the chain)",
+            torn.display(),
+            m.len()
+        );
+    }
+}
+
+/// What retention removed, if it removed anything.
+fn say_retired(r: &audit::Retired) {
+    if r.segments == 0 {
+        return;
+    }
+    println!(
+        "retention removed {} segment(s){}{}",
+        r.segments,
+        r.lines
+            .map_or(String::new(), |(a, b)| format!(" (lines {a}-{b})")),
+        match (&r.from, &r.to) {
+            (Some(f), Some(t)) => format!(", written from {f} to {t}"),
+            (None, Some(t)) => format!(", the last written at {t}"),
+            _ => String::new(),
+        }
+    );
+}
+
+/// What the chain was held to besides itself: `pinned` heads given on the
+/// command line, and those the journal held (`from_journal`).
+fn against(
+    pinned: usize,
+    from_journal: Result<Option<usize>, String>,
+    v: &audit::Verification,
+) -> String {
+    match (pinned, from_journal) {
+        (0, Err(e)) => format!("no head recorded elsewhere was checked ({e})"),
+        (0, Ok(None)) => {
+            "no head recorded elsewhere was checked (no journal here): pin the one above with --head"
+                .to_string()
+        }
+        (p, j) => format!(
+            "matches {} head(s) recorded elsewhere, each checked against its line ({p} pinned, {} from the journal){}",
+            v.heads_checked,
+            j.ok().flatten().map_or("none".into(), |n| n.to_string()),
+            match v.heads_retired {
+                0 => String::new(),
+                n => format!("; {n} recorded for lines retention removed were not checked"),
+            }
+        ),
     }
 }
 
@@ -315,108 +341,120 @@ pub(super) fn audit_show(run_id: &str, dir: &Path, json: bool) -> Exit {
             println!("{v}");
             continue;
         }
-        let phase = e
-            .phase
-            .map(|p| {
-                serde_json::to_value(p)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
-        // Aligned columns: time, phase, step, tool, then what varies.
-        let mut line = format!(
-            "{:<30} {:<10} {:>8} {:<20}",
-            e.ts,
-            phase,
-            e.step.map(|s| format!("step {s}")).unwrap_or_default(),
-            e.tool.as_deref().unwrap_or("")
-        );
-        if let Some(a) = &e.args {
-            line += &format!(" {}", crate::report::args_text(a));
-        }
-        if e.phase == Some(Phase::Denied)
-            && let Some(d) = &e.detail
-        {
-            line += &format!(
-                " DENIED {}: {}",
-                d["reason"].as_str().unwrap_or("?"),
-                d["message"].as_str().unwrap_or("")
-            );
-        }
-        if let Some(a) = &e.approved_by {
-            line += &format!(" approved_by={a}");
-        }
-        if let Some(d) = &e.declaration {
-            line += &format!(
-                " declared=sha256:{}",
-                d.chars().take(12).collect::<String>()
-            );
-        }
-        if let Some(o) = &e.outcome {
-            line += &format!(" outcome={o}");
-        }
-        if let Some(d) = e.duration_ms {
-            line += &format!(" {d}ms");
-        }
-        if let Some(r) = &e.reason {
-            line += &format!(" reason={r:?}");
-        }
+        let mut line = columns(e);
         if interrupted {
             line += "  INTERRUPTED: no result line (the process stopped during this call)";
         }
-        // What the line says in words, as `transcript` shows it: the
-        // error, the verdict's detail, the suggestion, the alert.
-        let detail = e.detail.as_ref().unwrap_or(&Value::Null);
-        match e.phase {
-            Some(Phase::Result) => {
-                if let Some(err) = detail["error"].as_str() {
-                    line += &format!("\n{:<30} error: {err}", "");
-                }
-            }
-            Some(Phase::Verdict) => {
-                if let Some(d) = detail["detail"].as_str() {
-                    line += &format!("\n{:<30} {d}", "");
-                }
-                // The model's claims, as the verdict line marked them.
-                for c in detail["claims"].as_array().into_iter().flatten() {
-                    let mark = if c["supported"] == true {
-                        "supported"
-                    } else {
-                        "UNSUPPORTED"
-                    };
-                    line += &format!(
-                        "\n{:<30} claim {mark}: {} ({})",
-                        "",
-                        c["text"].as_str().unwrap_or(""),
-                        c["why"].as_str().unwrap_or("")
-                    );
-                }
-            }
-            Some(Phase::Suggestion) => {
-                if let Some(t) = detail["suggestion"].as_str() {
-                    line += &format!(
-                        "\n{:<30} suggestion for a person (tier 3, never run): {t}",
-                        ""
-                    );
-                }
-            }
-            Some(Phase::Start) if detail["dry_run"].as_bool() == Some(true) => {
-                line += " DRY RUN";
-            }
-            _ => {}
-        }
-        if matches!(e.phase, Some(Phase::Start | Phase::Queued)) && !detail["alert"].is_null() {
-            for l in crate::transcript::alert_text(&detail["alert"]).lines() {
-                line += &format!("\n{:<30} {l}", "");
-            }
-        }
+        line += &in_words(e);
         println!("{}", crate::text::printable(&line));
     }
     if !has_verdict {
         println!("(no verdict line: the run was interrupted or is still running)");
     }
     Ok(0)
+}
+
+/// One audit line in aligned columns: time, phase, step, tool, then what varies.
+fn columns(e: &audit::Entry) -> String {
+    let phase = e
+        .phase
+        .map(|p| {
+            serde_json::to_value(p)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    // Aligned columns: time, phase, step, tool, then what varies.
+    let mut line = format!(
+        "{:<30} {:<10} {:>8} {:<20}",
+        e.ts,
+        phase,
+        e.step.map(|s| format!("step {s}")).unwrap_or_default(),
+        e.tool.as_deref().unwrap_or("")
+    );
+    if let Some(a) = &e.args {
+        line += &format!(" {}", crate::report::args_text(a));
+    }
+    if e.phase == Some(Phase::Denied)
+        && let Some(d) = &e.detail
+    {
+        line += &format!(
+            " DENIED {}: {}",
+            d["reason"].as_str().unwrap_or("?"),
+            d["message"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(a) = &e.approved_by {
+        line += &format!(" approved_by={a}");
+    }
+    if let Some(d) = &e.declaration {
+        line += &format!(
+            " declared=sha256:{}",
+            d.chars().take(12).collect::<String>()
+        );
+    }
+    if let Some(o) = &e.outcome {
+        line += &format!(" outcome={o}");
+    }
+    if let Some(d) = e.duration_ms {
+        line += &format!(" {d}ms");
+    }
+    if let Some(r) = &e.reason {
+        line += &format!(" reason={r:?}");
+    }
+    line
+}
+
+/// What a line says in words, as `transcript` shows it: the error, the
+/// verdict's detail and the model's claims, the suggestion, the alert.
+fn in_words(e: &audit::Entry) -> String {
+    let mut line = String::new();
+    let detail = e.detail.as_ref().unwrap_or(&Value::Null);
+    match e.phase {
+        Some(Phase::Result) => {
+            if let Some(err) = detail["error"].as_str() {
+                line += &format!("\n{:<30} error: {err}", "");
+            }
+        }
+        Some(Phase::Verdict) => {
+            if let Some(d) = detail["detail"].as_str() {
+                line += &format!("\n{:<30} {d}", "");
+            }
+            // The model's claims, as the verdict line marked them.
+            for c in detail["claims"].as_array().into_iter().flatten() {
+                let mark = if c["supported"] == true {
+                    "supported"
+                } else {
+                    "UNSUPPORTED"
+                };
+                line += &format!(
+                    "\n{:<30} claim {mark}: {} ({})",
+                    "",
+                    c["text"].as_str().unwrap_or(""),
+                    c["why"].as_str().unwrap_or("")
+                );
+            }
+        }
+        Some(Phase::Suggestion) => {
+            if let Some(t) = detail["suggestion"].as_str() {
+                line += &format!(
+                    "\n{:<30} suggestion for a person (tier 3, never run): {t}",
+                    ""
+                );
+            }
+        }
+        Some(Phase::Start) if detail["dry_run"].as_bool() == Some(true) => {
+            line += " DRY RUN";
+        }
+        _ => {}
+    }
+    if matches!(e.phase, Some(Phase::Start | Phase::Queued)) && !detail["alert"].is_null() {
+        for l in crate::transcript::alert_text(&detail["alert"]).lines() {
+            line += &format!("\n{:<30} {l}", "");
+        }
+    }
+    line
 }
 
 pub(super) async fn promote_report(runbook: &str, since: &str, json: bool, dir: &Path) -> Exit {
