@@ -310,7 +310,9 @@ fn check_tier_parts(raw: &ToolFile, tier: Tier, file: &Path, diags: &mut Diagnos
     }
 }
 
-/// One argument's declaration.
+/// One argument's declaration. Long as the README's table of argument
+/// kinds is: one arm per kind, each holding the fields that kind takes and
+/// what its values may be, read top to bottom as that table.
 fn argument(name: &str, decl: &S<ArgDecl>, file: &Path, diags: &mut Diagnostics) -> Option<Arg> {
     let at = decl.referenced;
     let d = &decl.value;
