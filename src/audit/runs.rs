@@ -399,16 +399,11 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
     };
     let mut through = super::follow::Through::of(&file)?;
     let mut reader = BufReader::new(file);
-    let mut keys: HashMap<String, Vec<String>> = HashMap::new();
-    let mut open: HashMap<String, Entry> = HashMap::new();
-    let mut ends = HashMap::new();
-    let mut starts: Starts = HashMap::new();
-    let mut counted: std::collections::HashSet<String> = Default::default();
-    let mut handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)> = Vec::new();
-    let mut demoted = Demoted::new();
-    let mut resumed: std::collections::HashSet<String> = Default::default();
-    let week_ago = jiff::Timestamp::now()
-        - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default();
+    let mut fold = Fold {
+        week_ago: jiff::Timestamp::now()
+            - jiff::SignedDuration::try_from(crate::config::MaxRuns::LONGEST).unwrap_or_default(),
+        ..Fold::default()
+    };
     let mut buf = Vec::new();
     loop {
         buf.clear();
@@ -428,14 +423,37 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         {
             continue;
         }
-        let Ok(e) = serde_json::from_str::<Entry>(&line) else {
-            continue;
-        };
-        fold_demoted(&mut demoted, &e);
+        if let Ok(e) = serde_json::from_str::<Entry>(&line) {
+            fold.line(e);
+        }
+    }
+    Ok(fold.recovery(through))
+}
+
+/// What [`recovery`] has read so far, line by line.
+#[derive(Default)]
+struct Fold {
+    /// Starts before it no longer count against `max_runs`.
+    week_ago: jiff::Timestamp,
+    keys: HashMap<String, Vec<String>>,
+    open: HashMap<String, Entry>,
+    ends: HashMap<(String, String), (jiff::Timestamp, Vec<String>)>,
+    starts: Starts,
+    /// Runs whose start is in `starts` already.
+    counted: std::collections::HashSet<String>,
+    handed_back: Vec<(Entry, Vec<String>, jiff::Timestamp)>,
+    demoted: Demoted,
+    /// Runs a later run took over (`resumes:RUN`).
+    resumed: std::collections::HashSet<String>,
+}
+
+impl Fold {
+    fn line(&mut self, e: Entry) {
+        fold_demoted(&mut self.demoted, &e);
         if e.phase == Some(Phase::Queued)
             && let Some(ks) = e.detail.as_ref().and_then(|d| d["keys"].as_array())
         {
-            resumed.extend(
+            self.resumed.extend(
                 ks.iter()
                     .filter_map(|k| k.as_str()?.strip_prefix("resumes:").map(String::from)),
             );
@@ -443,90 +461,108 @@ pub(crate) fn recovery(path: &Path) -> std::io::Result<Recovery> {
         if super::handed(&e) {
             // Handed to the fleet's queue: the replica that took it keeps
             // its run, its end and its count.
-            continue;
+            return;
         }
         match e.phase {
-            Some(Phase::Segment) => {
-                let carried = e.detail.as_ref().map(|d| &d["carried"]);
-                if let Some(c) = carried.and_then(|c| Carried::deserialize(c).ok()) {
-                    for run in c.unfinished {
-                        // Counted in `starts` where it began.
-                        counted.insert(run.entry.run_id.clone());
-                        keys.insert(run.entry.run_id.clone(), run.keys);
-                        open.insert(run.entry.run_id.clone(), run.entry);
-                    }
-                    for end in c.ends {
-                        if let Ok(ended) = end.ended.parse() {
-                            ends.insert((end.runbook, end.host), (ended, end.keys));
-                        }
-                    }
-                    for start in c.starts {
-                        let times: Vec<jiff::Timestamp> =
-                            start.at.iter().filter_map(|t| t.parse().ok()).collect();
-                        starts
-                            .entry((start.runbook, start.host))
-                            .or_default()
-                            .extend(times);
-                    }
-                }
-            }
+            Some(Phase::Segment) => self.segment(&e),
             Some(Phase::Queued | Phase::Start)
-                if counted.insert(e.run_id.clone())
+                if self.counted.insert(e.run_id.clone())
                     && let Ok(at) = e.ts.parse::<jiff::Timestamp>()
-                    && at > week_ago =>
+                    && at > self.week_ago =>
             {
-                starts
+                self.starts
                     .entry((e.runbook.clone(), e.host.clone()))
                     .or_default()
                     .push(at);
-                recover_open(e, &mut keys, &mut open);
+                recover_open(e, &mut self.keys, &mut self.open);
             }
-            Some(Phase::Queued | Phase::Start) => recover_open(e, &mut keys, &mut open),
-            Some(Phase::Verdict) => {
-                let began = open.remove(&e.run_id);
-                let k = keys.remove(&e.run_id).unwrap_or_default();
-                let handed = e.detail.as_ref().is_some_and(|d| d["handed_back"] == true);
-                if let Ok(ts) = e.ts.parse::<jiff::Timestamp>() {
-                    match (handed, began) {
-                        // It did nothing: no cooldown or deduplication from it.
-                        // Handed to the fleet's queue: another replica ran it.
-                        (true, Some(_))
-                            if e.detail
-                                .as_ref()
-                                .is_some_and(|d| d["handed_to"].is_string()) => {}
-                        (true, Some(began)) => handed_back.push((began, k, ts)),
-                        (true, None) => {}
-                        (false, _) => {
-                            ends.insert((e.runbook.clone(), e.host.clone()), (ts, k));
-                        }
-                    }
-                }
-            }
+            Some(Phase::Queued | Phase::Start) => recover_open(e, &mut self.keys, &mut self.open),
+            Some(Phase::Verdict) => self.verdict(&e),
             _ => {}
         }
     }
-    let mut unfinished: Vec<(Entry, Vec<String>)> = open
-        .into_values()
-        .map(|e| {
-            let k = keys.remove(&e.run_id).unwrap_or_default();
-            (e, k)
-        })
-        .collect();
-    unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
-    for times in starts.values_mut() {
-        times.retain(|t| *t > week_ago);
-        times.sort();
+
+    /// A `segment` line: what the closed segments carried.
+    fn segment(&mut self, e: &Entry) {
+        let carried = e.detail.as_ref().map(|d| &d["carried"]);
+        let Some(c) = carried.and_then(|c| Carried::deserialize(c).ok()) else {
+            return;
+        };
+        for run in c.unfinished {
+            // Counted in `starts` where it began.
+            self.counted.insert(run.entry.run_id.clone());
+            self.keys.insert(run.entry.run_id.clone(), run.keys);
+            self.open.insert(run.entry.run_id.clone(), run.entry);
+        }
+        for end in c.ends {
+            if let Ok(ended) = end.ended.parse() {
+                self.ends.insert((end.runbook, end.host), (ended, end.keys));
+            }
+        }
+        for start in c.starts {
+            let times: Vec<jiff::Timestamp> =
+                start.at.iter().filter_map(|t| t.parse().ok()).collect();
+            self.starts
+                .entry((start.runbook, start.host))
+                .or_default()
+                .extend(times);
+        }
     }
-    starts.retain(|_, times| !times.is_empty());
-    handed_back.retain(|(e, _, _)| !resumed.contains(&e.run_id));
-    Ok(Recovery {
-        unfinished,
-        ends,
-        starts,
-        handed_back,
-        through: Some(through),
-        demoted,
-    })
+
+    /// A verdict ends its run: its end counts for cooldown and dedupe,
+    /// unless it was handed back having done nothing.
+    fn verdict(&mut self, e: &Entry) {
+        let began = self.open.remove(&e.run_id);
+        let k = self.keys.remove(&e.run_id).unwrap_or_default();
+        let handed = e.detail.as_ref().is_some_and(|d| d["handed_back"] == true);
+        let Ok(ts) = e.ts.parse::<jiff::Timestamp>() else {
+            return;
+        };
+        match (handed, began) {
+            // It did nothing: no cooldown or deduplication from it.
+            // Handed to the fleet's queue: another replica ran it.
+            (true, Some(_))
+                if e.detail
+                    .as_ref()
+                    .is_some_and(|d| d["handed_to"].is_string()) => {}
+            (true, Some(began)) => self.handed_back.push((began, k, ts)),
+            (true, None) => {}
+            (false, _) => {
+                self.ends
+                    .insert((e.runbook.clone(), e.host.clone()), (ts, k));
+            }
+        }
+    }
+
+    /// Everything read, as a restarted daemon needs it.
+    fn recovery(mut self, through: super::follow::Through) -> Recovery {
+        let mut unfinished: Vec<(Entry, Vec<String>)> = self
+            .open
+            .into_values()
+            .map(|e| {
+                let k = self.keys.remove(&e.run_id).unwrap_or_default();
+                (e, k)
+            })
+            .collect();
+        unfinished.sort_by(|a, b| a.0.ts.cmp(&b.0.ts));
+        let week_ago = self.week_ago;
+        for times in self.starts.values_mut() {
+            times.retain(|t| *t > week_ago);
+            times.sort();
+        }
+        self.starts.retain(|_, times| !times.is_empty());
+        let resumed = self.resumed;
+        self.handed_back
+            .retain(|(e, _, _)| !resumed.contains(&e.run_id));
+        Recovery {
+            unfinished,
+            ends: self.ends,
+            starts: self.starts,
+            handed_back: self.handed_back,
+            through: Some(through),
+            demoted: self.demoted,
+        }
+    }
 }
 
 /// A `queued` or `start` line: its run is open until its verdict.

@@ -185,9 +185,12 @@ impl Client {
         loop {
             attempt += 1;
             let t = Instant::now();
-            let (outcome, result) = self.attempt(&body, key.as_deref()).await;
+            let attempted = self.attempt(&body, key.as_deref()).await;
+            let outcome = attempted
+                .as_ref()
+                .map_or_else(|(label, _)| *label, |_| "ok");
             self.observe(outcome, t.elapsed());
-            let retry_after = match result {
+            let retry_after = match attempted.map_err(|(_, failure)| failure) {
                 Ok(mut reply) => {
                     reply.duration = started.elapsed();
                     reply.attempts = attempt;
@@ -241,41 +244,11 @@ impl Client {
         }
     }
 
-    async fn attempt(
-        &self,
-        body: &[u8],
-        key: Option<&str>,
-    ) -> (&'static str, Result<Reply, Failure>) {
-        let mut req = self
-            .http
-            .post(self.url.clone())
-            .header("content-type", "application/json")
-            .body(body.to_vec());
-        if let Some(k) = key {
-            req = req.bearer_auth(k);
-        }
-        let no_start = || {
-            (
-                "timeout",
-                Err(Failure::Transient(
-                    format!(
-                        "no answer within {} (model.timeout: how long the model may take to start answering)",
-                        humantime::format_duration(self.endpoint.timeout)
-                    ),
-                    None,
-                )),
-            )
-        };
+    /// One request to the endpoint: its metrics label (`ok`, `timeout`,
+    /// `unreachable`, `rate_limited`, ...) and the reply or why none.
+    async fn attempt(&self, body: &[u8], key: Option<&str>) -> Attempt {
         let started = Instant::now();
-        let mut resp = match tokio::time::timeout(self.endpoint.timeout, req.send()).await {
-            Ok(Ok(r)) => r,
-            Err(_) => return no_start(),
-            Ok(Err(e)) if e.is_timeout() => return no_start(),
-            Ok(Err(e)) => {
-                let e = crate::error_chain(&e.without_url());
-                return ("unreachable", Err(Failure::Transient(e, None)));
-            }
-        };
+        let resp = self.send(body, key).await?;
         let streamed = resp
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -288,11 +261,64 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
+        let mut bytes = self.read(resp, streamed, started).await?;
+        // An endpoint may echo the request's `Authorization` header back:
+        // nothing of what it says carries the key any further.
+        if let Some(k) = key {
+            bytes = crate::secret::redact(&bytes, k);
+        }
+        answered(status, retry_after, &bytes, streamed)
+    }
+
+    /// No answer started within `model.timeout`.
+    fn no_start(&self) -> Failed {
+        (
+            "timeout",
+            Failure::Transient(
+                format!(
+                    "no answer within {} (model.timeout: how long the model may take to start answering)",
+                    humantime::format_duration(self.endpoint.timeout)
+                ),
+                None,
+            ),
+        )
+    }
+
+    /// The request sent, its answer's headers received.
+    async fn send(&self, body: &[u8], key: Option<&str>) -> Result<reqwest::Response, Failed> {
+        let mut req = self
+            .http
+            .post(self.url.clone())
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        match tokio::time::timeout(self.endpoint.timeout, req.send()).await {
+            Ok(Ok(r)) => Ok(r),
+            Err(_) => Err(self.no_start()),
+            Ok(Err(e)) if e.is_timeout() => Err(self.no_start()),
+            Ok(Err(e)) => {
+                let e = crate::error_chain(&e.without_url());
+                Err(("unreachable", Failure::Transient(e, None)))
+            }
+        }
+    }
+
+    /// The answer's body, chunk by chunk as the model writes it: until it
+    /// starts, within `model.timeout` (from the request); after that,
+    /// within `model.idle_timeout` between two chunks; at most
+    /// [`MAX_REPLY_BYTES`].
+    async fn read(
+        &self,
+        mut resp: reqwest::Response,
+        streamed: bool,
+        started: Instant,
+    ) -> Result<Vec<u8>, Failed> {
+        let status = resp.status();
         let mut bytes = Vec::new();
         let mut progress = Progress::new(self, started);
         loop {
-            // Until the answer starts, model.timeout (from the request);
-            // after that, model.idle_timeout between two chunks.
             let wait = match progress.tokens {
                 0 => self
                     .endpoint
@@ -305,34 +331,34 @@ impl Client {
                 Ok(c) => c,
                 Err(_) if progress.tokens == 0 => {
                     progress.done();
-                    return no_start();
+                    return Err(self.no_start());
                 }
                 Err(_) => {
                     progress.done();
-                    return (
+                    return Err((
                         "timeout",
-                        Err(Failure::Transient(
+                        Failure::Transient(
                             format!(
                                 "HTTP {status}: the model went silent for {} after writing {} token(s) (model.idle_timeout)",
                                 humantime::format_duration(self.endpoint.idle_timeout),
                                 progress.tokens
                             ),
                             None,
-                        )),
-                    );
+                        ),
+                    ));
                 }
             };
             match chunk {
                 Ok(Some(c)) => {
                     progress.saw(&c, streamed);
                     if bytes.len() + c.len() > MAX_REPLY_BYTES {
-                        return (
+                        return Err((
                             "invalid_reply",
-                            Err(Failure::Final(format!(
+                            Failure::Final(format!(
                                 "HTTP {status}: the reply is larger than {} KiB; refused unread",
                                 MAX_REPLY_BYTES >> 10
-                            ))),
-                        );
+                            )),
+                        ));
                     }
                     bytes.extend_from_slice(&c);
                 }
@@ -340,65 +366,67 @@ impl Client {
                 Err(e) => {
                     progress.done();
                     let e = crate::error_chain(&e.without_url());
-                    return (
+                    return Err((
                         "unreachable",
-                        Err(Failure::Transient(
-                            format!("HTTP {status}: reading the reply: {e}"),
-                            None,
-                        )),
-                    );
+                        Failure::Transient(format!("HTTP {status}: reading the reply: {e}"), None),
+                    ));
                 }
             }
         }
         progress.done();
-        // An endpoint may echo the request's `Authorization` header back:
-        // nothing of what it says carries the key any further.
-        if let Some(k) = key {
-            bytes = crate::secret::redact(&bytes, k);
-        }
-        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-            return (
-                "rate_limited",
-                Err(Failure::Transient(format!("HTTP {status}"), retry_after)),
-            );
-        }
-        if status.is_server_error() {
-            return (
-                "server_error",
-                Err(Failure::Transient(
-                    format!("HTTP {status}: {}", snippet(&bytes)),
-                    retry_after,
-                )),
-            );
-        }
-        if !status.is_success() {
-            let hint = match status.as_u16() {
-                401 | 403 => " (check model.api_key_env / model.api_key_file)",
-                404 => {
-                    " (check model.endpoint: it is the base URL, e.g. http://127.0.0.1:11434/v1, and model.name)"
-                }
-                _ => "",
-            };
-            return (
-                "client_error",
-                Err(Failure::Final(format!(
-                    "HTTP {status}{hint}: {}",
-                    snippet(&bytes)
-                ))),
-            );
-        }
-        let parsed = match streamed {
-            true => parse_stream(&bytes),
-            false => parse_reply(&bytes),
-        };
-        match parsed {
-            Ok(r) => ("ok", Ok(r)),
-            Err(e) => (
-                "invalid_reply",
-                Err(Failure::Final(format!("HTTP {status} but {e}"))),
-            ),
-        }
+        Ok(bytes)
     }
+}
+
+/// A request that got no usable reply: its metrics label, and why.
+type Failed = (&'static str, Failure);
+
+/// What one request came to: the model's reply, or its metrics label and why not.
+type Attempt = Result<Reply, Failed>;
+
+/// What the endpoint's answer (`status`, its whole body) says: a reply,
+/// or a failure worth a retry (rate limited, a server error) or not.
+fn answered(
+    status: reqwest::StatusCode,
+    retry_after: Option<Duration>,
+    bytes: &[u8],
+    streamed: bool,
+) -> Attempt {
+    if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        return Err((
+            "rate_limited",
+            Failure::Transient(format!("HTTP {status}"), retry_after),
+        ));
+    }
+    if status.is_server_error() {
+        return Err((
+            "server_error",
+            Failure::Transient(format!("HTTP {status}: {}", snippet(bytes)), retry_after),
+        ));
+    }
+    if !status.is_success() {
+        let hint = match status.as_u16() {
+            401 | 403 => " (check model.api_key_env / model.api_key_file)",
+            404 => {
+                " (check model.endpoint: it is the base URL, e.g. http://127.0.0.1:11434/v1, and model.name)"
+            }
+            _ => "",
+        };
+        return Err((
+            "client_error",
+            Failure::Final(format!("HTTP {status}{hint}: {}", snippet(bytes))),
+        ));
+    }
+    let parsed = match streamed {
+        true => parse_stream(bytes),
+        false => parse_reply(bytes),
+    };
+    parsed.map_err(|e| {
+        (
+            "invalid_reply",
+            Failure::Final(format!("HTTP {status} but {e}")),
+        )
+    })
 }
 
 /// A turn the model is writing: tokens so far (one per streamed chunk
