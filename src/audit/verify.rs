@@ -118,51 +118,8 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
                 ));
                 n = number;
             }
-            if let Some(v) = &parsed
-                && v["phase"] == "segment"
-                && let Some(total) = v["detail"]["retired_total"].as_object()
-                && total.get("segments").and_then(Value::as_u64).unwrap_or(0) as usize
-                    > retired.segments
-            {
-                // The whole record so far: it names removals whose own
-                // `segment` lines retention removed since.
-                retired = Retired {
-                    segments: total["segments"].as_u64().unwrap_or(0) as usize,
-                    lines: total
-                        .get("first")
-                        .and_then(Value::as_u64)
-                        .zip(total.get("last").and_then(Value::as_u64)),
-                    from: total.get("from").and_then(Value::as_str).map(String::from),
-                    to: total.get("to").and_then(Value::as_str).map(String::from),
-                };
-            }
-            if let Some(v) = &parsed
-                && v["phase"] == "segment"
-                && let Some(gone) = v["detail"]["retired"].as_array()
-            {
-                retired_heads.extend(
-                    gone.iter()
-                        .filter_map(|r| r["head"].as_str().map(String::from)),
-                );
-                // Lines of older releases, with no whole record: add up.
-                let counted = !v["detail"]["retired_total"].is_null();
-                for r in gone.iter().filter(|_| !counted) {
-                    retired.segments += 1;
-                    if let (Some(a), Some(b)) = (r["first"].as_u64(), r["last"].as_u64()) {
-                        let (lo, hi) = retired.lines.unwrap_or((a, b));
-                        retired.lines = Some((lo.min(a), hi.max(b)));
-                    }
-                    if let Some(f) = r["from"].as_str()
-                        && retired.from.as_deref().is_none_or(|x| f < x)
-                    {
-                        retired.from = Some(f.to_string());
-                    }
-                    if let Some(t) = r["to"].as_str()
-                        && retired.to.as_deref().is_none_or(|x| t > x)
-                    {
-                        retired.to = Some(t.to_string());
-                    }
-                }
+            if let Some(v) = parsed.as_ref().filter(|v| v["phase"] == "segment") {
+                note_retired(v, &mut retired, &mut retired_heads);
             }
             match claimed {
                 None => problems.push((n as usize, at("not a JSON audit line".into()))),
@@ -222,4 +179,50 @@ pub fn verify_against(path: &Path, heads: &[head::Head]) -> std::io::Result<Veri
         heads_checked: checked,
         heads_retired: heads.iter().filter(|h| h.lines <= start).count(),
     })
+}
+
+/// What a `segment` line says retention removed: the whole record so far
+/// (`retired`), and the last hash of each segment it names (a chain may
+/// start at one).
+fn note_retired(v: &Value, retired: &mut Retired, retired_heads: &mut Vec<String>) {
+    if let Some(total) = v["detail"]["retired_total"].as_object()
+        && total.get("segments").and_then(Value::as_u64).unwrap_or(0) as usize > retired.segments
+    {
+        // The whole record so far: it names removals whose own
+        // `segment` lines retention removed since.
+        *retired = Retired {
+            segments: total["segments"].as_u64().unwrap_or(0) as usize,
+            lines: total
+                .get("first")
+                .and_then(Value::as_u64)
+                .zip(total.get("last").and_then(Value::as_u64)),
+            from: total.get("from").and_then(Value::as_str).map(String::from),
+            to: total.get("to").and_then(Value::as_str).map(String::from),
+        };
+    }
+    if let Some(gone) = v["detail"]["retired"].as_array() {
+        retired_heads.extend(
+            gone.iter()
+                .filter_map(|r| r["head"].as_str().map(String::from)),
+        );
+        // Lines of older releases, with no whole record: add up.
+        let counted = !v["detail"]["retired_total"].is_null();
+        for r in gone.iter().filter(|_| !counted) {
+            retired.segments += 1;
+            if let (Some(a), Some(b)) = (r["first"].as_u64(), r["last"].as_u64()) {
+                let (lo, hi) = retired.lines.unwrap_or((a, b));
+                retired.lines = Some((lo.min(a), hi.max(b)));
+            }
+            if let Some(f) = r["from"].as_str()
+                && retired.from.as_deref().is_none_or(|x| f < x)
+            {
+                retired.from = Some(f.to_string());
+            }
+            if let Some(t) = r["to"].as_str()
+                && retired.to.as_deref().is_none_or(|x| t > x)
+            {
+                retired.to = Some(t.to_string());
+            }
+        }
+    }
 }
