@@ -5,6 +5,10 @@
 //! the replica decided alone) written in the same transaction: two round
 //! trips for the whole batch. A started run holds its lease, or waits in
 //! the fleet's queue when this replica has no run permit free for it.
+//!
+//! The rest of what replicas agree on (a person's run's claim, failures
+//! toward demotion, approval requests, the fleet's kill switch) goes to
+//! the same database through [`Postgres`]'s operations.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use crate::store::StoreError;
 use crate::store::{LeaseWrite, PairRow, Postgres, RunWrite, TriggerRow, Writes};
 use crate::trigger::RunRequest;
 
-/// Admission in the shared state.
+/// The shared state of several daemons: PostgreSQL's.
 pub(crate) struct Fleet {
     store: Arc<Postgres>,
     window: Duration,
@@ -227,7 +231,7 @@ impl SharedState for Fleet {
 }
 
 impl Fleet {
-    /// [`Admission::admit`], and with `confirm` the runs that start wait
+    /// [`SharedState::admit`], and with `confirm` the runs that start wait
     /// for this replica to say their triggers are on its disk
     /// ([`Postgres::recorded`]) before a retry of one is their duplicate.
     ///
@@ -547,42 +551,8 @@ mod tests {
             serde_json::from_str(include_str!("../../tests/fixtures/admission-cases.json"))
                 .unwrap();
         assert!(cases.len() >= 10);
-        let array = |v: &serde_json::Value| {
-            let keys: Vec<String> = v
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|k| format!("'{}'", k.as_str().unwrap()))
-                .collect();
-            format!("ARRAY[{}]::text[]", keys.join(", "))
-        };
         for (i, case) in cases.iter().enumerate() {
-            let runbook = format!("table-{i}");
-            let before = &case["before"];
-            if before["in_flight"] == true {
-                pg.sql(&format!(
-                    "INSERT INTO runwarden_leases (runbook, host, token, run_id, replica, expires_at, keys)
-                     VALUES ('{runbook}', 'h', 1, 'before-{i}', 'other', now() + interval '1 hour', {})",
-                    array(&before["keys"])
-                ));
-            } else if let Some(ago) = before["ended_s_ago"].as_u64() {
-                pg.sql(&format!(
-                    "INSERT INTO runwarden_leases (runbook, host, token, ended_at, keys)
-                     VALUES ('{runbook}', 'h', 1, now() - interval '{ago} seconds', {})",
-                    array(&before["keys"])
-                ));
-            }
-            for (k, ago) in before["starts_s_ago"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                pg.sql(&format!(
-                    "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, started_at)
-                     VALUES ('start-{i}-{k}', '{runbook}', 'h', 'other', 1, 'ended', now() - interval '{ago} seconds')"
-                ));
-            }
+            let runbook = pg.seed_admission_case(i, case);
             let keys: Vec<String> = serde_json::from_value(case["keys"].clone()).unwrap();
             let cooldown = case["cooldown_s"].as_u64().map(Duration::from_secs);
             let cap = case["cap"].as_object().map(|c| MaxRuns {

@@ -2425,43 +2425,9 @@ fn the_admission_table_on_postgres() {
     )
     .unwrap();
     assert!(cases.len() >= 10);
-    let array = |v: &Value| {
-        let keys: Vec<String> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|k| format!("'{}'", k.as_str().unwrap()))
-            .collect();
-        format!("ARRAY[{}]::text[]", keys.join(", "))
-    };
     let window = runwarden::state::DUPLICATE_WINDOW.as_millis();
     for (i, case) in cases.iter().enumerate() {
-        let runbook = format!("table-{i}");
-        let before = &case["before"];
-        if before["in_flight"] == true {
-            pg.sql(&format!(
-                "INSERT INTO runwarden_leases (runbook, host, token, run_id, replica, expires_at, keys)
-                 VALUES ('{runbook}', 'h', 1, 'before-{i}', 'other', now() + interval '1 hour', {})",
-                array(&before["keys"])
-            ));
-        } else if let Some(ago) = before["ended_s_ago"].as_u64() {
-            pg.sql(&format!(
-                "INSERT INTO runwarden_leases (runbook, host, token, ended_at, keys)
-                 VALUES ('{runbook}', 'h', 1, now() - interval '{ago} seconds', {})",
-                array(&before["keys"])
-            ));
-        }
-        for (k, ago) in before["starts_s_ago"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            pg.sql(&format!(
-                "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, started_at)
-                 VALUES ('start-{i}-{k}', '{runbook}', 'h', 'other', 1, 'ended', now() - interval '{ago} seconds')"
-            ));
-        }
+        let runbook = pg.seed_admission_case(i, case);
         let cooldown = match case["cooldown_s"].as_u64() {
             Some(s) => (s * 1000).to_string(),
             None => "NULL".into(),
@@ -2475,7 +2441,7 @@ fn the_admission_table_on_postgres() {
         };
         let got = pg.sql(&format!(
             "SELECT outcome FROM runwarden_admit('{runbook}', 'h', {}, {cooldown}, 'run-{i}', 'table', 60000, 'alert', {window}, {count}, {per})",
-            array(&case["keys"])
+            pg::text_array(&case["keys"])
         ));
         assert_eq!(
             got.trim(),

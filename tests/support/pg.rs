@@ -258,6 +258,52 @@ impl Pg {
     pub fn sql(&self, sql: &str) -> String {
         self.psql("runwarden", sql)
     }
+
+    /// The rows case `i` of the admission table
+    /// (`tests/fixtures/admission-cases.json`) starts from, for runbook
+    /// `table-{i}` on host `h`: a run in flight or one that ended, and
+    /// earlier starts. Returns the runbook.
+    pub fn seed_admission_case(&self, i: usize, case: &serde_json::Value) -> String {
+        let runbook = format!("table-{i}");
+        let before = &case["before"];
+        if before["in_flight"] == true {
+            self.sql(&format!(
+                "INSERT INTO runwarden_leases (runbook, host, token, run_id, replica, expires_at, keys)
+                 VALUES ('{runbook}', 'h', 1, 'before-{i}', 'other', now() + interval '1 hour', {})",
+                text_array(&before["keys"])
+            ));
+        } else if let Some(ago) = before["ended_s_ago"].as_u64() {
+            self.sql(&format!(
+                "INSERT INTO runwarden_leases (runbook, host, token, ended_at, keys)
+                 VALUES ('{runbook}', 'h', 1, now() - interval '{ago} seconds', {})",
+                text_array(&before["keys"])
+            ));
+        }
+        for (k, ago) in before["starts_s_ago"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            self.sql(&format!(
+                "INSERT INTO runwarden_runs (run_id, runbook, host, replica, token, status, started_at)
+                 VALUES ('start-{i}-{k}', '{runbook}', 'h', 'other', 1, 'ended', now() - interval '{ago} seconds')"
+            ));
+        }
+        runbook
+    }
+}
+
+/// A JSON list of strings as an SQL `text[]` literal (test values only:
+/// nothing is escaped).
+pub fn text_array(v: &serde_json::Value) -> String {
+    let items: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| format!("'{}'", k.as_str().unwrap()))
+        .collect();
+    format!("ARRAY[{}]::text[]", items.join(", "))
 }
 
 impl Drop for Pg {
