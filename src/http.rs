@@ -687,7 +687,7 @@ async fn alerts(
 }
 
 /// Whether a trigger of the batch met a run another replica has not yet
-/// recorded ([`TriggerResult::Pending`]).
+/// recorded ([`TriggerResult::Pending`](crate::state::TriggerResult::Pending)).
 fn pending(outcomes: &[crate::scheduler::Outcome]) -> bool {
     outcomes
         .iter()

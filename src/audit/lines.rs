@@ -293,7 +293,7 @@ pub(crate) struct RunEnd {
 
 impl AuditLog {
     /// The lines of accepted triggers, made where their borrowed parts live
-    /// and written by [`AuditLog::append_synced`] wherever a sync may block.
+    /// and written by [`AuditLog::append_queued`] wherever a sync may block.
     pub(crate) fn queued_lines(runs: &[Queued<'_>]) -> Vec<Entry> {
         runs.iter()
             .map(|q| {

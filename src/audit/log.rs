@@ -273,7 +273,7 @@ impl AuditLog {
     }
 
     /// Close the current file as a segment and start it again with a
-    /// `segment` line (see [`segments`](super::segments)). The caller holds
+    /// `segment` line (see [`super::segments`]). The caller holds
     /// the current file's `flock`; on return it holds the new file's.
     fn rotate(&self, head: &mut Tail) -> std::io::Result<()> {
         let first = first_number(&head.file)?.unwrap_or(1);

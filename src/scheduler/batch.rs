@@ -135,7 +135,7 @@ impl Scheduler {
     /// Decide every candidate of a notification (or any batch of triggers):
     /// one outcome per candidate, in order, each counted and recorded once.
     /// The kill switch is looked at once per runbook. What this daemon can
-    /// say alone is said first; [`Admission`] decides the rest and records
+    /// say alone is said first; [`SharedState`](crate::state::SharedState) decides the rest and records
     /// them all (with shared state, in one round trip). Every trigger that
     /// starts a run is on disk (its `queued` line) before this returns.
     ///

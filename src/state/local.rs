@@ -1,5 +1,7 @@
-//! Admission on this machine alone: one slot per (runbook, host), in
-//! memory, restored from the audit log when the daemon starts.
+//! This machine's own state: admission's slot per (runbook, host), in
+//! memory, restored from the audit log when the daemon starts; failures
+//! toward demotion in the state directory's ledger; approval requests and
+//! the kill switch only this daemon's (nothing to share).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -153,7 +155,7 @@ fn instant_of(at: jiff::Timestamp) -> Option<Instant> {
     Instant::now().checked_sub(ago)
 }
 
-/// Every (runbook, host) this daemon decides alone.
+/// The state of a daemon (or a person's run) that shares none.
 #[derive(Debug)]
 pub(crate) struct Local {
     slots: Mutex<HashMap<(String, String), Slot>>,
@@ -226,7 +228,7 @@ impl Local {
             .insert((runbook.to_string(), host.to_string()), slot);
     }
 
-    /// Decide `asks` in order (the sync half of [`Admission::admit`]).
+    /// Decide `asks` in order (the sync half of [`SharedState::admit`]).
     pub(crate) fn decide(&self, asks: &[&Ask<'_>]) -> Vec<Admitted> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         self.catch_up(&mut slots);
