@@ -687,11 +687,11 @@ async fn alerts(
 }
 
 /// Whether a trigger of the batch met a run another replica has not yet
-/// recorded ([`TriggerResult::Pending`](crate::state::TriggerResult::Pending)).
+/// recorded ([`TriggerResult::Pending`](crate::rules::TriggerResult::Pending)).
 fn pending(outcomes: &[crate::scheduler::Outcome]) -> bool {
     outcomes
         .iter()
-        .any(|o| o.result == crate::state::TriggerResult::Pending)
+        .any(|o| o.result == crate::rules::TriggerResult::Pending)
 }
 
 /// A batch's answer: `status` with its outcomes, or 503 with the same

@@ -32,6 +32,10 @@
 //! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`host::Host`], errors as `FILE:LINE:COLUMN`.
 //! - [`tools`]: each tool one file implementing the `Tool` trait, and the
 //!   registry table that makes [`tools::ToolId`]; tiers live here, in code.
+//! - [`rules`]: the decisions, written once as pure functions over what is
+//!   known: whether a trigger starts a run, a tier-2 call fits the fleet
+//!   budgets, a failed run demotes its runbook, a kill switch stops it. The
+//!   gate on one machine and the fleet's state in PostgreSQL both call them.
 //! - [`gate`]: the single choke point (kill switch, scope, arguments, approval, budget, fleet budget).
 //! - [`audit`]: append-only, hash-chained JSONL.
 //! - [`executor`]: runs a permitted, audited call: on this machine
@@ -48,8 +52,7 @@
 //!   [`report`] is what it reports.
 //! - [`state`]: what one machine and a fleet must agree on, behind one
 //!   trait ([`state::SharedState`]) chosen once at start-up: admission (one
-//!   run per runbook and host, cooldown, dedupe and `max_runs`, decided by
-//!   the same rules, `state::rules`), a person's run's claim, a failure
+//!   run per runbook and host, cooldown, dedupe and `max_runs`), a person's run's claim, a failure
 //!   toward demotion, approval requests; this machine's
 //!   ([`state::Local`]) and PostgreSQL's ([`state::Fleet`]).
 //! - [`scheduler`]: what becomes of each trigger (kill switch, scope,
@@ -95,6 +98,7 @@ pub mod plan;
 pub mod planner;
 pub mod process;
 pub mod report;
+pub mod rules;
 pub mod run;
 pub mod runlock;
 pub mod sandbox;

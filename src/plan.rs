@@ -24,7 +24,9 @@ use crate::config::Config;
 use crate::config::runbook::StepAction;
 use crate::gate::{Decision, Demotions, Gate, KillSwitch};
 use crate::planner::{Next, StepsPlanner, Transcript};
-use crate::state::{DUPLICATE_WINDOW, Slot, TriggerResult};
+use crate::rules::TriggerResult;
+use crate::rules::admission::DUPLICATE_WINDOW;
+use crate::state::Slot;
 use crate::trigger::RunRequest;
 use crate::trigger::alerts::{Candidate, Notification, candidates, resolved};
 

@@ -265,7 +265,7 @@ async fn recover(scheduler: &Arc<Scheduler>) -> anyhow::Result<()> {
                 "{n} run(s) the last stop handed back start again: {} started",
                 outcomes
                     .iter()
-                    .filter(|o| o.result == crate::state::TriggerResult::Started)
+                    .filter(|o| o.result == crate::rules::TriggerResult::Started)
                     .count()
             ),
             Err(e) => {

@@ -25,9 +25,12 @@
 //!   one); a demotion is `STATE_DIR/demoted/RUNBOOK.json`. A demotion file
 //!   that cannot be read still demotes (fail closed).
 //! - **With shared state**: the same, in PostgreSQL
-//!   (`runwarden_record_failure`); every replica hears of a
+//!   (`runwarden_failed`, `runwarden_demote`); every replica hears of a
 //!   demotion within a second and the gate reads its copy
 //!   ([`FleetDemotions`]).
+//!
+//! Either way the decisions (does this failure demote, may a person
+//! promote yet) are [`crate::rules::demotion`]'s.
 //!
 //! The gate asks [`Demotions::check`] before each tier-2 call of an L3
 //! runbook, so a demotion reached while other runs of it are under way
@@ -41,6 +44,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::DemoteAfter;
+use crate::rules::demotion as rules;
 
 /// One failed run, as the evidence of a demotion shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,6 +109,21 @@ impl Demotion {
         let last = self.evidence.iter().map(Failure::at_ms).max().unwrap_or(0);
         jiff::Timestamp::from_millisecond(last.saturating_add(self.per_secs as i64 * 1000))
             .unwrap_or(jiff::Timestamp::MAX)
+    }
+
+    /// Whether its evidence still holds a promotion back (the rule's
+    /// [`rules::window_holds`]): until [`window_ends`](Self::window_ends),
+    /// only `--force` promotes.
+    pub(crate) fn window_holds(&self) -> bool {
+        let newest = self.evidence.iter().map(Failure::at_ms).max().unwrap_or(0);
+        let ago = jiff::Timestamp::now()
+            .as_millisecond()
+            .saturating_sub(newest)
+            .max(0);
+        rules::window_holds(
+            Duration::from_millis(ago as u64),
+            Duration::from_secs(self.per_secs),
+        )
     }
 
     /// A demotion whose record does not read (`what`): it still demotes.
@@ -436,18 +455,30 @@ pub(crate) fn record_local(
     ledger.failures.push(failure);
     write_ledger(state_dir, &ledger)?;
     let file = demoted_file(state_dir, &runbook);
+    // An unreadable demotion counts as demoted already: never replaced unasked.
     if read_demotion(&file).map_or(true, |d| d.is_some()) {
         return Ok(None);
     }
-    let since = now - rule.per.as_millis() as i64;
-    let evidence: Vec<Failure> = ledger
+    let evidence: Vec<(Duration, Failure)> = ledger
         .failures
         .into_iter()
-        .filter(|f| f.runbook == runbook && f.at_ms() > since)
+        .filter(|f| f.runbook == runbook)
+        .map(|f| {
+            (
+                Duration::from_millis(now.saturating_sub(f.at_ms()).max(0) as u64),
+                f,
+            )
+        })
         .collect();
-    if evidence.len() < rule.failures as usize && unreadable.is_none() {
+    let ago: Vec<Duration> = evidence.iter().map(|(ago, _)| *ago).collect();
+    if unreadable.is_none() && !rules::demotes(false, &ago, rule) {
         return Ok(None);
     }
+    let evidence: Vec<Failure> = evidence
+        .into_iter()
+        .filter(|(ago, _)| rules::counts(*ago, rule))
+        .map(|(_, f)| f)
+        .collect();
     let demotion = Demotion {
         runbook,
         since: jiff::Timestamp::from_millisecond(now)
@@ -520,7 +551,7 @@ pub(crate) fn promote_local(
             Demotion::unreadable(runbook, format!("an unreadable file, {}", file.display()))
         }
     };
-    if !force && demotion.window_ends() > jiff::Timestamp::now() {
+    if !force && demotion.window_holds() {
         return Err(PromoteRefused::WindowHolds(Box::new(demotion)));
     }
     let mut ledger = read_ledger(state_dir).unwrap_or_default();

@@ -11,7 +11,8 @@
 //! exclusive `flock` of `fleet-budget.lock`: the daemon's runs and a
 //! person's `runwarden run` count into the same one, and two of them can
 //! never both take the last call. A ledger that cannot be read or written
-//! refuses every tier-2 call until it is fixed or removed.
+//! refuses every tier-2 call until it is fixed or removed. Whether a call
+//! fits is the rule's ([`crate::rules::budget`]), as in a fleet.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::runbook::FleetBudget;
+use crate::rules::budget::{self, Spent, Window};
 
 /// The fleet budgets one runbook's calls count against.
 #[derive(Debug, Clone)]
@@ -82,31 +84,25 @@ impl Fleet {
         // how long that is: another runbook's window may be longer than
         // any this one knows of.
         book.calls.retain(|c| c.keep_until > now);
-        if let Some(b) = &self.all {
-            let n = used(&book, b, now, None);
-            if n >= b.max_mutations as usize {
-                return Err(spent(n, b, "every runbook's", "runwarden.yaml"));
-            }
-        }
-        if let Some(b) = &self.own {
-            let n = used(&book, b, now, Some(&self.runbook));
-            if n >= b.max_mutations as usize {
-                let whose = format!("runbook \"{}\"'s", self.runbook);
-                return Err(spent(n, b, &whose, "the runbook"));
-            }
-        }
+        let windows: Vec<Window<'_>> = [(self.all, None), (self.own, Some(self.runbook.as_str()))]
+            .into_iter()
+            .filter_map(|(budget, runbook)| {
+                let budget = budget?;
+                let used = used(&book, &budget, now, runbook);
+                Some(Window {
+                    budget,
+                    runbook,
+                    used,
+                })
+            })
+            .collect();
+        budget::spend(&windows)?;
         if count {
-            let longest = [self.all, self.own]
-                .iter()
-                .flatten()
-                .map(|b| b.per)
-                .max()
-                .unwrap_or_default()
-                .max(DAY);
+            let kept = budget::kept(&windows.iter().map(|w| w.budget).collect::<Vec<_>>());
             book.calls.push(Counted {
                 at: now,
                 runbook: self.runbook.clone(),
-                keep_until: now.saturating_add(millis(longest)),
+                keep_until: now.saturating_add(millis(kept)),
             });
             replace(&ledger, &book).map_err(unusable)?;
         }
@@ -171,9 +167,6 @@ fn used(book: &Ledger, b: &FleetBudget, now: i64, runbook: Option<&str>) -> usiz
         .count()
 }
 
-/// Calls are kept a day at least, so a window lengthened later still sees them.
-const DAY: Duration = Duration::from_secs(24 * 3600);
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -182,19 +175,8 @@ fn millis(d: Duration) -> i64 {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FleetRefused {
     /// A window is full.
-    #[error("fleet budget spent: {used} of {whose} tier-2 calls in the last {} (fleet_budget in {set_in} allows {allows}); nothing more changes until older calls leave the window", humantime::format_duration(*.per))]
-    Spent {
-        /// Calls in the window.
-        used: usize,
-        /// Whose budget (every runbook's, or one runbook's).
-        whose: String,
-        /// Where it is set.
-        set_in: &'static str,
-        /// The window.
-        per: std::time::Duration,
-        /// How many calls it allows.
-        allows: u32,
-    },
+    #[error(transparent)]
+    Spent(#[from] Spent),
     /// The ledger cannot be read or written: fail closed.
     #[error("the fleet budget's ledger {} cannot be used ({source}); no tier-2 call runs until it is fixed or removed", path.display())]
     Ledger {
@@ -203,16 +185,6 @@ pub(crate) enum FleetRefused {
         /// What the system said.
         source: std::io::Error,
     },
-}
-
-fn spent(n: usize, b: &FleetBudget, whose: &str, set_in: &'static str) -> FleetRefused {
-    FleetRefused::Spent {
-        used: n,
-        whose: whose.to_string(),
-        set_in,
-        per: b.per,
-        allows: b.max_mutations,
-    }
 }
 
 /// The ledger, replaced whole: a crash leaves the old one or the new one.
@@ -244,7 +216,7 @@ mod tests {
         assert!(a.take_at(t, true).is_ok());
         let own = a.take_at(t + 1, true).unwrap_err();
         assert!(
-            matches!(&own, FleetRefused::Spent { used: 1, allows: 1, whose, .. } if whose == "runbook \"a\"'s"),
+            matches!(&own, FleetRefused::Spent(Spent { used: 1, allows: 1, runbook: Some(r), .. }) if r == "a"),
             "{own}"
         );
         // Looking does not count.
@@ -253,7 +225,14 @@ mod tests {
         assert!(b.take_at(t + 3, true).is_ok());
         let all = b.take_at(t + 4, true).unwrap_err();
         assert!(
-            matches!(&all, FleetRefused::Spent { used: 3, set_in: "runwarden.yaml", whose, .. } if whose == "every runbook's"),
+            matches!(
+                &all,
+                FleetRefused::Spent(Spent {
+                    used: 3,
+                    runbook: None,
+                    ..
+                })
+            ),
             "{all}"
         );
         // An hour on, the first calls have left the window.

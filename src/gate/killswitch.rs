@@ -16,6 +16,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::rules::kill_switch::{self, GLOBAL as GLOBAL_SCOPE, Switch};
+
 /// The file name of the global switch.
 pub(crate) const GLOBAL: &str = "ENGAGED";
 
@@ -184,46 +186,53 @@ impl KillSwitch {
     fn check_scopes(&self, runbook: Option<&str>) -> Result<(), Engaged> {
         if let Some(detail) = self.dir_problem() {
             return Err(Engaged {
-                scope: "global".into(),
+                scope: GLOBAL_SCOPE.into(),
                 detail,
             });
         }
-        let files = [
-            Some(("global", self.file(None))),
-            runbook.map(|r| (r, self.file(Some(r)))),
-        ];
-        for (scope, file) in files.into_iter().flatten() {
+        // Every switch found for the scopes asked, with what a person reads
+        // of it; the rule says which one stops the runbook.
+        let now = jiff::Timestamp::now();
+        let mut found: Vec<(Switch<'_>, String)> = Vec::new();
+        for (scope, file) in [Some((GLOBAL_SCOPE, None)), runbook.map(|r| (r, Some(r)))]
+            .into_iter()
+            .flatten()
+        {
+            let file = self.file(file);
             match std::fs::symlink_metadata(&file) {
-                Ok(_) if until_of(&file).is_some_and(|t| t <= jiff::Timestamp::now()) => {}
                 Ok(_) => {
-                    return Err(Engaged {
-                        scope: scope.to_string(),
-                        detail: describe(&file),
-                    });
+                    let left = until_of(&file).map(|t| t.duration_since(now));
+                    found.push((Switch { scope, left }, describe(&file)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Engaged {
-                        scope: scope.to_string(),
-                        detail: format!(
-                            "cannot check {}: {e}; treated as engaged (fail closed)",
-                            file.display()
-                        ),
-                    });
-                }
+                Err(e) => found.push((
+                    Switch { scope, left: None },
+                    format!(
+                        "cannot check {}: {e}; treated as engaged (fail closed)",
+                        file.display()
+                    ),
+                )),
             }
         }
         if let Some(fleet) = &self.fleet {
-            for scope in [Some("global"), runbook].into_iter().flatten() {
+            let now_s = now.as_millisecond() as f64 / 1000.0;
+            for scope in [Some(GLOBAL_SCOPE), runbook].into_iter().flatten() {
                 if let Some(detail) = fleet.find(scope) {
-                    return Err(Engaged {
-                        scope: scope.to_string(),
-                        detail,
-                    });
+                    let left = fleet
+                        .until(scope)
+                        .map(|t| jiff::SignedDuration::from_secs_f64(t - now_s));
+                    found.push((Switch { scope, left }, detail));
                 }
             }
         }
-        Ok(())
+        let switches: Vec<Switch<'_>> = found.iter().map(|(s, _)| *s).collect();
+        match kill_switch::stops(&switches, runbook) {
+            Some(i) => Err(Engaged {
+                scope: found[i].0.scope.to_string(),
+                detail: found[i].1.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Engage: who, when, why, and until when (`None`: until a person

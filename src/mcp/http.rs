@@ -33,8 +33,8 @@ use tokio::sync::watch;
 
 use super::{Server, Session, Started, Starter};
 use crate::config::Config;
+use crate::rules::TriggerResult;
 use crate::scheduler::Scheduler;
-use crate::state::TriggerResult;
 
 /// The tower service behind `/mcp`.
 type Service = StreamableHttpService<HttpSession, LocalSessionManager>;

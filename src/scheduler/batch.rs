@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use super::{Scheduler, run_info};
 use crate::audit::{AuditError, AuditLog, QueueNote, Queued, Written};
 use crate::config::Config;
+use crate::rules::TriggerResult;
 use crate::run::RunRequest;
-use crate::state::{Admitted, Ask, Decided, TriggerResult};
+use crate::state::{Admitted, Ask, Decided};
 use crate::store::{Lease, StoreError};
 use crate::trigger::alerts::Candidate;
 

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::state::TriggerResult;
+use crate::rules::TriggerResult;
 use crate::trigger::alerts::Candidate;
 
 /// A scheduler over a real config directory: runbook `rb` on host `web`,

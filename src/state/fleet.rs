@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rules::{self, Holder};
 use super::{
-    Admitted, ApprovalState, Approvals, Ask, DUPLICATE_WINDOW, Decided, DecisionError, DemoteAfter,
-    Demotion, Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
-    TriggerResult,
+    Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
+    Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
 };
+use crate::rules::admission::{self as rules, DUPLICATE_WINDOW, Holder};
+use crate::rules::{TriggerResult, kill_switch};
 use crate::store::StoreError;
 use crate::store::{LeaseWrite, PairRow, Postgres, RunWrite, TriggerRow, Writes};
 use crate::trigger::RunRequest;
@@ -340,7 +340,7 @@ impl Fleet {
                 continue;
             };
             let facts = rules::Facts {
-                stopped: row.stopped,
+                stopped: stopped(row),
                 held: row.held.then_some(match row.unconfirmed {
                     true => Holder::Unconfirmed,
                     false => Holder::Confirmed,
@@ -428,6 +428,17 @@ impl Fleet {
             .map(|m| m.unwrap_or(Made::Refused(TriggerResult::Deduplicated)))
             .collect()
     }
+}
+
+/// Whether the fleet's kill switch stops the runbook of `row`, by the rule
+/// ([`kill_switch::stops`]).
+fn stopped(row: &PairRow) -> bool {
+    let switches: Vec<kill_switch::Switch<'_>> = row
+        .switches
+        .iter()
+        .map(|(scope, left)| kill_switch::Switch::of_millis(scope, *left))
+        .collect();
+    kill_switch::stops(&switches, Some(&row.runbook)).is_some()
 }
 
 /// The outcomes this replica decided alone, as the fleet records them.

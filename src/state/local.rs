@@ -10,12 +10,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Admitted, ApprovalState, Approvals, Ask, DUPLICATE_WINDOW, Decided, DecisionError, DemoteAfter,
-    Demotion, Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
-    TriggerResult, rules,
+    Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
+    Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
 };
 use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
+use crate::rules::TriggerResult;
+use crate::rules::admission::{self as rules, DUPLICATE_WINDOW};
 use crate::store::StoreError;
 use crate::trigger::RunRequest;
 

@@ -2,7 +2,7 @@
 //!
 //! Every trigger (an alert, a schedule's fire, an API request) meets the
 //! same admission rule for its (runbook, host): a run in flight, or a
-//! repeat of the last run's own trigger within [`DUPLICATE_WINDOW`] or the
+//! repeat of the last run's own trigger within the duplicate window or the
 //! runbook's cooldown, is `deduplicated`; another trigger within the
 //! cooldown is `cooldown`; anything else starts a run. What a daemon can
 //! say alone (no runbook, a host out of scope, an alert that cannot be
@@ -13,7 +13,7 @@
 //! runbook's demotion, approval requests any replica may decide, and the
 //! kill switch and demotions a run's gate sees.
 //!
-//! The admission rule itself is written once, in [`rules`], as pure
+//! The admission rule itself is written once, in [`crate::rules`], as pure
 //! functions over what is known of a (runbook, host). Two implementations
 //! gather that and keep what the rules decide: [`Local`] in this process
 //! (restored from the audit log at start, its files under the state
@@ -24,13 +24,10 @@
 
 mod fleet;
 mod local;
-pub(crate) mod rules;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-
-use serde::Serialize;
 
 pub(crate) use fleet::Fleet;
 pub(crate) use local::{Local, Slot};
@@ -44,59 +41,7 @@ use crate::gate::{Demotions, KillSwitch};
 use crate::store::{Lease, StoreError};
 use crate::trigger::RunRequest;
 
-/// How long after a run ends a repeat of its own trigger (the same alert
-/// fingerprint or group, the same schedule fire) is still a duplicate,
-/// whatever the cooldown: Alertmanager in HA mode sends a notification
-/// twice now and then, and every replica fires the same schedule. Well
-/// under Alertmanager's shortest sensible `group_interval`, so a real
-/// repeat of a still-firing alert starts a run again.
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
-
-/// What became of a trigger. The names are `runwarden_alert_triggers_total` labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum TriggerResult {
-    /// A run was started.
-    Started,
-    /// A run for the same alert or group is queued or running.
-    Deduplicated,
-    /// The runbook ran on the host too recently.
-    Cooldown,
-    /// The alert names a host the runbook may not touch.
-    OutOfScope,
-    /// The kill switch is engaged.
-    KillSwitch,
-    /// No runbook matched the alert.
-    NoMatch,
-    /// The alert holds what cannot be kept (a NUL byte); it starts nothing.
-    Invalid,
-    /// The runbook ran on the host as often as its `max_runs` allows within
-    /// the window: a fix that keeps being needed is for a person to look at.
-    Capped,
-    /// Another replica admitted a run for the host that its disk does not
-    /// hold yet: it may die before it does, and then this trigger would be
-    /// the only trace of the alert. Not accepted; the sender retries (the
-    /// webhook answers 503) and by then that run is confirmed, a duplicate,
-    /// or gone, and the retry starts one.
-    Pending,
-}
-
-impl TriggerResult {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            TriggerResult::Started => "started",
-            TriggerResult::Deduplicated => "deduplicated",
-            TriggerResult::Cooldown => "cooldown",
-            TriggerResult::OutOfScope => "out_of_scope",
-            TriggerResult::KillSwitch => "kill_switch",
-            TriggerResult::NoMatch => "no_match",
-            TriggerResult::Invalid => "invalid",
-            TriggerResult::Capped => "capped",
-            TriggerResult::Pending => "pending",
-        }
-    }
-}
+use crate::rules::TriggerResult;
 
 /// A trigger in scope and not stopped here, put to admission.
 #[derive(Debug)]

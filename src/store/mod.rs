@@ -13,7 +13,7 @@
 //! - **Admission** ([`Postgres::lock_batch`]): a batch's (runbook, host)
 //!   rows locked and read, and everything decided of them written in the
 //!   same transaction, every trigger with its one outcome. The decisions
-//!   are not here: they are `state::rules`, the same Rust functions
+//!   are not here: they are [`crate::rules`], the same Rust functions
 //!   this machine's own admission calls. (Releases before 0.4 decided in
 //!   SQL, `runwarden_admit_all`, which stays for them during a roll.)
 //! - **Leases and fencing** ([`Lease`]): a run holds its (runbook, host)
@@ -173,14 +173,13 @@ impl Drop for Lease {
     }
 }
 
-/// The fleet budgets one call counts against, as the fence sends them:
-/// scope (`None`: every runbook), limit, window in milliseconds.
+/// The fleet budgets one call counts against: runwarden.yaml's (every
+/// runbook's calls) first, then the runbook's own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Budgets {
-    scopes: Vec<Option<String>>,
-    limits: Vec<i64>,
-    windows: Vec<i64>,
-    keep: i64,
+    runbook: String,
+    all: Option<FleetBudget>,
+    own: Option<FleetBudget>,
 }
 
 impl Budgets {
@@ -190,19 +189,18 @@ impl Budgets {
         runbook: &str,
         own: Option<FleetBudget>,
     ) -> Budgets {
-        let mut b = Budgets::default();
-        for (scope, budget) in [(None, all), (Some(runbook.to_string()), own)] {
-            if let Some(budget) = budget {
-                b.scopes.push(scope);
-                b.limits.push(i64::from(budget.max_mutations));
-                b.windows.push(postgres::millis(budget.per));
-                b.keep = b.keep.max(postgres::millis(budget.per));
-            }
+        Budgets {
+            runbook: runbook.to_string(),
+            all,
+            own,
         }
-        // Kept a day at least, as on one machine: a budget made longer
-        // later still sees the calls of the last day.
-        b.keep = b.keep.max(postgres::millis(Duration::from_secs(86_400)));
-        b
+    }
+
+    /// Each budget set, with whose calls it counts (`None`: every runbook's).
+    fn each(&self) -> impl Iterator<Item = (Option<&str>, FleetBudget)> {
+        [(None, self.all), (Some(self.runbook.as_str()), self.own)]
+            .into_iter()
+            .filter_map(|(runbook, budget)| Some((runbook, budget?)))
     }
 }
 
@@ -282,28 +280,20 @@ impl Lease {
     }
 
     /// Before a call: prove the claim is current (renewing it), that the
-    /// fleet's kill switch is not engaged, and count a tier-2 call against
-    /// the fleet budgets, in one round trip. A refusal is the gate's: the
-    /// call does not run.
+    /// fleet's kill switch does not stop the runbook, and that a tier-2
+    /// call fits the fleet budgets, counting it, in one round trip. The
+    /// database proves the lease and reserves the call; the rules
+    /// ([`crate::rules`]) decide on what it reports, and a call they refuse
+    /// is given back (a second round trip, on a refusal only). A refusal
+    /// is the gate's: the call does not run.
     pub(crate) async fn fence(
         &self,
         mutating: bool,
         budgets: &Budgets,
     ) -> Result<(), (DenyReason, String)> {
         let sent = tokio::time::Instant::now();
-        let answer = self
-            .store
-            .fence(
-                &self.id,
-                mutating,
-                &budgets.scopes,
-                &budgets.limits,
-                &budgets.windows,
-                budgets.keep,
-            )
-            .await;
-        let (verdict, detail) = match answer {
-            Ok(v) => v,
+        let proved = match self.store.prove(&self.id, mutating, budgets).await {
+            Ok(p) => p,
             Err(e) => {
                 return Err((
                     DenyReason::LeaseLost,
@@ -311,15 +301,23 @@ impl Lease {
                 ));
             }
         };
-        let detail = detail.unwrap_or_default();
-        match verdict.as_str() {
-            "ok" => {
+        if let Some(lost) = proved.lost {
+            return Err((DenyReason::LeaseLost, lost));
+        }
+        let refused = proved.refusal(&self.id.runbook, budgets);
+        match (refused, proved.reserved) {
+            (None, _) => {
                 self.proof.answered(sent);
                 Ok(())
             }
-            "kill_switch" => Err((DenyReason::KillSwitch, detail)),
-            "fleet_budget" => Err((DenyReason::FleetBudget, detail)),
-            _ => Err((DenyReason::LeaseLost, detail)),
+            (Some(refused), Some(reserved)) => {
+                // Until it is given back, it counts: fail closed.
+                if let Err(e) = self.store.give_back(reserved).await {
+                    tracing::warn!(run_id = %self.id.run_id, "a refused call's reservation of the fleet budget was not given back, and counts until it leaves the window: {e}");
+                }
+                Err(refused)
+            }
+            (Some(refused), None) => Err(refused),
         }
     }
 

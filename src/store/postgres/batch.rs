@@ -1,7 +1,7 @@
 //! Admission's storage in the shared state: a batch's (runbook, host) rows
 //! locked and read, then everything the batch decided written, in one
 //! transaction on a connection of admission's own. What to write is
-//! decided in Rust (`state::rules`, by `state::Fleet`); PostgreSQL
+//! decided in Rust (`rules::admission`, by `state::Fleet`); PostgreSQL
 //! does the locking, the storage and the atomicity.
 //!
 //! Two round trips, each pipelined: `BEGIN`, the fire's claim, the rows
@@ -38,8 +38,10 @@ pub(crate) struct PairRow {
     pub(crate) ended_ago: Option<Duration>,
     /// The keys of the triggers of its current or last run.
     pub(crate) keys: Vec<String>,
-    /// The fleet's kill switch is engaged for the runbook (or globally).
-    pub(crate) stopped: bool,
+    /// The fleet's kill switches engaged for the runbook or globally:
+    /// scope, and milliseconds left (`None`: untimed; ended ones stay
+    /// until the sweep removes them).
+    pub(crate) switches: Vec<(String, Option<i64>)>,
     /// How long ago its recent runs started (those that ran, within the
     /// window asked for).
     pub(crate) started_ago: Vec<Duration>,
@@ -153,12 +155,14 @@ const READ: &str = "SELECT l.runbook, l.host, l.token,
             OR EXISTS (SELECT 1 FROM runwarden_queue q WHERE q.run_id = l.run_id AND NOT q.ready)), false),
         (extract(epoch FROM now_ - l.ended_at) * 1000)::bigint,
         l.keys,
-        EXISTS (SELECT 1 FROM runwarden_kill_switch k
-                WHERE k.scope IN ('global', l.runbook) AND (k.until IS NULL OR k.until > now_)),
+        ARRAY(SELECT k.scope FROM runwarden_kill_switch k
+              WHERE k.scope IN ('global', l.runbook) ORDER BY k.scope),
         ARRAY(SELECT (extract(epoch FROM now_ - r.started_at) * 1000)::bigint FROM runwarden_runs r
               WHERE r.runbook = l.runbook AND r.host = l.host AND r.recorded
                 AND r.status <> 'not_started'
-                AND r.started_at > now_ - $3 * interval '1 millisecond')
+                AND r.started_at > now_ - $3 * interval '1 millisecond'),
+        ARRAY(SELECT (extract(epoch FROM k.until - now_) * 1000)::bigint FROM runwarden_kill_switch k
+              WHERE k.scope IN ('global', l.runbook) ORDER BY k.scope)
      FROM runwarden_leases l
      JOIN unnest($1::text[], $2::text[]) AS p(runbook, host) USING (runbook, host),
           (SELECT clock_timestamp() AS now_) AS c
@@ -305,7 +309,11 @@ async fn read_locked(
             unconfirmed: r.get(4),
             ended_ago: ms(r.get(5)),
             keys: r.get(6),
-            stopped: r.get(7),
+            switches: r
+                .get::<_, Vec<String>>(7)
+                .into_iter()
+                .zip(r.get::<_, Vec<Option<i64>>>(9))
+                .collect(),
             started_ago: r
                 .get::<_, Vec<i64>>(8)
                 .into_iter()

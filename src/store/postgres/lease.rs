@@ -7,45 +7,80 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::{Postgres, millis, one};
-use crate::store::{Reaped, StoreError};
+use crate::store::{Budgets, Reaped, StoreError};
 
 impl Postgres {
-    /// Prove the lease and count the call; see `runwarden_fence`.
-    #[allow(clippy::too_many_arguments, reason = "one SQL function's parameters")]
-    pub(crate) async fn fence(
+    /// Prove the lease, renew it, and report what the rules decide a
+    /// call on, reserving a tier-2 call under fleet budgets; see
+    /// `runwarden_prove`. One round trip.
+    pub(crate) async fn prove(
         &self,
         lease: &crate::store::LeaseId,
         mutating: bool,
-        scopes: &[Option<String>],
-        limits: &[i64],
-        windows: &[i64],
-        keep: i64,
-    ) -> Result<(String, Option<String>), StoreError> {
+        budgets: &Budgets,
+    ) -> Result<Proved, StoreError> {
         let ms = millis(self.lease);
-        let rows = self.with("fencing the call", |c| async move {
-            // Typed: one round trip, no separate prepare.
-            c
-                .query_typed(
-                    "SELECT verdict, detail FROM runwarden_fence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                    &[
-                        (&lease.runbook, Type::TEXT),
-                        (&lease.host, Type::TEXT),
-                        (&lease.run_id, Type::TEXT),
-                        (&lease.token, Type::INT8),
-                        (&ms, Type::INT8),
-                        (&self.replica, Type::TEXT),
-                        (&mutating, Type::BOOL),
-                        (&scopes, Type::TEXT_ARRAY),
-                        (&limits, Type::INT8_ARRAY),
-                        (&windows, Type::INT8_ARRAY),
-                        (&keep, Type::INT8),
-                    ],
-                )
-                .await
-        })
-        .await?;
+        let (scopes, windows): (Vec<Option<&str>>, Vec<i64>) =
+            budgets.each().map(|(r, b)| (r, millis(b.per))).unzip();
+        let keep = millis(crate::rules::budget::kept(
+            &budgets.each().map(|(_, b)| b).collect::<Vec<_>>(),
+        ));
+        let rows = self
+            .with("fencing the call", |c| {
+                let (scopes, windows) = (scopes.clone(), windows.clone());
+                async move {
+                    // Typed: one round trip, no separate prepare.
+                    c.query_typed(
+                        "SELECT lost, switch_scopes, switch_left_ms, switch_details, used, reserved
+                     FROM runwarden_prove($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                        &[
+                            (&lease.runbook, Type::TEXT),
+                            (&lease.host, Type::TEXT),
+                            (&lease.run_id, Type::TEXT),
+                            (&lease.token, Type::INT8),
+                            (&ms, Type::INT8),
+                            (&self.replica, Type::TEXT),
+                            (&mutating, Type::BOOL),
+                            (&scopes, Type::TEXT_ARRAY),
+                            (&windows, Type::INT8_ARRAY),
+                            (&keep, Type::INT8),
+                        ],
+                    )
+                    .await
+                }
+            })
+            .await?;
         let row = one(rows, "fencing the call")?;
-        Ok((row.get(0), row.get(1)))
+        let scopes: Option<Vec<String>> = row.get(1);
+        let left: Option<Vec<Option<i64>>> = row.get(2);
+        let details: Option<Vec<String>> = row.get(3);
+        let used: Option<Vec<i64>> = row.get(4);
+        Ok(Proved {
+            lost: row.get(0),
+            switches: scopes
+                .unwrap_or_default()
+                .into_iter()
+                .zip(left.unwrap_or_default())
+                .zip(details.unwrap_or_default())
+                .map(|((scope, left), detail)| (scope, left, detail))
+                .collect(),
+            used: used.unwrap_or_default(),
+            reserved: row.get(5),
+        })
+    }
+
+    /// A reserved call the rules refused no longer counts against the
+    /// fleet budgets.
+    pub(crate) async fn give_back(&self, reserved: i64) -> Result<(), StoreError> {
+        self.with("giving back a refused call", |c| async move {
+            c.execute_typed(
+                "DELETE FROM runwarden_fleet_calls WHERE id = $1",
+                &[(&reserved, Type::INT8)],
+            )
+            .await
+        })
+        .await
+        .map(drop)
     }
 
     /// Renew the lease; `false`: it is not this run's any more. A run
@@ -315,5 +350,178 @@ impl Postgres {
             .await?;
         serde_json::from_str(&text)
             .map_err(|e| StoreError::Database(format!("listing the fleet's runs: {e}")))
+    }
+}
+
+/// What the database reports of a call's lease, kill switches and fleet
+/// budgets, for the rules to decide on.
+#[derive(Debug)]
+pub(crate) struct Proved {
+    /// Why the lease is not the run's any more; then nothing else was done.
+    pub(crate) lost: Option<String>,
+    /// The fleet's kill switches engaged for `global` or the runbook:
+    /// scope, milliseconds left (`None`: untimed), what a person reads.
+    pub(crate) switches: Vec<(String, Option<i64>, String)>,
+    /// Each fleet budget's calls in its window before this one, in the
+    /// order of [`Budgets`] (empty for a tier-1 call).
+    pub(crate) used: Vec<i64>,
+    /// The call's reservation, when it counts against fleet budgets.
+    pub(crate) reserved: Option<i64>,
+}
+
+impl Proved {
+    /// What the rules make of it: the refusal, if any. The kill switch
+    /// first, then the budgets.
+    pub(crate) fn refusal(
+        &self,
+        runbook: &str,
+        budgets: &Budgets,
+    ) -> Option<(crate::gate::DenyReason, String)> {
+        use crate::gate::DenyReason;
+        use crate::rules::{budget, kill_switch};
+        let switches: Vec<kill_switch::Switch<'_>> = self
+            .switches
+            .iter()
+            .map(|(scope, left, _)| kill_switch::Switch::of_millis(scope, *left))
+            .collect();
+        if let Some(i) = kill_switch::stops(&switches, Some(runbook)) {
+            return Some((DenyReason::KillSwitch, self.switches[i].2.clone()));
+        }
+        let windows: Vec<budget::Window<'_>> = budgets
+            .each()
+            .zip(&self.used)
+            .map(|((runbook, budget), used)| budget::Window {
+                budget,
+                runbook,
+                used: usize::try_from(*used).unwrap_or(usize::MAX),
+            })
+            .collect();
+        budget::spend(&windows)
+            .err()
+            .map(|spent| (DenyReason::FleetBudget, spent.to_string()))
+    }
+}
+
+/// The fence against a PostgreSQL cluster of its own (the root tier:
+/// `--features estate`, as root), beside the previous version's
+/// `runwarden_fence`, which decides in SQL: one budget and one kill switch
+/// for both during a rolling upgrade, decided alike.
+#[cfg(all(test, feature = "estate"))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::runbook::FleetBudget;
+    use crate::gate::DenyReason;
+    use crate::store::{Budgets, Lease};
+    use crate::test_pg as pg;
+
+    /// A fresh (runbook `rb`, `host`) admitted as `run` the previous
+    /// version's way (token 1), and this version's lease of it.
+    fn claimed(
+        pg: &pg::Pg,
+        store: &std::sync::Arc<super::Postgres>,
+        host: &str,
+        run: &str,
+    ) -> Lease {
+        let outcome = pg.sql(&format!(
+            "SELECT outcome FROM runwarden_admit_all(ARRAY['rb'], ARRAY['{host}'], ARRAY['[\"fp:{host}\"]'], ARRAY[NULL::bigint], ARRAY['{run}'], 'old', 30000, ARRAY['alert'], 60000, ARRAY[NULL::integer], ARRAY[NULL::bigint], ARRAY['{{}}'], 1, NULL, false)"
+        ));
+        assert_eq!(outcome, "started");
+        store.lease("rb", host, run, 1)
+    }
+
+    /// What the previous version's fence says of a tier-2 call of `run`
+    /// on `host` under a fleet budget of three an hour.
+    fn old_fence(pg: &pg::Pg, host: &str, run: &str) -> String {
+        pg.sql(&format!(
+            "SELECT verdict FROM runwarden_fence('rb', '{host}', '{run}', 1, 30000, 'old', true, ARRAY[NULL]::text[], ARRAY[3]::bigint[], ARRAY[3600000]::bigint[], 86400000)"
+        ))
+    }
+
+    fn counted(pg: &pg::Pg) -> String {
+        pg.sql("SELECT count(*) FROM runwarden_fleet_calls")
+    }
+
+    const THREE_AN_HOUR: FleetBudget = FleetBudget {
+        max_mutations: 3,
+        per: Duration::from_secs(3600),
+    };
+
+    #[tokio::test]
+    async fn one_fleet_budget_for_both_versions_and_a_refused_call_is_given_back() {
+        let pg = pg::Pg::start();
+        let (_dir, store) = crate::store::migrated(&pg, "new").await;
+        let budgets = Budgets::new(Some(THREE_AN_HOUR), "rb", None);
+        let old = claimed(&pg, &store, "h1", "old-run");
+        drop(old);
+        let new = claimed(&pg, &store, "h2", "new-run");
+        assert_eq!(old_fence(&pg, "h1", "old-run"), "ok");
+        assert_eq!(new.fence(true, &budgets).await, Ok(()));
+        // A tier-1 call spends nothing.
+        assert_eq!(new.fence(false, &budgets).await, Ok(()));
+        assert_eq!(new.fence(true, &budgets).await, Ok(()));
+        assert_eq!(counted(&pg), "3");
+        let (reason, detail) = new.fence(true, &budgets).await.unwrap_err();
+        assert_eq!(reason, DenyReason::FleetBudget);
+        assert!(
+            detail.contains("3 of every runbook's tier-2 calls"),
+            "{detail}"
+        );
+        assert_eq!(counted(&pg), "3", "the refused call was given back");
+        assert_eq!(old_fence(&pg, "h1", "old-run"), "fleet_budget");
+        // The runbook's own budget is asked after runwarden.yaml's.
+        let own = Budgets::new(
+            None,
+            "rb",
+            Some(FleetBudget {
+                max_mutations: 4,
+                ..THREE_AN_HOUR
+            }),
+        );
+        assert_eq!(new.fence(true, &own).await, Ok(()));
+        let (_, detail) = new.fence(true, &own).await.unwrap_err();
+        assert!(detail.contains("runbook \"rb\"'s"), "{detail}");
+        assert_eq!(counted(&pg), "4");
+    }
+
+    #[tokio::test]
+    async fn the_fleets_kill_switch_stops_a_call_while_in_force_the_global_one_named_first() {
+        let pg = pg::Pg::start();
+        let (_dir, store) = crate::store::migrated(&pg, "new").await;
+        let budgets = Budgets::new(Some(THREE_AN_HOUR), "rb", None);
+        let run = claimed(&pg, &store, "h1", "run");
+        // Ended, and not yet swept: it stops nothing.
+        pg.sql("INSERT INTO runwarden_kill_switch (scope, engaged_by, reason, until) VALUES ('rb', 'ann', 'INC-1', clock_timestamp() - interval '1 second')");
+        assert_eq!(run.fence(true, &budgets).await, Ok(()));
+        assert_eq!(counted(&pg), "1");
+        pg.sql("UPDATE runwarden_kill_switch SET until = clock_timestamp() + interval '1 hour'");
+        let (reason, detail) = run.fence(true, &budgets).await.unwrap_err();
+        assert_eq!(reason, DenyReason::KillSwitch);
+        assert!(
+            detail.contains("(rb) by ann") && detail.contains("INC-1"),
+            "{detail}"
+        );
+        assert_eq!(counted(&pg), "1", "a stopped call spends nothing");
+        pg.sql("INSERT INTO runwarden_kill_switch (scope, engaged_by, reason) VALUES ('global', 'bob', 'INC-2')");
+        let (reason, detail) = run.fence(false, &budgets).await.unwrap_err();
+        assert_eq!(reason, DenyReason::KillSwitch);
+        assert!(detail.contains("(global) by bob"), "{detail}");
+        pg.sql("DELETE FROM runwarden_kill_switch");
+        assert_eq!(run.fence(true, &budgets).await, Ok(()));
+        assert_eq!(counted(&pg), "2");
+    }
+
+    /// A lease taken over proves nothing and reserves nothing.
+    #[tokio::test]
+    async fn a_lost_lease_reserves_nothing() {
+        let pg = pg::Pg::start();
+        let (_dir, store) = crate::store::migrated(&pg, "new").await;
+        let budgets = Budgets::new(Some(THREE_AN_HOUR), "rb", None);
+        let run = claimed(&pg, &store, "h1", "run");
+        pg.sql("UPDATE runwarden_leases SET token = 2, run_id = 'other'");
+        let (reason, detail) = run.fence(true, &budgets).await.unwrap_err();
+        assert_eq!(reason, DenyReason::LeaseLost);
+        assert!(detail.contains("taken over"), "{detail}");
+        assert_eq!(counted(&pg), "0");
     }
 }

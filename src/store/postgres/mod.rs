@@ -67,6 +67,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         11,
         include_str!("../../../migrations/0011_unrecorded_runs.sql"),
     ),
+    (
+        12,
+        include_str!("../../../migrations/0012_rules_in_rust.sql"),
+    ),
 ];
 
 /// The notification channel of the fleet's kill switch.

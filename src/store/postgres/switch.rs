@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use super::listen::{demotions_on, switches_on};
 use super::{KILL_SWITCH_CHANNEL, Postgres, millis};
+use crate::gate::demotion::{Demotion, Failure, PromoteRefused};
+use crate::rules::demotion as rules;
 use crate::store::StoreError;
 
 impl Postgres {
@@ -163,35 +165,69 @@ impl Postgres {
 
     /// Record a failed run of a runbook with `demote_after`; the demotion
     /// if this failure reached it (of racing replicas, exactly one does).
+    /// The database keeps the failure and reports the runbook's; the rule
+    /// ([`rules::demotes`]) decides, and a demotion it decides on is kept
+    /// unless another replica's was first.
     pub(crate) async fn record_failure(
         &self,
-        failure: &crate::gate::demotion::Failure,
+        failure: &Failure,
         rule: crate::config::DemoteAfter,
-    ) -> Result<Option<crate::gate::demotion::Demotion>, StoreError> {
-        let evidence = serde_json::to_string(failure)
-            .map_err(|e| StoreError::Database(format!("the failure as JSON: {e}")))?;
-        let (failures, per, keep) = (
-            rule.failures as i32,
-            millis(rule.per),
-            millis(crate::config::MaxRuns::LONGEST),
-        );
-        let replica = self.replica.clone();
-        let text: Option<String> = self
+    ) -> Result<Option<Demotion>, StoreError> {
+        let as_json =
+            |what: &str, e: serde_json::Error| StoreError::Database(format!("{what} as JSON: {e}"));
+        let evidence = serde_json::to_string(failure).map_err(|e| as_json("the failure", e))?;
+        let keep = millis(crate::config::MaxRuns::LONGEST);
+        let row = self
             .with("recording a failed run", |c| {
-                let (evidence, replica) = (evidence.clone(), replica.clone());
+                let evidence = evidence.clone();
                 async move {
                     c.query_one(
-                        "SELECT runwarden_record_failure($1, $2, $3::text::jsonb, $4, $5, $6, $7)::text",
-                        &[&failure.run_id, &failure.runbook, &evidence, &failures, &per, &replica, &keep],
+                        "SELECT demoted, ago_ms, evidence::text FROM runwarden_failed($1, $2, $3::text::jsonb, $4)",
+                        &[&failure.run_id, &failure.runbook, &evidence, &keep],
+                    )
+                    .await
+                }
+            })
+            .await?;
+        let (demoted, ago, kept): (bool, Vec<i64>, String) = (row.get(0), row.get(1), row.get(2));
+        let ago: Vec<Duration> = ago
+            .iter()
+            .map(|ms| Duration::from_millis(u64::try_from(*ms).unwrap_or(0)))
+            .collect();
+        if !rules::demotes(demoted, &ago, rule) {
+            return Ok(None);
+        }
+        let kept: Vec<Failure> =
+            serde_json::from_str(&kept).map_err(|e| as_json("the failures kept", e))?;
+        let demotion = Demotion {
+            runbook: failure.runbook.clone(),
+            since: jiff::Timestamp::now().to_string(),
+            by: self.replica.clone(),
+            failures: rule.failures,
+            per_secs: rule.per.as_secs(),
+            evidence: kept
+                .into_iter()
+                .zip(&ago)
+                .filter(|(_, ago)| rules::counts(**ago, rule))
+                .map(|(f, _)| f)
+                .collect(),
+        };
+        let text = serde_json::to_string(&demotion).map_err(|e| as_json("the demotion", e))?;
+        let per = millis(rule.per);
+        let first: bool = self
+            .with("keeping a demotion", |c| {
+                let text = text.clone();
+                async move {
+                    c.query_one(
+                        "SELECT runwarden_demote($1, $2::text::jsonb, $3)",
+                        &[&failure.runbook, &text, &per],
                     )
                     .await
                     .map(|r| r.get(0))
                 }
             })
             .await?;
-        text.map(|t| serde_json::from_str(&t))
-            .transpose()
-            .map_err(|e| StoreError::Database(format!("the demotion the database returned: {e}")))
+        Ok(first.then_some(demotion))
     }
 
     /// The fleet's demoted runbooks now.
@@ -204,37 +240,51 @@ impl Postgres {
         .await
     }
 
-    /// A person restores `runbook`'s standing approval across the fleet.
+    /// A person restores `runbook`'s standing approval across the fleet:
+    /// refused while its evidence is in its window
+    /// ([`Demotion::window_holds`]), unless `force`. The demotion lifted is
+    /// the one read: a newer one stays.
     pub(crate) async fn promote(
         &self,
         runbook: &str,
         force: bool,
-    ) -> Result<
-        Result<crate::gate::demotion::Demotion, crate::gate::demotion::PromoteRefused>,
-        StoreError,
-    > {
-        use crate::gate::demotion::PromoteRefused;
-        let row = self
-            .with("promoting a runbook", |c| async move {
-                c.query_one(
-                    "SELECT result, demotion::text FROM runwarden_promote($1, $2)",
-                    &[&runbook, &force],
+    ) -> Result<Result<Demotion, PromoteRefused>, StoreError> {
+        let text: Option<String> = self
+            .with("reading a runbook's demotion", |c| async move {
+                c.query_opt(
+                    "SELECT demotion::text FROM runwarden_demotions WHERE runbook = $1",
+                    &[&runbook],
                 )
                 .await
+                .map(|r| r.map(|r| r.get(0)))
             })
             .await?;
-        let (result, demotion): (String, Option<String>) = (row.get(0), row.get(1));
-        let demotion = demotion
-            .map(|t| serde_json::from_str::<crate::gate::demotion::Demotion>(&t))
-            .transpose()
-            .map_err(|e| {
-                StoreError::Database(format!("the demotion the database returned: {e}"))
-            })?;
+        let Some(text) = text else {
+            return Ok(Err(PromoteRefused::NotDemoted(runbook.to_string())));
+        };
+        let demotion: Demotion = serde_json::from_str(&text).map_err(|e| {
+            StoreError::Database(format!("the demotion the database returned: {e}"))
+        })?;
+        if !force && demotion.window_holds() {
+            return Ok(Err(PromoteRefused::WindowHolds(Box::new(demotion))));
+        }
+        let lifted: bool = self
+            .with("promoting a runbook", |c| {
+                let text = text.clone();
+                async move {
+                    c.query_one(
+                        "SELECT runwarden_lift($1, $2::text::jsonb)",
+                        &[&runbook, &text],
+                    )
+                    .await
+                    .map(|r| r.get(0))
+                }
+            })
+            .await?;
         self.demoted.set(self.demotions().await.unwrap_or_default());
-        Ok(match (result.as_str(), demotion) {
-            ("promoted", Some(d)) => Ok(d),
-            ("window", Some(d)) => Err(PromoteRefused::WindowHolds(Box::new(d))),
-            _ => Err(PromoteRefused::NotDemoted(runbook.to_string())),
+        Ok(match lifted {
+            true => Ok(demotion),
+            false => Err(PromoteRefused::NotDemoted(runbook.to_string())),
         })
     }
 }
@@ -246,4 +296,118 @@ pub(crate) struct Engaged {
     pub(crate) until: Option<jiff::Timestamp>,
     /// The database's clock when it was engaged.
     pub(crate) clock: jiff::Timestamp,
+}
+
+/// Demotion against a PostgreSQL cluster of its own (the root tier:
+/// `--features estate`, as root), beside the previous version's
+/// `runwarden_record_failure` and `runwarden_promote`, which decide in SQL:
+/// failures of both count toward one demotion during a rolling upgrade.
+#[cfg(all(test, feature = "estate"))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::DemoteAfter;
+    use crate::gate::demotion::{Failure, PromoteRefused};
+    use crate::test_pg as pg;
+
+    const RULE: DemoteAfter = DemoteAfter {
+        failures: 2,
+        per: Duration::from_secs(3600),
+    };
+
+    fn failure(run: &str) -> Failure {
+        Failure {
+            run_id: run.into(),
+            runbook: "rb".into(),
+            host: format!("host-of-{run}"),
+            at: jiff::Timestamp::now().to_string(),
+            verdict: "failed".into(),
+            detail: "not active after the restart".into(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// The previous version records `run` failed: the demotion it
+    /// reached, as text, or empty.
+    fn old_failure(pg: &pg::Pg, run: &str) -> String {
+        let evidence = serde_json::to_string(&failure(run)).unwrap();
+        pg.sql(&format!(
+            "SELECT runwarden_record_failure('{run}', 'rb', '{evidence}'::jsonb, 2, 3600000, 'old', 2678400000)"
+        ))
+    }
+
+    #[tokio::test]
+    async fn failures_of_both_versions_demote_once_and_a_promotion_waits_for_the_window() {
+        let pg = pg::Pg::start();
+        let (_dir, store) = crate::store::migrated(&pg, "new").await;
+        assert_eq!(old_failure(&pg, "r1"), "");
+        let demotion = store
+            .record_failure(&failure("r2"), RULE)
+            .await
+            .unwrap()
+            .expect("the second failure within the hour demotes");
+        let evidence: Vec<&str> = demotion
+            .evidence
+            .iter()
+            .map(|f| f.run_id.as_str())
+            .collect();
+        assert_eq!(
+            evidence,
+            ["r1", "r2"],
+            "oldest first, the old version's too"
+        );
+        assert_eq!(demotion.by, "new");
+        // Demoted already: neither version demotes again.
+        assert_eq!(old_failure(&pg, "r3"), "");
+        assert_eq!(
+            store.record_failure(&failure("r4"), RULE).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            store.demotions().await.unwrap(),
+            std::slice::from_ref(&demotion)
+        );
+        // The evidence is in its window: both versions refuse, unless forced.
+        let held = store.promote("rb", false).await.unwrap().unwrap_err();
+        assert!(matches!(held, PromoteRefused::WindowHolds(_)), "{held}");
+        assert_eq!(
+            pg.sql("SELECT result FROM runwarden_promote('rb', false)"),
+            "window"
+        );
+        assert_eq!(store.promote("rb", true).await.unwrap().unwrap(), demotion);
+        assert_eq!(
+            pg.sql("SELECT result FROM runwarden_promote('rb', true)"),
+            "not_demoted"
+        );
+        assert!(matches!(
+            store.promote("rb", true).await.unwrap(),
+            Err(PromoteRefused::NotDemoted(_))
+        ));
+        // Promoted: the count starts again, for both.
+        assert_eq!(
+            store.record_failure(&failure("r5"), RULE).await.unwrap(),
+            None
+        );
+        assert_ne!(old_failure(&pg, "r6"), "", "r5 and r6 demote again");
+    }
+
+    /// Replicas recording failures at once: exactly one demotes.
+    #[tokio::test]
+    async fn of_racing_failures_exactly_one_demotes() {
+        let pg = pg::Pg::start();
+        let (_dir, store) = crate::store::migrated(&pg, "new").await;
+        let (_dir2, other) = crate::store::migrated(&pg, "other").await;
+        let rule = DemoteAfter {
+            failures: 1,
+            ..RULE
+        };
+        let (a, b) = (failure("a"), failure("b"));
+        let (x, y) = tokio::join!(
+            store.record_failure(&a, rule),
+            other.record_failure(&b, rule)
+        );
+        let demoted = [x.unwrap(), y.unwrap()];
+        assert_eq!(demoted.iter().flatten().count(), 1, "{demoted:?}");
+        assert_eq!(pg.sql("SELECT count(*) FROM runwarden_demotions"), "1");
+    }
 }

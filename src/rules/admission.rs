@@ -1,5 +1,5 @@
-//! Admission's rules, written once: what a trigger comes to against what
-//! is known of its (runbook, host).
+//! Admission: what a trigger comes to against what is known of its
+//! (runbook, host).
 //!
 //! Pure functions over [`Facts`], which say how long ago things happened
 //! rather than when, so each admission reads them off its own clock: this
@@ -13,6 +13,14 @@ use std::time::Duration;
 
 use super::TriggerResult;
 use crate::config::MaxRuns;
+
+/// How long after a run ends a repeat of its own trigger (the same alert
+/// fingerprint or group, the same schedule fire) is still a duplicate,
+/// whatever the cooldown: Alertmanager in HA mode sends a notification
+/// twice now and then, and every replica fires the same schedule. Well
+/// under Alertmanager's shortest sensible `group_interval`, so a real
+/// repeat of a still-firing alert starts a run again.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(60);
 
 /// A run that holds the (runbook, host) now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +60,7 @@ pub(crate) struct Terms<'a> {
     /// The runbook's `max_runs`.
     pub(crate) cap: Option<MaxRuns>,
     /// How long after a run ends a repeat of its own trigger is still a
-    /// duplicate ([`super::DUPLICATE_WINDOW`]).
+    /// duplicate ([`DUPLICATE_WINDOW`]).
     pub(crate) window: Duration,
 }
 
