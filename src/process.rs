@@ -381,26 +381,15 @@ pub(crate) fn kill_group(pid: Option<u32>) {
     }
 }
 
+/// Run one tool call's process to its end: spawned in a process group of
+/// its own (confined when it is tier 1), its output read as it comes
+/// ([`watch`]), then reaped ([`reap`]).
 fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnError> {
     let started = std::time::Instant::now();
-    let deadline = limits.deadline.into_std();
     let spawn_error = |source| SpawnError::Spawn {
         program: argv.program.display().to_string(),
         source,
     };
-    let mut command = std::process::Command::new(&argv.program);
-    command
-        .args(argv.args.iter().map(OsString::from))
-        .env_clear()
-        .envs(STUB_ENV)
-        .current_dir(&limits.jail)
-        .stdin(match limits.stdin {
-            Some(_) => Stdio::piped(),
-            None => Stdio::null(),
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
     if let Some(input) = &limits.stdin
         && input.len() > STDIN_CAP
     {
@@ -409,7 +398,8 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             len: input.len(),
         });
     }
-    let mut child = start(command, argv, limits.confine)?.map_err(spawn_error)?;
+    let mut child =
+        start(call_command(argv, limits), argv, limits.confine)?.map_err(spawn_error)?;
     lower_priority_of(child.id());
     if let (Some(input), Some(mut pipe)) = (&limits.stdin, child.stdin.take()) {
         // Less than a pipe holds: never waits. A child that exits without
@@ -426,10 +416,66 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             return Err(spawn_error(e));
         }
     };
-    let mut pipes = [
+    let pipes = [
         child.stdout.take().map(OwnedFd::from),
         child.stderr.take().map(OwnedFd::from),
     ];
+    let watched = watch(pipes, &pidfd, group, limits);
+    let status = reap(&mut child, &pidfd, group, &watched, limits.kill_grace);
+    let mut out = ProcessOutput {
+        pid: child.id(),
+        timed_out: watched.timed_out,
+        ..Default::default()
+    };
+    if let Some(status) = status {
+        use std::os::unix::process::ExitStatusExt;
+        out.exit_code = status.code();
+        out.signal = status.signal();
+    }
+    let [o, e] = watched.kept;
+    (out.stdout, out.stdout_truncated) = o.into_parts();
+    (out.stderr, out.stderr_truncated) = e.into_parts();
+    out.stdout_truncated |= watched.stdout_open && watched.timed_out;
+    out.duration = started.elapsed();
+    Ok(out)
+}
+
+/// A tool call's command: its argv, the stub environment, in the jail, in
+/// a process group of its own, stdin piped only when there is input.
+fn call_command(argv: &Argv, limits: &Limits) -> std::process::Command {
+    let mut command = std::process::Command::new(&argv.program);
+    command
+        .args(argv.args.iter().map(OsString::from))
+        .env_clear()
+        .envs(STUB_ENV)
+        .current_dir(&limits.jail)
+        .stdin(match limits.stdin {
+            Some(_) => Stdio::piped(),
+            None => Stdio::null(),
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    command
+}
+
+/// What [`watch`] saw of a process.
+struct Watched {
+    /// Its stdout and stderr, each capped.
+    kept: [Capped; 2],
+    /// Its stdout was still open when the watch ended.
+    stdout_open: bool,
+    /// It was still running at the call's deadline.
+    timed_out: bool,
+    /// Its group leader's exit was seen.
+    exited: bool,
+}
+
+/// Read a process's output until it exits and its pipes close, or its
+/// deadline passes. On the leader's exit its whole group is killed; a pipe
+/// still open well after that is held by an escapee, which is swept.
+fn watch(mut pipes: [Option<OwnedFd>; 2], pidfd: &OwnedFd, group: Pid, limits: &Limits) -> Watched {
+    let deadline = limits.deadline.into_std();
     let mut kept = [
         Capped::new(limits.output_cap),
         Capped::new(limits.output_cap),
@@ -499,37 +545,34 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             escapees::sweep();
         }
     }
-
     CHUNK.set(chunk);
-    let status = if timed_out {
-        signal_group(Some(group), Signal::SIGTERM);
-        if !wait_readable(&pidfd, limits.kill_grace) {
-            signal_group(Some(group), Signal::SIGKILL);
-        }
-        child.wait().ok()
-    } else {
-        if exited_at.is_none() {
-            // The loop ended without seeing the exit (poll failed).
-            signal_group(Some(group), Signal::SIGKILL);
-        }
-        child.wait().ok()
-    };
-    let mut out = ProcessOutput {
-        pid: child.id(),
+    Watched {
+        kept,
+        stdout_open: pipes[0].is_some(),
         timed_out,
-        ..Default::default()
-    };
-    if let Some(status) = status {
-        use std::os::unix::process::ExitStatusExt;
-        out.exit_code = status.code();
-        out.signal = status.signal();
+        exited: exited_at.is_some(),
     }
-    let [o, e] = kept;
-    (out.stdout, out.stdout_truncated) = o.into_parts();
-    (out.stderr, out.stderr_truncated) = e.into_parts();
-    out.stdout_truncated |= pipes[0].is_some() && timed_out;
-    out.duration = started.elapsed();
-    Ok(out)
+}
+
+/// Reap the process: one that timed out is asked to stop (SIGTERM to its
+/// group), then killed after `kill_grace`; one whose exit the watch did
+/// not see (its poll failed) is killed at once.
+fn reap(
+    child: &mut std::process::Child,
+    pidfd: &OwnedFd,
+    group: Pid,
+    watched: &Watched,
+    kill_grace: Duration,
+) -> Option<std::process::ExitStatus> {
+    if watched.timed_out {
+        signal_group(Some(group), Signal::SIGTERM);
+        if !wait_readable(pidfd, kill_grace) {
+            signal_group(Some(group), Signal::SIGKILL);
+        }
+    } else if !watched.exited {
+        signal_group(Some(group), Signal::SIGKILL);
+    }
+    child.wait().ok()
 }
 
 /// How long a pipe may stay open after its group died before whatever holds

@@ -219,144 +219,139 @@ mod tests {
     use crate::signing::PermitKey;
     use serde_json::json;
 
-    /// Each way a call can fail the host's check is recorded as its own
-    /// kind, and a permit is spent once, whatever its run id looks like.
-    #[test]
-    fn each_refusal_names_its_kind() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = PermitKey::load_or_create(&dir.path().join("permit.key")).unwrap();
-        let file = dir.path().join("web.yaml");
-        std::fs::write(
-            &file,
-            format!(
-                "name: web\nconnection: local\nunits: [nginx.service]\npermit_public_key: {}\n",
-                key.public_hex()
-            ),
-        )
-        .unwrap();
-        let policy = super::super::load_policy(&file).unwrap();
-        let spent = Spent::at(&dir.path().join("permits"));
-        let args = json!({ "unit": "nginx.service", "reason": "stuck" });
-        let sign = |run_id: &str| {
+    /// A host file allowing `nginx.service`, its policy, a permit key the
+    /// policy trusts, and a record of spent permits, all under `dir`.
+    struct Host {
+        dir: tempfile::TempDir,
+        key: PermitKey,
+        policy: Policy,
+        spent: Spent,
+        args: serde_json::Value,
+    }
+
+    impl Host {
+        fn new() -> Host {
+            let dir = tempfile::tempdir().unwrap();
+            let key = PermitKey::load_or_create(&dir.path().join("permit.key")).unwrap();
+            let file = dir.path().join("web.yaml");
+            std::fs::write(
+                &file,
+                format!(
+                    "name: web\nconnection: local\nunits: [nginx.service]\npermit_public_key: {}\n",
+                    key.public_hex()
+                ),
+            )
+            .unwrap();
+            let policy = super::super::load_policy(&file).unwrap();
+            let spent = Spent::at(&dir.path().join("permits"));
+            let args = json!({ "unit": "nginx.service", "reason": "stuck" });
+            Host {
+                dir,
+                key,
+                policy,
+                spent,
+                args,
+            }
+        }
+
+        /// A permit for step 2 of `run_id`, restarting nginx, signed by `key`.
+        fn signed_by(&self, key: &PermitKey, run_id: &str) -> SignedPermit {
             key.sign(
                 &CallId {
                     run_id,
                     step: 2,
                     host: "web",
                     tool: "restart_service",
-                    args: &args,
+                    args: &self.args,
                 },
                 "standing:rb",
             )
-        };
-        let signed = sign("r1");
-        let call = |run_id, tool, args, signed| HostCall {
-            run_id,
-            step: 2,
-            tool,
-            args,
-            signed,
-            declaration: None,
-        };
-        let kind = |r: Result<HostPermit, Refusal>| r.map(|_| ()).map_err(|e| e.kind());
+        }
 
+        /// The kind of the host's answer to step 2 of `run_id`.
+        fn kind(
+            &self,
+            run_id: &str,
+            tool: &str,
+            args: &serde_json::Value,
+            signed: Option<&SignedPermit>,
+            spent: &Spent,
+        ) -> Result<(), &'static str> {
+            let call = HostCall {
+                run_id,
+                step: 2,
+                tool,
+                args,
+                signed,
+                declaration: None,
+            };
+            check(&self.policy, &call, spent)
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        }
+    }
+
+    /// Each way a call can fail the host's check is recorded as its own
+    /// kind; refusals before the signature holds spend nothing.
+    #[test]
+    fn each_refusal_names_its_kind() {
+        let h = Host::new();
+        let signed = h.signed_by(&h.key, "r1");
+        let restart = |args, signed| h.kind("r1", "restart_service", args, signed, &h.spent);
         assert_eq!(
-            kind(check(
-                &policy,
-                &call("r1", "rm_rf", &args, Some(&signed)),
-                &spent
-            )),
+            h.kind("r1", "rm_rf", &h.args, Some(&signed), &h.spent),
             Err("host_policy")
         );
         let other = json!({ "unit": "sshd.service", "reason": "stuck" });
-        assert_eq!(
-            kind(check(
-                &policy,
-                &call("r1", "restart_service", &other, Some(&signed)),
-                &spent
-            )),
-            Err("host_policy")
-        );
-        assert_eq!(
-            kind(check(
-                &policy,
-                &call("r1", "restart_service", &args, None),
-                &spent
-            )),
-            Err("permit_invalid")
-        );
-        let stranger = PermitKey::load_or_create(&dir.path().join("other.key")).unwrap();
-        let theirs = stranger.sign(
-            &CallId {
-                run_id: "r1",
-                step: 2,
-                host: "web",
-                tool: "restart_service",
-                args: &args,
-            },
-            "standing:rb",
-        );
-        assert_eq!(
-            kind(check(
-                &policy,
-                &call("r1", "restart_service", &args, Some(&theirs)),
-                &spent
-            )),
-            Err("permit_invalid")
-        );
-        // Refusals before the signature holds spend nothing: the real permit runs once.
-        assert_eq!(
-            kind(check(
-                &policy,
-                &call("r1", "restart_service", &args, Some(&signed)),
-                &spent
-            )),
-            Ok(())
-        );
-        let again = check(
-            &policy,
-            &call("r1", "restart_service", &args, Some(&signed)),
-            &spent,
-        )
-        .map(|_| ())
-        .unwrap_err();
+        assert_eq!(restart(&other, Some(&signed)), Err("host_policy"));
+        assert_eq!(restart(&h.args, None), Err("permit_invalid"));
+        let stranger = PermitKey::load_or_create(&h.dir.path().join("other.key")).unwrap();
+        let theirs = h.signed_by(&stranger, "r1");
+        assert_eq!(restart(&h.args, Some(&theirs)), Err("permit_invalid"));
+        // The real permit runs, once.
+        assert_eq!(restart(&h.args, Some(&signed)), Ok(()));
+        let call = HostCall {
+            run_id: "r1",
+            step: 2,
+            tool: "restart_service",
+            args: &h.args,
+            signed: Some(&signed),
+            declaration: None,
+        };
+        let again = check(&h.policy, &call, &h.spent).map(|_| ()).unwrap_err();
         assert_eq!(again.kind(), "permit_replayed");
         assert_eq!(
             again.to_string(),
             "the permit for run r1 step 2 was already used"
         );
-        // Run ids that differ only past their 64th character, or that hold
-        // quotes, are two permits, each spent once.
+    }
+
+    /// Run ids that differ only past their 64th character, or that hold
+    /// quotes, are two permits, each spent once.
+    #[test]
+    fn a_permit_is_spent_once_whatever_its_run_id_looks_like() {
+        let h = Host::new();
         let long = format!("{}a", "x".repeat(80));
         let long_too = format!("{}b", "x".repeat(80));
         for run_id in [long.as_str(), long_too.as_str(), "r\"2"] {
-            let p = sign(run_id);
-            let c = HostCall {
-                run_id,
-                step: 2,
-                tool: "restart_service",
-                args: &args,
-                signed: Some(&p),
-                declaration: None,
-            };
-            assert_eq!(kind(check(&policy, &c, &spent)), Ok(()), "{run_id}");
-            assert_eq!(
-                kind(check(&policy, &c, &spent)),
-                Err("permit_replayed"),
-                "{run_id}"
-            );
+            let p = h.signed_by(&h.key, run_id);
+            let restart = || h.kind(run_id, "restart_service", &h.args, Some(&p), &h.spent);
+            assert_eq!(restart(), Ok(()), "{run_id}");
+            assert_eq!(restart(), Err("permit_replayed"), "{run_id}");
         }
-        // A record that cannot be written refuses the permit (fail closed).
-        let blocked = dir.path().join("blocked");
+    }
+
+    /// A record of spent permits that cannot be written refuses the permit
+    /// (fail closed).
+    #[test]
+    fn a_permit_that_cannot_be_recorded_as_spent_is_refused() {
+        let h = Host::new();
+        let blocked = h.dir.path().join("blocked");
         std::fs::write(&blocked, "").unwrap();
         let unwritable = Spent::at(&blocked.join("permits"));
-        let fresh = sign("r3");
+        let fresh = h.signed_by(&h.key, "r3");
         assert_eq!(
-            kind(check(
-                &policy,
-                &call("r3", "restart_service", &args, Some(&fresh)),
-                &unwritable
-            )),
+            h.kind("r3", "restart_service", &h.args, Some(&fresh), &unwritable),
             Err("audit_unreadable")
         );
     }

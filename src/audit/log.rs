@@ -275,51 +275,15 @@ impl AuditLog {
     /// Close the current file as a segment and start it again with a
     /// `segment` line (see [`super::segments`]). The caller holds
     /// the current file's `flock`; on return it holds the new file's.
+    /// In order: what retention removes ([`Self::retiring`]), the new
+    /// file's first line, the swap ([`Self::swap_in`]), then the retired
+    /// segments' removal.
     fn rotate(&self, head: &mut Tail) -> std::io::Result<()> {
         let first = first_number(&head.file)?.unwrap_or(1);
         let closed = segment_path(&self.path, first);
         let carried = super::runs::recovery(&self.path)?;
         let now = jiff::Timestamp::now();
-        let retired: Vec<Value> = match (self.rotation.keep, self.rotation.max_total) {
-            (None, None) => Vec::new(),
-            (keep, max_total) => {
-                // Oldest first, each decided on the segment's own last
-                // line (a file's mtime is anyone's to set: `touch -d 2020`
-                // is no retention; a segment whose last line names no time
-                // is kept), then by size: the oldest go while the history
-                // (the segments, the file closing now and the next one's
-                // first line) holds more than `max_total`.
-                let cutoff =
-                    keep.map(|k| now - jiff::SignedDuration::try_from(k).unwrap_or_default());
-                let closed = segments::closed(&self.path)?;
-                let mut total: u64 = head.file.metadata()?.len();
-                for s in &closed {
-                    total += std::fs::metadata(&s.path)?.len();
-                }
-                let mut out = Vec::new();
-                for s in closed {
-                    let f = File::open(&s.path)?;
-                    let Some(last) = last_time(&f)? else { break };
-                    let too_old = cutoff.is_some_and(|c| last < c);
-                    let too_much = max_total.is_some_and(|m| total > m);
-                    if !too_old && !too_much {
-                        break;
-                    }
-                    total = total.saturating_sub(f.metadata()?.len());
-                    let (hash, _) = last_hash(&f)?.unwrap_or_default();
-                    out.push(serde_json::json!({
-                        "segment": file_name(&s.path),
-                        "first": s.first,
-                        "last": last_number(&f)?,
-                        "head": hash,
-                        "from": first_stamp(&f)?.map(|t| t.to_string()),
-                        "to": last.to_string(),
-                        "why": if too_old { "keep" } else { "max_total" },
-                    }));
-                }
-                out
-            }
-        };
+        let retired = self.retiring(head, now)?;
         let mut line = Entry {
             ts: now.to_string(),
             run_id: "-".into(),
@@ -348,10 +312,81 @@ impl AuditLog {
         let mut bytes = encode(line)?;
         let hash = hex(&Sha256::digest(&bytes));
         bytes.push(b'\n');
+        let out = self.swap_in(head, &closed, &bytes)?;
+        for r in &retired {
+            if let Some(name) = r["segment"].as_str() {
+                let _ = std::fs::remove_file(self.path.with_file_name(name));
+            }
+        }
+        tracing::info!(
+            "audit log {}: lines {first}-{} closed as {}{}",
+            self.path.display(),
+            head.lines,
+            closed.display(),
+            match retired.len() {
+                0 => String::new(),
+                n => format!("; {n} segment(s) older than the retention removed"),
+            }
+        );
+        let _ = head.file.unlock();
+        head.id = file_id(&out)?;
+        head.file = out;
+        head.hash = hash;
+        head.lines += 1;
+        head.len = bytes.len() as u64;
+        head.synced = head.len;
+        head.since = Some(now);
+        Ok(())
+    }
 
-        // The new file is whole before it takes the log's name, so the
-        // name always points at a chain: its content first, then a second
-        // name for the closed one, then the swap.
+    /// The closed segments retention removes at this rotation, as the
+    /// `segment` line records them. Oldest first, each decided on the
+    /// segment's own last line (a file's mtime is anyone's to set: `touch
+    /// -d 2020` is no retention; a segment whose last line names no time
+    /// is kept), then by size: the oldest go while the history (the
+    /// segments, the file closing now and the next one's first line) holds
+    /// more than `max_total`.
+    fn retiring(&self, head: &Tail, now: jiff::Timestamp) -> std::io::Result<Vec<Value>> {
+        let (keep, max_total) = (self.rotation.keep, self.rotation.max_total);
+        if keep.is_none() && max_total.is_none() {
+            return Ok(Vec::new());
+        }
+        let cutoff = keep.map(|k| now - jiff::SignedDuration::try_from(k).unwrap_or_default());
+        let closed = segments::closed(&self.path)?;
+        let mut total: u64 = head.file.metadata()?.len();
+        for s in &closed {
+            total += std::fs::metadata(&s.path)?.len();
+        }
+        let mut out = Vec::new();
+        for s in closed {
+            let f = File::open(&s.path)?;
+            let Some(last) = last_time(&f)? else { break };
+            let too_old = cutoff.is_some_and(|c| last < c);
+            let too_much = max_total.is_some_and(|m| total > m);
+            if !too_old && !too_much {
+                break;
+            }
+            total = total.saturating_sub(f.metadata()?.len());
+            let (hash, _) = last_hash(&f)?.unwrap_or_default();
+            out.push(serde_json::json!({
+                "segment": file_name(&s.path),
+                "first": s.first,
+                "last": last_number(&f)?,
+                "head": hash,
+                "from": first_stamp(&f)?.map(|t| t.to_string()),
+                "to": last.to_string(),
+                "why": if too_old { "keep" } else { "max_total" },
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Give the log's name to a new file whose first line is `first_line`,
+    /// and the closing file the name `closed`: the new file, locked. The
+    /// new file is whole before it takes the log's name, so the name always
+    /// points at a chain: its content first, then a second name for the
+    /// closed one, then the swap, then the directory synced.
+    fn swap_in(&self, head: &Tail, closed: &Path, first_line: &[u8]) -> std::io::Result<File> {
         let next = {
             let mut p = self.path.as_os_str().to_owned();
             p.push(".next");
@@ -380,14 +415,14 @@ impl AuditLog {
             std::os::unix::fs::fchown(&out, Some(meta.uid()), Some(meta.gid()))?;
         }
         out.set_permissions(meta.permissions())?;
-        out.write_all(&bytes)?;
+        out.write_all(first_line)?;
         out.sync_data()?;
-        match std::fs::hard_link(&self.path, &closed) {
+        match std::fs::hard_link(&self.path, closed) {
             Ok(()) => {}
             // A rotation cut short after this step: the name is already there.
             Err(e)
                 if e.kind() == std::io::ErrorKind::AlreadyExists
-                    && path_id(&closed)? == Some(head.id) => {}
+                    && path_id(closed)? == Some(head.id) => {}
             Err(e) => return Err(e),
         }
         std::fs::rename(&next, &self.path)?;
@@ -399,30 +434,7 @@ impl AuditLog {
             })?
             .sync_all()?;
         }
-        for r in &retired {
-            if let Some(name) = r["segment"].as_str() {
-                let _ = std::fs::remove_file(self.path.with_file_name(name));
-            }
-        }
-        tracing::info!(
-            "audit log {}: lines {first}-{} closed as {}{}",
-            self.path.display(),
-            head.lines,
-            closed.display(),
-            match retired.len() {
-                0 => String::new(),
-                n => format!("; {n} segment(s) older than the retention removed"),
-            }
-        );
-        let _ = head.file.unlock();
-        head.id = file_id(&out)?;
-        head.file = out;
-        head.hash = hash;
-        head.lines += 1;
-        head.len = bytes.len() as u64;
-        head.synced = head.len;
-        head.since = Some(now);
-        Ok(())
+        Ok(out)
     }
 
     /// The last line this process knows of: its hash and its line number.
