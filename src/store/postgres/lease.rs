@@ -1,6 +1,8 @@
 //! A run's lease: fenced before each call, renewed while it runs, handed
-//! back or finished at its end, reaped when its replica is gone; the
-//! fleet's budget and `max_runs` counted from the runs it records.
+//! back or finished at its end, reaped when its replica is gone. The fence
+//! reports what the rules decide a call on (the fleet's kill switches, the
+//! calls in each fleet budget's window) and reserves a tier-2 call; it
+//! decides nothing.
 
 use std::time::Duration;
 
@@ -31,8 +33,8 @@ impl Postgres {
                 async move {
                     // Typed: one round trip, no separate prepare.
                     c.query_typed(
-                        "SELECT lost, switch_scopes, switch_left_ms, switch_details, used, reserved
-                     FROM runwarden_prove($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                        "SELECT lost, switch_scopes, switch_left_ms, switch_details, used, reserved \
+                         FROM runwarden_prove($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                         &[
                             (&lease.runbook, Type::TEXT),
                             (&lease.host, Type::TEXT),
