@@ -12,7 +12,7 @@ use std::path::Path;
 
 use super::{Exit, Failed};
 use crate::audit::AuditLog;
-use crate::gate::demotion::{Demotion, PromoteRefused, promote_local};
+use crate::gate::demotion::{Demotion, PromoteRefused};
 
 pub(super) async fn promote(runbook: &str, reason: &str, force: bool, dir: &Path) -> Exit {
     let config = super::check::load(dir)?;
@@ -32,36 +32,11 @@ pub(super) async fn promote(runbook: &str, reason: &str, force: bool, dir: &Path
     let audit = AuditLog::open_with(&settings.audit_log, settings.audit_rotation.clone())
         .map_err(|e| Failed::code(1, format!("{e}; nothing was promoted")))?;
     let store = crate::store::Postgres::from_settings(settings).map_err(Failed::usage)?;
-    let local = {
-        let (demotions, runbook) = (crate::audit::demotions(settings), runbook.to_string());
-        // With the fleet's record lifted, this machine's own file goes too.
-        let force = force || store.is_some();
-        move || promote_local(&demotions, &runbook, force)
-    };
-    let outcome: Result<Demotion, PromoteRefused> = match &store {
-        Some(store) => {
-            let fleet = store
-                .promote(runbook, force)
-                .await
-                .map_err(|e| Failed::code(1, format!("{e}; nothing was promoted")))?;
-            match fleet {
-                // Lifted for the fleet, or only this machine's file demotes.
-                Ok(_) | Err(PromoteRefused::NotDemoted(_)) => {
-                    let here = tokio::task::spawn_blocking(local)
-                        .await
-                        .map_err(|e| Failed::code(1, e))?;
-                    match (fleet, here) {
-                        (Ok(d), _) | (_, Ok(d)) => Ok(d),
-                        (Err(e), Err(_)) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            }
-        }
-        None => tokio::task::spawn_blocking(local)
-            .await
-            .map_err(|e| Failed::code(1, e))?,
-    };
+    let everywhere = store.is_some();
+    let outcome = crate::state::chosen(store)
+        .promote(settings, runbook, force)
+        .await
+        .map_err(|e| Failed::code(1, format!("{e}; nothing was promoted")))?;
     let demotion = match outcome {
         Ok(d) => d,
         Err(e @ PromoteRefused::State { .. }) => return Err(Failed::code(1, e)),
@@ -86,11 +61,7 @@ pub(super) async fn promote(runbook: &str, reason: &str, force: bool, dir: &Path
         .collect();
     println!(
         "promoted {runbook}: its standing approval (L3) is back{}, by {by}: {reason}",
-        if store.is_some() {
-            " on every replica"
-        } else {
-            ""
-        }
+        if everywhere { " on every replica" } else { "" }
     );
     println!(
         "it had been demoted since {} by {} (failed runs: {}); its failures count from zero again",

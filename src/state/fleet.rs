@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::{
     Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
-    Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
+    Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings, SharedState,
 };
 use crate::rules::admission::{self as rules, DUPLICATE_WINDOW, Holder};
 use crate::rules::{TriggerResult, kill_switch};
@@ -144,6 +144,30 @@ impl SharedState for Fleet {
         rule: DemoteAfter,
     ) -> Pending<'a, Option<Demotion>> {
         Box::pin(async move { self.store.record_failure(&failure, rule).await })
+    }
+
+    /// The fleet's demotion lifted, or only this machine's record demotes:
+    /// then this machine's goes too (forced: the fleet's word is the one
+    /// that weighed the evidence).
+    fn promote<'a>(
+        &'a self,
+        settings: &'a Settings,
+        runbook: &'a str,
+        force: bool,
+    ) -> Pending<'a, Result<Demotion, PromoteRefused>> {
+        Box::pin(async move {
+            let fleet = self.store.promote(runbook, force).await?;
+            if let Err(e) = &fleet
+                && !matches!(e, PromoteRefused::NotDemoted(_))
+            {
+                return Ok(fleet);
+            }
+            let here = super::local::promote_here(settings, runbook, true).await?;
+            Ok(match (fleet, here) {
+                (Ok(d), _) | (_, Ok(d)) => Ok(d),
+                (Err(e), Err(_)) => Err(e),
+            })
+        })
     }
 
     fn share_approval<'a>(&'a self, request: &'a Request) -> Pending<'a, ()> {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{
     Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
-    Demotions, Failure, KillSwitch, Pending, Request, Settings, SharedState,
+    Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings, SharedState,
 };
 use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
@@ -309,6 +309,15 @@ impl SharedState for Local {
         Box::pin(async move { reached })
     }
 
+    fn promote<'a>(
+        &'a self,
+        settings: &'a Settings,
+        runbook: &'a str,
+        force: bool,
+    ) -> Pending<'a, Result<Demotion, PromoteRefused>> {
+        Box::pin(promote_here(settings, runbook, force))
+    }
+
     /// Only this daemon lists its requests.
     fn share_approval<'a>(&'a self, _: &'a Request) -> Pending<'a, ()> {
         Box::pin(async { Ok(()) })
@@ -399,6 +408,21 @@ impl SharedState for Local {
     fn demotions(&self, settings: &Settings) -> Demotions {
         crate::audit::demotions(settings)
     }
+}
+
+/// Promote `runbook` in this machine's own record (files under a lock:
+/// off the async threads).
+pub(super) async fn promote_here(
+    settings: &Settings,
+    runbook: &str,
+    force: bool,
+) -> Result<Result<Demotion, PromoteRefused>, StoreError> {
+    let (demotions, runbook) = (crate::audit::demotions(settings), runbook.to_string());
+    tokio::task::spawn_blocking(move || {
+        crate::gate::demotion::promote_local(&demotions, &runbook, force)
+    })
+    .await
+    .map_err(|e| StoreError::Local(format!("promoting on this machine: {e}")))
 }
 
 #[cfg(test)]

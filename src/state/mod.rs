@@ -10,17 +10,20 @@
 //! rest and records every outcome, so counting and recording happen once,
 //! in the scheduler. The same trait holds what else replicas must agree
 //! on: a person's run's claim of its host, a failed run counted toward its
-//! runbook's demotion, approval requests any replica may decide, and the
-//! kill switch and demotions a run's gate sees.
+//! runbook's demotion and a person's promotion of it, approval requests
+//! any replica may decide, and the kill switch and demotions a run's gate
+//! sees.
 //!
-//! The admission rule itself is written once, in [`crate::rules`], as pure
-//! functions over what is known of a (runbook, host). Two implementations
+//! The rules themselves are written once, in [`crate::rules`], as pure
+//! functions over what is known (of a (runbook, host), a runbook's
+//! failures, a call's budgets). Two implementations
 //! gather that and keep what the rules decide: [`Local`] in this process
 //! (restored from the audit log at start, its files under the state
 //! directory), [`Fleet`] in the shared PostgreSQL state, under the rows'
 //! locks. One table of cases (`tests/fixtures/admission-cases.json`) holds
-//! both to the same outcomes. Which one a daemon uses is chosen once, at
-//! start-up (`state.postgres` in the settings); nothing else asks.
+//! both to the same outcomes. Which one a daemon (or `runwarden run`, or
+//! `runwarden promote`) uses is chosen once, at its start (`state.postgres`
+//! in the settings); nothing else asks.
 
 mod fleet;
 mod local;
@@ -36,7 +39,7 @@ use std::path::Path;
 
 use crate::config::{DemoteAfter, Settings};
 use crate::gate::approvals::{Approvals, DecisionError, Request, State as ApprovalState};
-use crate::gate::demotion::{Demotion, Failure};
+use crate::gate::demotion::{Demotion, Failure, PromoteRefused};
 use crate::gate::{Demotions, KillSwitch};
 use crate::store::{Lease, StoreError};
 use crate::trigger::RunRequest;
@@ -154,6 +157,18 @@ pub(crate) trait SharedState: Send + Sync {
         failure: Failure,
         rule: DemoteAfter,
     ) -> Pending<'a, Option<Demotion>>;
+
+    /// A person gives `runbook` its standing approval back (`runwarden
+    /// promote`), refused while the evidence is in its window unless
+    /// `force` ([`crate::rules::demotion::window_holds`]): with shared state
+    /// the fleet's demotion is lifted for every replica and this machine's
+    /// own record goes with it; on one machine, this machine's.
+    fn promote<'a>(
+        &'a self,
+        settings: &'a Settings,
+        runbook: &'a str,
+        force: bool,
+    ) -> Pending<'a, Result<Demotion, PromoteRefused>>;
 
     /// An approval request this daemon's run waits on: with shared state,
     /// shared so any replica lists and decides it.
