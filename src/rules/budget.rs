@@ -24,13 +24,19 @@ pub(crate) struct Window<'a> {
 }
 
 /// A window is full: nothing more changes until older calls leave it.
+///
+/// The message says what the budget allows and that it is taken, not how
+/// many calls the window counted: in a fleet that count may include calls
+/// other runs are being refused at the same moment (each is reserved, then
+/// given back), and a refusal must never claim more calls than ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("fleet budget spent: {used} of {} tier-2 calls in the last {} (fleet_budget in {} allows {allows}); nothing more changes until older calls leave the window",
+#[error("fleet budget spent: {} {allows} tier-2 calls in {} are taken (fleet_budget in {}); nothing more changes until older calls leave the window",
     match .runbook { None => "every runbook's".to_string(), Some(r) => format!("runbook \"{r}\"'s") },
     humantime::format_duration(*.per),
     if .runbook.is_none() { "runwarden.yaml" } else { "the runbook" })]
 pub(crate) struct Spent {
-    /// Calls in the window.
+    /// Calls the window counted (at least `allows`; in a fleet, perhaps
+    /// with others being refused).
     pub(crate) used: usize,
     /// Whose budget: `None` every runbook's.
     pub(crate) runbook: Option<String>,
@@ -94,14 +100,38 @@ mod tests {
         );
         let all = spend(&[window(None, 3, 3), window(Some("a"), 2, 2)]).unwrap_err();
         assert_eq!(all.runbook, None);
-        assert!(all.to_string().contains("3 of every runbook's"), "{all}");
-        assert!(all.to_string().contains("runwarden.yaml allows 3"), "{all}");
+        assert!(
+            all.to_string().contains(
+                "every runbook's 3 tier-2 calls in 1h are taken (fleet_budget in runwarden.yaml)"
+            ),
+            "{all}"
+        );
         let own = spend(&[window(None, 3, 2), window(Some("a"), 2, 2)]).unwrap_err();
         assert_eq!(own.runbook.as_deref(), Some("a"));
-        assert!(own.to_string().contains("runbook \"a\"'s"), "{own}");
-        assert!(own.to_string().contains("the runbook allows 2"), "{own}");
+        assert!(
+            own.to_string().contains(
+                "runbook \"a\"'s 2 tier-2 calls in 1h are taken (fleet_budget in the runbook)"
+            ),
+            "{own}"
+        );
         // No budget: nothing to refuse.
         assert_eq!(spend(&[]), Ok(()));
+    }
+
+    /// A fleet's window may count calls other runs are being refused at
+    /// that moment (reserved, then given back): the refusal says what the
+    /// budget allows and that it is taken, never more calls than ran.
+    #[test]
+    fn a_refusal_never_claims_more_calls_than_the_budget_let_run() {
+        let crowded = spend(&[window(None, 10, 16)]).unwrap_err();
+        let said = crowded.to_string();
+        assert!(!said.contains("16"), "{said}");
+        assert!(
+            said.contains(
+                "every runbook's 10 tier-2 calls in 1h are taken (fleet_budget in runwarden.yaml)"
+            ),
+            "{said}"
+        );
     }
 
     #[test]

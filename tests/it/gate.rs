@@ -515,7 +515,7 @@ fn the_fleet_budget_holds_across_concurrent_processes() {
             d["detail"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("3 of every runbook's tier-2 calls in the last 1h"),
+                .contains("every runbook's 3 tier-2 calls in 1h are taken"),
             "{d}"
         );
     }

@@ -466,7 +466,7 @@ mod tests {
         let (reason, detail) = new.fence(true, &budgets).await.unwrap_err();
         assert_eq!(reason, DenyReason::FleetBudget);
         assert!(
-            detail.contains("3 of every runbook's tier-2 calls"),
+            detail.contains("every runbook's 3 tier-2 calls in 1h are taken"),
             "{detail}"
         );
         assert_eq!(counted(&pg), "3", "the refused call was given back");
