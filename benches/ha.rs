@@ -7,7 +7,9 @@
 //!    throughput, and every alert's one outcome in `runwarden_triggers`;
 //! 3. database round trips per call: transactions committed for a run of
 //!    60 calls minus one of 10, over 50 (every statement outside a
-//!    transaction block is one round trip and one commit);
+//!    transaction block is one round trip and one commit), for tier-1
+//!    calls and for tier-2 calls under a fleet budget (each reserved in
+//!    the fence, decided in Rust);
 //! 4. fan-out: one runbook on 500 hosts whose tool takes 20 ms, 4 run
 //!    permits per replica, triggered by its schedule (firing on every
 //!    replica at once) and by one `POST /api/v1/runs` with `all_hosts` to
@@ -19,7 +21,7 @@
 //! storm over three replicas in the middle of a roll: replica `a` that
 //! release, `b` and `c` this build; its figures are the check that a
 //! mixed fleet records every alert once and starts no host twice.
-//! `RUNWARDEN_BENCH_ONLY=fanout` runs part 4 alone;
+//! `RUNWARDEN_BENCH_ONLY=fanout` runs part 4 alone, `=roundtrips` part 3;
 //! `RUNWARDEN_BENCH_ROUNDS` sets its rounds (default 3).
 //! The database is a cluster of the bench's own (tests/support/pg.rs).
 //! Figures only; nothing here asserts a time.
@@ -340,9 +342,10 @@ fn main() {
         "{}",
         String::from_utf8_lossy(&migrated.stderr)
     );
-    if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("fanout") {
-        fan_outs(&pg);
-        return;
+    match std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() {
+        Ok("fanout") => return fan_outs(&pg),
+        Ok("roundtrips") => return round_trips(&pg),
+        _ => {}
     }
 
     // 1. Alert to first call.
@@ -412,38 +415,105 @@ fn main() {
         drop(daemons);
     }
 
-    // 3. Round trips per call, from the database's own commit count.
-    let commits = |calls: usize| -> i64 {
-        let (dir, _) = estate(Some((&pg, "cli")), calls);
-        let before: i64 = pg
-            .sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'runwarden'")
-            .parse()
-            .unwrap();
-        let out = runwarden(dir.path(), &["run", "bench", "--host", "h000"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The statistics collector reports at most every 500 ms.
-        std::thread::sleep(Duration::from_millis(1200));
-        let after: i64 = pg
-            .sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'runwarden'")
-            .parse()
-            .unwrap();
-        after - before
-    };
-    pg.sql("TRUNCATE runwarden_leases, runwarden_runs");
-    let short = commits(10);
-    pg.sql("TRUNCATE runwarden_leases, runwarden_runs");
-    let long = commits(60);
-    println!(
-        "database round trips per call: {:.2} ((run of 60 calls: {long} commits) - (run of 10: {short})) / 50",
-        (long - short) as f64 / 50.0
-    );
+    round_trips(&pg);
 
     // 4. Fan-out.
     fan_outs(&pg);
+}
+
+/// Part 3, round trips per call, from the database's own commit count: a
+/// person's run of 60 calls against one of 10, tier 1 (`list_processes`)
+/// and tier 2 under a fleet budget (`rotate_logs` of a log of its own).
+fn round_trips(pg: &pg::Pg) {
+    let commits = |dir: &Path| -> (i64, String) {
+        let count = || -> i64 {
+            pg.sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'runwarden'")
+                .parse()
+                .unwrap()
+        };
+        pg.sql("TRUNCATE runwarden_leases, runwarden_runs, runwarden_fleet_calls");
+        // The statistics collector reports at most every 500 ms.
+        std::thread::sleep(Duration::from_millis(1200));
+        let before = count();
+        let out = runwarden(dir, &["run", "bench", "--host", "h000"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("verdict: ok"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(1200));
+        let counted = pg.sql("SELECT count(*) FROM runwarden_fleet_calls");
+        (count() - before, counted)
+    };
+    for (kind, make) in [
+        (
+            "tier-1 call",
+            (|pg, calls| estate(Some((pg, "cli")), calls).0)
+                as fn(&pg::Pg, usize) -> tempfile::TempDir,
+        ),
+        ("tier-2 call under a fleet budget", changing),
+    ] {
+        let (short, long) = (make(pg, 10), make(pg, 60));
+        let ((short, _), (long, counted)) = (commits(short.path()), commits(long.path()));
+        println!(
+            "database round trips per {kind}: {:.2} ((run of 60 calls: {long} commits) - (run of 10: {short})) / 50; calls the fleet budget counted in the run of 60: {counted}",
+            (long - short) as f64 / 50.0
+        );
+    }
+}
+
+/// A config directory with shared state and a fleet budget, one host
+/// `h000` with a log of its own, and runbook `bench` of `calls` tier-2
+/// calls rotating that log.
+fn changing(pg: &pg::Pg, calls: usize) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-ha-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let url = root.join("pg-url");
+    std::fs::write(&url, pg.url()).unwrap();
+    std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    write(
+        root,
+        "runwarden.yaml",
+        "audit_head: none\nreplica: cli\nfleet_budget: { max_mutations: 1000, per: 1h }\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n",
+    );
+    write(root, "kill-switch/README", "");
+    let log = root.join("out/app.log");
+    write(root, "out/app.log", "line\n");
+    let conf = root.join("out/app.conf");
+    write(
+        root,
+        "out/app.conf",
+        &format!(
+            "{} {{\n  rotate 1000\n  ifempty\n  missingok\n  create\n}}\n",
+            log.display()
+        ),
+    );
+    write(
+        root,
+        "hosts/h000.yaml",
+        &format!(
+            "name: h000\nconnection: local\npaths: [/var/tmp]\nlogrotate_configs: [{}]\nlogrotate_state: {}\n",
+            conf.display(),
+            root.join("out/logrotate.state").display()
+        ),
+    );
+    let steps = format!(
+        "  - call: rotate_logs\n    args: {{ config: \"{}\" }}\n    reason: bench\n",
+        conf.display()
+    )
+    .repeat(calls);
+    write(
+        root,
+        "runbooks/bench.yaml",
+        &format!(
+            "name: bench\ndescription: b\nhosts: [h000]\nautonomy: L3\ntools: {{ approve: [rotate_logs] }}\nbudget: {{ max_steps: 100, max_mutations: 100 }}\nsteps:\n{steps}"
+        ),
+    );
+    dir
 }
