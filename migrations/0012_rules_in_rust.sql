@@ -64,11 +64,12 @@ END $$;
 
 -- A failed run of a runbook with `demote_after`, kept (once per run), and
 -- the facts its rule decides on: whether the runbook is demoted already,
--- how long ago each of its kept failures happened, and their evidence,
--- oldest first. Replicas take turns per runbook, as runwarden_record_failure.
+-- and its kept failures, oldest first, each with how long ago it happened.
+-- Their evidence is read only for a demotion (runwarden_failures itself).
+-- Replicas take turns per runbook, as runwarden_record_failure.
 CREATE FUNCTION runwarden_failed(
     p_run_id text, p_runbook text, p_evidence jsonb, p_keep_ms bigint,
-    OUT demoted boolean, OUT ago_ms bigint[], OUT evidence jsonb)
+    OUT demoted boolean, OUT run_ids text[], OUT ago_ms bigint[])
 LANGUAGE plpgsql AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
@@ -78,9 +79,9 @@ BEGIN
     INSERT INTO runwarden_failures (run_id, runbook, failed_at, evidence)
         VALUES (p_run_id, p_runbook, now_, p_evidence) ON CONFLICT (run_id) DO NOTHING;
     demoted := EXISTS (SELECT 1 FROM runwarden_demotions WHERE runbook = p_runbook);
-    SELECT coalesce(array_agg((extract(epoch FROM now_ - failed_at) * 1000)::bigint ORDER BY failed_at), '{}'),
-           coalesce(jsonb_agg(f.evidence ORDER BY failed_at), '[]'::jsonb)
-        INTO ago_ms, evidence
+    SELECT coalesce(array_agg(f.run_id ORDER BY failed_at), '{}'),
+           coalesce(array_agg((extract(epoch FROM now_ - failed_at) * 1000)::bigint ORDER BY failed_at), '{}')
+        INTO run_ids, ago_ms
         FROM runwarden_failures f WHERE runbook = p_runbook;
 END $$;
 

@@ -174,12 +174,19 @@ impl Drop for Lease {
 }
 
 /// The fleet budgets one call counts against: runwarden.yaml's (every
-/// runbook's calls) first, then the runbook's own.
+/// runbook's calls) first, then the runbook's own. Made once per run, with
+/// what the fence sends for them, so a call builds nothing.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Budgets {
     runbook: String,
     all: Option<FleetBudget>,
     own: Option<FleetBudget>,
+    /// Per budget, whose calls it counts (`None`: every runbook's) ...
+    scopes: Vec<Option<String>>,
+    /// ... and its window in milliseconds.
+    windows: Vec<i64>,
+    /// How long a counted call is kept, in milliseconds.
+    keep: i64,
 }
 
 impl Budgets {
@@ -189,11 +196,20 @@ impl Budgets {
         runbook: &str,
         own: Option<FleetBudget>,
     ) -> Budgets {
-        Budgets {
+        let mut b = Budgets {
             runbook: runbook.to_string(),
             all,
             own,
-        }
+            ..Budgets::default()
+        };
+        let each: Vec<(Option<String>, FleetBudget)> =
+            b.each().map(|(r, w)| (r.map(str::to_string), w)).collect();
+        b.keep = postgres::millis(crate::rules::budget::kept(
+            &each.iter().map(|(_, w)| *w).collect::<Vec<_>>(),
+        ));
+        b.windows = each.iter().map(|(_, w)| postgres::millis(w.per)).collect();
+        b.scopes = each.into_iter().map(|(r, _)| r).collect();
+        b
     }
 
     /// Each budget set, with whose calls it counts (`None`: every runbook's).

@@ -22,34 +22,27 @@ impl Postgres {
         budgets: &Budgets,
     ) -> Result<Proved, StoreError> {
         let ms = millis(self.lease);
-        let (scopes, windows): (Vec<Option<&str>>, Vec<i64>) =
-            budgets.each().map(|(r, b)| (r, millis(b.per))).unzip();
-        let keep = millis(crate::rules::budget::kept(
-            &budgets.each().map(|(_, b)| b).collect::<Vec<_>>(),
-        ));
+        let (scopes, windows, keep) = (&budgets.scopes, &budgets.windows, &budgets.keep);
         let rows = self
-            .with("fencing the call", |c| {
-                let (scopes, windows) = (scopes.clone(), windows.clone());
-                async move {
-                    // Typed: one round trip, no separate prepare.
-                    c.query_typed(
-                        "SELECT lost, switch_scopes, switch_left_ms, switch_details, used, reserved \
+            .with("fencing the call", |c| async move {
+                // Typed: one round trip, no separate prepare.
+                c.query_typed(
+                    "SELECT lost, switch_scopes, switch_left_ms, switch_details, used, reserved \
                          FROM runwarden_prove($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                        &[
-                            (&lease.runbook, Type::TEXT),
-                            (&lease.host, Type::TEXT),
-                            (&lease.run_id, Type::TEXT),
-                            (&lease.token, Type::INT8),
-                            (&ms, Type::INT8),
-                            (&self.replica, Type::TEXT),
-                            (&mutating, Type::BOOL),
-                            (&scopes, Type::TEXT_ARRAY),
-                            (&windows, Type::INT8_ARRAY),
-                            (&keep, Type::INT8),
-                        ],
-                    )
-                    .await
-                }
+                    &[
+                        (&lease.runbook, Type::TEXT),
+                        (&lease.host, Type::TEXT),
+                        (&lease.run_id, Type::TEXT),
+                        (&lease.token, Type::INT8),
+                        (&ms, Type::INT8),
+                        (&self.replica, Type::TEXT),
+                        (&mutating, Type::BOOL),
+                        (scopes, Type::TEXT_ARRAY),
+                        (windows, Type::INT8_ARRAY),
+                        (keep, Type::INT8),
+                    ],
+                )
+                .await
             })
             .await?;
         let row = one(rows, "fencing the call")?;

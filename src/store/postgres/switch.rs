@@ -182,14 +182,15 @@ impl Postgres {
                 let evidence = evidence.clone();
                 async move {
                     c.query_one(
-                        "SELECT demoted, ago_ms, evidence::text FROM runwarden_failed($1, $2, $3::text::jsonb, $4)",
+                        "SELECT demoted, run_ids, ago_ms FROM runwarden_failed($1, $2, $3::text::jsonb, $4)",
                         &[&failure.run_id, &failure.runbook, &evidence, &keep],
                     )
                     .await
                 }
             })
             .await?;
-        let (demoted, ago, kept): (bool, Vec<i64>, String) = (row.get(0), row.get(1), row.get(2));
+        let (demoted, run_ids, ago): (bool, Vec<String>, Vec<i64>) =
+            (row.get(0), row.get(1), row.get(2));
         let ago: Vec<Duration> = ago
             .iter()
             .map(|ms| Duration::from_millis(u64::try_from(*ms).unwrap_or(0)))
@@ -197,20 +198,35 @@ impl Postgres {
         if !rules::demotes(demoted, &ago, rule) {
             return Ok(None);
         }
-        let kept: Vec<Failure> =
-            serde_json::from_str(&kept).map_err(|e| as_json("the failures kept", e))?;
+        // The evidence: the failures the rule counted, oldest first.
+        let counted: Vec<&String> = run_ids
+            .iter()
+            .zip(&ago)
+            .filter(|(_, ago)| rules::counts(**ago, rule))
+            .map(|(id, _)| id)
+            .collect();
+        let kept: String = self
+            .with("reading a demotion's evidence", |c| {
+                let counted = counted.clone();
+                async move {
+                    c.query_one(
+                        "SELECT coalesce(jsonb_agg(evidence ORDER BY failed_at), '[]')::text \
+                         FROM runwarden_failures WHERE run_id = ANY($1)",
+                        &[&counted],
+                    )
+                    .await
+                    .map(|r| r.get(0))
+                }
+            })
+            .await?;
         let demotion = Demotion {
             runbook: failure.runbook.clone(),
             since: jiff::Timestamp::now().to_string(),
             by: self.replica.clone(),
             failures: rule.failures,
             per_secs: rule.per.as_secs(),
-            evidence: kept
-                .into_iter()
-                .zip(&ago)
-                .filter(|(_, ago)| rules::counts(**ago, rule))
-                .map(|(f, _)| f)
-                .collect(),
+            evidence: serde_json::from_str(&kept)
+                .map_err(|e| as_json("the failures counted", e))?,
         };
         let text = serde_json::to_string(&demotion).map_err(|e| as_json("the demotion", e))?;
         let per = millis(rule.per);
