@@ -63,13 +63,7 @@ fn estate(pg: Option<(&pg::Pg, &str)>, calls: usize) -> (tempfile::TempDir, Path
     let (marks, hosts) = marking_hosts(root, HOSTS);
     let mut yaml = "audit_head: none\nmax_concurrent_runs: 8\n".to_string();
     if let Some((pg, replica)) = pg {
-        let url = root.join("pg-url");
-        std::fs::write(&url, pg.url()).unwrap();
-        std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .unwrap();
-        yaml += &format!(
-            "replica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
-        );
+        yaml += &shared_state(root, pg, replica);
     }
     write(root, "runwarden.yaml", &yaml);
     let steps = "  - call: list_processes\n".repeat(calls);
@@ -82,6 +76,15 @@ fn estate(pg: Option<(&pg::Pg, &str)>, calls: usize) -> (tempfile::TempDir, Path
         ),
     );
     (dir, marks)
+}
+
+/// `replica:` and `state:` of runwarden.yaml for replica `replica` of
+/// `pg`, whose URL it writes to `root/pg-url` (mode 0600).
+fn shared_state(root: &Path, pg: &pg::Pg, replica: &str) -> String {
+    let url = root.join("pg-url");
+    std::fs::write(&url, pg.url()).unwrap();
+    std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    format!("replica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n")
 }
 
 fn alert(n: usize, i: usize) -> String {
@@ -184,14 +187,12 @@ fn fan_estate(pg: &pg::Pg, replica: &str) -> tempfile::TempDir {
     for h in &hosts {
         write(root, &format!("state/locks/fan@{h}.lock"), "");
     }
-    let url = root.join("pg-url");
-    std::fs::write(&url, pg.url()).unwrap();
-    std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     write(
         root,
         "runwarden.yaml",
         &format!(
-            "audit_head: none\nmax_concurrent_runs: 4\nreplica: {replica}\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n"
+            "audit_head: none\nmax_concurrent_runs: 4\n{}",
+            shared_state(root, pg, replica)
         ),
     );
     write(root, "hosts.list", &hosts.join(", "));
@@ -474,13 +475,13 @@ fn changing(pg: &pg::Pg, calls: usize) -> tempfile::TempDir {
         .tempdir_in("/var/tmp")
         .unwrap();
     let root = dir.path();
-    let url = root.join("pg-url");
-    std::fs::write(&url, pg.url()).unwrap();
-    std::fs::set_permissions(&url, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     write(
         root,
         "runwarden.yaml",
-        "audit_head: none\nreplica: cli\nfleet_budget: { max_mutations: 1000, per: 1h }\nstate:\n  postgres:\n    url_file: pg-url\n    lease: 15s\n",
+        &format!(
+            "audit_head: none\nfleet_budget: {{ max_mutations: 1000, per: 1h }}\n{}",
+            shared_state(root, pg, "cli")
+        ),
     );
     write(root, "kill-switch/README", "");
     let log = root.join("out/app.log");
