@@ -27,6 +27,8 @@
 use std::sync::LazyLock;
 
 use regex::Regex;
+
+use crate::compiled::CompileError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -69,7 +71,9 @@ impl Evidence {
     pub(crate) fn saw(&mut self, v: &Value) {
         match v {
             Value::String(s) => {
-                for (n, unit) in figures(s) {
+                // Without its patterns a figure is not read: `mark` says why.
+                let found = patterns().map(|p| figures(p, s)).unwrap_or_default();
+                for (n, unit) in found {
                     self.numbers.push(n);
                     if let Some(b) = unit.and_then(|u| bytes(n, u)) {
                         self.sizes.extend(b);
@@ -198,36 +202,61 @@ const HEDGES: &[&str] = &[
     "to be",
 ];
 
-/// A pattern written in this file: it compiles (every test of this module
-/// compiles them all).
-#[allow(
-    clippy::expect_used,
-    reason = "constant patterns, compiled by every test of this module"
-)]
-fn re(pattern: &str) -> Regex {
-    Regex::new(pattern).expect("a constant pattern compiles")
+/// The patterns that read a model's account, compiled once, each named
+/// for the error that reports it (see [`crate::compiled`]).
+pub(crate) struct Patterns {
+    /// A number and the unit written after it.
+    figure: Regex,
+    /// A systemd unit's name.
+    unit_name: Regex,
+    /// An absolute path.
+    path: Regex,
+    /// A `backticked` word.
+    ticked: Regex,
+    /// The members of a list of processes, services or units.
+    listed: Regex,
+    /// A word.
+    word: Regex,
+    /// What a verb of acting on something acts on: "restarting httpd or
+    /// nginx", "reloaded the sshd service".
+    acted: Regex,
 }
 
-static FIGURE: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?i)(\d+(?:\.\d+)?)\s?(%|percent\b|[kmgtp]i?b\b|[kmgt]\b|bytes?\b)?"));
-static UNIT_NAME: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"\b[A-Za-z0-9][\w@.:-]*\.(?:service|socket|timer|target|mount|path|slice|scope)\b")
-});
-static PATH: LazyLock<Regex> = LazyLock::new(|| re(r#"(?:^|[\s(`'"])(/[\w.@+-]*(?:/[\w.@+-]+)*)"#));
-static TICKED: LazyLock<Regex> = LazyLock::new(|| re(r"`([^`\s]{1,100})`"));
-static LISTED: LazyLock<Regex> = LazyLock::new(|| {
-    re(
-        r"(?i)\b(?:processes|services|units|daemons)\b(?:\s+(?:are|were|include|including|like))?\s*:?\s+((?:[\w@.-]+(?:\s*,\s*|\s+and\s+|\s+or\s+)){0,9}[\w@.-]+)",
-    )
-});
-static WORD: LazyLock<Regex> = LazyLock::new(|| re(r"[\w@.'-]+"));
-/// What a verb of acting on something acts on: "restarting httpd or
-/// nginx", "reloaded the sshd service".
-static ACTED: LazyLock<Regex> = LazyLock::new(|| {
-    re(
-        r"(?i)\b(?:restart|reload|stop|start|kill|recycl|rotat|renew|drain)\w*\s+(?:the\s+)?((?:[\w@.-]+(?:\s*,\s*|\s+and\s+|\s+or\s+)){0,5}[\w@.-]+)",
-    )
-});
+impl Patterns {
+    fn compile() -> Result<Patterns, CompileError> {
+        use crate::compiled::regex;
+        Ok(Patterns {
+            figure: regex(
+                "claims::FIGURE",
+                r"(?i)(\d+(?:\.\d+)?)\s?(%|percent\b|[kmgtp]i?b\b|[kmgt]\b|bytes?\b)?",
+            )?,
+            unit_name: regex(
+                "claims::UNIT_NAME",
+                r"\b[A-Za-z0-9][\w@.:-]*\.(?:service|socket|timer|target|mount|path|slice|scope)\b",
+            )?,
+            path: regex("claims::PATH", r#"(?:^|[\s(`'"])(/[\w.@+-]*(?:/[\w.@+-]+)*)"#)?,
+            ticked: regex("claims::TICKED", r"`([^`\s]{1,100})`")?,
+            listed: regex(
+                "claims::LISTED",
+                r"(?i)\b(?:processes|services|units|daemons)\b(?:\s+(?:are|were|include|including|like))?\s*:?\s+((?:[\w@.-]+(?:\s*,\s*|\s+and\s+|\s+or\s+)){0,9}[\w@.-]+)",
+            )?,
+            word: regex("claims::WORD", r"[\w@.'-]+")?,
+            acted: regex(
+                "claims::ACTED",
+                r"(?i)\b(?:restart|reload|stop|start|kill|recycl|rotat|renew|drain)\w*\s+(?:the\s+)?((?:[\w@.-]+(?:\s*,\s*|\s+and\s+|\s+or\s+)){0,5}[\w@.-]+)",
+            )?,
+        })
+    }
+}
+
+/// This module's patterns, or the one that does not compile in this build.
+/// `check` and `serve` ask first; a run that meets a broken one gets an
+/// error for its account, never a panic.
+pub(crate) fn patterns() -> Result<&'static Patterns, CompileError> {
+    static COMPILED: LazyLock<Result<Patterns, CompileError>> = LazyLock::new(Patterns::compile);
+    COMPILED.as_ref().map_err(Clone::clone)
+}
+
 /// Words that name no thing of a host, in a list of them.
 const NOT_NAMES: &[&str] = &[
     "and",
@@ -287,8 +316,8 @@ const NOT_NAMES: &[&str] = &[
 ];
 
 /// Numbers in `s` and the unit written after each.
-fn figures(s: &str) -> Vec<(f64, Option<&str>)> {
-    FIGURE
+fn figures<'s>(p: &Patterns, s: &'s str) -> Vec<(f64, Option<&'s str>)> {
+    p.figure
         .captures_iter(s)
         .filter_map(|c| {
             let n = c.get(1)?.as_str().parse().ok()?;
@@ -314,27 +343,31 @@ fn bytes(n: f64, unit: &str) -> Option<Vec<f64>> {
 
 /// Hold `answer` (a model's final answer) to `ev`: one claim per sentence
 /// that says something checkable, its `SUGGEST:` lines included.
-pub(crate) fn mark(answer: &str, ev: &Evidence) -> Vec<Claim> {
+///
+/// Without this build's patterns nothing can be checked: the error names
+/// the one that does not compile.
+pub(crate) fn mark(answer: &str, ev: &Evidence) -> Result<Vec<Claim>, CompileError> {
+    let p = patterns()?;
     let mut out = Vec::new();
     for line in answer.lines() {
         let line = line.trim().trim_start_matches(['#', '-', '*', '>', ' ']);
         if let Some(s) = line.strip_prefix("SUGGEST:") {
             let mut lacks = Vec::new();
-            names(s, ev, &mut lacks);
+            names(p, s, ev, &mut lacks);
             out.push(claim(s.trim(), true, false, lacks, ev));
             continue;
         }
         for sentence in sentences(line) {
             let mut lacks = Vec::new();
-            let mut checked = figures_of(sentence, ev, &mut lacks);
-            checked |= names(sentence, ev, &mut lacks);
-            let change = change(sentence, ev, &mut lacks);
+            let mut checked = figures_of(p, sentence, ev, &mut lacks);
+            checked |= names(p, sentence, ev, &mut lacks);
+            let change = change(p, sentence, ev, &mut lacks);
             if checked || change {
                 out.push(claim(sentence, false, change, lacks, ev));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn claim(text: &str, suggestion: bool, change: bool, lacks: Vec<String>, ev: &Evidence) -> Claim {
@@ -370,9 +403,9 @@ fn sentences(line: &str) -> impl Iterator<Item = &str> {
 }
 
 /// Figures with a unit: `true` when there was one to check.
-fn figures_of(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
+fn figures_of(p: &Patterns, sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
     let mut any = false;
-    for c in FIGURE.captures_iter(sentence) {
+    for c in p.figure.captures_iter(sentence) {
         let (Some(n), Some(unit)) = (c.get(1), c.get(2)) else {
             continue;
         };
@@ -395,7 +428,7 @@ fn figures_of(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
 }
 
 /// Units, paths, `ticked` words and listed processes: `true` when there was one.
-fn names(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
+fn names(p: &Patterns, sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
     let mut any = false;
     let mut seen = std::collections::BTreeSet::new();
     let mut check = |name: &str, path: bool, lacks: &mut Vec<String>| {
@@ -415,26 +448,27 @@ fn names(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
             ));
         }
     };
-    for m in UNIT_NAME.find_iter(sentence) {
+    for m in p.unit_name.find_iter(sentence) {
         check(m.as_str(), false, lacks);
     }
-    for c in PATH.captures_iter(sentence) {
+    for c in p.path.captures_iter(sentence) {
         if let Some(p) = c.get(1) {
             check(p.as_str(), true, lacks);
         }
     }
-    for c in TICKED.captures_iter(sentence) {
+    for c in p.ticked.captures_iter(sentence) {
         if let Some(t) = c.get(1) {
             let t = t.as_str();
             check(t, t.starts_with('/'), lacks);
         }
     }
-    for c in LISTED
+    for c in p
+        .listed
         .captures_iter(sentence)
-        .chain(ACTED.captures_iter(sentence))
+        .chain(p.acted.captures_iter(sentence))
     {
         let Some(list) = c.get(1) else { continue };
-        for w in WORD.find_iter(list.as_str()) {
+        for w in p.word.find_iter(list.as_str()) {
             let w = w.as_str();
             let lower = w.to_ascii_lowercase();
             if !NOT_NAMES.contains(&lower.as_str()) && !w.starts_with('/') && !w.contains("%") {
@@ -446,9 +480,9 @@ fn names(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
 }
 
 /// A change claimed in `sentence` and whether a call of the record made it.
-fn change(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
+fn change(p: &Patterns, sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
     let lower = sentence.to_lowercase();
-    let words: Vec<&str> = WORD.find_iter(&lower).map(|m| m.as_str()).collect();
+    let words: Vec<&str> = p.word.find_iter(&lower).map(|m| m.as_str()).collect();
     let Some((at, verb, tool)) = words.iter().enumerate().find_map(|(i, w)| {
         let built_in = VERBS
             .iter()
@@ -475,7 +509,7 @@ fn change(sentence: &str, ev: &Evidence, lacks: &mut Vec<String>) -> bool {
     let mut scratch = Vec::new();
     let probe = Evidence::default();
     // The names the sentence gives its change, whatever the record holds.
-    let _ = names(sentence, &probe, &mut scratch);
+    let _ = names(p, sentence, &probe, &mut scratch);
     for lack in scratch {
         if let Some(name) = lack.split(" is nothing").next() {
             named.push(name.to_lowercase());
@@ -589,7 +623,7 @@ mod tests {
             ("Used: 97%", Some(false), "97%"),
         ];
         for (text, supported, why) in cases {
-            let claims = mark(text, &ev);
+            let claims = mark(text, &ev).unwrap();
             match supported {
                 None => assert!(claims.is_empty(), "{text}: {claims:?}"),
                 Some(s) => {
@@ -613,7 +647,7 @@ mod tests {
                 env!("CARGO_MANIFEST_DIR")
             ))
             .unwrap();
-            let claims = mark(&answer, &nothing);
+            let claims = mark(&answer, &nothing).unwrap();
             assert!(!claims.is_empty(), "{file}");
             assert!(claims.iter().all(|c| !c.supported), "{file}: {claims:#?}");
             assert!(claims.iter().any(|c| c.change), "{file}: {claims:#?}");
@@ -624,6 +658,7 @@ mod tests {
         ))
         .unwrap();
         let s: Vec<Claim> = mark(&with_suggestion, &nothing)
+            .unwrap()
             .into_iter()
             .filter(|c| c.suggestion)
             .collect();

@@ -27,7 +27,9 @@
 //! [`text`], [`files`], [`secret`], [`process`] (spawning argv,
 //! crate-private), [`verdict`], [`origin`] (what started a run), [`host`]
 //! (a host's allowlists), [`signing`] (signed tier-2 permits), [`runlock`],
-//! [`logging`].
+//! [`logging`], [`compiled`] (the binary's patterns, compiled into errors
+//! that name them, never panics), [`fault`] (where the test build can make
+//! a run panic on cue).
 //!
 //! - [`config`]: raw YAML -> validated [`config::Runbook`] / [`host::Host`], errors as `FILE:LINE:COLUMN`.
 //! - [`tools`]: each tool one file implementing the `Tool` trait, and the
@@ -83,8 +85,10 @@ pub mod app;
 pub mod audit;
 pub(crate) mod claims;
 pub mod cli;
+pub mod compiled;
 pub mod config;
 pub mod executor;
+pub mod fault;
 pub mod files;
 pub mod gate;
 pub mod host;

@@ -47,6 +47,8 @@ pub(crate) struct Metrics {
     pub(crate) triggers_capped: IntCounterVec,
     /// `runwarden_audit_write_failures_total`.
     pub(crate) audit_write_failures: IntCounter,
+    /// Runs a panic ended (a bug in runwarden), by runbook.
+    pub(crate) internal_errors: IntCounterVec,
     /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
     pub(crate) audit_heads: IntCounterVec,
     /// `runwarden_config_reloads_total`.
@@ -322,6 +324,12 @@ impl Metrics {
                 &["runbook", "host"],
             ),
             audit_write_failures,
+            internal_errors: counter(
+                r,
+                "runwarden_internal_errors_total",
+                "Runs a panic in runwarden ended (verdict failed, reason internal_error): a bug to report. The run's verdict line has the message and place.",
+                &["runbook"],
+            ),
             audit_heads: counter(
                 r,
                 "runwarden_audit_heads_total",
@@ -472,6 +480,9 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
+        for runbook in config.runbooks.keys() {
+            self.internal_errors.with_label_values(&[runbook]).inc_by(0);
+        }
         for result in ["success", "failure"] {
             self.config_reloads.with_label_values(&[result]).inc_by(0);
         }

@@ -15,4 +15,11 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found (install Rust with rustup first)" >&2; exit 2; }
 tests/estate/install-deps.sh
+# What ships is what is tested: the binary exactly as the package builds it
+# (packaging/build-deb.sh takes target/release/runwarden). Every tier drives
+# it for the commands it runs (RUNWARDEN_BIN); tests/shipped/ drives nothing
+# else. The test build's own binary is driven only where a test needs its
+# fault-injection hook, which no release carries.
+cargo build --release --locked
+export RUNWARDEN_BIN="$PWD/target/release/runwarden"
 cargo test --locked --features estate

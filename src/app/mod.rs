@@ -74,6 +74,15 @@ fn make_lock_files_ahead(config: Arc<Config>) {
     });
 }
 
+/// Compile every constant this binary compiles lazily (patterns, schemas;
+/// see [`crate::compiled`]): `check` and `serve` ask before anything else,
+/// so a build that carries a broken one never starts, and says which.
+pub fn compile_constants() -> Result<(), crate::compiled::CompileError> {
+    crate::claims::patterns()?;
+    crate::tools::declared::safe_pattern()?;
+    crate::tools::compile_schemas()
+}
+
 /// Run the daemon until `shutdown` resolves. `ready` hears once everything
 /// listens and every signal handler is installed.
 pub async fn serve(

@@ -289,6 +289,9 @@ pub(crate) struct RunEnd {
     pub(crate) claims: Vec<crate::claims::Claim>,
     /// Those of `suggestions` a model wrote (its own words, unverified).
     pub(crate) model_suggestions: Vec<String>,
+    /// Why the run itself ended it, when that is not its steps: a panic
+    /// (`internal_error`).
+    pub(crate) reason: Option<&'static str>,
 }
 
 impl AuditLog {
@@ -580,6 +583,7 @@ impl AuditLog {
         detail: &str,
         end: Option<&RunEnd>,
     ) -> Result<(), AuditError> {
+        crate::fault::point(crate::fault::Stage::Audit);
         let mut e = run.entry(Phase::Verdict, None);
         e.outcome = Some(verdict.as_str().into());
         e.detail = Some(match end {
@@ -603,6 +607,9 @@ impl AuditLog {
                 }
                 if !end.model_suggestions.is_empty() {
                     d["model_suggestions"] = end.model_suggestions.clone().into();
+                }
+                if let Some(reason) = end.reason {
+                    d["reason"] = reason.into();
                 }
                 d
             }
@@ -655,4 +662,8 @@ pub(crate) struct ModelTurn {
     pub(crate) attempts: u32,
     /// The model gave its final answer (no more calls).
     pub(crate) final_answer: bool,
+    /// The endpoint stopped the answer at `model.max_tokens` (this many):
+    /// a turn without a call, whatever it began to write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cut_off_at: Option<u32>,
 }

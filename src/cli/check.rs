@@ -20,6 +20,7 @@ pub(super) fn load(dir: &Path) -> Result<Config, Failed> {
 }
 
 pub(super) async fn check(dir: &Path) -> Exit {
+    crate::app::compile_constants().map_err(|e| Failed::code(super::EXIT_SOFTWARE, e))?;
     let cfg = load(dir)?;
     // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
     match cfg.serve_problems(None) {

@@ -42,6 +42,9 @@ use run::{read_alert, run, via_daemon};
 pub(crate) const EXIT_USAGE: i32 = 2;
 /// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
 pub(crate) const EXIT_BUSY: i32 = 75;
+/// `check`, `serve`: this binary carries a constant that does not compile
+/// (EX_SOFTWARE): a build problem, named (see [`crate::compiled`]).
+pub(crate) const EXIT_SOFTWARE: i32 = 70;
 
 /// A command that could not do what it was asked: the one message [`main`]
 /// prints for it, on stderr, and the exit code. Commands return
@@ -392,6 +395,7 @@ async fn dispatch(cli: Cli) -> Exit {
 }
 
 async fn serve(config_dir: PathBuf, listen: Option<std::net::SocketAddr>) -> Exit {
+    crate::app::compile_constants().map_err(|e| Failed::code(EXIT_SOFTWARE, e))?;
     let opts = crate::app::ServeOptions { config_dir, listen };
     let (ready, listening) = tokio::sync::oneshot::channel::<crate::app::Listening>();
     let say = tokio::spawn(async move {

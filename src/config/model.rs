@@ -30,7 +30,15 @@ pub(crate) struct ModelEndpoint {
     pub(crate) temperature: f32,
     /// Retries on 429, 5xx, timeouts and refused connections, with backoff.
     pub(crate) retries: u32,
+    /// Most tokens one answer may have, sent as the request's `max_tokens`:
+    /// a model that keeps writing is stopped by its endpoint, where no
+    /// timeout can tell it from one that is slow.
+    pub(crate) max_tokens: u32,
 }
+
+/// `model.max_tokens` when runwarden.yaml does not set it: room for a
+/// call's arguments or a final answer of a page, not for an essay.
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 1024;
 
 /// Where the API key lives.
 #[derive(Debug, Clone)]
@@ -134,6 +142,16 @@ pub(super) fn validate(
         }
         r.value
     });
+    let max_tokens = raw.max_tokens.as_ref().map_or(DEFAULT_MAX_TOKENS, |m| {
+        if !(16..=32768).contains(&m.value) {
+            diags.at(
+                file,
+                m.referenced,
+                "model.max_tokens must be between 16 and 32768 (tokens of one answer)",
+            );
+        }
+        m.value
+    });
     if diags.len() != before {
         return None;
     }
@@ -145,5 +163,6 @@ pub(super) fn validate(
         idle_timeout,
         temperature,
         retries,
+        max_tokens,
     })
 }

@@ -117,6 +117,8 @@ pub(crate) struct Model {
     pub(crate) idle_timeout: Option<S<String>>,
     pub(crate) temperature: Option<S<f32>>,
     pub(crate) retries: Option<S<u32>>,
+    /// Most tokens one answer may have (the request's `max_tokens`).
+    pub(crate) max_tokens: Option<S<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -369,7 +369,13 @@ fn argument(name: &str, decl: &S<ArgDecl>, file: &Path, diags: &mut Diagnostics)
                 diags.at(file, m.referenced, "max_length must be between 1 and 4096");
             }
             match &d.pattern {
-                None => ArgType::safe_string(max_length),
+                None => match ArgType::safe_string(max_length) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        diags.at(file, at, e.to_string());
+                        return None;
+                    }
+                },
                 Some(p) => match regex::Regex::new(&format!("^(?:{})$", p.value)) {
                     Ok(re) => ArgType::String {
                         pattern: re,

@@ -393,6 +393,13 @@ impl Gate {
         self.budget.limit_steps(more);
     }
 
+    /// A model's turn that proposed nothing it could run (cut at
+    /// `max_tokens`) spends a step; `Err` once that is past `max_steps`.
+    pub(crate) fn count_turn_without_call(&mut self) -> Result<(), String> {
+        self.budget.count_step();
+        self.budget.step_check().map_err(|(_, why)| why)
+    }
+
     /// Decide one call. Every call counts toward `max_steps`, whatever the decision.
     ///
     /// One function, in the order the checks are made (kill switch, scope,

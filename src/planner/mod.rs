@@ -146,6 +146,7 @@ impl Planner {
 
     /// The next thing to do; `admit` is asked before every model request.
     pub(crate) async fn next(&mut self, transcript: &Transcript, admit: Admit<'_>) -> Next {
+        crate::fault::point(crate::fault::Stage::Planner);
         if let Some(agent) = &mut self.agent {
             return agent.next(transcript).await;
         }

@@ -242,7 +242,7 @@ impl ModelPlanner {
             self.messages.push(m);
         }
         self.turn += 1;
-        let reply = match self
+        let mut reply = match self
             .client
             .complete(&self.messages, &self.tools, self.deadline)
             .await
@@ -250,7 +250,14 @@ impl ModelPlanner {
             Ok(r) => r,
             Err(e) => return Next::Fail(e.to_string()),
         };
-        let final_answer = reply.tool_calls.is_empty();
+        // An answer the endpoint cut at max_tokens is unfinished: its calls'
+        // arguments may be half-written and its prose is no final answer. A
+        // turn without a call: it takes a step, and the model is told.
+        let cut_off_at = reply.cut_off.then(|| self.client.max_tokens());
+        if cut_off_at.is_some() {
+            reply.tool_calls.clear();
+        }
+        let final_answer = reply.tool_calls.is_empty() && cut_off_at.is_none();
         if final_answer && reply.content.trim().is_empty() {
             return Next::Fail(format!(
                 "model endpoint {}: turn {}: the model answered with neither a tool call nor a final answer",
@@ -300,7 +307,11 @@ impl ModelPlanner {
                 },
             ));
         }
-        let mut assistant = json!({ "role": "assistant", "content": reply.content });
+        let said = match cut_off_at {
+            Some(_) => cut(&reply.content, MAX_AUDITED_TEXT),
+            None => reply.content.clone(),
+        };
+        let mut assistant = json!({ "role": "assistant", "content": said });
         if !wire_calls.is_empty() {
             assistant["tool_calls"] = Value::Array(wire_calls);
         }
@@ -320,7 +331,15 @@ impl ModelPlanner {
             duration_ms: reply.duration.as_millis() as u64,
             attempts: reply.attempts,
             final_answer,
+            cut_off_at,
         };
+        if let Some(limit) = cut_off_at {
+            self.proposed += 1;
+            self.extra.push(json!({
+                "role": "user",
+                "content": format!("Your last answer reached the limit of {limit} tokens and was cut off: nothing in it ran. Answer shorter: one tool call, or a brief final answer."),
+            }));
+        }
         if final_answer {
             self.finished = true;
             self.suggestions = suggestions(&reply.content).into();

@@ -55,6 +55,9 @@ pub struct Reply {
     pub(crate) duration: Duration,
     /// How many tries it took.
     pub(crate) attempts: u32,
+    /// The endpoint stopped it at `max_tokens` (`finish_reason: length`):
+    /// whatever it wrote is unfinished.
+    pub(crate) cut_off: bool,
 }
 
 /// Why the model could not be asked, or gave no usable answer.
@@ -151,6 +154,11 @@ impl Client {
     }
 
     /// Where requests go, for error messages (the endpoint never carries credentials).
+    /// Most tokens one answer may have (`model.max_tokens`).
+    pub(crate) fn max_tokens(&self) -> u32 {
+        self.endpoint.max_tokens
+    }
+
     pub(crate) fn url(&self) -> &reqwest::Url {
         &self.url
     }
@@ -168,6 +176,7 @@ impl Client {
             "tools": tools,
             "tool_choice": "auto",
             "temperature": self.endpoint.temperature,
+            "max_tokens": self.endpoint.max_tokens,
             // Streamed, so a slow model is seen writing (and a silent one
             // is told from it); an endpoint that answers in one piece is
             // read the same way.
@@ -502,6 +511,7 @@ pub fn parse_stream(bytes: &[u8]) -> Result<Reply, BadReply> {
     let mut content = String::new();
     let mut calls: Vec<(String, String, String)> = Vec::new();
     let mut usage = None;
+    let mut cut_off = false;
     let mut chunks = 0;
     for line in text.lines() {
         let Some(data) = line.strip_prefix("data:").map(str::trim) else {
@@ -518,6 +528,7 @@ pub fn parse_stream(bytes: &[u8]) -> Result<Reply, BadReply> {
                 completion: u["completion_tokens"].as_u64().unwrap_or(0),
             });
         }
+        cut_off |= chunk["choices"][0]["finish_reason"].as_str() == Some("length");
         let delta = &chunk["choices"][0]["delta"];
         if let Some(c) = delta["content"].as_str() {
             content.push_str(c);
@@ -565,6 +576,7 @@ pub fn parse_stream(bytes: &[u8]) -> Result<Reply, BadReply> {
         usage,
         duration: Duration::ZERO,
         attempts: 1,
+        cut_off,
     })
 }
 
@@ -598,6 +610,8 @@ struct WireReply {
 #[derive(Deserialize)]
 struct WireChoice {
     message: WireMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -637,6 +651,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, BadReply> {
     let Some(choice) = wire.choices.into_iter().next() else {
         return Err(BadReply::NoChoices);
     };
+    let choice_cut_off = choice.finish_reason.as_deref() == Some("length");
     let tool_calls = choice
         .message
         .tool_calls
@@ -660,6 +675,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, BadReply> {
         }),
         duration: Duration::ZERO,
         attempts: 1,
+        cut_off: choice_cut_off,
     })
 }
 

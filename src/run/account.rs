@@ -46,9 +46,21 @@ pub(super) fn judge(runbook: &Runbook, reports: &[StepReport], answer: Option<&s
             }
         }
     }
-    let claims = answer
-        .map(|a| crate::claims::mark(a, &ev))
-        .unwrap_or_default();
+    // An account this build cannot read is not believed: inconclusive,
+    // with the pattern that failed named (see `crate::compiled`).
+    let claims = match answer.map(|a| crate::claims::mark(a, &ev)) {
+        None => Vec::new(),
+        Some(Ok(claims)) => claims,
+        Some(Err(e)) => {
+            return Account {
+                claims: Vec::new(),
+                verdict: Some((
+                    Verdict::Inconclusive,
+                    format!("the model's answer could not be checked against the run's record: {e}"),
+                )),
+            };
+        }
+    };
     let invented: Vec<&Claim> = claims.iter().filter(|c| c.change && !c.supported).collect();
     let verdict = if ev.calls_ok == 0 {
         Some((

@@ -10,6 +10,7 @@
 mod account;
 mod ask;
 mod claim;
+mod internal;
 mod run_loop;
 
 use std::sync::Arc;
@@ -88,6 +89,10 @@ pub enum StartError {
     /// The run's first line could not be written.
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// A bug: the run panicked before its first line, or while it ended
+    /// its run after a panic (see `internal`).
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// Everything a run needs from outside: the config it started with, the audit log, the switch.
@@ -312,7 +317,17 @@ impl Runner {
             None => None,
         };
         let claim = lease.as_ref().map(|l| l as &dyn Claim);
-        let mut outcome = self.run_leased(req, &run_id, claim).await;
+        // A panic that got past the run loop's own catch (before the run's
+        // first line, or in ending it) still ends here: what the run held
+        // is given back below and by its caller, as for any other end.
+        let mut outcome = match internal::caught(self.run_leased(req, &run_id, claim)).await {
+            Ok(outcome) => outcome,
+            Err(panicked) => {
+                tracing::error!(%run_id, runbook = %req.runbook, host = %req.host, "{panicked}");
+                self.count_internal_error(&req.runbook);
+                Err(StartError::Internal(panicked.to_string()))
+            }
+        };
         // Stopped while it waited for its run lock: the fleet gets it back.
         if let (Err(StartError::Busy(why)), Some(claim), true) = (&outcome, claim, self.stopping())
             && !req.dry_run
@@ -474,7 +489,9 @@ impl Runner {
             return Err(e.into());
         }
         tracing::info!(%run_id, runbook = %runbook.name, host = %host.name, trigger = req.trigger.as_str(), planner = info.planner, dry_run = req.dry_run, "run started");
-        Ok(RunLoop {
+        let started = (Instant::now(), jiff::Timestamp::now().to_string());
+        let (ran, runbook_of, host_of) = (info.clone(), runbook.clone(), host.name.clone());
+        let run = RunLoop {
             _lock: lock,
             runner: self,
             runbook,
@@ -484,9 +501,72 @@ impl Runner {
             planner,
             req,
             lease,
+        };
+        // The run lock is the loop's: a panic drops it with the loop.
+        match internal::caught(run.go()).await {
+            Ok(report) => Ok(report),
+            Err(panicked) => {
+                tracing::error!(%run_id, runbook = %runbook_of.name, host = %host_of, "{panicked}");
+                self.count_internal_error(&runbook_of.name);
+                Ok(self.end_panicked(&ran, &runbook_of, req, started, &panicked))
+            }
         }
-        .go()
-        .await)
+    }
+
+    fn count_internal_error(&self, runbook: &str) {
+        if let Some(m) = &self.metrics {
+            m.internal_errors.with_label_values(&[runbook]).inc();
+        }
+    }
+
+    /// The run loop panicked: the run's verdict line (`failed`, `reason:
+    /// internal_error`, the panic's message and place) and its report.
+    fn end_panicked(
+        &self,
+        info: &RunInfo,
+        runbook: &Runbook,
+        req: &RunRequest,
+        (started, started_at): (Instant, String),
+        panicked: &internal::Panicked,
+    ) -> RunReport {
+        let mut verdict = Verdict::Failed;
+        let mut detail = panicked.to_string();
+        let end = crate::audit::RunEnd {
+            duration_ms: started.elapsed().as_millis() as u64,
+            reason: Some("internal_error"),
+            ..Default::default()
+        };
+        if let Err(err) = self.audit.verdict(info, verdict, &detail, Some(&end)) {
+            if let Some(m) = &self.metrics {
+                m.audit_write_failures.inc();
+            }
+            detail = format!("the verdict line ({detail}) could not be written: {err}");
+            verdict = Verdict::Broken;
+        } else {
+            self.ship_head(&info.run_id);
+        }
+        RunReport {
+            run_id: info.run_id.clone(),
+            runbook: runbook.name.clone(),
+            runbook_version: runbook.version.clone(),
+            host: info.host.clone(),
+            autonomy: runbook.autonomy.as_str().into(),
+            planner: info.planner.clone().into(),
+            model: info.model.clone(),
+            final_answer: None,
+            model_turns: 0,
+            trigger: req.trigger,
+            dry_run: req.dry_run,
+            started_at,
+            duration_ms: end.duration_ms,
+            steps: Vec::new(),
+            suggestions: Vec::new(),
+            model_suggestions: Vec::new(),
+            claims: Vec::new(),
+            mutations: 0,
+            verdict,
+            verdict_detail: detail,
+        }
     }
 }
 

@@ -290,6 +290,20 @@ impl RunLoop<'_> {
         }
         s.tally
             .written(self.runner.audit.model_turn(&self.info, turn));
+        // An answer cut at max_tokens is a step without a call: the report
+        // says so, and the step limit counts it.
+        if let Some(limit) = turn.cut_off_at {
+            let n = s.reports.len() as u32 + 1;
+            let mut r = StepReport::new(n, &format!("m{}_cut_off", turn.turn), StepStatus::Error);
+            r.detail = Some(format!(
+                "model turn {} reached model.max_tokens ({limit}) before a call or a final answer: nothing ran, and the model was asked to answer shorter",
+                turn.turn
+            ));
+            s.reports.push(r);
+            if let Err(why) = s.gate.count_turn_without_call() {
+                s.tally.stop(Verdict::StepLimit, why);
+            }
+        }
     }
 
     /// The gate refused the next model request itself (kill switch, limits).
@@ -572,6 +586,7 @@ impl RunLoop<'_> {
 
     /// The verdict line, the journal head, and the report.
     fn finish(self, mut s: RunState, started: Instant, started_at: String) -> RunReport {
+        crate::fault::point(crate::fault::Stage::Report);
         // A model's account is held to the run's own record before the
         // verdict: no evidence, or a change it claims and the record lacks,
         // and the run is inconclusive, whatever the model said.
@@ -610,6 +625,7 @@ impl RunLoop<'_> {
             handed_to: s.handed_back_to,
             claims,
             model_suggestions: s.model_suggestions,
+            reason: None,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {

@@ -300,6 +300,7 @@ impl Scheduler {
                         handed_to,
                         claims: Vec::new(),
                         model_suggestions: Vec::new(),
+                        reason: None,
                     }),
                 ),
                 false => (

@@ -402,6 +402,23 @@ impl Tools {
     }
 }
 
+/// Every built-in tool's argument schema is a JSON object schema: asked by
+/// `check` and `serve` before anything runs (see [`crate::compiled`]), so a
+/// schema this build cannot generate stops start-up, naming its tool,
+/// instead of reaching a model or an agent as `null`.
+pub(crate) fn compile_schemas() -> Result<(), crate::compiled::CompileError> {
+    for b in Builtin::ALL {
+        let schema = b.schema();
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            return Err(crate::compiled::CompileError {
+                name: format!("tools::{}'s argument schema", b.name()),
+                why: format!("not a JSON object schema: {}", crate::text::bounded(&schema)),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn schema_of<T: JsonSchema>() -> Value {
     let generator = schemars::generate::SchemaSettings::draft2020_12()
         .with(|s| s.inline_subschemas = true)

@@ -164,6 +164,7 @@ impl ToolResult {
 
 /// A result from one finished process: outcome from its exit, data from `parse`.
 pub(crate) fn from_process(out: &ProcessOutput, data: Value) -> ToolResult {
+    crate::fault::point(crate::fault::Stage::ToolResult);
     let outcome = if out.timed_out {
         Outcome::Timeout
     } else if out.exit_code == Some(0) {

@@ -137,7 +137,7 @@ fn a_permit_runs_once_on_a_host_whichever_agent_carries_it() {
     };
     let ssh_audit = dir.path().join("ssh-agent-audit.jsonl");
     let by_ssh = |line: &[u8]| -> Value {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        let mut child = std::process::Command::new(crate::bin())
             .args(["agent", "--stdio", "--policy"])
             .arg(&policy)
             .arg("--audit")
@@ -196,7 +196,7 @@ fn an_agent_ends_a_connection_that_sends_nothing() {
     )
     .unwrap();
     let agent = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        Command::new(crate::bin())
             .args(["agent", "--stdio", "--policy"])
             .arg(&policy)
             .arg("--audit")

@@ -709,7 +709,7 @@ fn alerts_test_reads_a_notification_from_standard_input() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     config(dir.path());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let mut child = std::process::Command::new(crate::bin())
         .args(["alerts", "test", "-", "--json", "--config"])
         .arg(dir.path())
         .stdin(std::process::Stdio::piped())

@@ -11,7 +11,7 @@ fn a_closed_stdout_ends_a_command_quietly_with_141() {
     // however quickly it writes (it could fit a whole pipe's buffer).
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let mut child = Command::new(crate::bin())
         .args(["tools", "--json"])
         .stdout(writer)
         .stderr(Stdio::piped())
@@ -63,7 +63,7 @@ fn run_takes_a_whole_notification_and_promote_report_names_a_misspelt_runbook() 
         .collect();
     assert_eq!(measured, ["/", "/var"], "{report:#}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let out = std::process::Command::new(crate::bin())
         .args(["promote-report", "disk-almost-ful", "--config"])
         .arg(dir.path())
         .output()
@@ -81,7 +81,7 @@ fn kill_switch_status_and_check_speak_json_and_audit_show_names_a_denial() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path());
     let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+        std::process::Command::new(crate::bin())
             .args(args)
             .arg("--config")
             .arg(dir.path())

@@ -60,7 +60,7 @@ async fn a_log_torn_by_a_killed_writer_is_set_aside_and_the_next_daemon_starts()
     // The chain goes on: a run for another host appends to it.
     assert_eq!(run_to_its_verdict(&d, &for_web_02()).await["status"], "ok");
     d.shutdown().await.unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let out = std::process::Command::new(crate::bin())
         .args(["audit", "verify", "--config"])
         .arg(dir.path())
         .output()

@@ -31,6 +31,16 @@ const TOKEN: &str = "fast-tier-token-0123456789";
 
 /// A config directory: runbook `disk` (alert `DiskAlmostFull`, tier 1 only)
 /// on hosts `web-01` and `web-02`, a bearer token, and the paths under the temp dir.
+/// The binary the command tests drive: the shipped build when
+/// `RUNWARDEN_BIN` names it (`tests/run.sh` builds it with `cargo build
+/// --release --locked`, as the package does), else this test build's.
+fn bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("RUNWARDEN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runwarden").into())
+    })
+}
+
 fn config(dir: &Path) {
     for d in ["hosts", "runbooks", "kill-switch", "data"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -228,7 +238,7 @@ async fn verdict_of(d: &Daemon, run_id: &str) -> Value {
 
 /// `runwarden ARGS...`, whatever it comes to (no approver token in its environment).
 fn runwarden<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    std::process::Command::new(bin())
         .args(args)
         .env_remove("RUNWARDEN_APPROVER_TOKEN_FILE")
         .output()
@@ -301,7 +311,7 @@ fn agent_listener(socket: &Path, policy: &Path, audit: &Path) {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let fd = OwnedFd::from(stream);
-            let child = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+            let child = std::process::Command::new(bin())
                 .args(["agent", "--stdio", "--policy"])
                 .arg(&policy)
                 .arg("--audit")
@@ -355,7 +365,7 @@ fn run_json(dir: &Path, runbook: &str) -> (Option<i32>, Value) {
 
 /// `runwarden run RUNBOOK --host HOST --json`: its exit code and report.
 fn run_json_on(dir: &Path, runbook: &str, host: &str) -> (Option<i32>, Value) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let out = std::process::Command::new(bin())
         .args(["run", runbook, "--host", host, "--json", "--config"])
         .arg(dir)
         .output()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::config;
 
 fn runwarden_in(cwd: &Path, args: &[&str], env: Option<&Path>) -> (Option<i32>, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_runwarden"));
+    let mut c = Command::new(crate::bin());
     c.args(args).current_dir(cwd).env_remove("RUNWARDEN_CONFIG");
     if let Some(dir) = env {
         c.env("RUNWARDEN_CONFIG", dir);

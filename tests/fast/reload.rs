@@ -55,7 +55,7 @@ fn check_and_serve_refuse_a_config_file_that_is_not_a_file_without_blocking() {
             plant(kind, &bad);
             for args in [&["check"][..], &["serve", "--listen", "127.0.0.1:0"][..]] {
                 let started = Instant::now();
-                let mut child = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+                let mut child = Command::new(crate::bin())
                     .args(args)
                     .arg("--config")
                     .arg(dir.path())
@@ -247,7 +247,7 @@ fn a_relative_config_directory_reloads_on_edits() {
         .local_addr()
         .unwrap()
         .port();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_runwarden"))
+    let mut daemon = Command::new(crate::bin())
         .args([
             "serve",
             "--config",

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::util::*;
 
 #[path = "../support/pg.rs"]
-mod pg;
+pub(crate) mod pg;
 use pg::{PG_PASSWORD, Pg};
 
 mod demotion;

@@ -6,7 +6,20 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+/// The binary under test: the shipped build when `RUNWARDEN_BIN` names it
+/// (`tests/run.sh` builds it with `cargo build --release --locked`, as the
+/// package does, so every tier drives what users run), else this test
+/// build's.
 pub fn bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("RUNWARDEN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_runwarden").into())
+    })
+}
+
+/// This test build's binary, whatever `RUNWARDEN_BIN` says: the only one
+/// with the `fault-injection` hook (`RUNWARDEN_FAULT`), never shipped.
+pub fn test_build_bin() -> &'static str {
     env!("CARGO_BIN_EXE_runwarden")
 }
 

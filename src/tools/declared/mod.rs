@@ -32,7 +32,7 @@ use super::{Ctx, Outcome, PathMode, Tier, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::{Argv, Confine};
 pub(crate) use template::Template;
-pub(crate) use value::{Arg, ArgType, OptIn};
+pub(crate) use value::{Arg, ArgType, OptIn, safe as safe_pattern};
 
 /// The most calls of one tool a sudoers file lists.
 pub(crate) const MAX_LISTED_CALLS: usize = 256;
@@ -517,6 +517,7 @@ impl Call {
             result.data = data;
             return result;
         };
+        crate::fault::point(crate::fault::Stage::Verify);
         let (verified, seen) = self.probe(ctx, probe, observe).await;
         data["verify"] = seen.clone();
         let mut evidence = format!(

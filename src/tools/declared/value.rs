@@ -12,6 +12,7 @@
 use regex::Regex;
 use serde_json::{Value, json};
 
+use crate::compiled::CompileError;
 use crate::host::Host;
 use crate::tools::PathMode;
 use crate::tools::args::{ArgError, shown};
@@ -50,23 +51,25 @@ pub(crate) enum ArgType {
 }
 
 impl ArgType {
-    /// A `string` with no `pattern`: the safe characters only.
-    pub(crate) fn safe_string(max_length: Option<usize>) -> ArgType {
-        ArgType::String {
-            pattern: SAFE.clone(),
+    /// A `string` with no `pattern`: the safe characters only. Read while a
+    /// tool file is validated, so a build whose pattern does not compile is
+    /// a configuration error that names it, never a run that panics.
+    pub(crate) fn safe_string(max_length: Option<usize>) -> Result<ArgType, CompileError> {
+        Ok(ArgType::String {
+            pattern: safe()?.clone(),
             pattern_text: SAFE_STRING.to_string(),
             max_length: max_length.unwrap_or(255).min(255),
-        }
+        })
     }
 }
 
-/// [`SAFE_STRING`], compiled once.
-#[allow(
-    clippy::expect_used,
-    reason = "a constant pattern, compiled by every test of this module"
-)]
-static SAFE: std::sync::LazyLock<Regex> =
-    std::sync::LazyLock::new(|| Regex::new(SAFE_STRING).expect("a constant pattern compiles"));
+/// [`SAFE_STRING`], compiled once; `check` and `serve` ask first.
+pub(crate) fn safe() -> Result<&'static Regex, CompileError> {
+    static SAFE: std::sync::LazyLock<Result<Regex, CompileError>> = std::sync::LazyLock::new(|| {
+        crate::compiled::regex("tools::declared::SAFE_STRING", SAFE_STRING)
+    });
+    SAFE.as_ref().map_err(Clone::clone)
+}
 
 /// The refusals a declaration may lift, by name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -328,7 +331,7 @@ mod tests {
             check(&backend, json!("db")),
             Err(ArgError::NotAllowed(_))
         ));
-        let free = arg(ArgType::safe_string(None));
+        let free = arg(ArgType::safe_string(None).unwrap());
         assert!(check(&free, json!("app-1.example:8080@x")).is_ok());
         for bad in [
             "-rf",
