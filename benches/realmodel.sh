@@ -53,6 +53,11 @@ for _ in $(seq 1 120); do
   curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
   sleep 1
 done
+# The binary the package ships (a test build links dev-dependencies whose
+# features change the crate's own); the harness is a debug test build, which
+# never writes target/release/runwarden.
+cargo build --release --locked
+RUNWARDEN_BIN="$PWD/target/release/runwarden" \
 RUNWARDEN_REAL_MODEL="http://127.0.0.1:$port/v1" RUNWARDEN_REAL_MODEL_NAME="$alias" \
-  cargo test --release --features estate --test it -- --ignored --nocapture \
+  cargo test --features estate --test it -- --ignored --nocapture \
   systemd::realmodel::a_real_model_on_the_shipped_goals

@@ -126,7 +126,9 @@ impl Evidence {
     }
 
     fn has_path(&self, path: &str) -> bool {
-        let path = path.trim_end_matches('/');
+        // The record is kept lowercased: so is the path it is held to.
+        let path = path.trim_end_matches('/').to_lowercase();
+        let path = path.as_str();
         self.strings.iter().any(|s| {
             let s = s.trim_end_matches('/');
             // The path itself, or one under it the run saw (a directory
@@ -234,7 +236,10 @@ impl Patterns {
                 "claims::UNIT_NAME",
                 r"\b[A-Za-z0-9][\w@.:-]*\.(?:service|socket|timer|target|mount|path|slice|scope)\b",
             )?,
-            path: regex("claims::PATH", r#"(?:^|[\s(`'"])(/[\w.@+-]*(?:/[\w.@+-]+)*)"#)?,
+            path: regex(
+                "claims::PATH",
+                r#"(?:^|[\s(`'"])(/[\w.@+-]*(?:/[\w.@+-]+)*)"#,
+            )?,
             ticked: regex("claims::TICKED", r"`([^`\s]{1,100})`")?,
             listed: regex(
                 "claims::LISTED",
@@ -633,6 +638,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A path with capitals (a temporary directory's, a user's) is found
+    /// in a record kept lowercased.
+    #[test]
+    fn a_path_with_capitals_is_found_in_the_record() {
+        let mut ev = Evidence::default();
+        ev.saw(&serde_json::json!({ "path": "/tmp/rw-it-VkRmvA/work/Data", "use_pct": 22 }));
+        ev.calls_ok = 1;
+        let claims = mark("I measured /tmp/rw-it-VkRmvA/work/Data: fine.", &ev).unwrap();
+        assert!(claims[0].supported, "{claims:?}");
+        let claims = mark("I measured /tmp/rw-it-VkRmvA/work/Other: fine.", &ev).unwrap();
+        assert!(!claims[0].supported, "{claims:?}");
     }
 
     /// The answers a real model (Qwen2.5-Coder-1.5B-Instruct, llama.cpp, 2

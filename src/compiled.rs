@@ -45,7 +45,10 @@ mod tests {
         let e = regex("claims::BROKEN", "(unclosed").unwrap_err();
         assert_eq!(e.name, "claims::BROKEN");
         let said = e.to_string();
-        assert!(said.contains("claims::BROKEN") && said.contains("--locked"), "{said}");
+        assert!(
+            said.contains("claims::BROKEN") && said.contains("--locked"),
+            "{said}"
+        );
     }
 
     /// The feature the release build once lacked: a case-insensitive,

@@ -77,7 +77,10 @@ mod hook {
 
     pub(super) fn reached(stage: Stage) {
         if *ARMED == Some(stage) && !FIRED.swap(true, Ordering::SeqCst) {
-            panic!("a fault injected at stage {} (RUNWARDEN_FAULT)", stage.as_str());
+            panic!(
+                "a fault injected at stage {} (RUNWARDEN_FAULT)",
+                stage.as_str()
+            );
         }
     }
 }

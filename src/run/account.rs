@@ -56,7 +56,9 @@ pub(super) fn judge(runbook: &Runbook, reports: &[StepReport], answer: Option<&s
                 claims: Vec::new(),
                 verdict: Some((
                     Verdict::Inconclusive,
-                    format!("the model's answer could not be checked against the run's record: {e}"),
+                    format!(
+                        "the model's answer could not be checked against the run's record: {e}"
+                    ),
                 )),
             };
         }

@@ -61,17 +61,20 @@ fn remember_places() {
 /// place instead of unwinding further.
 pub(crate) async fn caught<F: Future>(fut: F) -> Result<F::Output, Panicked> {
     remember_places();
-    AssertUnwindSafe(fut).catch_unwind().await.map_err(|payload| {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic with no message".into());
-        Panicked {
-            message: crate::text::one_line(&message),
-            at: PLACE.with(|p| p.borrow_mut().take()),
-        }
-    })
+    AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|payload| {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with no message".into());
+            Panicked {
+                message: crate::text::one_line(&message),
+                at: PLACE.with(|p| p.borrow_mut().take()),
+            }
+        })
 }
 
 #[cfg(test)]

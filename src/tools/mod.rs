@@ -36,8 +36,8 @@ use serde_json::Value;
 
 pub use action::{Action, PathMode, privileged_commands, resolve};
 pub(crate) use context::{Ctx, OUTPUT_CAP, privileged};
-pub use registry::{Builtin, Tier, ToolId, Tools, check_shape};
 pub(crate) use registry::compile_schemas;
+pub use registry::{Builtin, Tier, ToolId, Tools, check_shape};
 pub(crate) use result::{Failure, Outcome, ToolResult, Unreachable};
 
 pub(crate) use context::poll;

@@ -412,7 +412,10 @@ pub(crate) fn compile_schemas() -> Result<(), crate::compiled::CompileError> {
         if schema.get("type").and_then(Value::as_str) != Some("object") {
             return Err(crate::compiled::CompileError {
                 name: format!("tools::{}'s argument schema", b.name()),
-                why: format!("not a JSON object schema: {}", crate::text::bounded(&schema)),
+                why: format!(
+                    "not a JSON object schema: {}",
+                    crate::text::bounded(&schema)
+                ),
             });
         }
     }

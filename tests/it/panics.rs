@@ -32,7 +32,10 @@ fn estate() -> Estate {
          verify:\n  run: [/usr/bin/ls, \"{{ dir }}\"]\n  expect_stdout: '^READY$'\n",
     )
     .unwrap();
-    e.host("h", &local_host("h", &format!("paths: [{}]", dir.display())));
+    e.host(
+        "h",
+        &local_host("h", &format!("paths: [{}]", dir.display())),
+    );
     e.runbook(
         "fix",
         &format!(
@@ -70,7 +73,10 @@ fn a_panic_at_each_stage_of_a_command_line_run_ends_it_and_frees_its_host() {
             .output()
             .unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!("{stage}: no report: {}", String::from_utf8_lossy(&out.stderr))
+            panic!(
+                "{stage}: no report: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
         });
         assert_eq!(report["verdict"], "failed", "{stage}: {report:#}");
         assert_eq!(out.status.code(), Some(1), "{stage}");
@@ -82,7 +88,12 @@ fn a_panic_at_each_stage_of_a_command_line_run_ends_it_and_frees_its_host() {
         let again = test_build(&e, &["run", "fix", "--host", "h", "--json"])
             .output()
             .unwrap();
-        assert_eq!(again.status.code(), Some(0), "{stage}: {}", String::from_utf8_lossy(&again.stderr));
+        assert_eq!(
+            again.status.code(),
+            Some(0),
+            "{stage}: {}",
+            String::from_utf8_lossy(&again.stderr)
+        );
     }
 }
 
@@ -100,7 +111,10 @@ fn daemon_survives(addr: &str, e: &Estate, stage: &str) {
         .unwrap();
         assert_eq!(status, 202, "{body}");
         let answer: Value = serde_json::from_str(&body).unwrap();
-        answer["outcomes"][0]["result"].as_str().unwrap().to_string()
+        answer["outcomes"][0]["result"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     assert_eq!(started(addr), "started");
     let first = wait_for("the first verdict", Duration::from_secs(30), || {
@@ -146,7 +160,11 @@ fn a_panic_in_a_run_with_shared_state_gives_its_lease_back() {
     )
     .unwrap();
     let migrate = e.run(&["db", "migrate"]);
-    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
     let mut cmd = test_build(&e, &["serve", "--listen", "127.0.0.1:0"]);
     cmd.env("RUNWARDEN_FAULT", "verify");
     let (child, addr) = start_serve(cmd);

@@ -79,11 +79,7 @@ fn the_binary_under_test_is_the_shipped_one() {
         .env("RUNWARDEN_FAULT", "planner")
         .output()
         .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        panic!(
-            "no report: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no report: {}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(report["verdict"], "ok", "{report:#}");
 }

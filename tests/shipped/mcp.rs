@@ -23,7 +23,10 @@ fn python() -> &'static str {
             .stderr(Stdio::inherit())
             .output()
             .expect("tests/estate/mcp-client.sh");
-        assert!(out.status.success(), "the MCP client could not be installed");
+        assert!(
+            out.status.success(),
+            "the MCP client could not be installed"
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     })
 }
@@ -91,7 +94,12 @@ fn holds(e: &Estate, ev: &[Value]) {
     let calls: Vec<&Value> = ev.iter().filter(|e| e.get("call").is_some()).collect();
     assert_eq!(calls[0]["is_error"], false, "{:#}", calls[0]);
     assert_eq!(calls[1]["is_error"], true, "{:#}", calls[1]);
-    assert!(calls[1]["text"].as_str().unwrap().contains("tool_out_of_scope"));
+    assert!(
+        calls[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("tool_out_of_scope")
+    );
     let verdict = wait_for("the run's verdict line", Duration::from_secs(30), || {
         e.audit_phase("verdict").pop()
     });
@@ -102,11 +110,20 @@ fn holds(e: &Estate, ev: &[Value]) {
 #[test]
 fn an_agent_over_stdio_with_the_python_sdk() {
     let e = estate();
-    let transport: Vec<String> = ["stdio", "--", crate::shipped().to_str().unwrap(), "mcp", "fix", "--host", "web-01", "--config"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([e.path().display().to_string()])
-        .collect();
+    let transport: Vec<String> = [
+        "stdio",
+        "--",
+        crate::shipped().to_str().unwrap(),
+        "mcp",
+        "fix",
+        "--host",
+        "web-01",
+        "--config",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([e.path().display().to_string()])
+    .collect();
     let ev = session(&transport, &script());
     holds(&e, &ev);
 }

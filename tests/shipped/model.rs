@@ -27,7 +27,11 @@ fn estate(server: &ModelServer, budget: &str, model_extra: &str) -> (Estate, Str
             "name: m\ndescription: is the data directory filling up\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nbudget: {budget}\nplanner: model\nagent:\n  goal: Find out whether {data} is filling up and say what you found.\n"
         ),
     );
-    std::fs::write(e.path().join("runwarden.yaml"), server.settings(model_extra)).unwrap();
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        server.settings(model_extra),
+    )
+    .unwrap();
     (e, data)
 }
 
@@ -69,7 +73,9 @@ fn a_model_run_ends_in_each_verdict_with_its_exit_code() {
             0,
             Box::new(|n, _, data| match n {
                 0 => look(data),
-                _ => answer(&format!("I measured {data}: it holds app.log and is not filling up.")),
+                _ => answer(&format!(
+                    "I measured {data}: it holds app.log and is not filling up."
+                )),
             }),
         ),
         (
@@ -122,11 +128,19 @@ fn a_model_run_ends_in_each_verdict_with_its_exit_code() {
         assert!(verify.status.success(), "{verdict}");
         if verdict == "ok" {
             let claims = report["claims"].as_array().expect("its account is checked");
-            assert!(!claims.is_empty() && claims.iter().all(|c| c["supported"] == true), "{report:#}");
+            assert!(
+                !claims.is_empty() && claims.iter().all(|c| c["supported"] == true),
+                "{report:#}"
+            );
         }
         if verdict == "inconclusive" {
             let claims = report["claims"].as_array().unwrap();
-            assert!(claims.iter().any(|c| c["change"] == true && c["supported"] == false), "{report:#}");
+            assert!(
+                claims
+                    .iter()
+                    .any(|c| c["change"] == true && c["supported"] == false),
+                "{report:#}"
+            );
         }
     }
 }
@@ -137,7 +151,10 @@ fn a_model_run_ends_in_each_verdict_with_its_exit_code() {
 fn an_unsupported_claim_is_marked_in_the_report() {
     let server = ModelServer::start(|n, req| match n {
         0 => {
-            let task = req["messages"][1]["content"].as_str().unwrap_or_default().to_string();
+            let task = req["messages"][1]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let data = task
                 .split_whitespace()
                 .find(|w| w.starts_with('/') && w.ends_with("/data"))
@@ -150,7 +167,10 @@ fn an_unsupported_claim_is_marked_in_the_report() {
     let (e, _) = estate(&server, BUDGET, "");
     let (exit, text) = run(&e, false);
     assert_eq!(exit, 0, "{text}");
-    assert!(text.contains("unsupported: \"The directory holds 734 GiB of old logs\""), "{text}");
+    assert!(
+        text.contains("unsupported: \"The directory holds 734 GiB of old logs\""),
+        "{text}"
+    );
     let (_, json) = run(&e, true);
     let report: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(report["claims"][0]["supported"], false, "{report:#}");
@@ -185,10 +205,16 @@ fn an_answer_cut_at_max_tokens_is_a_step_without_a_call() {
     let report: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(exit, 0, "{report:#}");
     let requests = server.requests();
-    assert!(requests.iter().all(|(_, body)| body["max_tokens"] == 64), "{requests:?}");
+    assert!(
+        requests.iter().all(|(_, body)| body["max_tokens"] == 64),
+        "{requests:?}"
+    );
     let cut = step(&report, "m1_cut_off");
     assert_eq!(cut["status"], "error");
-    assert!(cut["detail"].as_str().unwrap().contains("max_tokens (64)"), "{cut:#}");
+    assert!(
+        cut["detail"].as_str().unwrap().contains("max_tokens (64)"),
+        "{cut:#}"
+    );
     let asked_again = requests[1].1["messages"].to_string();
     assert!(asked_again.contains("cut off"), "{asked_again}");
     let turns = e.audit_phase("model");

@@ -18,9 +18,13 @@ use crate::util::*;
 /// `curl ...` between "## Quick start" and the test command, in order.
 fn commands() -> Vec<String> {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let start = readme.find("## Quick start").expect("a Quick start section");
+    let start = readme
+        .find("## Quick start")
+        .expect("a Quick start section");
     let section = &readme[start..];
-    let end = section.find("tests/run.sh").expect("the test command ends it");
+    let end = section
+        .find("tests/run.sh")
+        .expect("the test command ends it");
     let section = &section[..end];
     let mut out = Vec::new();
     let mut rest = section;
@@ -34,7 +38,10 @@ fn commands() -> Vec<String> {
             continue;
         }
         let Some(close) = after.find('`') else { break };
-        let span = after[..close].split_whitespace().collect::<Vec<_>>().join(" ");
+        let span = after[..close]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         if span.starts_with("cargo run -- ") || span.starts_with("curl ") {
             out.push(span);
         }
@@ -76,7 +83,13 @@ fn words(command: &str) -> Vec<String> {
 
 /// The repository's configuration, copied to `dir` as a user's checkout.
 fn checkout(dir: &Path, port: u16) {
-    for d in ["runbooks", "hosts", "kill-switch", "tools", "tests/fixtures/alertmanager"] {
+    for d in [
+        "runbooks",
+        "hosts",
+        "kill-switch",
+        "tools",
+        "tests/fixtures/alertmanager",
+    ] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
         for entry in std::fs::read_dir(repo().join(d)).unwrap() {
             let p = entry.unwrap().path();
@@ -124,7 +137,10 @@ fn the_quick_start_as_the_readme_writes_it() {
         "cargo run -- alerts test tests/fixtures/alertmanager/firing-two-alerts.json",
     ];
     for want in expected {
-        assert!(commands.iter().any(|c| c == want), "{want:?} not in {commands:#?}");
+        assert!(
+            commands.iter().any(|c| c == want),
+            "{want:?} not in {commands:#?}"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -134,7 +150,11 @@ fn the_quick_start_as_the_readme_writes_it() {
     for line in &commands {
         if line.ends_with("-- serve") {
             let mut c = command(line, port, dir.path());
-            let child = c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+            let child = c
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
             daemon = Some(Proc(child));
             wait_for("the daemon to listen", Duration::from_secs(20), || {
                 http(&format!("127.0.0.1:{port}"), "GET", "/healthz", "").map(|_| ())
@@ -142,13 +162,16 @@ fn the_quick_start_as_the_readme_writes_it() {
             continue;
         }
         assert!(daemon.is_some(), "serve comes first: {commands:#?}");
+        // What a person reads is its standard output (curl's progress
+        // meter goes to standard error).
         let out = command(line, port, dir.path()).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{line}: exit {:?}: {text}{}",
+            out.status.code(),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(out.status.success(), "{line}: exit {:?}: {text}", out.status.code());
         said.push((line.clone(), text));
     }
     let of = |prefix: &str| -> &str {
@@ -158,8 +181,11 @@ fn the_quick_start_as_the_readme_writes_it() {
             .unwrap_or_else(|| panic!("{prefix} ran"))
             .1
     };
-    assert!(of("cargo run -- run local-health").contains("verdict: ok"), "{said:#?}");
-    assert!(of("curl 127.0.0.1:9731/metrics").contains("runwarden_runs_started_total"));
+    assert!(
+        of("cargo run -- run local-health").contains("verdict: ok"),
+        "{said:#?}"
+    );
+    assert!(of("curl 127.0.0.1:9731/metrics").contains("runwarden_audit_write_failures_total 0"));
     serde_json::from_str::<Value>(of("curl 127.0.0.1:9731/api/v1/runs")).unwrap();
     assert!(
         of("cargo run -- alerts test").contains("disk-almost-full"),
@@ -176,6 +202,9 @@ fn the_quick_start_as_the_readme_writes_it() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&verify.stdout);
-    assert!(verify.status.success() && text.contains("chain intact"), "{text}");
+    assert!(
+        verify.status.success() && text.contains("chain intact"),
+        "{text}"
+    );
     drop(daemon);
 }

@@ -30,7 +30,10 @@ fn marker_estate(expect: &str) -> (Estate, std::path::PathBuf) {
     let dir = e.work().join("app");
     std::fs::create_dir_all(&dir).unwrap();
     marker_tool(&e, expect);
-    e.host("h", &local_host("h", &format!("paths: [{}]", dir.display())));
+    e.host(
+        "h",
+        &local_host("h", &format!("paths: [{}]", dir.display())),
+    );
     e.runbook(
         "ready",
         &format!(
@@ -92,8 +95,17 @@ fn the_kill_switch_engaged_by_its_command_during_a_run_halts_it() {
     wait_for("the first call", Duration::from_secs(10), || {
         (!e.audit_phase("intent").is_empty()).then_some(())
     });
-    let engaged = e.run(&["kill-switch", "engage", "--reason", "on-call looks at web-01"]);
-    assert!(engaged.status.success(), "{}", String::from_utf8_lossy(&engaged.stderr));
+    let engaged = e.run(&[
+        "kill-switch",
+        "engage",
+        "--reason",
+        "on-call looks at web-01",
+    ]);
+    assert!(
+        engaged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&engaged.stderr)
+    );
     let out = child.wait_with_output().unwrap();
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["verdict"], "halted", "{report:#}");
@@ -115,7 +127,11 @@ fn install_print_and_tools_json() {
     let (e, _) = marker_estate("READY");
     let out = e.run(&["install", "print", "--host", "h"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("runwarden"), "{text}");
     let out = e.run(&["tools", "--json"]);
     assert!(out.status.success());
@@ -132,5 +148,9 @@ fn install_print_and_tools_json() {
     assert_eq!(of("disk_usage")["tier"], 1);
     assert_eq!(of("restart_service")["tier"], 2);
     assert_eq!(of("mark_ready")["tier"], 2);
-    assert_eq!(of("disk_usage")["schema"]["type"], "object", "{tools:#}");
+    assert_eq!(
+        of("disk_usage")["parameters"]["type"],
+        "object",
+        "{tools:#}"
+    );
 }

@@ -65,9 +65,10 @@ impl ArgType {
 
 /// [`SAFE_STRING`], compiled once; `check` and `serve` ask first.
 pub(crate) fn safe() -> Result<&'static Regex, CompileError> {
-    static SAFE: std::sync::LazyLock<Result<Regex, CompileError>> = std::sync::LazyLock::new(|| {
-        crate::compiled::regex("tools::declared::SAFE_STRING", SAFE_STRING)
-    });
+    static SAFE: std::sync::LazyLock<Result<Regex, CompileError>> =
+        std::sync::LazyLock::new(|| {
+            crate::compiled::regex("tools::declared::SAFE_STRING", SAFE_STRING)
+        });
     SAFE.as_ref().map_err(Clone::clone)
 }
 
