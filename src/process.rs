@@ -133,21 +133,38 @@ pub struct Limits {
     pub confine: Confine,
     /// What it reads on stdin (at most [`STDIN_CAP`] bytes); `None`: `/dev/null`.
     pub stdin: Option<Vec<u8>>,
+    /// An open file of this process handed to it as its stdin instead (a
+    /// directory it measures, reached as `/proc/self/fd/0`: an observer of
+    /// another user cannot reach this process's files through `/proc`).
+    pub stdin_from: Option<std::sync::Arc<OwnedFd>>,
 }
 
 /// How a process is confined beyond its jail, stub environment and process group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Confine {
     /// Nothing more (a tier-2 change, which must write).
     #[default]
     Jail,
-    /// A tier-1 process: no filesystem write (see [`crate::sandbox`]).
-    /// Where this machine cannot enforce that, it starts without it unless
-    /// `required`, and then does not start.
-    ReadOnly {
-        /// Refuse to start it unconfined.
+    /// A tier-1 process: an observer, which changes nothing (see
+    /// [`crate::sandbox`]). Where this machine cannot enforce every layer,
+    /// it starts with those there are unless `required`, and then does not
+    /// start.
+    Observer {
+        /// Refuse to start it without every layer.
         required: bool,
+        /// The TCP ports it may connect to (a declaration's `connect:`).
+        connect: std::sync::Arc<[u16]>,
     },
+}
+
+impl Confine {
+    /// A built-in tier-1 tool's: every layer there is, no TCP.
+    pub fn observer() -> Confine {
+        Confine::Observer {
+            required: false,
+            connect: std::sync::Arc::from([]),
+        }
+    }
 }
 
 /// The most a process may be given on stdin: less than a pipe holds, so
@@ -226,7 +243,7 @@ pub enum SpawnError {
     NoTimeLeft(String),
     /// A tier-1 process that must not start unconfined, where it cannot be confined.
     #[error(
-        "refusing to run {program} unconfined: {why}; tier-1 tools declared in tools/ run only under Landlock (or set `unsandboxed_tier1: allow` in the host file to accept that risk)"
+        "refusing to run {program} as a tier-1 tool without every layer of the observer's sandbox ({why}); tier-1 tools declared in tools/ run only as observers that change nothing (or set `unsandboxed_tier1: allow` in the host file to accept that risk)"
     )]
     Unconfined {
         /// The program.
@@ -329,26 +346,26 @@ fn lower_priority_of(pid: u32) {
 fn start(
     mut command: std::process::Command,
     argv: &Argv,
-    confine: Confine,
+    confine: &Confine,
 ) -> Result<std::io::Result<std::process::Child>, SpawnError> {
-    let Confine::ReadOnly { required } = confine else {
+    let Confine::Observer { required, connect } = confine else {
         return Ok(escapees::spawn(|| command.spawn()));
     };
-    match crate::sandbox::status() {
-        crate::sandbox::Status::Enforced => {
-            crate::sandbox::spawn_observing(move || escapees::spawn(|| command.spawn())).map_err(
-                |why| SpawnError::Unconfined {
-                    program: argv.program.display().to_string(),
-                    why,
-                },
-            )
-        }
-        crate::sandbox::Status::Unavailable(why) if required => Err(SpawnError::Unconfined {
-            program: argv.program.display().to_string(),
-            why,
-        }),
-        crate::sandbox::Status::Unavailable(_) => Ok(escapees::spawn(|| command.spawn())),
+    let unconfined = |why| SpawnError::Unconfined {
+        program: argv.program.display().to_string(),
+        why,
+    };
+    if let (crate::sandbox::Status::Unavailable(why), true) = (crate::sandbox::status(), required) {
+        return Err(unconfined(why));
     }
+    // Every layer there is; with no Landlock here at all, as it is (a
+    // built-in's argv is fixed in code). A spawner that fails now fails
+    // closed.
+    if crate::sandbox::observer_spawner().is_err() {
+        return Ok(escapees::spawn(|| command.spawn()));
+    }
+    crate::sandbox::spawn_observing(connect, move || escapees::spawn(|| command.spawn()))
+        .map_err(unconfined)
 }
 
 /// A command for a long-lived helper of the SSH transport (the connection
@@ -399,7 +416,7 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
         });
     }
     let mut child =
-        start(call_command(argv, limits), argv, limits.confine)?.map_err(spawn_error)?;
+        start(call_command(argv, limits), argv, &limits.confine)?.map_err(spawn_error)?;
     lower_priority_of(child.id());
     if let (Some(input), Some(mut pipe)) = (&limits.stdin, child.stdin.take()) {
         // Less than a pipe holds: never waits. A child that exits without
@@ -449,9 +466,12 @@ fn call_command(argv: &Argv, limits: &Limits) -> std::process::Command {
         .env_clear()
         .envs(STUB_ENV)
         .current_dir(&limits.jail)
-        .stdin(match limits.stdin {
-            Some(_) => Stdio::piped(),
-            None => Stdio::null(),
+        .stdin(match (&limits.stdin, &limits.stdin_from) {
+            (Some(_), _) => Stdio::piped(),
+            // A copy of the file for this process alone; without one it
+            // reads nothing, and its path says so when it is used.
+            (None, Some(file)) => file.try_clone().map_or_else(|_| Stdio::null(), Stdio::from),
+            (None, None) => Stdio::null(),
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -652,6 +672,7 @@ mod tests {
             jail: std::env::temp_dir(),
             confine: Confine::Jail,
             stdin: None,
+            stdin_from: None,
         }
     }
 

@@ -1,100 +1,290 @@
-//! Tier 1 cannot write, whatever its argv: a property of the process, not
-//! of the code that built the argv.
+//! Tier 1 changes nothing, whatever its argv: a property of the process,
+//! not of the code that built the argv.
 //!
 //! A tier-1 tool only observes. For the built-ins that is true by their
 //! code; for a tool an operator declared in YAML it is only as true as its
-//! author was careful. So every tier-1 process is started under a Landlock
-//! ruleset that denies every filesystem write, create, rename, truncate and
-//! delete (ABI 3's write rights), except writing to `/dev/null`; anonymous
-//! pipes (its stdout and stderr) are no filesystem objects and stay
-//! writable. A write fails with `EACCES` and nothing is made.
+//! author was careful, and "writes no file" was not enough: a tier-1 `socat`
+//! drained a haproxy server through its root-only admin socket, a `curl
+//! -X POST` reached a loopback admin API, a `kill` ended a root process. So
+//! every tier-1 process starts as an *observer*, in four layers:
 //!
-//! How, without slowing every spawn: Landlock restricts a thread and what
-//! it starts, so one thread, the *observer spawner*, restricts itself once
-//! (with `no_new_privs`, so nothing it starts gains privileges through a
-//! set-uid program) and from then on only spawns: a tier-1 process is
-//! handed to it and comes back started. Spawning keeps `posix_spawn` (a
-//! `pre_exec` hook would force a full `fork` of the runner), and the cost
-//! is one hand-off between threads (`cargo bench --bench gate` measures it).
+//! - **`landlock_fs`** (Landlock ABI 3): no filesystem write, create,
+//!   rename, truncate or delete, but writing `/dev/null`; its pipes are no
+//!   files and stay writable.
+//! - **`landlock_net`** (ABI 4): no TCP connect or bind, but connects to
+//!   the ports its declaration names (`connect:`). Landlock rules name
+//!   ports, not addresses.
+//! - **`landlock_scope`** (ABI 6): no signal to a process, and no connect
+//!   to an abstract unix socket, outside its own sandbox.
+//! - **`observer_identity`**: it runs as the unprivileged `runwarden-observe`
+//!   user, in the journal's group, with no capability but
+//!   `CAP_DAC_READ_SEARCH` (ambient: it reads what root reads). So a
+//!   root-only named socket (haproxy's admin socket, D-Bus's privileged
+//!   methods through polkit) refuses it: connecting to a named socket needs
+//!   write permission on it. A daemon that is not root already runs as an
+//!   unprivileged user of its own, and its tier-1 processes run as that.
 //!
-//! Where Landlock is missing or off, [`status`] says why; `check`, the
-//! daemon's start and `runwarden_sandbox_available{kind="landlock"}` say
-//! so. Built-in tier-1 tools then run as before (their argv is fixed in
-//! code); declared ones refuse unless the host sets
-//! `unsandboxed_tier1: allow`.
+//! How, without slowing every spawn: Landlock and credentials belong to a
+//! thread and to what it starts. One thread per network policy, an
+//! *observer spawner*, takes the observer's identity and restricts itself
+//! once (with `no_new_privs`, so nothing it starts gains privileges through
+//! a set-uid program or file capabilities) and from then on only spawns: a
+//! tier-1 process is handed to it and comes back started. Spawning keeps
+//! `posix_spawn` (a `pre_exec` hook would force a full `fork` of the
+//! runner), and the cost is one hand-off between threads (`cargo bench
+//! --bench gate` measures it). Credentials are set with the raw system
+//! calls: glibc's wrappers would change every thread of the daemon.
+//!
+//! Where a layer is missing, [`layers`] says why; `check`, the daemon's
+//! start and `runwarden_sandbox_available{kind=...}` say so. Built-in
+//! tier-1 tools then run with the layers there are (their argv is fixed in
+//! code); declared ones refuse unless the host sets `unsandboxed_tier1:
+//! allow`.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use landlock::{
-    ABI, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
+    ABI, Access, AccessFs, AccessNet, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
-/// A job for the observer spawner: run on its restricted thread.
+/// The observer's account: the package makes it (sysusers.d).
+pub const OBSERVER: &str = "runwarden-observe";
+/// The group whose members read the whole system journal.
+pub const JOURNAL_GROUP: &str = "systemd-journal";
+
+/// A job for an observer spawner: run on its restricted thread.
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Whether tier-1 processes start under Landlock here, and why not.
+/// A layer of the observer's confinement (its `kind` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Layer {
+    /// No filesystem write.
+    LandlockFs,
+    /// No TCP connect or bind but to the ports declared.
+    LandlockNet,
+    /// No signal, no abstract unix socket outside its own sandbox.
+    LandlockScope,
+    /// An unprivileged user with no capability but reading.
+    ObserverIdentity,
+}
+
+impl Layer {
+    /// As metrics, `check` and errors name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::LandlockFs => "landlock_fs",
+            Layer::LandlockNet => "landlock_net",
+            Layer::LandlockScope => "landlock_scope",
+            Layer::ObserverIdentity => "observer_identity",
+        }
+    }
+
+    /// Every layer.
+    pub const ALL: [Layer; 4] = [
+        Layer::LandlockFs,
+        Layer::LandlockNet,
+        Layer::LandlockScope,
+        Layer::ObserverIdentity,
+    ];
+}
+
+/// Whether tier-1 processes start with every layer here, and which are
+/// missing and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
-    /// Every write right of ABI 3 is denied to tier-1 processes.
+    /// Every layer holds.
     Enforced,
-    /// They start without it: the reason (kernel without Landlock, Landlock
-    /// not enabled at boot, a ruleset the kernel refused).
+    /// They start without some: each missing layer and why.
     Unavailable(String),
 }
 
 impl Status {
-    /// Whether tier-1 processes start restricted.
+    /// Whether tier-1 processes start with every layer.
     pub fn enforced(&self) -> bool {
         matches!(self, Status::Enforced)
     }
 }
 
-/// The observer spawner, started on first use: its job queue and thread
-/// id, or why it could not restrict itself.
-static SPAWNER: OnceLock<Result<Spawner, String>> = OnceLock::new();
-
-struct Spawner {
-    jobs: SyncSender<Job>,
-    tid: i32,
+/// Who a tier-1 process runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Identity {
+    /// The observer account (the daemon is root): uid, gid, and the
+    /// journal's group when there is one.
+    Observer {
+        uid: u32,
+        gid: u32,
+        groups: Vec<u32>,
+    },
+    /// The daemon's own unprivileged user: nothing to change.
+    Unprivileged(u32),
 }
 
-fn spawner() -> &'static Result<Spawner, String> {
-    SPAWNER.get_or_init(|| {
-        let (ready_tx, ready) = sync_channel::<Result<i32, String>>(1);
-        let (jobs_tx, jobs) = sync_channel::<Job>(64);
-        let started = std::thread::Builder::new()
-            .name("runwarden-observe".into())
-            .spawn(move || match restrict_this_thread() {
-                Ok(()) => {
-                    let _ = ready_tx.send(Ok(nix::unistd::gettid().as_raw()));
-                    serve(jobs);
-                }
-                Err(why) => {
-                    let _ = ready_tx.send(Err(why));
-                }
-            });
-        if let Err(e) = started {
-            return Err(format!("cannot start the observer spawner thread: {e}"));
-        }
-        match ready.recv() {
-            Ok(Ok(tid)) => Ok(Spawner { jobs: jobs_tx, tid }),
-            Ok(Err(why)) => Err(why),
-            Err(_) => Err("the observer spawner thread ended before it was ready".into()),
-        }
+/// What this machine can enforce, found once.
+#[derive(Debug)]
+struct Layers {
+    /// The kernel's Landlock ABI (0: none).
+    abi: i64,
+    /// The observer's identity, or why there is none.
+    identity: Result<Identity, String>,
+}
+
+/// This machine's layers, found once.
+fn found() -> &'static Layers {
+    static FOUND: OnceLock<Layers> = OnceLock::new();
+    FOUND.get_or_init(|| Layers {
+        abi: kernel_abi(),
+        identity: identity(),
     })
 }
 
-/// A path by which a process started here reaches this process's open file
-/// `fd` (`/proc/PID/.../fd/N`). A confined process may look into the
-/// `/proc` entries only of a task in its own Landlock domain: the
-/// observer spawner's (the same file table), not the process's own.
-pub(crate) fn fd_path(fd: i32) -> String {
-    let pid = std::process::id();
-    match spawner() {
-        Ok(s) => format!("/proc/{pid}/task/{}/fd/{fd}", s.tid),
-        Err(_) => format!("/proc/{pid}/fd/{fd}"),
+/// The Landlock ABI this kernel offers (0 where it has none or it is off).
+fn kernel_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with a null attribute and size 0, this flag only asks the
+    // kernel for its ABI version; nothing is created.
+    let v = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    v.max(0)
+}
+
+fn identity() -> Result<Identity, String> {
+    let euid = nix::unistd::geteuid();
+    if !euid.is_root() {
+        return Ok(Identity::Unprivileged(euid.as_raw()));
     }
+    let user = nix::unistd::User::from_name(OBSERVER)
+        .map_err(|e| format!("cannot look up the user {OBSERVER}: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "there is no user {OBSERVER} (the package makes it; by hand: `useradd --system --no-create-home --shell /usr/sbin/nologin --groups {JOURNAL_GROUP} {OBSERVER}`), so tier-1 processes would run as root"
+            )
+        })?;
+    if user.uid.is_root() {
+        return Err(format!("the user {OBSERVER} is root"));
+    }
+    let mut groups = vec![user.gid.as_raw()];
+    if let Ok(Some(journal)) = nix::unistd::Group::from_name(JOURNAL_GROUP) {
+        groups.push(journal.gid.as_raw());
+    }
+    Ok(Identity::Observer {
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+        groups,
+    })
+}
+
+/// Each layer: `Ok` where it holds, else why not.
+pub fn layers() -> Vec<(Layer, Result<(), String>)> {
+    let f = found();
+    let landlock = |needs: i64, what: &str| match f.abi {
+        0 => Err(format!(
+            "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list ({what})"
+        )),
+        abi if abi < needs => Err(format!(
+            "this kernel's Landlock is ABI {abi}; {what} needs ABI {needs}"
+        )),
+        _ => Ok(()),
+    };
+    let mut out = vec![
+        (
+            Layer::LandlockFs,
+            landlock(3, "no filesystem write").and_then(|()| spawner(&[]).map(|_| ())),
+        ),
+        (
+            Layer::LandlockNet,
+            landlock(4, "no TCP connect but to the declared ports"),
+        ),
+        (
+            Layer::LandlockScope,
+            landlock(6, "no signal or abstract socket outside the sandbox"),
+        ),
+        (
+            Layer::ObserverIdentity,
+            f.identity.as_ref().map(|_| ()).map_err(Clone::clone),
+        ),
+    ];
+    #[cfg(feature = "internals")]
+    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
+        for (_, l) in &mut out {
+            *l = Err("switched off by the bench".into());
+        }
+    }
+    out.sort_by_key(|(l, _)| *l);
+    out
+}
+
+/// Whether tier-1 processes start with every layer here, and which not.
+pub fn status() -> Status {
+    let missing: Vec<String> = layers()
+        .into_iter()
+        .filter_map(|(l, r)| r.err().map(|why| format!("{}: {why}", l.as_str())))
+        .collect();
+    match missing.is_empty() {
+        true => Status::Enforced,
+        false => Status::Unavailable(missing.join("; ")),
+    }
+}
+
+/// One observer spawner: its job queue.
+struct Spawner {
+    jobs: SyncSender<Job>,
+}
+
+/// The spawner of tier-1 processes that may connect to `ports` (TCP), made
+/// on first use: one thread per network policy (a declaration's
+/// `connect:` list; the built-ins connect nowhere).
+fn spawner(ports: &[u16]) -> Result<Arc<Spawner>, String> {
+    type Spawners = Mutex<BTreeMap<Vec<u16>, Result<Arc<Spawner>, String>>>;
+    static SPAWNERS: OnceLock<Spawners> = OnceLock::new();
+    let mut key = ports.to_vec();
+    key.sort_unstable();
+    key.dedup();
+    let mut all = SPAWNERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    all.entry(key.clone())
+        .or_insert_with(|| start_spawner(key))
+        .clone()
+}
+
+fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
+    let (ready_tx, ready) = sync_channel::<Result<(), String>>(1);
+    let (jobs_tx, jobs) = sync_channel::<Job>(64);
+    let started = std::thread::Builder::new()
+        .name("runwarden-observe".into())
+        .spawn(move || match become_observer(&ports) {
+            Ok(()) => {
+                let _ = ready_tx.send(Ok(()));
+                serve(jobs);
+            }
+            Err(why) => {
+                let _ = ready_tx.send(Err(why));
+            }
+        });
+    if let Err(e) = started {
+        return Err(format!("cannot start the observer spawner thread: {e}"));
+    }
+    match ready.recv() {
+        Ok(Ok(())) => Ok(Arc::new(Spawner { jobs: jobs_tx })),
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err("the observer spawner thread ended before it was ready".into()),
+    }
+}
+
+/// The default observer spawner (built-ins: no TCP), or why there is none
+/// (no Landlock here).
+pub(crate) fn observer_spawner() -> Result<(), String> {
+    spawner(&[]).map(|_| ())
 }
 
 /// Run jobs until every sender is gone (never, in a process that spawns).
@@ -104,26 +294,137 @@ fn serve(jobs: Receiver<Job>) {
     }
 }
 
+/// Make this thread an observer, for good: the observer's identity where
+/// there is one, then Landlock with every layer this kernel has. Fails
+/// unless the file layer is enforced (the others are reported by
+/// [`layers`]).
+fn become_observer(ports: &[u16]) -> Result<(), String> {
+    if let Ok(Identity::Observer { uid, gid, groups }) = &found().identity {
+        take_identity(*uid, *gid, groups)?;
+    }
+    restrict_this_thread(found().abi, ports)
+}
+
+/// Capability numbers (linux/capability.h).
+const CAP_DAC_READ_SEARCH: u32 = 2;
+
+/// This thread becomes `uid`:`gid` in `groups`, keeping only
+/// `CAP_DAC_READ_SEARCH`, raised as ambient so what it starts keeps it.
+/// Raw system calls: credentials are per thread in the kernel, and glibc's
+/// wrappers would change every thread of the process.
+fn take_identity(uid: u32, gid: u32, groups: &[u32]) -> Result<(), String> {
+    use nix::libc;
+    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: each call is a plain system call on this thread's own
+    // credentials with arguments owned here; none keeps a pointer.
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
+            return Err(err("cannot set the observer's groups"));
+        }
+        if libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0 {
+            return Err(err("cannot take the observer's group"));
+        }
+        if libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0 {
+            return Err(err("cannot keep capabilities across the user change"));
+        }
+        if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
+            return Err(err("cannot take the observer's user"));
+        }
+        // Permitted, effective and inheritable: CAP_DAC_READ_SEARCH alone.
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        let header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let read = 1u32 << CAP_DAC_READ_SEARCH;
+        let data = [
+            Data {
+                effective: read,
+                permitted: read,
+                inheritable: read,
+            },
+            Data {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+        ];
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+            return Err(err("cannot drop the observer's capabilities"));
+        }
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_RAISE,
+            CAP_DAC_READ_SEARCH as libc::c_ulong,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(err("cannot raise CAP_DAC_READ_SEARCH as ambient"));
+        }
+    }
+    Ok(())
+}
+
 /// Deny this thread, and whatever it starts from now on, every filesystem
-/// write but `/dev/null`. Fails unless the kernel enforces all of it.
-fn restrict_this_thread() -> Result<(), String> {
-    let abi = ABI::V3;
-    let write = AccessFs::from_write(abi);
-    let ruleset = Ruleset::default()
-        .handle_access(write)
-        .and_then(|r| r.create())
-        .map_err(|e| format!("Landlock refused the ruleset: {e}"))?;
+/// write but `/dev/null`, and (where the kernel has them) TCP but to
+/// `ports`, signals and abstract sockets outside. Fails unless the kernel
+/// enforces the file layer.
+fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), String> {
+    if abi < 3 {
+        return Err(match abi {
+            0 => "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list"
+                .to_string(),
+            n => format!("this kernel's Landlock is ABI {n}; no filesystem write needs ABI 3"),
+        });
+    }
+    let refused = |e: landlock::RulesetError| format!("Landlock refused the ruleset: {e}");
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_write(ABI::V3))
+        .map_err(refused)?;
+    if abi >= 4 {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(ABI::V4))
+            .map_err(refused)?;
+    }
+    if abi >= 6 {
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(refused)?;
+    }
+    let mut created = ruleset.create().map_err(refused)?;
     let null = PathFd::new("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
-    let status = ruleset
+    created = created
         .add_rule(PathBeneath::new(null, AccessFs::WriteFile))
-        .and_then(|r| r.restrict_self())
+        .map_err(refused)?;
+    if abi >= 4 {
+        for port in ports {
+            created = created
+                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(refused)?;
+        }
+    }
+    let status = created
+        .restrict_self()
         .map_err(|e| format!("Landlock refused to restrict the spawner: {e}"))?;
     match status.ruleset {
         RulesetStatus::FullyEnforced if status.no_new_privs => Ok(()),
         RulesetStatus::FullyEnforced => Err("no_new_privs could not be set".into()),
         RulesetStatus::PartiallyEnforced => Err(format!(
-            "this kernel enforces only part of Landlock ABI {} ({:?})",
-            abi as u32, status.landlock
+            "this kernel enforces only part of the observer's Landlock ruleset ({:?})",
+            status.landlock
         )),
         RulesetStatus::NotEnforced => Err(format!(
             "this kernel does not enforce Landlock ({:?}): boot it with Landlock in the lsm= list",
@@ -133,35 +434,31 @@ fn restrict_this_thread() -> Result<(), String> {
 }
 
 /// The benches' switch (feature `internals`, never in a release): tier-1
-/// processes start without Landlock, to measure what it costs the gate.
+/// processes start without the observer's layers, to measure what they
+/// cost the gate.
 #[cfg(feature = "internals")]
 pub static OFF_FOR_BENCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether tier-1 processes start restricted on this machine, and why not.
-pub fn status() -> Status {
-    #[cfg(feature = "internals")]
-    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
-        return Status::Unavailable("switched off by the bench".into());
-    }
-    match spawner() {
-        Ok(_) => Status::Enforced,
-        Err(why) => Status::Unavailable(why.clone()),
-    }
-}
-
-/// Run `spawn` (which starts one process) on the restricted thread, so the
-/// process it starts cannot write; `Err` with why when there is no such
-/// thread here. `spawn` must only start the process: it runs on a thread
-/// that cannot write files either.
+/// Run `spawn` (which starts one process) on the observer spawner that may
+/// connect to `ports`, so the process it starts is an observer; `Err` with
+/// why when there is no such thread here. `spawn` must only start the
+/// process: it runs on a thread that cannot write files either.
 pub(crate) fn spawn_observing<T: Send + 'static>(
+    ports: &[u16],
     spawn: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, String> {
-    let jobs = &spawner().as_ref().map_err(Clone::clone)?.jobs;
+    #[cfg(feature = "internals")]
+    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err("switched off by the bench".into());
+    }
+    let spawner = spawner(ports)?;
     let (done, result) = sync_channel::<T>(1);
-    jobs.send(Box::new(move || {
-        let _ = done.send(spawn());
-    }))
-    .map_err(|_| "the observer spawner thread is gone".to_string())?;
+    spawner
+        .jobs
+        .send(Box::new(move || {
+            let _ = done.send(spawn());
+        }))
+        .map_err(|_| "the observer spawner thread is gone".to_string())?;
     result
         .recv()
         .map_err(|_| "the observer spawner thread dropped the spawn".to_string())
@@ -171,21 +468,26 @@ pub(crate) fn spawn_observing<T: Send + 'static>(
 mod tests {
     use super::*;
 
+    fn sh(script: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("/bin/sh");
+        c.args(["-c", script]);
+        c
+    }
+
     /// On this kernel (Landlock ABI 3 or later) the spawner restricts
     /// itself, and what it starts cannot create, write, truncate, rename or
     /// remove a file, while it still reads, writes its pipe and /dev/null.
     /// The same commands started the ordinary way can.
     #[test]
     fn a_process_the_observer_spawner_starts_cannot_write() {
-        assert_eq!(status(), Status::Enforced, "this kernel has Landlock");
+        assert!(
+            layers()[0].1.is_ok(),
+            "this kernel has Landlock: {:?}",
+            layers()
+        );
         let dir = tempfile::tempdir().unwrap();
         let existing = dir.path().join("existing");
         std::fs::write(&existing, "kept\n").unwrap();
-        let sh = |script: String| {
-            let mut c = std::process::Command::new("/bin/sh");
-            c.args(["-c", &script]);
-            c
-        };
         let attempts = [
             format!("echo x > {}/new", dir.path().display()),
             format!("echo x >> {}", existing.display()),
@@ -196,8 +498,8 @@ mod tests {
             format!("ln -s /etc/passwd {}/link", dir.path().display()),
         ];
         for script in &attempts {
-            let mut c = sh(script.clone());
-            let out = spawn_observing(move || c.output()).unwrap().unwrap();
+            let mut c = sh(script);
+            let out = spawn_observing(&[], move || c.output()).unwrap().unwrap();
             assert!(!out.status.success(), "{script} was let through");
             let said = String::from_utf8_lossy(&out.stderr);
             assert!(
@@ -208,15 +510,50 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&existing).unwrap(), "kept\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         // It still reads and writes its own pipe and /dev/null.
-        let mut c = sh(format!("cat {} && echo y > /dev/null", existing.display()));
-        let out = spawn_observing(move || c.output()).unwrap().unwrap();
+        let mut c = sh(&format!("cat {} && echo y > /dev/null", existing.display()));
+        let out = spawn_observing(&[], move || c.output()).unwrap().unwrap();
         assert!(out.status.success(), "{out:?}");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\n");
         // The same write, started the ordinary way, is made.
-        let made = sh(format!("echo x > {}/new", dir.path().display()))
+        let made = sh(&format!("echo x > {}/new", dir.path().display()))
             .status()
             .unwrap();
         assert!(made.success());
         assert!(dir.path().join("new").exists());
+    }
+
+    /// A TCP listener on loopback: an observer connects only to a port its
+    /// policy names (ABI 4), and signals nothing outside its sandbox (ABI 6).
+    #[test]
+    fn an_observer_connects_only_to_its_ports_and_signals_nothing_outside() {
+        if found().abi < 6 {
+            eprintln!("skipped: this kernel's Landlock is ABI {}", found().abi);
+            return;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+        let try_with = |ports: &[u16]| {
+            let mut c = std::process::Command::new("/bin/bash");
+            c.args(["-c", &connect]);
+            spawn_observing(ports, move || c.output()).unwrap().unwrap()
+        };
+        let refused = try_with(&[]);
+        assert!(!refused.status.success(), "{refused:?}");
+        let allowed = try_with(&[port]);
+        assert!(allowed.status.success(), "{allowed:?}");
+        // A process outside the sandbox (a child of this test): no signal.
+        let mut outside = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut kill = sh(&format!("kill -TERM {}", outside.id()));
+        let out = spawn_observing(&[], move || kill.output())
+            .unwrap()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        assert!(outside.try_wait().unwrap().is_none(), "it still runs");
+        outside.kill().unwrap();
+        let _ = outside.wait();
     }
 }

@@ -47,6 +47,9 @@ pub(crate) struct ToolFile {
     verify: Option<S<VerifyDecl>>,
     undo: Option<S<CommandDecl>>,
     verb: Option<S<String>>,
+    /// TCP endpoints its processes may connect to (`127.0.0.1:8404`, or a
+    /// port alone); every other is refused to a tier-1 process.
+    connect: Option<Vec<S<String>>>,
 }
 
 /// One argument as written.
@@ -177,10 +180,12 @@ pub(crate) fn validate(
         }
         ok.then(|| v.value.clone())
     });
+    let connect = connect_ports(raw.connect.as_deref().unwrap_or_default(), file, diags);
     if diags.len() != before {
         return None;
     }
     Some(Declared {
+        connect,
         name: name.value.clone(),
         tier,
         description,
@@ -194,6 +199,37 @@ pub(crate) fn validate(
         file: file.to_path_buf(),
         sha256,
     })
+}
+
+/// The TCP ports of `connect:`. The kernel (Landlock) allows a connect by
+/// port, whatever the address: an address is written for the reader, and
+/// the port is what holds.
+fn connect_ports(entries: &[S<String>], file: &Path, diags: &mut Diagnostics) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for e in entries {
+        let port = match e.value.parse::<u16>() {
+            Ok(p) => Some(p),
+            Err(_) => e
+                .value
+                .parse::<std::net::SocketAddr>()
+                .ok()
+                .map(|a| a.port()),
+        };
+        match port {
+            Some(p) if p > 0 => ports.push(p),
+            _ => diags.at(
+                file,
+                e.referenced,
+                format!(
+                    "connect: \"{}\" is not a TCP endpoint: write ADDRESS:PORT (e.g. 127.0.0.1:8404) or a port; a tier-1 process may connect to these ports only",
+                    e.value
+                ),
+            ),
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 /// The tool's `name`: an identifier, no built-in's, its file's stem.

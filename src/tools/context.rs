@@ -56,8 +56,9 @@ impl<'a> Ctx<'a> {
             output_cap: self.output_cap,
             kill_grace: self.kill_grace,
             jail: self.host.jail.clone(),
-            confine: self.confine,
+            confine: self.confine.clone(),
             stdin: None,
+            stdin_from: None,
         }
     }
 
@@ -72,6 +73,19 @@ impl<'a> Ctx<'a> {
         deadline: tokio::time::Instant,
     ) -> Result<ProcessOutput, SpawnError> {
         self.spawn(argv, self.limits(deadline)).await
+    }
+
+    /// Spawn one argv with this process's open `file` as its stdin (it
+    /// names it `/proc/self/fd/0`), over by `deadline` (or the call's).
+    pub(crate) async fn run_on(
+        &self,
+        argv: &Argv,
+        file: &std::sync::Arc<std::os::fd::OwnedFd>,
+        deadline: tokio::time::Instant,
+    ) -> Result<ProcessOutput, SpawnError> {
+        let mut limits = self.limits(deadline);
+        limits.stdin_from = Some(file.clone());
+        self.spawn(argv, limits).await
     }
 
     /// Spawn one argv with `stdin` on its standard input, confined as

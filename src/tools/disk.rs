@@ -34,12 +34,18 @@ pub(crate) fn argv(host: &Host, path: &Path) -> [Argv; 2] {
 /// The directory the gate checked, held open. The path may change after the
 /// check (a component replaced by a symlink): what was opened is compared
 /// with what was checked, and `df` and `du` then measure the opened
-/// directory itself, through `/proc/PID/fd/N`, never the path again.
+/// directory itself, handed to them as their stdin and named
+/// `/proc/self/fd/0`, never the path again. (Their own fd, not this
+/// process's through `/proc/PID/fd`: a tier-1 process runs as the observer,
+/// which may not look into the daemon's `/proc`.)
 struct Opened {
-    fd: std::os::fd::OwnedFd,
-    /// `/proc/PID/fd/N/.`: the opened directory, for the child processes.
+    fd: std::sync::Arc<std::os::fd::OwnedFd>,
+    /// `/proc/self/fd/0/.`: the opened directory, as the child names it.
     via: String,
 }
+
+/// How `df` and `du` name the directory they are handed.
+const VIA: &str = "/proc/self/fd/0/.";
 
 fn open_checked(path: &Path) -> Result<Opened, ToolResult> {
     use nix::fcntl::{OFlag, open};
@@ -61,8 +67,10 @@ fn open_checked(path: &Path) -> Result<Opened, ToolResult> {
             opened.display()
         )));
     }
-    let via = format!("{}/.", crate::sandbox::fd_path(fd.as_raw_fd()));
-    Ok(Opened { fd, via })
+    Ok(Opened {
+        fd: std::sync::Arc::new(fd),
+        via: VIA.to_string(),
+    })
 }
 
 pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
@@ -71,7 +79,7 @@ pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
         Err(failed) => return failed,
     };
     let [df, du] = argv(ctx.host, Path::new(&opened.via));
-    let out = match ctx.run(&df).await {
+    let out = match ctx.run_on(&df, &opened.fd, ctx.deadline).await {
         Ok(o) => o,
         Err(e) => return ToolResult::failed(e),
     };
@@ -91,7 +99,7 @@ pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
     // short (by the budget or the output cap) lists whatever happened to
     // finish first, small directories often: it is never ranked as the
     // largest.
-    let partial = match ctx.run_until(&du, du_deadline).await {
+    let partial = match ctx.run_on(&du, &opened.fd, du_deadline).await {
         Ok(out) if out.timed_out => Some(format!(
             "du did not finish within the host's du_budget ({}); the largest entries are unknown (raise du_budget in the host file)",
             humantime::format_duration(ctx.host.du_budget)

@@ -63,7 +63,7 @@ pub(crate) async fn execute_here(
 /// tier-1 call's processes cannot write (see [`crate::sandbox`]).
 pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
     if action.tier() == Tier::Observe {
-        let ctx = ctx.confined(crate::process::Confine::ReadOnly { required: false });
+        let ctx = ctx.confined(crate::process::Confine::observer());
         return execute_confined(action, &ctx).await;
     }
     execute_confined(action, ctx).await

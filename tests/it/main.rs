@@ -18,6 +18,7 @@ mod hardening;
 mod mcp;
 mod model;
 mod observability;
+mod observer;
 mod panics;
 mod ssh;
 mod systemd;

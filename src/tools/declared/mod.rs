@@ -97,6 +97,9 @@ pub struct Declared {
     /// What a report says it did, as a past-tense verb ("drained"); the
     /// claims rule holds a model's use of it to a call that verified.
     pub(crate) verb: Option<String>,
+    /// The TCP ports its processes may connect to (`connect:`); a tier-1
+    /// process of it connects nowhere else.
+    pub(crate) connect: Vec<u16>,
     /// The file that declares it.
     pub(crate) file: PathBuf,
     /// sha256 of that file's bytes: which version of the tool ran.
@@ -485,12 +488,13 @@ impl Call {
         let deadline = ctx.deadline.min(tokio::time::Instant::now() + tool.timeout);
         // A tier-1 process, and every probe, cannot write; where Landlock is
         // missing it runs only if the host accepts that.
-        let observe = Confine::ReadOnly {
+        let observe = Confine::Observer {
             required: !ctx.host.unsandboxed_tier1,
+            connect: std::sync::Arc::from(tool.connect.as_slice()),
         };
         let stdin = |r: &Rendered| r.stdin.clone().map(String::into_bytes);
         let (argv, confine) = match tool.tier {
-            Tier::Observe => (self.run.argv.clone(), observe),
+            Tier::Observe => (self.run.argv.clone(), observe.clone()),
             Tier::Change => (self.change_argv(ctx.host), Confine::Jail),
         };
         let out = match ctx
@@ -558,7 +562,7 @@ impl Call {
         loop {
             let feed = probe.command.stdin.clone().map(String::into_bytes);
             let seen = match ctx
-                .run_fed(&probe.command.argv, feed, confine, ctx.deadline)
+                .run_fed(&probe.command.argv, feed, confine.clone(), ctx.deadline)
                 .await
             {
                 Ok(out) => {

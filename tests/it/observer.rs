@@ -1,0 +1,241 @@
+//! Tier 1 changes nothing, through any channel: tier-1 tools declared as a
+//! careless author would write them, each aimed at a channel a file-write
+//! rule does not cover, on real programs. Each is refused by the observer's
+//! sandbox (its own unprivileged user, Landlock's TCP and scope rules; see
+//! `src/sandbox.rs`), and what it aimed at is unchanged; what a tier-1 tool
+//! is meant to do (read a user-level socket, connect to the port its
+//! declaration names) still works.
+
+use std::io::Read;
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::*;
+
+/// A tier-1 tool of the user's own, and runbook `look` calling it once
+/// with `args` on local host `h`.
+fn with_tool(yaml: &str, args: &str) -> Estate {
+    let e = Estate::new();
+    std::fs::create_dir_all(e.path().join("tools")).unwrap();
+    std::fs::write(e.path().join("tools/probe.yaml"), yaml).unwrap();
+    e.host("h", &local_host("h", "paths: [/tmp]"));
+    e.runbook(
+        "look",
+        &format!(
+            "name: look\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [probe] }}\nsteps:\n  - call: probe\n    args: {args}\n"
+        ),
+    );
+    e
+}
+
+/// The one step's result: (exit code of the run, its result's data).
+fn probe(e: &Estate) -> (i32, Value) {
+    let (code, report) = e.run_json("look", "h", &[]);
+    (code, report["steps"][0]["result"].clone())
+}
+
+/// A tier-1 process is the observer: its own user, the journal's group,
+/// `CAP_DAC_READ_SEARCH` as its only capability, no new privileges.
+#[test]
+fn a_tier1_process_runs_as_the_observer_with_only_the_right_to_read() {
+    let e = with_tool(
+        "name: probe\ntier: 1\ndescription: Who am I.\nrun: [/usr/bin/grep, -E, '^(Uid|Gid|Groups|CapEff|CapPrm|CapAmb|NoNewPrivs):', /proc/self/status]\n",
+        "{}",
+    );
+    let (code, result) = probe(&e);
+    assert_eq!(code, 0, "{result:#}");
+    let status = result["data"]["stdout"].to_string();
+    let observe = sh("/usr/bin/id", &["-u", "runwarden-observe"]);
+    let journal = sh("/usr/bin/getent", &["group", "systemd-journal"]);
+    let journal_gid = journal.split(':').nth(2).unwrap().to_string();
+    assert!(
+        status.contains(&format!("Uid:\\t{}", observe.trim())),
+        "{status}"
+    );
+    assert!(status.contains(&journal_gid), "{status}");
+    for cap in ["CapEff", "CapPrm", "CapAmb"] {
+        assert!(
+            status.contains(&format!("{cap}:\\t0000000000000004")),
+            "{cap}: {status}"
+        );
+    }
+    assert!(status.contains("NoNewPrivs:\\t1"), "{status}");
+}
+
+/// haproxy with a root-only admin socket and a read-only stats socket the
+/// observer's group may use.
+fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
+    let admin = dir.join("admin.sock");
+    let stats = dir.join("stats.sock");
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  stats socket {} mode 600 level admin\n  stats socket {} mode 660 group runwarden-observe level user\n\n\
+             defaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n  timeout server 1s\n\n\
+             frontend fe\n  bind 127.0.0.1:{}\n  default_backend web\n\nbackend web\n  server app1 127.0.0.1:9\n",
+            admin.display(),
+            stats.display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("/usr/sbin/haproxy")
+        .args(["-db", "-f"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let p = Proc(child);
+    wait_for("haproxy's sockets", Duration::from_secs(10), || {
+        (admin.exists() && stats.exists()).then_some(())
+    });
+    (p, admin, stats)
+}
+
+fn socat_tool(socket: &std::path::Path, stdin: &str) -> String {
+    format!(
+        "name: probe\ntier: 1\ndescription: Ask haproxy.\nrun: [/usr/bin/socat, \"-\", \"UNIX-CONNECT:{}\"]\nstdin: \"{stdin}\"\n",
+        socket.display()
+    )
+}
+
+/// What haproxy's admin socket says of app1: its admin state (0: ready).
+fn app1_state(admin: &std::path::Path) -> String {
+    let mut c = Command::new("/usr/bin/socat")
+        .args(["-", &format!("UNIX-CONNECT:{}", admin.display())])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"show servers state web\n").unwrap();
+    let out = c.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(3) == Some(&"app1"))
+        .map(|f| f[6].to_string())
+        .unwrap_or_else(|| panic!("no app1 in {text}"))
+}
+
+/// A root-only admin socket refuses a tier-1 `set server ... state maint`:
+/// haproxy keeps the server in service. The read-only socket its group
+/// may use answers `show servers state`.
+#[test]
+fn a_root_only_admin_socket_refuses_a_tier1_tool_and_a_user_level_one_answers() {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        work.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (_haproxy, admin, stats) = haproxy(work.path());
+    assert_eq!(app1_state(&admin), "0");
+    let e = with_tool(
+        &socat_tool(&admin, "set server web/app1 state maint\\n"),
+        "{}",
+    );
+    let (code, result) = probe(&e);
+    assert_ne!(code, 0, "{result:#}");
+    assert!(
+        result.to_string().contains("Permission denied"),
+        "{result:#}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(app1_state(&admin), "0", "app1 stays in service");
+
+    let e = with_tool(&socat_tool(&stats, "show servers state web\\n"), "{}");
+    let (code, result) = probe(&e);
+    assert_eq!(code, 0, "{result:#}");
+    assert!(result.to_string().contains("app1"), "{result:#}");
+}
+
+/// `kill -TERM` of a root process, whatever pid a model or agent picks:
+/// the process lives on.
+#[test]
+fn a_tier1_kill_of_a_root_process_is_refused() {
+    let mut victim = Command::new("/bin/sleep").arg("60").spawn().unwrap();
+    let e = with_tool(
+        "name: probe\ntier: 1\ndescription: Signal a process.\nargs:\n  pid: { type: integer, min: 2, max: 4194304 }\nrun: [/bin/kill, -TERM, \"{{ pid }}\"]\n",
+        &format!("{{ pid: {} }}", victim.id()),
+    );
+    let (code, result) = probe(&e);
+    assert_ne!(code, 0, "{result:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the root process still runs"
+    );
+    victim.kill().unwrap();
+    let _ = victim.wait();
+}
+
+/// A loopback admin API: a POST to a port the declaration does not name
+/// never connects; with the port in `connect:`, the same tool reaches it.
+#[test]
+fn a_tier1_connect_reaches_only_the_ports_its_declaration_names() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tool = |connect: &str| {
+        format!(
+            "name: probe\ntier: 1\ndescription: Flush a cache.\nrun: [/usr/bin/curl, -sS, --max-time, \"2\", -X, POST, \"http://127.0.0.1:{port}/cache/flush\"]\n{connect}"
+        )
+    };
+    let e = with_tool(&tool(""), "{}");
+    let (code, result) = probe(&e);
+    assert_ne!(code, 0, "{result:#}");
+    assert!(listener.accept().is_err(), "no connection reached the API");
+
+    let e = with_tool(&tool(&format!("connect: [\"127.0.0.1:{port}\"]\n")), "{}");
+    let child = std::thread::spawn(move || probe(&e));
+    let (mut conn, _) = wait_for("the declared connect", Duration::from_secs(10), || {
+        listener.accept().ok()
+    });
+    let mut head = [0u8; 64];
+    let n = conn.read(&mut head).unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("POST /cache/flush"));
+    drop(conn);
+    let _ = child.join();
+}
+
+/// A datagram to an abstract unix socket (no file to guard it): never
+/// delivered.
+#[test]
+fn a_tier1_datagram_to_an_abstract_socket_is_refused() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("runwarden-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let receiver = UnixDatagram::bind_addr(&addr).unwrap();
+    receiver.set_nonblocking(true).unwrap();
+    let e = with_tool(
+        &format!(
+            "name: probe\ntier: 1\ndescription: Tell a daemon.\nrun: [/usr/bin/socat, \"-\", \"ABSTRACT-SENDTO:{name}\"]\nstdin: \"reload\\n\"\n"
+        ),
+        "{}",
+    );
+    let (code, result) = probe(&e);
+    assert_ne!(code, 0, "{result:#}");
+    let mut buf = [0u8; 64];
+    assert!(receiver.recv(&mut buf).is_err(), "nothing was delivered");
+    // The same datagram from outside the sandbox is.
+    let out = Command::new("/usr/bin/socat")
+        .args(["-", &format!("ABSTRACT-SENDTO:{name}")])
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"reload\n")?;
+            drop(c.stdin.take());
+            c.wait()
+        })
+        .unwrap();
+    assert!(out.success());
+    let n = wait_for("the datagram", Duration::from_secs(5), || {
+        receiver.recv(&mut buf).ok()
+    });
+    assert_eq!(&buf[..n], b"reload\n");
+}
