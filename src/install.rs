@@ -267,6 +267,22 @@ pub(crate) fn authorized_keys(user: &str, public_key: &str) -> String {
     )
 }
 
+/// The account every tier-1 process runs as (see [`crate::sandbox`]), as
+/// the package's sysusers.d file makes it.
+pub(crate) fn observer_account() -> String {
+    let user = crate::sandbox::OBSERVER;
+    let journal = crate::sandbox::JOURNAL_GROUP;
+    format!(
+        "# The account tier-1 processes run as, on every machine whose agent or daemon runs as root:
+# it reads (CAP_DAC_READ_SEARCH, group {journal}) and changes nothing. The Debian package
+# installs this file; elsewhere run `systemd-sysusers` after copying it, or
+#   useradd --system --no-create-home --shell /usr/sbin/nologin --groups {journal} {user}
+u {user} - \"runwarden tier-1 observer: reads, changes nothing\" - /usr/sbin/nologin
+m {user} {journal}
+"
+    )
+}
+
 /// The daemon's unit, as the package installs it (`packaging/systemd/`).
 pub(crate) const SERVE_UNIT: &str = include_str!("../packaging/systemd/runwarden.service");
 /// Root's side of the privileged path on the daemon's own machine.
@@ -313,9 +329,10 @@ pub(crate) fn print(config: &Config, host: &Host, public: Option<&str>) -> Strin
             // The agent reads tools/ beside its policy: on this machine the
             // daemon's own directory, so these are the files already there.
             return format!(
-                "### /etc/runwarden/agent.yaml\n{}\n{}### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
+                "### /etc/runwarden/agent.yaml\n{}\n{}### /usr/lib/sysusers.d/runwarden-observe.conf\n{}\n### /etc/systemd/system/runwarden-agent.socket (its ListenStream= is the host file's {})\n# The Debian package installs both agent units in /lib/systemd/system: copy them only\n# where runwarden was installed without the package.\n{AGENT_SOCKET_UNIT}\n### /etc/systemd/system/runwarden-agent@.service\n{AGENT_SERVICE_UNIT}\n### /etc/systemd/system/runwarden.service\n{}",
                 policy(host, public, false, LOCAL_AGENT_JAIL),
                 declared_files(host, config.runbooks.values().map(|r| &**r)),
+                observer_account(),
                 socket.display(),
                 systemd_unit(config)
             );
@@ -323,9 +340,10 @@ pub(crate) fn print(config: &Config, host: &Host, public: Option<&str>) -> Strin
     };
     let runbooks = || config.runbooks.values().map(|r| &**r);
     format!(
-        "### /etc/runwarden/agent.yaml\n{}\n{}### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
+        "### /etc/runwarden/agent.yaml\n{}\n{}### /usr/lib/sysusers.d/runwarden-observe.conf\n{}\n### ~{user}/.ssh/authorized_keys\n{}\n### /etc/sudoers.d/runwarden\n{}\n### /etc/systemd/system/runwarden.service\n{}",
         policy(host, public, host.sudo, SSH_AGENT_JAIL),
         declared_files(host, runbooks()),
+        observer_account(),
         authorized_keys(&user, &public_key),
         sudoers(host, &user, runbooks()),
         systemd_unit(config)

@@ -374,16 +374,18 @@ impl Metrics {
                 &["store"],
             ),
             // Set once: what this machine's kernel enforces does not change.
-            // `runwarden_sandbox_available{kind="landlock"}`.
+            // `runwarden_sandbox_available{kind=LAYER}`.
             store_up: {
                 let g = gauge_vec(
                     r,
                     "runwarden_sandbox_available",
-                    "1 when tier-1 processes start under the kind of sandbox named (landlock: no filesystem write), 0 when this machine cannot enforce it: built-in tier-1 tools then run without it and declared ones refuse unless the host allows it.",
+                    "1 when tier-1 processes start with the layer of the observer's sandbox named (landlock_fs: no file write; landlock_net: no TCP but declared ports; landlock_scope: no signal or abstract socket outside; observer_identity: an unprivileged user with only CAP_DAC_READ_SEARCH), 0 when this machine cannot enforce it: built-in tier-1 tools then run without it and declared ones refuse unless the host allows it.",
                     &["kind"],
                 );
-                g.with_label_values(&["landlock"])
-                    .set(f64::from(u8::from(crate::sandbox::status().enforced())));
+                for (layer, held) in crate::sandbox::layers() {
+                    g.with_label_values(&[layer.as_str()])
+                        .set(f64::from(u8::from(held.is_ok())));
+                }
                 gauge_vec(
                     r,
                     "runwarden_store_up",

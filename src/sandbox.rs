@@ -52,6 +52,8 @@ use landlock::{
 
 /// The observer's account: the package makes it (sysusers.d).
 pub const OBSERVER: &str = "runwarden-observe";
+/// Who tier-1 processes run as where [`OBSERVER`] is missing.
+const FALLBACK: &str = "nobody";
 /// The group whose members read the whole system journal.
 pub const JOURNAL_GROUP: &str = "systemd-journal";
 
@@ -114,6 +116,7 @@ enum Identity {
     /// The observer account (the daemon is root): uid, gid, and the
     /// journal's group when there is one.
     Observer {
+        name: String,
         uid: u32,
         gid: u32,
         groups: Vec<u32>,
@@ -161,25 +164,40 @@ fn identity() -> Result<Identity, String> {
     if !euid.is_root() {
         return Ok(Identity::Unprivileged(euid.as_raw()));
     }
-    let user = nix::unistd::User::from_name(OBSERVER)
-        .map_err(|e| format!("cannot look up the user {OBSERVER}: {e}"))?
+    // Without the package's account, `nobody`: unprivileged all the same
+    // (the other layers keep it from what nobody's other processes own).
+    let user = [OBSERVER, FALLBACK]
+        .into_iter()
+        .find_map(|name| nix::unistd::User::from_name(name).ok().flatten())
         .ok_or_else(|| {
             format!(
-                "there is no user {OBSERVER} (the package makes it; by hand: `useradd --system --no-create-home --shell /usr/sbin/nologin --groups {JOURNAL_GROUP} {OBSERVER}`), so tier-1 processes would run as root"
+                "there is no user {OBSERVER} nor {FALLBACK} (the package makes {OBSERVER}; by hand: `useradd --system --no-create-home --shell /usr/sbin/nologin --groups {JOURNAL_GROUP} {OBSERVER}`), so tier-1 processes would run as root"
             )
         })?;
     if user.uid.is_root() {
-        return Err(format!("the user {OBSERVER} is root"));
+        return Err(format!("the user {} is root", user.name));
     }
     let mut groups = vec![user.gid.as_raw()];
     if let Ok(Some(journal)) = nix::unistd::Group::from_name(JOURNAL_GROUP) {
         groups.push(journal.gid.as_raw());
     }
     Ok(Identity::Observer {
+        name: user.name,
         uid: user.uid.as_raw(),
         gid: user.gid.as_raw(),
         groups,
     })
+}
+
+/// Who tier-1 processes run as, in words (`check` says it).
+pub fn observer() -> String {
+    match &found().identity {
+        Ok(Identity::Observer { name, uid, .. }) => {
+            format!("{name} (uid {uid}), with only CAP_DAC_READ_SEARCH")
+        }
+        Ok(Identity::Unprivileged(uid)) => format!("this process's own user (uid {uid})"),
+        Err(_) => "root: no observer account".into(),
+    }
 }
 
 /// Each layer: `Ok` where it holds, else why not.
@@ -299,7 +317,10 @@ fn serve(jobs: Receiver<Job>) {
 /// unless the file layer is enforced (the others are reported by
 /// [`layers`]).
 fn become_observer(ports: &[u16]) -> Result<(), String> {
-    if let Ok(Identity::Observer { uid, gid, groups }) = &found().identity {
+    if let Ok(Identity::Observer {
+        uid, gid, groups, ..
+    }) = &found().identity
+    {
         take_identity(*uid, *gid, groups)?;
     }
     restrict_this_thread(found().abi, ports)

@@ -73,6 +73,22 @@ pub(super) async fn check(dir: &Path) -> Exit {
         eprintln!("warning: {problem}");
     }
     settings_lines(&cfg.settings);
+    let missing: Vec<&str> = crate::sandbox::layers()
+        .into_iter()
+        .filter(|(_, held)| held.is_err())
+        .map(|(layer, _)| layer.as_str())
+        .collect();
+    println!(
+        "tier 1: runs as {}; {}",
+        crate::sandbox::observer(),
+        match missing.is_empty() {
+            true => "every layer of the observer's sandbox holds".to_string(),
+            false => format!(
+                "missing here: {} (see the warning above)",
+                missing.join(", ")
+            ),
+        }
+    );
     println!(
         "ok: {} host(s), {} runbook(s)",
         cfg.hosts.len(),
@@ -239,10 +255,14 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                 "file": d.file,
                 "sha256": d.sha256,
             })).collect::<Vec<_>>(),
-            "sandbox": match crate::sandbox::status() {
-                crate::sandbox::Status::Enforced => serde_json::json!({ "landlock": true }),
-                crate::sandbox::Status::Unavailable(why) => serde_json::json!({ "landlock": false, "why": why }),
-            },
+            // Each layer of the tier-1 observer's sandbox: true, or why not.
+            "sandbox": crate::sandbox::layers()
+                .into_iter()
+                .map(|(layer, held)| (layer.as_str().to_string(), match held {
+                    Ok(()) => serde_json::json!(true),
+                    Err(why) => serde_json::json!({ "missing": why }),
+                }))
+                .collect::<serde_json::Map<_, _>>(),
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
             "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
             "state": match &cfg.settings.postgres {

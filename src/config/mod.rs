@@ -361,7 +361,7 @@ impl Config {
             warnings.file(
                 &settings_file,
                 format!(
-                    "Landlock is not available here ({why}): tier-1 processes start without it (built-ins still run; {declared} declared tier-1 tool(s) refuse on local hosts without `unsandboxed_tier1: allow`)"
+                    "the tier-1 observer's sandbox is missing layers here ({why}): built-in tier-1 tools run with the layers there are; {declared} declared tier-1 tool(s) refuse on local hosts without `unsandboxed_tier1: allow`"
                 ),
             );
         }

@@ -52,3 +52,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # `adm` is the group the logrotate tests give a log directory.
 getent group adm >/dev/null || groupadd --system adm
+# The account tier-1 processes run as (the package makes it with sysusers.d).
+getent group systemd-journal >/dev/null || groupadd --system systemd-journal
+id runwarden-observe >/dev/null 2>&1 ||
+  useradd --system --no-create-home --shell /usr/sbin/nologin --groups systemd-journal runwarden-observe

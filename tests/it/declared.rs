@@ -19,13 +19,16 @@ use crate::util::*;
 fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
     let socket = dir.join("admin.sock");
     let cfg = dir.join("haproxy.cfg");
+    // The read-only socket the drain's tier-1 verify reads, as the
+    // observer's group (the shipped tool's comment shows this line).
     std::fs::write(
         &cfg,
         format!(
-            "global\n  stats socket {} mode 600 level admin\n\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n  timeout server 1s\n\n\
+            "global\n  stats socket {} mode 600 level admin\n  stats socket {}/stats.sock mode 660 group runwarden-observe level user\n\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n  timeout server 1s\n\n\
              frontend fe\n  bind 127.0.0.1:{}\n  default_backend web\n\nbackend web\n  server app1 127.0.0.1:9 \n  server app2 127.0.0.1:9\n\n\
              backend api\n  server api1 127.0.0.1:9\n",
             socket.display(),
+            dir.display(),
             free_port()
         ),
     )
@@ -38,8 +41,8 @@ fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
         .spawn()
         .unwrap();
     let p = Proc(child);
-    wait_for("haproxy's admin socket", Duration::from_secs(10), || {
-        socket.exists().then_some(())
+    wait_for("haproxy's sockets", Duration::from_secs(10), || {
+        (socket.exists() && dir.join("stats.sock").exists()).then_some(())
     });
     (p, socket)
 }
@@ -73,6 +76,10 @@ fn drain_tool(socket: &std::path::Path) -> String {
     std::fs::read_to_string(repo().join("tools/haproxy_drain.yaml"))
         .unwrap()
         .replace("/run/haproxy/admin.sock", &socket.display().to_string())
+        .replace(
+            "/run/haproxy/stats.sock",
+            &socket.with_file_name("stats.sock").display().to_string(),
+        )
 }
 
 fn drain_runbook(server: &str, backend: &str) -> String {

@@ -1661,3 +1661,47 @@ fn an_upgrade_keeps_secrets_and_the_chain_and_purge_keeps_the_audit_log() {
     let verify = h.setup_ok("runuser -u runwarden -- runwarden audit verify");
     assert!(verify.contains("chain intact"), "{verify}");
 }
+
+/// A tier-1 tool declared as a careless author might, `systemctl restart
+/// nginx.service`, on real systemd: the observer (its own user, no
+/// capability to act) is refused by systemd over D-Bus, and nginx keeps its
+/// start time and main process. The built-in tier-1 tools still read
+/// everything they read as root (the run before the restart attempt).
+#[test]
+fn a_tier1_systemctl_restart_is_refused_by_systemd_and_nginx_keeps_running() {
+    let host = SystemdHost::boot("observe", 90);
+    host.setup(
+        "getent group systemd-journal >/dev/null || groupadd --system systemd-journal; \
+         id runwarden-observe >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin --groups systemd-journal runwarden-observe",
+    );
+    let tools = host.config().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::write(
+        tools.join("nginx_bounce.yaml"),
+        "name: nginx_bounce\ntier: 1\ndescription: Look at nginx (says its author).\nrun: [/usr/bin/systemctl, restart, nginx.service]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        host.config().join("runbooks/bounce.yaml"),
+        "name: bounce\ndescription: t\nhosts: [staging-web-1]\nautonomy: L3\ntools: { observe: [service_status, read_journal, nginx_bounce] }\nsteps:\n  - call: service_status\n    args: { unit: nginx.service }\n  - call: read_journal\n    args: { unit: nginx.service, since: 1h }\n  - call: nginx_bounce\n",
+    )
+    .unwrap();
+    let started = host.setup("systemctl show -P ActiveEnterTimestampMonotonic nginx");
+    let pid = host.setup("systemctl show -P MainPID nginx");
+    let (code, report) = host.run("bounce");
+    assert_ne!(code, 0, "{report:#}");
+    assert_eq!(report["steps"][0]["status"], "ok", "{report:#}");
+    assert_eq!(report["steps"][1]["status"], "ok", "{report:#}");
+    assert_eq!(report["steps"][2]["status"], "error", "{report:#}");
+    let said = report["steps"][2]["result"].to_string();
+    assert!(
+        said.contains("Access denied") || said.contains("Interactive authentication required"),
+        "{said}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        host.setup("systemctl show -P ActiveEnterTimestampMonotonic nginx"),
+        started
+    );
+    assert_eq!(host.setup("systemctl show -P MainPID nginx"), pid);
+}

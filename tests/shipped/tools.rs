@@ -132,7 +132,14 @@ fn install_print_and_tools_json() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("runwarden"), "{text}");
+    assert!(
+        text.contains("### /usr/lib/sysusers.d/runwarden-observe.conf"),
+        "{text}"
+    );
+    assert!(
+        text.contains("m runwarden-observe systemd-journal"),
+        "{text}"
+    );
     let out = e.run(&["tools", "--json"]);
     assert!(out.status.success());
     let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
