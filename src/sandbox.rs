@@ -302,6 +302,10 @@ fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
 /// The default observer spawner (built-ins: no TCP), or why there is none
 /// (no Landlock here).
 pub(crate) fn observer_spawner() -> Result<(), String> {
+    #[cfg(feature = "internals")]
+    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err("switched off by the bench".into());
+    }
     spawner(&[]).map(|_| ())
 }
 

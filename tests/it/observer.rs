@@ -239,3 +239,86 @@ fn a_tier1_datagram_to_an_abstract_socket_is_refused() {
     });
     assert_eq!(&buf[..n], b"reload\n");
 }
+
+/// Under the host's agent (root's, on a unix socket, as the package's
+/// `runwarden-agent.socket` serves it), a tier-1 tool is the observer too:
+/// its own user and capabilities, and a `kill` of a root process refused.
+#[test]
+fn under_the_host_agent_a_tier1_tool_is_the_observer_too() {
+    let e = Estate::new();
+    let socket = e.path().join("agent.sock");
+    std::fs::create_dir_all(e.path().join("tools")).unwrap();
+    std::fs::write(
+        e.path().join("tools/whoami.yaml"),
+        "name: whoami\ntier: 1\ndescription: Who am I.\nrun: [/usr/bin/grep, -E, '^(Uid|CapEff):', /proc/self/status]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        e.path().join("tools/signal.yaml"),
+        "name: signal\ntier: 1\ndescription: Signal a process.\nargs:\n  pid: { type: integer, min: 2, max: 4194304 }\nrun: [/bin/kill, -TERM, \"{{ pid }}\"]\n",
+    )
+    .unwrap();
+    e.host(
+        "me",
+        &format!(
+            "name: me\nconnection:\n  agent: {}\npaths: [/tmp]\n",
+            socket.display()
+        ),
+    );
+    let mut victim = Command::new("/bin/sleep").arg("60").spawn().unwrap();
+    e.runbook(
+        "look",
+        &format!(
+            "name: look\ndescription: t\nhosts: [me]\nautonomy: L3\ntools: {{ observe: [whoami, signal] }}\nsteps:\n  - call: whoami\n  - call: signal\n    args: {{ pid: {} }}\n",
+            victim.id()
+        ),
+    );
+    // The agent's policy, as `install print` writes it for this host.
+    let print = e.run(&["install", "print", "--host", "me"]);
+    assert!(print.status.success(), "{}", String::from_utf8_lossy(&print.stderr));
+    let print = String::from_utf8_lossy(&print.stdout).to_string();
+    let policy_text = print
+        .split("### ")
+        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
+        .and_then(|s| s.split_once('\n'))
+        .map(|(_, body)| body.to_string())
+        .expect("the agent's policy");
+    let policy = e.path().join("agent.yaml");
+    std::fs::write(
+        &policy,
+        policy_text.replace(
+            "jail: /var/lib/runwarden-agent/jail",
+            &format!("jail: {}", e.work().join("agent-jail").display()),
+        ),
+    )
+    .unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let (policy_at, audit) = (policy.clone(), e.work().join("agent-audit.jsonl"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let fd = std::os::fd::OwnedFd::from(stream);
+            if let Ok(mut child) = Command::new(bin())
+                .args(["agent", "--stdio", "--policy"])
+                .arg(&policy_at)
+                .arg("--audit")
+                .arg(&audit)
+                .stdin(fd.try_clone().unwrap())
+                .stdout(fd)
+                .spawn()
+            {
+                std::thread::spawn(move || child.wait());
+            }
+        }
+    });
+    let (_, report) = e.run_json("look", "me", &[]);
+    let whoami = report["steps"][0]["result"].to_string();
+    let observe = sh("/usr/bin/id", &["-u", "runwarden-observe"]);
+    assert!(whoami.contains(&format!("Uid:\\t{}", observe.trim())), "{report:#}");
+    assert!(whoami.contains("CapEff:\\t0000000000000004"), "{report:#}");
+    assert_eq!(report["steps"][1]["status"], "error", "{report:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(victim.try_wait().unwrap().is_none(), "the root process still runs");
+    victim.kill().unwrap();
+    let _ = victim.wait();
+}
