@@ -15,20 +15,97 @@ use serde_json::Value;
 
 use crate::util::*;
 
+/// Where a tier-1 tool runs: in the runner's own process tree, or under
+/// the host's agent (root's, on a unix socket, as the package's
+/// `runwarden-agent.socket` serves it).
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Local,
+    Agent,
+}
+
 /// A tier-1 tool of the user's own, and runbook `look` calling it once
-/// with `args` on local host `h`.
-fn with_tool(yaml: &str, args: &str) -> Estate {
+/// with `args` on host `h`, reached `via`.
+fn with_tool_via(via: Via, yaml: &str, args: &str) -> Estate {
     let e = Estate::new();
     std::fs::create_dir_all(e.path().join("tools")).unwrap();
     std::fs::write(e.path().join("tools/probe.yaml"), yaml).unwrap();
-    e.host("h", &local_host("h", "paths: [/tmp]"));
+    match via {
+        Via::Local => {
+            e.host("h", &local_host("h", "paths: [/tmp]"));
+        }
+        Via::Agent => {
+            let socket = e.path().join("agent.sock");
+            e.host(
+                "h",
+                &format!(
+                    "name: h\nconnection:\n  agent: {}\npaths: [/tmp]\n",
+                    socket.display()
+                ),
+            );
+        }
+    }
     e.runbook(
         "look",
         &format!(
             "name: look\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [probe] }}\nsteps:\n  - call: probe\n    args: {args}\n"
         ),
     );
+    if let Via::Agent = via {
+        serve_agent(&e, "h");
+    }
     e
+}
+
+fn with_tool(yaml: &str, args: &str) -> Estate {
+    with_tool_via(Via::Local, yaml, args)
+}
+
+/// Root's agent for host `host` of `e`: its policy as `install print`
+/// writes it, one `runwarden agent --stdio` per connection on the host
+/// file's socket. The listener lives until the test process ends.
+fn serve_agent(e: &Estate, host: &str) {
+    let print = e.run(&["install", "print", "--host", host]);
+    assert!(
+        print.status.success(),
+        "{}",
+        String::from_utf8_lossy(&print.stderr)
+    );
+    let print = String::from_utf8_lossy(&print.stdout).to_string();
+    let policy_text = print
+        .split("### ")
+        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
+        .and_then(|s| s.split_once('\n'))
+        .map(|(_, body)| body.to_string())
+        .expect("the agent's policy");
+    let policy = e.path().join("agent.yaml");
+    std::fs::write(
+        &policy,
+        policy_text.replace(
+            "jail: /var/lib/runwarden-agent/jail",
+            &format!("jail: {}", e.work().join("agent-jail").display()),
+        ),
+    )
+    .unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(e.path().join("agent.sock")).unwrap();
+    let audit = e.work().join("agent-audit.jsonl");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let fd = std::os::fd::OwnedFd::from(stream);
+            if let Ok(mut child) = Command::new(bin())
+                .args(["agent", "--stdio", "--policy"])
+                .arg(&policy)
+                .arg("--audit")
+                .arg(&audit)
+                .stdin(fd.try_clone().unwrap())
+                .stdout(fd)
+                .spawn()
+            {
+                std::thread::spawn(move || child.wait());
+            }
+        }
+    });
 }
 
 /// The one step's result: (exit code of the run, its result's data).
@@ -41,28 +118,37 @@ fn probe(e: &Estate) -> (i32, Value) {
 /// `CAP_DAC_READ_SEARCH` as its only capability, no new privileges.
 #[test]
 fn a_tier1_process_runs_as_the_observer_with_only_the_right_to_read() {
-    let e = with_tool(
-        "name: probe\ntier: 1\ndescription: Who am I.\nrun: [/usr/bin/grep, -E, '^(Uid|Gid|Groups|CapEff|CapPrm|CapAmb|NoNewPrivs):', /proc/self/status]\n",
-        "{}",
-    );
-    let (code, result) = probe(&e);
-    assert_eq!(code, 0, "{result:#}");
-    let status = result["data"]["stdout"].to_string();
-    let observe = sh("/usr/bin/id", &["-u", "runwarden-observe"]);
-    let journal = sh("/usr/bin/getent", &["group", "systemd-journal"]);
-    let journal_gid = journal.split(':').nth(2).unwrap().to_string();
-    assert!(
-        status.contains(&format!("Uid:\\t{}", observe.trim())),
-        "{status}"
-    );
-    assert!(status.contains(&journal_gid), "{status}");
-    for cap in ["CapEff", "CapPrm", "CapAmb"] {
-        assert!(
-            status.contains(&format!("{cap}:\\t0000000000000004")),
-            "{cap}: {status}"
+    for via in [Via::Local, Via::Agent] {
+        let e = with_tool_via(
+            via,
+            "name: probe\ntier: 1\ndescription: Who am I.\nrun: [/usr/bin/grep, -E, '^(Uid|Gid|Groups|CapEff|CapPrm|CapAmb|NoNewPrivs):', /proc/self/status]\n",
+            "{}",
         );
+        let (code, result) = probe(&e);
+        assert_eq!(code, 0, "{result:#}");
+        let status = result["data"]["stdout"].to_string();
+        let observe = sh("/usr/bin/id", &["-u", "runwarden-observe"]);
+        let journal = sh("/usr/bin/getent", &["group", "systemd-journal"]);
+        let journal_gid = journal.split(':').nth(2).unwrap().to_string();
+        assert!(
+            status.contains(&format!("Uid:\\t{}", observe.trim())),
+            "{status}"
+        );
+        assert!(status.contains(&journal_gid), "{status}");
+        for cap in ["CapEff", "CapPrm", "CapAmb"] {
+            assert!(
+                status.contains(&format!("{cap}:\\t0000000000000004")),
+                "{cap}: {status}"
+            );
+        }
+        assert!(status.contains("NoNewPrivs:\\t1"), "{via:?}: {status}");
+        if let Via::Agent = via {
+            assert!(
+                e.work().join("agent-audit.jsonl").exists(),
+                "the call went through the agent"
+            );
+        }
     }
-    assert!(status.contains("NoNewPrivs:\\t1"), "{status}");
 }
 
 /// haproxy with a root-only admin socket and a read-only stats socket the
@@ -158,167 +244,99 @@ fn a_root_only_admin_socket_refuses_a_tier1_tool_and_a_user_level_one_answers() 
 /// the process lives on.
 #[test]
 fn a_tier1_kill_of_a_root_process_is_refused() {
-    let mut victim = Command::new("/bin/sleep").arg("60").spawn().unwrap();
-    let e = with_tool(
-        "name: probe\ntier: 1\ndescription: Signal a process.\nargs:\n  pid: { type: integer, min: 2, max: 4194304 }\nrun: [/bin/kill, -TERM, \"{{ pid }}\"]\n",
-        &format!("{{ pid: {} }}", victim.id()),
-    );
-    let (code, result) = probe(&e);
-    assert_ne!(code, 0, "{result:#}");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        victim.try_wait().unwrap().is_none(),
-        "the root process still runs"
-    );
-    victim.kill().unwrap();
-    let _ = victim.wait();
+    for via in [Via::Local, Via::Agent] {
+        let mut victim = Command::new("/bin/sleep").arg("60").spawn().unwrap();
+        let e = with_tool_via(
+            via,
+            "name: probe\ntier: 1\ndescription: Signal a process.\nargs:\n  pid: { type: integer, min: 2, max: 4194304 }\nrun: [/bin/kill, -TERM, \"{{ pid }}\"]\n",
+            &format!("{{ pid: {} }}", victim.id()),
+        );
+        let (code, result) = probe(&e);
+        assert_ne!(code, 0, "{result:#}");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "{via:?}: the root process still runs"
+        );
+        victim.kill().unwrap();
+        let _ = victim.wait();
+    }
 }
 
 /// A loopback admin API: a POST to a port the declaration does not name
 /// never connects; with the port in `connect:`, the same tool reaches it.
 #[test]
 fn a_tier1_connect_reaches_only_the_ports_its_declaration_names() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let tool = |connect: &str| {
-        format!(
-            "name: probe\ntier: 1\ndescription: Flush a cache.\nrun: [/usr/bin/curl, -sS, --max-time, \"2\", -X, POST, \"http://127.0.0.1:{port}/cache/flush\"]\n{connect}"
-        )
-    };
-    let e = with_tool(&tool(""), "{}");
-    let (code, result) = probe(&e);
-    assert_ne!(code, 0, "{result:#}");
-    assert!(listener.accept().is_err(), "no connection reached the API");
+    for via in [Via::Local, Via::Agent] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tool = |connect: &str| {
+            format!(
+                "name: probe\ntier: 1\ndescription: Flush a cache.\nrun: [/usr/bin/curl, -sS, --max-time, \"2\", -X, POST, \"http://127.0.0.1:{port}/cache/flush\"]\n{connect}"
+            )
+        };
+        let e = with_tool_via(via, &tool(""), "{}");
+        let (code, result) = probe(&e);
+        assert_ne!(code, 0, "{via:?}: {result:#}");
+        assert!(
+            listener.accept().is_err(),
+            "{via:?}: no connection reached the API"
+        );
 
-    let e = with_tool(&tool(&format!("connect: [\"127.0.0.1:{port}\"]\n")), "{}");
-    let child = std::thread::spawn(move || probe(&e));
-    let (mut conn, _) = wait_for("the declared connect", Duration::from_secs(10), || {
-        listener.accept().ok()
-    });
-    let mut head = [0u8; 64];
-    let n = conn.read(&mut head).unwrap();
-    assert!(String::from_utf8_lossy(&head[..n]).starts_with("POST /cache/flush"));
-    drop(conn);
-    let _ = child.join();
+        let e = with_tool_via(
+            via,
+            &tool(&format!("connect: [\"127.0.0.1:{port}\"]\n")),
+            "{}",
+        );
+        let child = std::thread::spawn(move || probe(&e));
+        let (mut conn, _) = wait_for("the declared connect", Duration::from_secs(10), || {
+            listener.accept().ok()
+        });
+        let mut head = [0u8; 64];
+        let n = conn.read(&mut head).unwrap();
+        assert!(String::from_utf8_lossy(&head[..n]).starts_with("POST /cache/flush"));
+        drop(conn);
+        let _ = child.join();
+    }
 }
 
 /// A datagram to an abstract unix socket (no file to guard it): never
 /// delivered.
 #[test]
 fn a_tier1_datagram_to_an_abstract_socket_is_refused() {
-    use std::os::linux::net::SocketAddrExt;
-    let name = format!("runwarden-test-{}", std::process::id());
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let receiver = UnixDatagram::bind_addr(&addr).unwrap();
-    receiver.set_nonblocking(true).unwrap();
-    let e = with_tool(
-        &format!(
-            "name: probe\ntier: 1\ndescription: Tell a daemon.\nrun: [/usr/bin/socat, \"-\", \"ABSTRACT-SENDTO:{name}\"]\nstdin: \"reload\\n\"\n"
-        ),
-        "{}",
-    );
-    let (code, result) = probe(&e);
-    assert_ne!(code, 0, "{result:#}");
-    let mut buf = [0u8; 64];
-    assert!(receiver.recv(&mut buf).is_err(), "nothing was delivered");
-    // The same datagram from outside the sandbox is.
-    let out = Command::new("/usr/bin/socat")
-        .args(["-", &format!("ABSTRACT-SENDTO:{name}")])
-        .stdin(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"reload\n")?;
-            drop(c.stdin.take());
-            c.wait()
-        })
-        .unwrap();
-    assert!(out.success());
-    let n = wait_for("the datagram", Duration::from_secs(5), || {
-        receiver.recv(&mut buf).ok()
-    });
-    assert_eq!(&buf[..n], b"reload\n");
-}
-
-/// Under the host's agent (root's, on a unix socket, as the package's
-/// `runwarden-agent.socket` serves it), a tier-1 tool is the observer too:
-/// its own user and capabilities, and a `kill` of a root process refused.
-#[test]
-fn under_the_host_agent_a_tier1_tool_is_the_observer_too() {
-    let e = Estate::new();
-    let socket = e.path().join("agent.sock");
-    std::fs::create_dir_all(e.path().join("tools")).unwrap();
-    std::fs::write(
-        e.path().join("tools/whoami.yaml"),
-        "name: whoami\ntier: 1\ndescription: Who am I.\nrun: [/usr/bin/grep, -E, '^(Uid|CapEff):', /proc/self/status]\n",
-    )
-    .unwrap();
-    std::fs::write(
-        e.path().join("tools/signal.yaml"),
-        "name: signal\ntier: 1\ndescription: Signal a process.\nargs:\n  pid: { type: integer, min: 2, max: 4194304 }\nrun: [/bin/kill, -TERM, \"{{ pid }}\"]\n",
-    )
-    .unwrap();
-    e.host(
-        "me",
-        &format!(
-            "name: me\nconnection:\n  agent: {}\npaths: [/tmp]\n",
-            socket.display()
-        ),
-    );
-    let mut victim = Command::new("/bin/sleep").arg("60").spawn().unwrap();
-    e.runbook(
-        "look",
-        &format!(
-            "name: look\ndescription: t\nhosts: [me]\nautonomy: L3\ntools: {{ observe: [whoami, signal] }}\nsteps:\n  - call: whoami\n  - call: signal\n    args: {{ pid: {} }}\n",
-            victim.id()
-        ),
-    );
-    // The agent's policy, as `install print` writes it for this host.
-    let print = e.run(&["install", "print", "--host", "me"]);
-    assert!(print.status.success(), "{}", String::from_utf8_lossy(&print.stderr));
-    let print = String::from_utf8_lossy(&print.stdout).to_string();
-    let policy_text = print
-        .split("### ")
-        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
-        .and_then(|s| s.split_once('\n'))
-        .map(|(_, body)| body.to_string())
-        .expect("the agent's policy");
-    let policy = e.path().join("agent.yaml");
-    std::fs::write(
-        &policy,
-        policy_text.replace(
-            "jail: /var/lib/runwarden-agent/jail",
-            &format!("jail: {}", e.work().join("agent-jail").display()),
-        ),
-    )
-    .unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let (policy_at, audit) = (policy.clone(), e.work().join("agent-audit.jsonl"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let fd = std::os::fd::OwnedFd::from(stream);
-            if let Ok(mut child) = Command::new(bin())
-                .args(["agent", "--stdio", "--policy"])
-                .arg(&policy_at)
-                .arg("--audit")
-                .arg(&audit)
-                .stdin(fd.try_clone().unwrap())
-                .stdout(fd)
-                .spawn()
-            {
-                std::thread::spawn(move || child.wait());
-            }
-        }
-    });
-    let (_, report) = e.run_json("look", "me", &[]);
-    let whoami = report["steps"][0]["result"].to_string();
-    let observe = sh("/usr/bin/id", &["-u", "runwarden-observe"]);
-    assert!(whoami.contains(&format!("Uid:\\t{}", observe.trim())), "{report:#}");
-    assert!(whoami.contains("CapEff:\\t0000000000000004"), "{report:#}");
-    assert_eq!(report["steps"][1]["status"], "error", "{report:#}");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(victim.try_wait().unwrap().is_none(), "the root process still runs");
-    victim.kill().unwrap();
-    let _ = victim.wait();
+    for via in [Via::Local, Via::Agent] {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("runwarden-test-{}-{via:?}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let receiver = UnixDatagram::bind_addr(&addr).unwrap();
+        receiver.set_nonblocking(true).unwrap();
+        let e = with_tool_via(
+            via,
+            &format!(
+                "name: probe\ntier: 1\ndescription: Tell a daemon.\nrun: [/usr/bin/socat, \"-\", \"ABSTRACT-SENDTO:{name}\"]\nstdin: \"reload\\n\"\n"
+            ),
+            "{}",
+        );
+        let (code, result) = probe(&e);
+        assert_ne!(code, 0, "{result:#}");
+        let mut buf = [0u8; 64];
+        assert!(receiver.recv(&mut buf).is_err(), "nothing was delivered");
+        // The same datagram from outside the sandbox is.
+        let out = Command::new("/usr/bin/socat")
+            .args(["-", &format!("ABSTRACT-SENDTO:{name}")])
+            .stdin(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"reload\n")?;
+                drop(c.stdin.take());
+                c.wait()
+            })
+            .unwrap();
+        assert!(out.success());
+        let n = wait_for("the datagram", Duration::from_secs(5), || {
+            receiver.recv(&mut buf).ok()
+        });
+        assert_eq!(&buf[..n], b"reload\n");
+    }
 }
