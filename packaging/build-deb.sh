@@ -32,7 +32,7 @@ for unit in runwarden.service runwarden-agent.socket runwarden-agent@.service; d
 done
 install -D -m 0644 /dev/stdin "$root/usr/lib/sysusers.d/runwarden.conf" <<'CONF'
 u runwarden - "runwarden remediation runner" /var/lib/runwarden /usr/sbin/nologin
-u runwarden-observe - "runwarden tier-1 observer: reads, changes nothing" - /usr/sbin/nologin
+u runwarden-observe - "runwarden tier-1 observer (reads, changes nothing)" - /usr/sbin/nologin
 m runwarden-observe systemd-journal
 CONF
 # Completions and the manual page, generated from the binary's own definitions.

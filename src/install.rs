@@ -277,7 +277,7 @@ pub(crate) fn observer_account() -> String {
 # it reads (CAP_DAC_READ_SEARCH, group {journal}) and changes nothing. The Debian package
 # installs this file; elsewhere run `systemd-sysusers` after copying it, or
 #   useradd --system --no-create-home --shell /usr/sbin/nologin --groups {journal} {user}
-u {user} - \"runwarden tier-1 observer: reads, changes nothing\" - /usr/sbin/nologin
+u {user} - \"runwarden tier-1 observer (reads, changes nothing)\" - /usr/sbin/nologin
 m {user} {journal}
 "
     )

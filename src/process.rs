@@ -139,11 +139,11 @@ pub struct Limits {
     pub stdin_from: Option<std::sync::Arc<OwnedFd>>,
 }
 
-/// How a process is confined beyond its jail, stub environment and process group.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// How a process is confined beyond its jail, stub environment and process
+/// group. No default: `tools::confinement` decides it from a tool's tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confine {
     /// Nothing more (a tier-2 change, which must write).
-    #[default]
     Jail,
     /// A tier-1 process: an observer, which changes nothing (see
     /// [`crate::sandbox`]). Where this machine cannot enforce every layer,

@@ -27,24 +27,14 @@ pub(crate) const OUTPUT_CAP: usize = 1 << 20;
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 
 impl<'a> Ctx<'a> {
-    pub(crate) fn new(host: &'a Host, deadline: tokio::time::Instant) -> Ctx<'a> {
+    /// A call's context, its processes confined as `confine` says (what
+    /// [`super::confinement`] decides from the tool's tier).
+    pub(crate) fn new(host: &'a Host, deadline: tokio::time::Instant, confine: Confine) -> Ctx<'a> {
         Ctx {
             host,
             deadline,
             output_cap: OUTPUT_CAP,
             kill_grace: KILL_GRACE,
-            confine: Confine::Jail,
-            ran: Default::default(),
-        }
-    }
-
-    /// A context like this one whose processes are confined as `confine` says.
-    pub(crate) fn confined(&self, confine: Confine) -> Ctx<'a> {
-        Ctx {
-            host: self.host,
-            deadline: self.deadline,
-            output_cap: self.output_cap,
-            kill_grace: self.kill_grace,
             confine,
             ran: Default::default(),
         }

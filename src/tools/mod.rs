@@ -38,6 +38,8 @@ pub use action::{Action, PathMode, privileged_commands, resolve};
 pub(crate) use context::{Ctx, OUTPUT_CAP, privileged};
 pub(crate) use registry::compile_schemas;
 pub use registry::{Builtin, Tier, ToolId, Tools, check_shape};
+
+use crate::process::Confine;
 pub(crate) use result::{Failure, Outcome, ToolResult, Unreachable};
 
 pub(crate) use context::poll;
@@ -56,22 +58,39 @@ pub(crate) async fn execute_here(
             host.jail.display()
         ));
     }
-    execute(action, &Ctx::new(host, deadline)).await
+    execute(action, host, deadline).await
 }
 
-/// Run a resolved action on this machine and report what happened. A
-/// tier-1 call's processes cannot write (see [`crate::sandbox`]).
-pub(crate) async fn execute(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
-    if action.tier() == Tier::Observe {
-        let ctx = ctx.confined(crate::process::Confine::observer());
-        return execute_confined(action, &ctx).await;
+/// How a call's processes are confined, decided here alone and from the
+/// tool's tier in the registry (never from a caller): a tier-1 call's, and
+/// every verify probe's, as the observer that changes nothing (see
+/// [`crate::sandbox`]); a tier-2 change's in its jail, since a change must
+/// write. A declared tool's observer may connect to its `connect:` ports
+/// and starts only with every layer of the sandbox, unless the host
+/// accepts less (`unsandboxed_tier1: allow`); a built-in's starts with the
+/// layers there are (its argv is fixed in code).
+pub(crate) fn confinement(tool: &ToolId, tier: Tier, host: &crate::host::Host) -> Confine {
+    match (tier, tool) {
+        (Tier::Change, _) => Confine::Jail,
+        (Tier::Observe, ToolId::Builtin(_)) => Confine::observer(),
+        (Tier::Observe, ToolId::Declared(d)) => Confine::Observer {
+            required: !host.unsandboxed_tier1,
+            connect: std::sync::Arc::from(d.connect.as_slice()),
+        },
     }
-    execute_confined(action, ctx).await
 }
 
-async fn execute_confined(action: &Action, ctx: &Ctx<'_>) -> ToolResult {
+/// Run a resolved action on this machine and report what happened, its
+/// processes confined as its tier says ([`confinement`]).
+pub(crate) async fn execute(
+    action: &Action,
+    host: &crate::host::Host,
+    deadline: tokio::time::Instant,
+) -> ToolResult {
+    let tool = action.tool();
+    let ctx = Ctx::new(host, deadline, confinement(&tool, tool.tier(), host));
     let started = Instant::now();
-    let mut result = action.0.run(ctx).await;
+    let mut result = action.0.run(&ctx).await;
     // Whatever left its process group and outlived the call's processes
     // dies with the call.
     crate::process::escapees::sweep();
@@ -160,7 +179,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
-            .block_on(async { execute(&action, &Ctx::new(host, deadline)).await })
+            .block_on(async { execute(&action, host, deadline).await })
     }
 
     /// `disk_usage` measures what the gate checked: a path swapped for a
@@ -205,7 +224,7 @@ mod tests {
             .expect("the gate allows it");
             swap();
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-            rt.block_on(async { execute(&action, &Ctx::new(&host, deadline)).await })
+            rt.block_on(async { execute(&action, &host, deadline).await })
         };
         // Untouched: measured, entries named by the checked path.
         let ok = run(&allowed.join("mid"), &|| {});

@@ -1254,6 +1254,14 @@ fn the_debian_package_installs_runs_hardened_and_changes_this_machine_through_it
             .is_ok_and(|u| u != 0),
         "the package made the system account"
     );
+    // And the observer every tier-1 process runs as, in the journal's group.
+    let observer = h.setup("id runwarden-observe");
+    assert!(
+        observer.contains("uid=")
+            && !observer.contains("uid=0(")
+            && observer.contains("(systemd-journal)"),
+        "{observer}"
+    );
     let policy = h.setup_ok("cat /etc/runwarden/agent.yaml");
     assert!(policy.contains("permit_public_key: "), "{policy}");
     assert!(

@@ -486,15 +486,16 @@ impl Call {
     pub(crate) async fn run(&self, ctx: &Ctx<'_>) -> ToolResult {
         let tool = &self.tool;
         let deadline = ctx.deadline.min(tokio::time::Instant::now() + tool.timeout);
-        // A tier-1 process, and every probe, cannot write; where Landlock is
-        // missing it runs only if the host accepts that.
-        let observe = Confine::Observer {
-            required: !ctx.host.unsandboxed_tier1,
-            connect: std::sync::Arc::from(tool.connect.as_slice()),
-        };
+        // A tier-1 process (the call's own confinement), and every probe,
+        // as the observer this tool's tier 1 would be.
+        let observe = super::confinement(
+            &crate::tools::ToolId::Declared(tool.clone()),
+            Tier::Observe,
+            ctx.host,
+        );
         let stdin = |r: &Rendered| r.stdin.clone().map(String::into_bytes);
         let (argv, confine) = match tool.tier {
-            Tier::Observe => (self.run.argv.clone(), observe.clone()),
+            Tier::Observe => (self.run.argv.clone(), ctx.confine.clone()),
             Tier::Change => (self.change_argv(ctx.host), Confine::Jail),
         };
         let out = match ctx
