@@ -342,11 +342,10 @@ fn main() {
         });
         t.elapsed() / SPAWNS
     };
-    // The observer: its own user, Landlock's file, TCP and scope rules.
-    let confined = runwarden::process::Confine::Observer {
-        required: true,
-        connect: std::sync::Arc::from([]),
-    };
+    // The observer, as a built-in's tier-1 call starts it: its own user,
+    // Landlock's file, TCP and scope rules (every layer this machine has;
+    // `RUNWARDEN_BENCH_NO_IDENTITY=1` leaves the user out, to see its share).
+    let confined = runwarden::process::Confine::observer();
     let (mut open, mut shut, mut extra) = (Vec::new(), Vec::new(), Vec::new());
     spawns(&confined);
     for _ in 0..ROUNDS {

@@ -160,6 +160,11 @@ fn kernel_abi() -> i64 {
 }
 
 fn identity() -> Result<Identity, String> {
+    // The bench's question: what the identity alone adds to a spawn.
+    #[cfg(feature = "internals")]
+    if std::env::var_os("RUNWARDEN_BENCH_NO_IDENTITY").is_some() {
+        return Err("switched off by the bench (RUNWARDEN_BENCH_NO_IDENTITY)".into());
+    }
     let euid = nix::unistd::geteuid();
     if !euid.is_root() {
         return Ok(Identity::Unprivileged(euid.as_raw()));
