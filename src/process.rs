@@ -355,17 +355,18 @@ fn start(
         program: argv.program.display().to_string(),
         why,
     };
-    if let (crate::sandbox::Status::Unavailable(why), true) = (crate::sandbox::status(), required) {
+    if *required && let crate::sandbox::Status::Unavailable(why) = crate::sandbox::status() {
         return Err(unconfined(why));
     }
     // Every layer there is; with no Landlock here at all, as it is (a
-    // built-in's argv is fixed in code). A spawner that fails now fails
-    // closed.
-    if crate::sandbox::observer_spawner().is_err() {
-        return Ok(escapees::spawn(|| command.spawn()));
+    // built-in's argv is fixed in code). A spawner that could not be made
+    // where Landlock exists fails closed.
+    match crate::sandbox::observing(connect).map_err(unconfined)? {
+        Some(observer) => observer
+            .spawn(move || escapees::spawn(|| command.spawn()))
+            .map_err(unconfined),
+        None => Ok(escapees::spawn(|| command.spawn())),
     }
-    crate::sandbox::spawn_observing(connect, move || escapees::spawn(|| command.spawn()))
-        .map_err(unconfined)
 }
 
 /// A command for a long-lived helper of the SSH transport (the connection

@@ -84,13 +84,6 @@ impl Layer {
         }
     }
 
-    /// Every layer.
-    pub const ALL: [Layer; 4] = [
-        Layer::LandlockFs,
-        Layer::LandlockNet,
-        Layer::LandlockScope,
-        Layer::ObserverIdentity,
-    ];
 }
 
 /// Whether tier-1 processes start with every layer here, and which are
@@ -205,56 +198,73 @@ pub fn observer() -> String {
     }
 }
 
-/// Each layer: `Ok` where it holds, else why not.
+/// Each layer: `Ok` where it holds, else why not. Found once: what this
+/// machine enforces does not change while the process runs.
 pub fn layers() -> Vec<(Layer, Result<(), String>)> {
-    let f = found();
-    let landlock = |needs: i64, what: &str| match f.abi {
-        0 => Err(format!(
-            "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list ({what})"
-        )),
-        abi if abi < needs => Err(format!(
-            "this kernel's Landlock is ABI {abi}; {what} needs ABI {needs}"
-        )),
-        _ => Ok(()),
-    };
-    let mut out = vec![
-        (
-            Layer::LandlockFs,
-            landlock(3, "no filesystem write").and_then(|()| spawner(&[]).map(|_| ())),
-        ),
-        (
-            Layer::LandlockNet,
-            landlock(4, "no TCP connect but to the declared ports"),
-        ),
-        (
-            Layer::LandlockScope,
-            landlock(6, "no signal or abstract socket outside the sandbox"),
-        ),
-        (
-            Layer::ObserverIdentity,
-            f.identity.as_ref().map(|_| ()).map_err(Clone::clone),
-        ),
-    ];
     #[cfg(feature = "internals")]
     if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
-        for (_, l) in &mut out {
-            *l = Err("switched off by the bench".into());
-        }
+        return found_layers()
+            .iter()
+            .map(|(l, _)| (*l, Err("switched off by the bench".into())))
+            .collect();
     }
-    out.sort_by_key(|(l, _)| *l);
-    out
+    found_layers().to_vec()
 }
 
-/// Whether tier-1 processes start with every layer here, and which not.
+fn found_layers() -> &'static [(Layer, Result<(), String>)] {
+    static LAYERS: OnceLock<Vec<(Layer, Result<(), String>)>> = OnceLock::new();
+    LAYERS.get_or_init(|| {
+        let f = found();
+        let landlock = |needs: i64, what: &str| match f.abi {
+            0 => Err(format!(
+                "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list ({what})"
+            )),
+            abi if abi < needs => Err(format!(
+                "this kernel's Landlock is ABI {abi}; {what} needs ABI {needs}"
+            )),
+            _ => Ok(()),
+        };
+        vec![
+            (
+                Layer::LandlockFs,
+                landlock(3, "no filesystem write").and_then(|()| spawner(&[]).map(|_| ())),
+            ),
+            (
+                Layer::LandlockNet,
+                landlock(4, "no TCP connect but to the declared ports"),
+            ),
+            (
+                Layer::LandlockScope,
+                landlock(6, "no signal or abstract socket outside the sandbox"),
+            ),
+            (
+                Layer::ObserverIdentity,
+                f.identity.as_ref().map(|_| ()).map_err(Clone::clone),
+            ),
+        ]
+    })
+}
+
+/// Whether tier-1 processes start with every layer here, and which not
+/// (asked before every tier-1 spawn: found once).
 pub fn status() -> Status {
-    let missing: Vec<String> = layers()
-        .into_iter()
-        .filter_map(|(l, r)| r.err().map(|why| format!("{}: {why}", l.as_str())))
-        .collect();
-    match missing.is_empty() {
-        true => Status::Enforced,
-        false => Status::Unavailable(missing.join("; ")),
+    #[cfg(feature = "internals")]
+    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
+        return Status::Unavailable("switched off by the bench".into());
     }
+    static STATUS: OnceLock<Status> = OnceLock::new();
+    STATUS
+        .get_or_init(|| {
+            let missing: Vec<String> = found_layers()
+                .iter()
+                .filter_map(|(l, r)| r.as_ref().err().map(|why| format!("{}: {why}", l.as_str())))
+                .collect();
+            match missing.is_empty() {
+                true => Status::Enforced,
+                false => Status::Unavailable(missing.join("; ")),
+            }
+        })
+        .clone()
 }
 
 /// One observer spawner: its job queue.
@@ -304,14 +314,44 @@ fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
     }
 }
 
-/// The default observer spawner (built-ins: no TCP), or why there is none
-/// (no Landlock here).
-pub(crate) fn observer_spawner() -> Result<(), String> {
+/// The observer spawner for processes that may connect to `ports`:
+/// `None` where this kernel has no Landlock at all (nothing to start them
+/// under; a built-in's argv is fixed in code, and `status` refuses a
+/// declared tool's), `Err` where there is and the spawner could not be
+/// made (its identity or ruleset refused): the spawn fails closed.
+pub(crate) fn observing(ports: &[u16]) -> Result<Option<Observing>, String> {
     #[cfg(feature = "internals")]
     if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err("switched off by the bench".into());
+        return Ok(None);
     }
-    spawner(&[]).map(|_| ())
+    if found().abi < 3 {
+        return Ok(None);
+    }
+    spawner(ports).map(|s| Some(Observing(s)))
+}
+
+/// An observer spawner, ready to start a process.
+pub(crate) struct Observing(Arc<Spawner>);
+
+impl Observing {
+    /// Run `spawn` (which starts one process) on the spawner's thread, so
+    /// the process it starts is an observer. `spawn` must only start the
+    /// process: it runs on a thread that changes nothing either.
+    pub(crate) fn spawn<T: Send + 'static>(
+        &self,
+        spawn: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let (done, result) = sync_channel::<T>(1);
+        self.0
+            .jobs
+            .send(Box::new(move || {
+                let _ = done.send(spawn());
+            }))
+            .map_err(|_| "the observer spawner thread is gone".to_string())?;
+        result
+            .recv()
+            .map_err(|_| "the observer spawner thread dropped the spawn".to_string())
+    }
 }
 
 /// Run jobs until every sender is gone (never, in a process that spawns).
@@ -469,34 +509,17 @@ fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), String> {
 #[cfg(feature = "internals")]
 pub static OFF_FOR_BENCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Run `spawn` (which starts one process) on the observer spawner that may
-/// connect to `ports`, so the process it starts is an observer; `Err` with
-/// why when there is no such thread here. `spawn` must only start the
-/// process: it runs on a thread that cannot write files either.
-pub(crate) fn spawn_observing<T: Send + 'static>(
-    ports: &[u16],
-    spawn: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
-    #[cfg(feature = "internals")]
-    if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err("switched off by the bench".into());
-    }
-    let spawner = spawner(ports)?;
-    let (done, result) = sync_channel::<T>(1);
-    spawner
-        .jobs
-        .send(Box::new(move || {
-            let _ = done.send(spawn());
-        }))
-        .map_err(|_| "the observer spawner thread is gone".to_string())?;
-    result
-        .recv()
-        .map_err(|_| "the observer spawner thread dropped the spawn".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Start `spawn` as an observer that may connect to `ports`.
+    fn spawn_observing<T: Send + 'static>(
+        ports: &[u16],
+        spawn: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        observing(ports)?.expect("this kernel has Landlock").spawn(spawn)
+    }
 
     fn sh(script: &str) -> std::process::Command {
         let mut c = std::process::Command::new("/bin/sh");
