@@ -83,7 +83,6 @@ impl Layer {
             Layer::ObserverIdentity => "observer_identity",
         }
     }
-
 }
 
 /// Whether tier-1 processes start with every layer here, and which are
@@ -518,7 +517,9 @@ mod tests {
         ports: &[u16],
         spawn: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, String> {
-        observing(ports)?.expect("this kernel has Landlock").spawn(spawn)
+        observing(ports)?
+            .expect("this kernel has Landlock")
+            .spawn(spawn)
     }
 
     fn sh(script: &str) -> std::process::Command {

@@ -23,6 +23,8 @@ mod declared;
 mod demotion;
 mod history;
 mod layers;
+#[path = "../support/agent.rs"]
+mod local_agent;
 mod model;
 mod oncall;
 mod reload;
@@ -273,57 +275,25 @@ fn install_print(dir: &Path) -> String {
 /// accepted stream, as systemd's `Accept=yes` starts it). Returns the
 /// policy file's path; the listener lives until the process ends.
 fn agent_socket(dir: &Path, socket: &Path, policy_allows: &Path) -> std::path::PathBuf {
-    let text = install_print(dir);
-    let policy_text: String = text
-        .split("### ")
-        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
-        .and_then(|s| s.split_once('\n'))
-        .map(|(_, body)| body.to_string())
-        .expect("the agent's policy");
+    let policy_text = local_agent::policy_from_print(&install_print(dir), &dir.join("agent-jail"));
     assert!(policy_text.contains("sudo: false"), "{policy_text}");
     let policy = dir.join("agent.yaml");
     std::fs::write(
         &policy,
-        policy_text
-            .replace(
-                "jail: /var/lib/runwarden-agent/jail",
-                &format!("jail: {}", dir.join("agent-jail").display()),
-            )
-            .replace(
-                &format!("paths: [\"{}\"]", dir.join("data").display()),
-                &format!("paths: [\"{}\"]", policy_allows.display()),
-            ),
+        policy_text.replace(
+            &format!("paths: [\"{}\"]", dir.join("data").display()),
+            &format!("paths: [\"{}\"]", policy_allows.display()),
+        ),
     )
     .unwrap();
     agent_listener(socket, &policy, &dir.join("agent-audit.jsonl"));
     policy
 }
 
-/// Listen on `socket` as `runwarden-agent.socket` does: one real
-/// `runwarden agent --stdio` per connection, with `policy` and `audit`, on
-/// the accepted stream (as systemd's `Accept=yes` starts it), alongside the
-/// others. The listener lives until the process ends.
+/// Listen on `socket` as `runwarden-agent.socket` does, with `policy` and
+/// `audit` (see `tests/support/agent.rs`).
 fn agent_listener(socket: &Path, policy: &Path, audit: &Path) {
-    use std::os::fd::OwnedFd;
-    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    let (policy, audit) = (policy.to_path_buf(), audit.to_path_buf());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let fd = OwnedFd::from(stream);
-            let child = std::process::Command::new(bin())
-                .args(["agent", "--stdio", "--policy"])
-                .arg(&policy)
-                .arg("--audit")
-                .arg(&audit)
-                .stdin(fd.try_clone().unwrap())
-                .stdout(fd)
-                .spawn();
-            if let Ok(mut child) = child {
-                std::thread::spawn(move || child.wait());
-            }
-        }
-    });
+    local_agent::listen(bin(), socket, policy, audit);
 }
 
 /// A config whose host `me` is this machine through its agent's socket,

@@ -16,7 +16,7 @@ use crate::util::*;
 /// haproxy in the foreground with an admin socket in `dir`, backend `web`
 /// of servers `app1` and `app2` (no health checks: their state is what the
 /// admin socket sets).
-fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
+pub(crate) fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
     let socket = dir.join("admin.sock");
     let cfg = dir.join("haproxy.cfg");
     // The read-only socket the drain's tier-1 verify reads, as the
@@ -48,7 +48,7 @@ fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
 }
 
 /// What haproxy says of `server` in `backend`: its admin state (8: drain).
-fn admin_state(socket: &std::path::Path, backend: &str, server: &str) -> String {
+pub(crate) fn admin_state(socket: &std::path::Path, backend: &str, server: &str) -> String {
     let out = Command::new("/usr/bin/socat")
         .args(["-", &format!("UNIX-CONNECT:{}", socket.display())])
         .stdin(std::process::Stdio::piped())

@@ -6,8 +6,7 @@
 //! allowlists, the budget, the kill switch, a person for L2, and an audit
 //! line for every call, before it runs.
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,56 +18,9 @@ use crate::util::*;
 const TOKEN: &str = "mcp-token-0123456789abcdef";
 const ALICE: &str = "Bearer alice-token-0123456789";
 
-/// The client's python, installed once per machine.
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new(repo().join("tests/estate/mcp-client.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("tests/estate/mcp-client.sh");
-        assert!(
-            out.status.success(),
-            "the MCP client could not be installed"
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    })
-}
-
-/// Start the client on `script` (each of `sessions` sessions runs it).
-pub(crate) fn agent(transport: &[String], script: &Value, sessions: usize) -> Child {
-    let mut child = Command::new(python())
-        .arg(repo().join("tests/support/mcp_client.py"))
-        .args(["--sessions", &sessions.to_string()])
-        .args(transport)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the MCP client");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.to_string().as_bytes())
-        .unwrap();
-    child
-}
-
-/// What the client said, once it has exited.
-pub(crate) fn events(child: Child) -> Vec<Value> {
-    let out = child.wait_with_output().unwrap();
-    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert!(
-        !events.is_empty(),
-        "the client said nothing: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    events
-}
+#[path = "../support/mcp_agent.rs"]
+mod mcp_agent;
+pub(crate) use mcp_agent::{agent, events};
 
 /// `runwarden mcp RUNBOOK --host HOST` of `e`, as a client launches it.
 fn stdio(e: &Estate, runbook: &str, host: &str) -> Vec<String> {

@@ -15,6 +15,9 @@ use serde_json::Value;
 
 use crate::util::*;
 
+#[path = "../support/agent.rs"]
+mod local_agent;
+
 /// Where a tier-1 tool runs: in the runner's own process tree, or under
 /// the host's agent (root's, on a unix socket, as the package's
 /// `runwarden-agent.socket` serves it).
@@ -57,10 +60,6 @@ fn with_tool_via(via: Via, yaml: &str, args: &str) -> Estate {
     e
 }
 
-fn with_tool(yaml: &str, args: &str) -> Estate {
-    with_tool_via(Via::Local, yaml, args)
-}
-
 /// Root's agent for host `host` of `e`: its policy as `install print`
 /// writes it, one `runwarden agent --stdio` per connection on the host
 /// file's socket. The listener lives until the test process ends.
@@ -71,41 +70,21 @@ fn serve_agent(e: &Estate, host: &str) {
         "{}",
         String::from_utf8_lossy(&print.stderr)
     );
-    let print = String::from_utf8_lossy(&print.stdout).to_string();
-    let policy_text = print
-        .split("### ")
-        .find(|s| s.starts_with("/etc/runwarden/agent.yaml"))
-        .and_then(|s| s.split_once('\n'))
-        .map(|(_, body)| body.to_string())
-        .expect("the agent's policy");
     let policy = e.path().join("agent.yaml");
     std::fs::write(
         &policy,
-        policy_text.replace(
-            "jail: /var/lib/runwarden-agent/jail",
-            &format!("jail: {}", e.work().join("agent-jail").display()),
+        local_agent::policy_from_print(
+            &String::from_utf8_lossy(&print.stdout),
+            &e.work().join("agent-jail"),
         ),
     )
     .unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(e.path().join("agent.sock")).unwrap();
-    let audit = e.work().join("agent-audit.jsonl");
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let fd = std::os::fd::OwnedFd::from(stream);
-            if let Ok(mut child) = Command::new(bin())
-                .args(["agent", "--stdio", "--policy"])
-                .arg(&policy)
-                .arg("--audit")
-                .arg(&audit)
-                .stdin(fd.try_clone().unwrap())
-                .stdout(fd)
-                .spawn()
-            {
-                std::thread::spawn(move || child.wait());
-            }
-        }
-    });
+    local_agent::listen(
+        bin(),
+        &e.path().join("agent.sock"),
+        &policy,
+        &e.work().join("agent-audit.jsonl"),
+    );
 }
 
 /// The one step's result: (exit code of the run, its result's data).
@@ -151,61 +130,11 @@ fn a_tier1_process_runs_as_the_observer_with_only_the_right_to_read() {
     }
 }
 
-/// haproxy with a root-only admin socket and a read-only stats socket the
-/// observer's group may use.
-fn haproxy(dir: &std::path::Path) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
-    let admin = dir.join("admin.sock");
-    let stats = dir.join("stats.sock");
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  stats socket {} mode 600 level admin\n  stats socket {} mode 660 group runwarden-observe level user\n\n\
-             defaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n  timeout server 1s\n\n\
-             frontend fe\n  bind 127.0.0.1:{}\n  default_backend web\n\nbackend web\n  server app1 127.0.0.1:9\n",
-            admin.display(),
-            stats.display(),
-            free_port()
-        ),
-    )
-    .unwrap();
-    let child = Command::new("/usr/sbin/haproxy")
-        .args(["-db", "-f"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let p = Proc(child);
-    wait_for("haproxy's sockets", Duration::from_secs(10), || {
-        (admin.exists() && stats.exists()).then_some(())
-    });
-    (p, admin, stats)
-}
-
 fn socat_tool(socket: &std::path::Path, stdin: &str) -> String {
     format!(
         "name: probe\ntier: 1\ndescription: Ask haproxy.\nrun: [/usr/bin/socat, \"-\", \"UNIX-CONNECT:{}\"]\nstdin: \"{stdin}\"\n",
         socket.display()
     )
-}
-
-/// What haproxy's admin socket says of app1: its admin state (0: ready).
-fn app1_state(admin: &std::path::Path) -> String {
-    let mut c = Command::new("/usr/bin/socat")
-        .args(["-", &format!("UNIX-CONNECT:{}", admin.display())])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(c.stdin.as_mut().unwrap(), b"show servers state web\n").unwrap();
-    let out = c.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    text.lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(3) == Some(&"app1"))
-        .map(|f| f[6].to_string())
-        .unwrap_or_else(|| panic!("no app1 in {text}"))
 }
 
 /// A root-only admin socket refuses a tier-1 `set server ... state maint`:
@@ -214,30 +143,30 @@ fn app1_state(admin: &std::path::Path) -> String {
 #[test]
 fn a_root_only_admin_socket_refuses_a_tier1_tool_and_a_user_level_one_answers() {
     let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        work.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (_haproxy, admin, stats) = haproxy(work.path());
-    assert_eq!(app1_state(&admin), "0");
-    let e = with_tool(
-        &socat_tool(&admin, "set server web/app1 state maint\\n"),
-        "{}",
-    );
-    let (code, result) = probe(&e);
-    assert_ne!(code, 0, "{result:#}");
-    assert!(
-        result.to_string().contains("Permission denied"),
-        "{result:#}"
-    );
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(app1_state(&admin), "0", "app1 stays in service");
+    let (_haproxy, admin) = crate::declared::haproxy(work.path());
+    let stats = admin.with_file_name("stats.sock");
+    let app1 = || crate::declared::admin_state(&admin, "web", "app1");
+    for via in [Via::Local, Via::Agent] {
+        assert_eq!(app1(), "0");
+        let e = with_tool_via(
+            via,
+            &socat_tool(&admin, "set server web/app1 state maint\\n"),
+            "{}",
+        );
+        let (code, result) = probe(&e);
+        assert_ne!(code, 0, "{via:?}: {result:#}");
+        assert!(
+            result.to_string().contains("Permission denied"),
+            "{via:?}: {result:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(app1(), "0", "{via:?}: app1 stays in service");
 
-    let e = with_tool(&socat_tool(&stats, "show servers state web\\n"), "{}");
-    let (code, result) = probe(&e);
-    assert_eq!(code, 0, "{result:#}");
-    assert!(result.to_string().contains("app1"), "{result:#}");
+        let e = with_tool_via(via, &socat_tool(&stats, "show servers state web\\n"), "{}");
+        let (code, result) = probe(&e);
+        assert_eq!(code, 0, "{via:?}: {result:#}");
+        assert!(result.to_string().contains("app1"), "{via:?}: {result:#}");
+    }
 }
 
 /// `kill -TERM` of a root process, whatever pid a model or agent picks:

@@ -5,58 +5,24 @@
 //! runbook's tools, a call runs and one outside the scope is refused, and
 //! the run ends with its verdict line.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::util::*;
 
+#[path = "../support/mcp_agent.rs"]
+mod mcp_agent;
+
 const TOKEN: &str = "mcp-token-shipped-0123456789";
 
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new(repo().join("tests/estate/mcp-client.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("tests/estate/mcp-client.sh");
-        assert!(
-            out.status.success(),
-            "the MCP client could not be installed"
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    })
-}
-
-/// The client on `transport`, running `script` once: what it said.
+/// The client on `transport`, running `script` once: what it said, none
+/// of it an error.
 fn session(transport: &[String], script: &Value) -> Vec<Value> {
-    let mut child = Command::new(python())
-        .arg(repo().join("tests/support/mcp_client.py"))
-        .args(["--sessions", "1"])
-        .args(transport)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the MCP client");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = mcp_agent::events(mcp_agent::agent(transport, script, 1));
     assert!(
-        events.iter().all(|e| e.get("error").is_none()) && !events.is_empty(),
-        "{events:#?} {}",
-        String::from_utf8_lossy(&out.stderr)
+        events.iter().all(|e| e.get("error").is_none()),
+        "{events:#?}"
     );
     events
 }
