@@ -61,7 +61,7 @@ pub const JOURNAL_GROUP: &str = "systemd-journal";
 type Job = Box<dyn FnOnce() + Send>;
 
 /// A layer of the observer's confinement (its `kind` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layer {
     /// No filesystem write.
     LandlockFs,
