@@ -51,7 +51,8 @@
 //! - [`planner`]: picks the next call (the runbook's steps, or a model toward
 //!   its `agent.goal`); it can only propose.
 //! - [`run`]: one runbook on one host, from the first call to the verdict;
-//!   [`report`] is what it reports.
+//!   [`report`] is what it reports. A run started by an alert is done when
+//!   that alert's own series is gone ([`done_when`], asking [`prometheus`]).
 //! - [`state`]: what one machine and a fleet must agree on, behind one
 //!   trait ([`state::SharedState`]) chosen once at start-up: admission (one
 //!   run per runbook and host, cooldown, dedupe and `max_runs`), a person's run's claim, a failure
@@ -87,6 +88,7 @@ pub(crate) mod claims;
 pub mod cli;
 pub mod compiled;
 pub mod config;
+pub(crate) mod done_when;
 pub mod executor;
 pub mod fault;
 pub mod files;
@@ -101,6 +103,7 @@ pub mod origin;
 pub mod plan;
 pub mod planner;
 pub mod process;
+pub(crate) mod prometheus;
 pub mod report;
 pub mod rules;
 pub mod run;

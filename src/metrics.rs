@@ -49,6 +49,10 @@ pub(crate) struct Metrics {
     pub(crate) audit_write_failures: IntCounter,
     /// Runs a panic ended (a bug in runwarden), by runbook.
     pub(crate) internal_errors: IntCounterVec,
+    /// `runwarden_alert_clear_seconds`: from a run's last call to its alert's clear.
+    pub(crate) alert_clear: HistogramVec,
+    /// `runwarden_fixes_recurred_total`: cleared alerts back within `recurrence`.
+    pub(crate) fixes_recurred: IntCounterVec,
     /// Audit heads sent to the journal as runs end, by result (`shipped`, `failed`).
     pub(crate) audit_heads: IntCounterVec,
     /// `runwarden_config_reloads_total`.
@@ -141,6 +145,17 @@ impl Metrics {
         )
         .expect("metric definition");
         r.register(Box::new(run_duration.clone()))
+            .expect("metric registered once");
+        let alert_clear = HistogramVec::new(
+            HistogramOpts::new(
+                "runwarden_alert_clear_seconds",
+                "Seconds from a run's last call to the first of the evaluations that found its alert's series gone (done_when.alert_clears; runs that cleared only).",
+            )
+            .buckets(vec![1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]),
+            &["runbook"],
+        )
+        .expect("metric definition");
+        r.register(Box::new(alert_clear.clone()))
             .expect("metric registered once");
         let runs_in_flight =
             IntGauge::new("runwarden_runs_in_flight", "Runs started and not finished.")
@@ -330,6 +345,13 @@ impl Metrics {
                 "Runs a panic in runwarden ended (verdict failed, reason internal_error): a bug to report. The run's verdict line has the message and place.",
                 &["runbook"],
             ),
+            alert_clear,
+            fixes_recurred: counter(
+                r,
+                "runwarden_fixes_recurred_total",
+                "Alerts a run saw clear that fired again on the same host within the runbook's done_when.alert_clears.recurrence: fixes that did not hold (each counts toward demote_after).",
+                &["runbook"],
+            ),
             audit_heads: counter(
                 r,
                 "runwarden_audit_heads_total",
@@ -484,6 +506,7 @@ impl Metrics {
         self.audit_write_failures.inc_by(0);
         for runbook in config.runbooks.keys() {
             self.internal_errors.with_label_values(&[runbook]).inc_by(0);
+            self.fixes_recurred.with_label_values(&[runbook]).inc_by(0);
         }
         for result in ["success", "failure"] {
             self.config_reloads.with_label_values(&[result]).inc_by(0);

@@ -158,10 +158,29 @@ pub struct RunReport {
     pub(crate) model_turns: u32,
     /// Tier-2 calls made.
     pub(crate) mutations: u32,
+    /// `done_when.alert_clears`: whether the alert that started the run
+    /// cleared, and the query and evaluations that say so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) alert_check: Option<AlertCheck>,
+    /// The earlier run whose cleared alert came back and started this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) recurred_from: Option<String>,
     /// The one verdict.
     pub verdict: Verdict,
     /// Why that verdict.
     pub(crate) verdict_detail: String,
+}
+
+/// What a run saw of its alert after its last call (`done_when`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct AlertCheck {
+    /// `cleared`, `firing`, `unknown` or `stopped`.
+    pub(crate) outcome: String,
+    /// In words, with the evidence.
+    pub(crate) said: String,
+    /// The rule, the query, the series looked for and each evaluation.
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    pub(crate) detail: serde_json::Value,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -213,6 +232,23 @@ pub(crate) fn render(r: &RunReport) -> String {
             );
         } else {
             s += &format!("  suggestion for a person (tier 3, not run): {sug}\n");
+        }
+    }
+    if let Some(earlier) = &r.recurred_from {
+        s += &format!(
+            "  this alert came back after run {earlier} saw it clear: that fix did not hold\n"
+        );
+    }
+    if let Some(check) = &r.alert_check {
+        s += &format!("  alert ({}): {}\n", check.outcome, check.said);
+        let queries = check.detail["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|a| a["queries"].as_array().into_iter().flatten())
+            .filter_map(|q| q.as_str());
+        for q in queries {
+            s += &format!("     query: {}\n", crate::text::one_line(q));
         }
     }
     s += &format!(

@@ -134,6 +134,27 @@ fn line(out: &mut String, e: &Entry) {
                 detail["approval_id"].as_str().unwrap_or("?")
             );
         }
+        Some(Phase::Evidence) => {
+            let _ = writeln!(
+                out,
+                "\n── alert {}: {}",
+                e.outcome.as_deref().unwrap_or("?"),
+                detail["said"].as_str().unwrap_or("")
+            );
+            for a in detail["alerts"].as_array().into_iter().flatten() {
+                for q in a["queries"].as_array().into_iter().flatten() {
+                    let _ = writeln!(out, "   query: {}", q.as_str().unwrap_or("?"));
+                }
+            }
+        }
+        Some(Phase::Recurred) => {
+            let _ = writeln!(
+                out,
+                "\n── the alert it cleared came back {} s later: run {}",
+                detail["after_s"],
+                detail["back_in"].as_str().unwrap_or("?")
+            );
+        }
         Some(Phase::DryRun) => {
             let _ = writeln!(out, "\n── call {step}: {}", call());
             let _ = writeln!(out, "   gate: allowed; dry run, not dispatched");

@@ -11,9 +11,13 @@ use serde::Serialize;
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// Every call succeeded and every change verified.
+    /// Every call succeeded and every change verified; for a runbook with
+    /// `done_when.alert_clears`, and the alert that started it is gone.
     #[default]
     Ok,
+    /// Every call succeeded, and the alert that started the run was still
+    /// firing when `done_when.alert_clears.within` ended: the fix did not fix.
+    Unresolved,
     /// A call failed, timed out, or a change could not be verified.
     Failed,
     /// A model-planned run without evidence: it made no successful call, or
@@ -40,6 +44,7 @@ impl Verdict {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
+            Verdict::Unresolved => "unresolved",
             Verdict::Failed => "failed",
             Verdict::Inconclusive => "inconclusive",
             Verdict::Denied => "denied",
@@ -62,14 +67,16 @@ impl Verdict {
             Verdict::Broken => 6,
             Verdict::Halted => 7,
             Verdict::Inconclusive => 8,
+            Verdict::Unresolved => 9,
             // Like broken: the run ended without reaching its own verdict.
             Verdict::Interrupted => 6,
         }
     }
 
     /// Every verdict, from best to worst.
-    pub(crate) const ALL: [Verdict; 9] = [
+    pub(crate) const ALL: [Verdict; 10] = [
         Verdict::Ok,
+        Verdict::Unresolved,
         Verdict::Failed,
         Verdict::Inconclusive,
         Verdict::Denied,

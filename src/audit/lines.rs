@@ -245,6 +245,12 @@ pub(crate) fn alert_record(alert: &Value, together: &[Value]) -> Value {
             out[key] = clean(text, 500).into();
         }
     }
+    // What `done_when` needs of a run handed back and run again.
+    for key in ["fingerprint", "generator_url"] {
+        if let Some(text) = alert[key].as_str().filter(|t| !t.is_empty()) {
+            out[key] = clean(text, 2000).into();
+        }
+    }
     if together.len() > 1 {
         out["alerts"] = together.iter().take(10).map(labels).collect();
     }
@@ -262,7 +268,13 @@ pub(crate) fn alert_of_record(record: &Value) -> Option<Value> {
             annotations.insert(key.into(), text.clone());
         }
     }
-    Some(json!({ "labels": labels, "annotations": annotations }))
+    let mut alert = json!({ "labels": labels, "annotations": annotations });
+    for key in ["fingerprint", "generator_url"] {
+        if let Some(text) = record.get(key) {
+            alert[key] = text.clone();
+        }
+    }
+    Some(alert)
 }
 
 /// How a run ended, beyond its verdict: what its verdict line tallies.
@@ -571,6 +583,47 @@ impl AuditLog {
     ) -> Result<(), AuditError> {
         let mut e = run.entry(Phase::Suggestion, Some(step));
         e.detail = Some(json!({ "suggestion": text, "tier": 3 }));
+        self.append(e, true)
+    }
+
+    /// What the run saw of its alert after its last call: `outcome` is
+    /// `cleared`, `firing` or `unknown`; `detail` the rule, the query, the
+    /// series and each evaluation.
+    pub(crate) fn evidence(
+        &self,
+        run: &RunInfo,
+        outcome: &str,
+        said: &str,
+        detail: &Value,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Evidence, None);
+        e.outcome = Some(outcome.into());
+        let mut d = detail.clone();
+        if !d.is_object() {
+            d = json!({});
+        }
+        d["said"] = said.into();
+        e.detail = Some(d);
+        self.append(e, true)
+    }
+
+    /// The alert `earlier` saw clear is back, and started `run`: a line of
+    /// the earlier run (its fix did not hold), naming the new one.
+    pub(crate) fn recurred(
+        &self,
+        earlier: &str,
+        run: &RunInfo,
+        fingerprint: &str,
+        after: std::time::Duration,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Recurred, None);
+        e.run_id = earlier.to_string();
+        e.outcome = Some("recurred".into());
+        e.detail = Some(json!({
+            "fingerprint": fingerprint,
+            "back_in": run.run_id,
+            "after_s": after.as_secs(),
+        }));
         self.append(e, true)
     }
 

@@ -84,6 +84,12 @@ pub enum Phase {
     Suggestion,
     /// The model planner's request and the model's answer.
     Model,
+    /// What a run saw of its alert after its last call (`done_when`):
+    /// cleared, still firing, or could not tell, with the query.
+    Evidence,
+    /// An alert a run saw clear came back within its runbook's
+    /// `recurrence`: written for that earlier run, naming the new one.
+    Recurred,
     /// The run's one verdict.
     Verdict,
     /// A timed kill switch released itself (no run: `run_id` is `-`).

@@ -11,7 +11,7 @@ use super::{Exit, Failed};
 use crate::gate::killswitch::KillSwitch;
 use crate::trigger::alerts::Notification;
 
-pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -> Exit {
+pub(super) async fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -> Exit {
     let config = super::check::load(dir)?;
     // `-`: the notification on standard input (`amtool`, `curl`, a pipe),
     // no larger than the webhook takes.
@@ -46,7 +46,8 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -
     };
     let killswitch = KillSwitch::new(&config.settings.kill_switch_dir);
     let demotions = crate::audit::demotions(&config.settings);
-    let all = crate::plan::notification(&n, &config, &killswitch, &demotions, &record, plans);
+    let mut all = crate::plan::notification(&n, &config, &killswitch, &demotions, &record, plans);
+    done_when(&mut all, &n, &config).await;
     if as_json {
         println!("{all}");
         return Ok(0);
@@ -83,10 +84,73 @@ pub(super) fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: bool) -
                 ),
             };
             println!("  -> {}", crate::text::printable(&line));
+            print_done_when(&o["done_when"]);
             print_plan(&o["plan"]);
         }
     }
     Ok(0)
+}
+
+/// For each run a runbook with `done_when` would start: what would be
+/// asked of Prometheus to see its alert clear (`done_when` beside the
+/// outcome), or why it could not be.
+async fn done_when(all: &mut Value, n: &Notification, config: &crate::config::Config) {
+    let Some(endpoint) = &config.settings.prometheus else {
+        return;
+    };
+    let prom = crate::prometheus::Prometheus::new(endpoint);
+    let Some(alerts) = all["alerts"].as_array_mut() else {
+        return;
+    };
+    // One entry per alert of the notification, in its order.
+    for (a, alert) in alerts.iter_mut().zip(&n.alerts) {
+        let shape = serde_json::json!({
+            "labels": alert.labels,
+            "fingerprint": alert.fingerprint,
+            "generator_url": alert.generator_url,
+        });
+        for o in a["outcomes"].as_array_mut().into_iter().flatten() {
+            let clears = o["runbook"]
+                .as_str()
+                .and_then(|r| config.runbooks.get(r))
+                .and_then(|r| r.done_when.clone());
+            let (Some(clears), "would_start") = (clears, o["result"].as_str().unwrap_or("")) else {
+                continue;
+            };
+            o["done_when"] = match crate::done_when::preview(&prom, &shape, &clears).await {
+                Ok(v) => v,
+                Err(why) => serde_json::json!({ "error": why }),
+            };
+        }
+    }
+}
+
+/// What `done_when` would look for, as a person reads it.
+fn print_done_when(d: &Value) {
+    if d.is_null() {
+        return;
+    }
+    if let Some(why) = d["error"].as_str() {
+        println!(
+            "     done when the alert clears: cannot tell ({})",
+            crate::text::printable(why)
+        );
+        return;
+    }
+    for q in d["queries"].as_array().into_iter().flatten() {
+        println!(
+            "     done when the alert clears: {} is absent from {}",
+            crate::text::printable(d["series_text"].as_str().unwrap_or("")),
+            crate::text::printable(q.as_str().unwrap_or(""))
+        );
+    }
+    println!(
+        "     within at least {} s (the rule's look-back {} s plus two evaluations of {} s)",
+        d["minimum_within_s"], d["look_back_s"], d["evaluation_interval_s"]
+    );
+    if let Some(w) = d["warning"].as_str() {
+        println!("     warning: {}", crate::text::printable(w));
+    }
 }
 
 /// A planned run, as a person reads it: the model's scope, then each step

@@ -65,6 +65,9 @@ pub(super) async fn check(dir: &Path) -> Exit {
     for r in cfg.runbooks.values() {
         println!("{}", runbook_line(r));
     }
+    for warning in done_when_windows(&cfg).await {
+        eprintln!("warning: {warning}");
+    }
     let (demoted, problem) = super::promote::in_force(&cfg.settings, None).await;
     for d in demoted {
         println!("DEMOTED {}", d.summary());
@@ -101,7 +104,7 @@ pub(super) async fn check(dir: &Path) -> Exit {
 /// limit it sets.
 fn runbook_line(r: &crate::config::Runbook) -> String {
     format!(
-        "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{}{} {}",
+        "runbook {:<21} {} hosts={} observe={} approve={} steps={}{}{}{}{}{}{} {}",
         r.name,
         r.autonomy.as_str(),
         r.hosts.iter().map(|h| &**h).collect::<Vec<_>>().join(","),
@@ -140,12 +143,64 @@ fn runbook_line(r: &crate::config::Runbook) -> String {
             ),
             None => String::new(),
         },
+        match &r.done_when {
+            Some(c) => format!(
+                " done_when=alert_clears/{}",
+                humantime::format_duration(c.within)
+            ),
+            None => String::new(),
+        },
         r.source.display()
     )
 }
 
+/// Each runbook's `done_when.alert_clears.within` against the rules of
+/// its alert that Prometheus serves now: a wait shorter than a rule's
+/// window calls every good fix `unresolved`.
+async fn done_when_windows(cfg: &Config) -> Vec<String> {
+    let Some(endpoint) = &cfg.settings.prometheus else {
+        return Vec::new();
+    };
+    let prom = crate::prometheus::Prometheus::new(endpoint);
+    let mut out = Vec::new();
+    for r in cfg.runbooks.values() {
+        let (Some(clears), Some(on)) = (&r.done_when, &r.on_alert) else {
+            continue;
+        };
+        let Some(name) = on.matchers.iter().find_map(|m| m.requires("alertname")) else {
+            continue;
+        };
+        match crate::done_when::check_windows(&prom, name, clears).await {
+            Ok(warnings) => out.extend(
+                warnings
+                    .into_iter()
+                    .map(|w| format!("{}: {w}", r.source.display())),
+            ),
+            Err(e) => {
+                out.push(format!(
+                    "{e}: done_when windows are not checked (runs that cannot ask it end inconclusive)"
+                ));
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// The settings every run shares: the fleet budget, where state lives, the model.
 fn settings_lines(settings: &crate::config::Settings) {
+    match &settings.prometheus {
+        Some(p) => println!(
+            "prometheus at {} (timeout {}{}): done_when asks it whether an alert cleared",
+            p.url,
+            humantime::format_duration(p.timeout),
+            match &p.bearer_token_file {
+                Some(f) => format!(", token from {}", f.display()),
+                None => String::new(),
+            }
+        ),
+        None => println!("prometheus: none configured (no runbook can use done_when)"),
+    }
     match &settings.fleet_budget {
         Some(b) => println!("fleet budget: {} across every run", per_window(b)),
         None => println!("fleet budget: none (each run's own budget only)"),
@@ -264,6 +319,7 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                 }))
                 .collect::<serde_json::Map<_, _>>(),
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
+            "prometheus": cfg.settings.prometheus.as_ref().map(|p| p.url.to_string()),
             "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
             "state": match &cfg.settings.postgres {
                 Some(pg) => serde_json::json!({

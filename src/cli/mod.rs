@@ -390,7 +390,7 @@ async fn dispatch(cli: Cli) -> Exit {
                     plan,
                     config,
                 },
-        } => alerts::alerts_test(&file, &config_dir(config)?, json, plan),
+        } => alerts::alerts_test(&file, &config_dir(config)?, json, plan).await,
     }
 }
 

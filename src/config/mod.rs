@@ -43,7 +43,9 @@ use crate::host::safe_name;
 pub use crate::host::{Connection, Host};
 pub(crate) use diag::{ConfigError, Diagnostic, did_you_mean};
 pub(crate) use model::{ApiKey, ModelEndpoint};
-pub(crate) use runbook::{Autonomy, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Runbook};
+pub(crate) use runbook::{
+    AlertClears, Autonomy, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Runbook,
+};
 
 use diag::Diagnostics;
 use read::{parse, parse_files, read_file, yaml_files};
@@ -119,6 +121,8 @@ pub struct Settings {
     pub(crate) mcp_token_file: Option<PathBuf>,
     /// How long an MCP session of the daemon may be idle before it ends.
     pub(crate) mcp_idle_timeout: Duration,
+    /// The Prometheus that evaluates the alerting rules (`done_when`).
+    pub(crate) prometheus: Option<crate::prometheus::Endpoint>,
 }
 
 /// `audit_rotation:`: when the audit log's current file becomes a segment,
@@ -252,9 +256,12 @@ impl Config {
                 diags.at(file, name.referenced, msg);
                 continue;
             }
-            let model = settings.model.is_some();
+            let around = runbook::Around {
+                model: settings.model.is_some(),
+                prometheus: settings.prometheus.is_some(),
+            };
             if let Some(rb) =
-                runbook::validate(raw, file, version, &known_hosts, &tools, model, &mut diags)
+                runbook::validate(raw, file, version, &known_hosts, &tools, around, &mut diags)
             {
                 runbooks.insert(rb.name.clone(), Arc::new(rb));
             }

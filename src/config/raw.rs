@@ -50,6 +50,35 @@ pub(crate) struct Settings {
     pub(crate) mcp_token_file: Option<S<String>>,
     /// How long an MCP session may be idle before it ends.
     pub(crate) mcp_idle_timeout: Option<S<String>>,
+    /// The Prometheus that evaluates the alerting rules.
+    pub(crate) prometheus: Option<Prometheus>,
+}
+
+/// `prometheus:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Prometheus {
+    pub(crate) url: S<String>,
+    pub(crate) bearer_token_file: Option<S<String>>,
+    pub(crate) timeout: Option<S<String>>,
+}
+
+/// `done_when:` in a runbook: what a run must see before it is `ok`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DoneWhen {
+    pub(crate) alert_clears: S<AlertClears>,
+}
+
+/// `done_when.alert_clears:` in a runbook.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AlertClears {
+    pub(crate) within: S<String>,
+    #[serde(default)]
+    pub(crate) ignore_labels: Vec<S<String>>,
+    pub(crate) absent_evaluations: Option<S<u32>>,
+    pub(crate) recurrence: Option<S<String>>,
 }
 
 /// `audit_rotation:` in runwarden.yaml.
@@ -145,6 +174,7 @@ pub(crate) struct Runbook {
     pub(crate) agent: Option<S<Agent>>,
     /// `steps` or `model`: who picks the calls.
     pub(crate) planner: Option<S<String>>,
+    pub(crate) done_when: Option<DoneWhen>,
 }
 
 /// `agent:` in a runbook: a goal for the model planner.

@@ -75,7 +75,12 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .as_ref()
         .and_then(|t| duration(t, "mcp_idle_timeout", &settings_file, diags))
         .unwrap_or(Duration::from_secs(600));
+    let prometheus = settings
+        .prometheus
+        .as_ref()
+        .and_then(|p| prometheus(p, dir, &settings_file, diags));
     Settings {
+        prometheus,
         mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
         mcp_idle_timeout,
         model,
@@ -115,6 +120,38 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             .map(|f| dir.join(&f.value)),
         shutdown_grace,
     }
+}
+
+/// `prometheus:`: an http(s) URL, a token file beside the config, a timeout.
+fn prometheus(
+    raw: &raw::Prometheus,
+    dir: &Path,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<crate::prometheus::Endpoint> {
+    let url = match reqwest::Url::parse(&raw.url.value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => url,
+        _ => {
+            diags.at(
+                file,
+                raw.url.referenced,
+                format!(
+                    "prometheus.url \"{}\" is not an http(s) URL; write e.g. http://127.0.0.1:9090",
+                    raw.url.value
+                ),
+            );
+            return None;
+        }
+    };
+    let timeout = match &raw.timeout {
+        Some(t) => duration(t, "prometheus.timeout", file, diags)?,
+        None => Duration::from_secs(10),
+    };
+    Some(crate::prometheus::Endpoint {
+        url,
+        bearer_token_file: raw.bearer_token_file.as_ref().map(|f| dir.join(&f.value)),
+        timeout,
+    })
 }
 
 impl Settings {

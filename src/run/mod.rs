@@ -10,6 +10,7 @@
 mod account;
 mod ask;
 mod claim;
+mod cleared;
 mod internal;
 mod run_loop;
 
@@ -119,6 +120,9 @@ pub struct Runner {
     /// Told how a model's turn is coming along while it writes (`run` on a
     /// terminal shows a progress line).
     pub(crate) model_progress: Option<crate::planner::openai::ProgressFn>,
+    /// The alerts this daemon's runs saw clear, for `recurred` (`None` on
+    /// the command line, where no alert comes back to the same process).
+    pub(crate) clears: Option<Arc<crate::done_when::Clears>>,
 }
 
 impl Runner {
@@ -137,6 +141,7 @@ impl Runner {
             approval_webhook: None,
             state: crate::state::chosen(None),
             model_progress: None,
+            clears: None,
         }
     }
 
@@ -383,7 +388,18 @@ impl Runner {
         let Some(failure) = failure_of(report).filter(|_| !req.dry_run) else {
             return;
         };
+        self.count_demotion(failure, rule).await;
+    }
+
+    /// One failure toward `rule`: the run that reaches it writes the
+    /// `demoted` line with the evidence and says so.
+    async fn count_demotion(
+        &self,
+        failure: crate::gate::demotion::Failure,
+        rule: crate::config::DemoteAfter,
+    ) {
         let run_id = failure.run_id.clone();
+        let runbook = failure.runbook.clone();
         let reached = self
             .state
             .record_failure(&self.config.settings, failure, rule)
@@ -403,7 +419,7 @@ impl Runner {
             }
             Err(e) => tracing::error!(
                 %run_id,
-                runbook = %req.runbook,
+                %runbook,
                 "this failed run could not be counted toward demote_after: {e}"
             ),
         }
@@ -489,6 +505,7 @@ impl Runner {
             return Err(e.into());
         }
         tracing::info!(%run_id, runbook = %runbook.name, host = %host.name, trigger = req.trigger.as_str(), planner = info.planner, dry_run = req.dry_run, "run started");
+        let recurred = self.recurred(&runbook, req, &info).await;
         let started = (Instant::now(), jiff::Timestamp::now().to_string());
         let (ran, runbook_of, host_of) = (info.clone(), runbook.clone(), host.name.clone());
         let run = RunLoop {
@@ -501,6 +518,7 @@ impl Runner {
             planner,
             req,
             lease,
+            recurred,
         };
         // The run lock is the loop's: a panic drops it with the loop.
         match internal::caught(run.go()).await {
@@ -511,6 +529,50 @@ impl Runner {
                 Ok(self.end_panicked(&ran, &runbook_of, req, started, &panicked))
             }
         }
+    }
+
+    /// The alert that started this run was seen to clear by an earlier run
+    /// within `recurrence`: that fix did not hold. The earlier run gets a
+    /// `recurred` line, it counts toward `demote_after`, and this run's
+    /// report names it.
+    async fn recurred(
+        &self,
+        runbook: &Runbook,
+        req: &RunRequest,
+        info: &RunInfo,
+    ) -> Option<crate::done_when::Recurred> {
+        runbook.done_when.as_ref()?;
+        let back = self.clears.as_ref()?.recurred(
+            (&runbook.name, &info.host),
+            &cleared::fingerprints(req),
+        )?;
+        tracing::warn!(run_id = %info.run_id, earlier = %back.run_id, "the alert run {} saw clear came back after {} s", back.run_id, back.after.as_secs());
+        if let Err(e) = self
+            .audit
+            .recurred(&back.run_id, info, &back.fingerprint, back.after)
+        {
+            tracing::error!(run_id = %info.run_id, "the recurred line could not be written: {e}");
+        }
+        if let Some(m) = &self.metrics {
+            m.fixes_recurred.with_label_values(&[&runbook.name]).inc();
+        }
+        if let Some(rule) = runbook.demote_after {
+            let failure = crate::gate::demotion::Failure {
+                run_id: back.run_id.clone(),
+                runbook: runbook.name.clone(),
+                host: info.host.clone(),
+                at: jiff::Timestamp::now().to_string(),
+                verdict: "recurred".into(),
+                detail: format!(
+                    "its alert came back {} s after it cleared (run {})",
+                    back.after.as_secs(),
+                    info.run_id
+                ),
+                calls: Vec::new(),
+            };
+            self.count_demotion(failure, rule).await;
+        }
+        Some(back)
     }
 
     fn count_internal_error(&self, runbook: &str) {
@@ -564,15 +626,18 @@ impl Runner {
             model_suggestions: Vec::new(),
             claims: Vec::new(),
             mutations: 0,
+            alert_check: None,
+            recurred_from: None,
             verdict,
             verdict_detail: detail,
         }
     }
 }
 
-/// What `demote_after` counts of a run: a `failed` verdict, or any tier-2
-/// call that did not succeed (its own verification included) whatever the
-/// verdict; `None` for a run that did neither.
+/// What `demote_after` counts of a run: a `failed` or `unresolved`
+/// verdict, an `inconclusive` one whose alert could not be checked, or any
+/// tier-2 call that did not succeed (its own verification included)
+/// whatever the verdict; `None` for a run that did none of these.
 fn failure_of(report: &RunReport) -> Option<crate::gate::demotion::Failure> {
     use crate::gate::demotion::{FailedCall, Failure};
     let calls: Vec<FailedCall> = report
@@ -592,7 +657,14 @@ fn failure_of(report: &RunReport) -> Option<crate::gate::demotion::Failure> {
         })
         .collect();
     let changed_and_failed = calls.iter().any(|c| c.tier == 2);
-    if report.verdict != Verdict::Failed && !changed_and_failed {
+    // A fix whose alert did not clear, or whose clear could not be
+    // checked, is not a success.
+    let not_fixed = match report.verdict {
+        Verdict::Failed | Verdict::Unresolved => true,
+        Verdict::Inconclusive => report.alert_check.is_some(),
+        _ => false,
+    };
+    if !not_fixed && !changed_and_failed {
         return None;
     }
     Some(Failure {

@@ -33,6 +33,8 @@ struct Tally {
     worst_detail: String,
     /// Set when the run must end here (the first cause is kept).
     stop: Option<(Verdict, String)>,
+    /// `done_when`: the evidence that the alert cleared.
+    cleared: Option<String>,
 }
 
 impl Tally {
@@ -67,7 +69,12 @@ impl Tally {
             ),
             None if self.worst == Verdict::Ok => (
                 Verdict::Ok,
-                "every call succeeded and every change verified".into(),
+                match self.cleared {
+                    Some(evidence) => {
+                        format!("every call succeeded and every change verified; {evidence}")
+                    }
+                    None => "every call succeeded and every change verified".into(),
+                },
             ),
             None => (self.worst, self.worst_detail),
         }
@@ -86,6 +93,8 @@ pub(super) struct RunLoop<'a> {
     pub(super) req: &'a RunRequest,
     /// The run's claim in the shared state (PostgreSQL), proved before every call.
     pub(super) lease: Option<&'a dyn super::Claim>,
+    /// The earlier run that saw this run's alert clear, when it came back.
+    pub(super) recurred: Option<crate::done_when::Recurred>,
 }
 
 /// The state one run accumulates.
@@ -110,6 +119,8 @@ pub(super) struct RunState {
     handed_back: bool,
     /// With shared state: the queued run its trigger was handed to.
     handed_back_to: Option<String>,
+    /// `done_when`: what the run saw of its alert after its last call.
+    alert_check: Option<crate::report::AlertCheck>,
 }
 
 impl RunLoop<'_> {
@@ -135,6 +146,7 @@ impl RunLoop<'_> {
             would_change: 0,
             handed_back: false,
             handed_back_to: None,
+            alert_check: None,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -215,7 +227,60 @@ impl RunLoop<'_> {
                 }
             }
         }
+        if let Some(clears) = self.runbook.done_when.clone()
+            && s.tally.stop.is_none()
+            && s.tally.worst == Verdict::Ok
+            && !self.req.dry_run
+        {
+            self.until_cleared(&mut s, &clears).await;
+        }
         self.finish(s, started, started_at)
+    }
+
+    /// Every call went well: the run is done when its alert clears
+    /// (`done_when.alert_clears`); the evidence line says what was seen.
+    async fn until_cleared(&self, s: &mut RunState, clears: &crate::config::AlertClears) {
+        use crate::done_when::Outcome;
+        let budget_ends = s.gate.budget().deadline();
+        let outcome =
+            super::cleared::check(self.runner, &self.runbook, self.req, clears, budget_ends)
+                .await;
+        let check = super::cleared::report_of(&outcome);
+        if let Some(detail) = outcome.detail() {
+            s.tally.written(self.runner.audit.evidence(
+                &self.info,
+                &check.outcome,
+                &check.said,
+                detail,
+            ));
+        }
+        match &outcome {
+            Outcome::Cleared {
+                evidence, seconds, ..
+            } => {
+                if let Some(m) = &self.runner.metrics {
+                    m.alert_clear
+                        .with_label_values(&[&self.runbook.name])
+                        .observe(*seconds);
+                }
+                if let Some(c) = &self.runner.clears {
+                    c.cleared(
+                        (&self.runbook.name, &self.host.name),
+                        &super::cleared::fingerprints(self.req),
+                        &self.info.run_id,
+                        clears.recurrence,
+                    );
+                }
+                s.tally.cleared = Some(evidence.clone());
+            }
+            Outcome::Stopped(v, why) => s.tally.stop(*v, why.clone()),
+            Outcome::Firing { why, .. } if s.gate.budget().mutations() > 0 => s.tally.note(
+                Verdict::Unresolved,
+                format!("{why}; its changes stay made: the report's steps say how a person puts each back"),
+            ),
+            other => s.tally.note(other.verdict(), other.words().to_string()),
+        }
+        s.alert_check = Some(check);
     }
 
     /// The fleet budgets this run's tier-2 calls count against on this
@@ -322,13 +387,33 @@ impl RunLoop<'_> {
             // A dry run asks nobody: it shows what a person would be asked.
             Decision::Hold(hold) if self.req.dry_run => self.show(s, id, hold.action(), None, r),
             Decision::Hold(hold) => match self.ask(s, hold, r).await {
-                Ok(permit) => self.allow(s, id, call, permit, r).await,
+                Ok(permit) => match self.cleared_meanwhile(&permit).await {
+                    Some(denial) => self.deny(s, id, call, &denial, r),
+                    None => self.allow(s, id, call, permit, r).await,
+                },
                 Err(denial) => self.deny(s, id, call, &denial, r),
             },
             Decision::Deny(denial) => self.deny(s, id, call, &denial, r),
             Decision::Propose(p) => self.propose(s, id, &p, r),
             Decision::Allow(permit) => self.allow(s, id, call, permit, r).await,
         }
+    }
+
+    /// A person approved the call, maybe long after it was asked for: with
+    /// `done_when`, a change for an alert that has since cleared by itself
+    /// is not made.
+    async fn cleared_meanwhile(&self, permit: &Permit) -> Option<Denial> {
+        if super::cleared::firing_now(self.runner, &self.runbook, self.req).await != Some(false) {
+            return None;
+        }
+        let detail = format!(
+            "approved by {}, but the alert that started the run has cleared by itself since (its series is gone from its rule's expression now): the change is not made",
+            permit.approved_by()
+        );
+        Some(
+            Denial::new(permit.step(), crate::gate::DenyReason::AlertResolved, detail)
+                .of(permit.action().tool()),
+        )
     }
 
     fn deny(
@@ -663,6 +748,8 @@ impl RunLoop<'_> {
             model_suggestions: end.model_suggestions,
             claims: end.claims,
             mutations,
+            alert_check: s.alert_check,
+            recurred_from: self.recurred.map(|r| r.run_id),
             verdict,
             verdict_detail,
         }

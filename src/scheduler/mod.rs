@@ -61,6 +61,8 @@ pub(crate) struct Scheduler {
     /// log's record of them is read once and followed (made again when a
     /// reload moves the state directory or the log).
     demotions: Mutex<Option<crate::gate::Demotions>>,
+    /// The alerts this daemon's runs saw clear (`done_when`), for `recurred`.
+    clears: Arc<crate::done_when::Clears>,
 }
 
 impl Scheduler {
@@ -75,6 +77,7 @@ impl Scheduler {
     ) -> Arc<Scheduler> {
         let limit = config.borrow().settings.max_concurrent_runs;
         Arc::new(Scheduler {
+            clears: Default::default(),
             config,
             audit,
             metrics,
@@ -210,6 +213,7 @@ impl Scheduler {
             approvals: self.approvals.clone(),
             approval_webhook: config.settings.approval_webhook.clone(),
             model_progress: None,
+            clears: Some(self.clears.clone()),
         };
         self.reports.starting(run_id);
         let started = Instant::now();

@@ -226,12 +226,14 @@ async fn a_run_the_shutdown_stopped_before_any_call_runs_at_the_next_start() {
         again[0].keys
     );
     // The alert as its templates read it: labels, and the annotations
-    // its queued line kept.
+    // its queued line kept; and its fingerprint, which `done_when` and
+    // `recurred` need.
     assert_eq!(
         again[0].alert,
         Some(serde_json::json!({
             "labels": { "alertname": "DiskAlmostFull", "instance": "web" },
             "annotations": { "summary": "/ is 93% full" },
+            "fingerprint": "1",
         }))
     );
     let got = next.submit_all(again).await.unwrap();

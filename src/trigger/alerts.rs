@@ -46,6 +46,11 @@ pub(crate) struct Alert {
     /// Alertmanager's fingerprint of its labels.
     #[serde(default)]
     pub(crate) fingerprint: String,
+    /// The Prometheus page of the rule that fired it (`g0.expr` is its
+    /// expression): where `done_when` reads the rule when the rules API
+    /// has none of that name and labels.
+    #[serde(default, rename = "generatorURL")]
+    pub(crate) generator_url: String,
 }
 
 impl Notification {
@@ -316,6 +321,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                         "labels": alert.labels,
                         "annotations": alert.annotations,
                         "fingerprint": alert.fingerprint,
+                        "generator_url": alert.generator_url,
                         "group_key": n.group_key,
                     })),
                     keys: keys(),

@@ -13,8 +13,10 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_saphyr::Spanned;
 
+mod done_when;
 mod steps;
 
+pub(crate) use done_when::AlertClears;
 use steps::validate_step;
 
 use super::diag::{Diagnostics, did_you_mean};
@@ -351,6 +353,8 @@ pub(crate) struct Runbook {
     pub(crate) agent: Option<Agent>,
     /// Who picks its calls when nobody asks otherwise (`planner:`).
     pub(crate) planner: PlannedBy,
+    /// When a run started by an alert is done: its alert cleared.
+    pub(crate) done_when: Option<AlertClears>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub(crate) version: String,
     /// The file this runbook came from (for messages).
@@ -441,6 +445,15 @@ pub(crate) fn is_template(s: &str) -> bool {
     s.contains("{{") || s.contains("{%") || s.contains("{#")
 }
 
+/// What a runbook is checked against besides its own file.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Around {
+    /// runwarden.yaml has a `model:`.
+    pub(crate) model: bool,
+    /// runwarden.yaml has a `prometheus:`.
+    pub(crate) prometheus: bool,
+}
+
 /// The most steps a runbook may have: `budget.max_steps` is at most 1000.
 const MAX_STEPS: usize = 1000;
 
@@ -450,9 +463,10 @@ pub(super) fn validate(
     version: String,
     hosts: &BTreeMap<String, std::sync::Arc<str>>,
     tools: &crate::tools::Tools,
-    model_configured: bool,
+    around: Around,
     diags: &mut Diagnostics,
 ) -> Option<Runbook> {
+    let model_configured = around.model;
     let before = diags.len();
     let name = raw.name.value.clone();
     if !safe_name(&name) {
@@ -492,6 +506,8 @@ pub(super) fn validate(
         .and_then(|d| demote_after(d, autonomy, file, diags));
     let on_alert = on_alert(&raw, hosts, file, diags);
     let budget = budget(&raw, file, diags);
+    let done_when =
+        done_when::validate(&raw, budget.max_duration, around.prometheus, file, diags);
     let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
     let agent = agent(&raw, &budget, model_configured, file, diags);
     let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
@@ -527,6 +543,7 @@ pub(super) fn validate(
         steps,
         agent,
         planner,
+        done_when,
         version,
         source: file.to_path_buf(),
     })

@@ -1,0 +1,683 @@
+//! A run started by an alert is done when that alert is gone: not when
+//! its calls succeeded (a restart can verify and leave the queue as deep
+//! as before), and not when Alertmanager next says `resolved` (minutes
+//! later, after `for:`, `keep_firing_for:` and its own group interval).
+//!
+//! runwarden finds the rule that fired the alert (`/api/v1/rules`: its
+//! `alertname` and the static labels the alert carries; else the
+//! expression its `generatorURL` names), evaluates that rule's own
+//! expression now, and looks for the alert's own series in the result
+//! ([`series`]). It asks again every evaluation interval until the series
+//! was absent in `absent_evaluations` evaluations in a row (one gap of a
+//! flapping series is not a clear) or `within` ends.
+//!
+//! Three answers, and never a fourth: cleared (`ok`, with the query and
+//! the times that say so), still firing (`unresolved`), or could not tell
+//! (`inconclusive`: Prometheus unreachable, no such rule, an expression
+//! that fails, a run no alert started). A check that could not run is
+//! never an `ok`.
+
+pub(crate) mod series;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::config::AlertClears;
+use crate::prometheus::promql;
+use crate::prometheus::{AlertRule, PromError, Prometheus, Sample, Server};
+use crate::verdict::Verdict;
+use series::Wanted;
+
+/// Evaluations in a row that may fail before the check gives up on
+/// Prometheus (inconclusive) rather than wait out `within`.
+const FAILURES_IN_A_ROW: u32 = 3;
+
+/// The shortest and longest time between two evaluations.
+const FASTEST: Duration = Duration::from_secs(1);
+const SLOWEST: Duration = Duration::from_secs(300);
+
+/// Prometheus's own default `evaluation_interval`.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Evaluations kept in the evidence line (the last ones).
+const KEPT: usize = 12;
+
+/// The shortest `within` that can see a good fix: the expression's
+/// look-back, plus two evaluation intervals (one for the fixed value to
+/// be scraped and evaluated, one for the second absent evaluation).
+pub(crate) fn minimum_within(look_back: Duration, interval: Duration) -> Duration {
+    look_back + 2 * interval
+}
+
+/// One alert of the run, and the series that is it.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    /// `alertname`.
+    pub(crate) name: String,
+    /// Alertmanager's fingerprint of its labels.
+    pub(crate) fingerprint: String,
+    /// Per rule that could have fired it: the expression, and the series.
+    pub(crate) rules: Vec<(String, Wanted)>,
+    /// The rule group's evaluation interval (the longest, of several rules).
+    pub(crate) interval: Duration,
+    /// How far back the expression looks.
+    pub(crate) look_back: Duration,
+    /// The rule's `keep_firing_for`.
+    pub(crate) keep_firing_for: Duration,
+    /// Where the rule came from, for the report.
+    pub(crate) source: String,
+}
+
+impl Watched {
+    /// The series, as a person reads it.
+    pub(crate) fn display(&self) -> String {
+        self.rules
+            .first()
+            .map(|(_, w)| w.display(&self.name))
+            .unwrap_or_else(|| self.name.clone())
+    }
+
+    /// The shortest `within` that can see a good fix of it.
+    pub(crate) fn minimum_within(&self) -> Duration {
+        minimum_within(self.look_back, self.interval)
+    }
+
+    /// What the report and the evidence line say was looked for.
+    fn describe(&self) -> Value {
+        json!({
+            "alert": self.name,
+            "fingerprint": self.fingerprint,
+            "rule": self.source,
+            "queries": self.rules.iter().map(|(q, _)| q.clone()).collect::<Vec<_>>(),
+            "series": self.rules.first().map(|(_, w)| w.labels.clone()),
+            "not_matched_on": self.rules.first().map(|(_, w)| w.dropped.clone()),
+            "evaluation_interval_s": self.interval.as_secs_f64(),
+            "look_back_s": self.look_back.as_secs_f64(),
+        })
+    }
+}
+
+/// The alert in a run request's shape (`labels`, `fingerprint`,
+/// `generator_url`), read.
+fn alert_parts(alert: &Value) -> (BTreeMap<String, String>, String, Option<String>) {
+    let labels = alert["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let fingerprint = alert["fingerprint"].as_str().unwrap_or_default().to_string();
+    let generator = alert["generator_url"]
+        .as_str()
+        .and_then(series::generator_expr);
+    (labels, fingerprint, generator)
+}
+
+/// What Prometheus knows of the rules and itself, for the alerts of one run.
+pub(crate) struct Known {
+    rules: Vec<AlertRule>,
+    server: Server,
+}
+
+impl Known {
+    /// Ask `prom` for the rules of `names` and its own configuration.
+    pub(crate) async fn ask(prom: &Prometheus, names: &[&str]) -> Result<Known, PromError> {
+        let server = prom.server().await?;
+        let mut rules = Vec::new();
+        let mut asked = std::collections::BTreeSet::new();
+        for name in names {
+            if asked.insert(*name) {
+                rules.extend(prom.rules(Some(name)).await?);
+            }
+        }
+        Ok(Known { rules, server })
+    }
+
+    /// The series that is `alert`, or why none can be named.
+    pub(crate) fn watched(&self, alert: &Value, clears: &AlertClears) -> Result<Watched, String> {
+        let (labels, fingerprint, generator) = alert_parts(alert);
+        let name = labels.get("alertname").cloned().ok_or_else(|| {
+            "the alert has no alertname label: there is no rule to ask about".to_string()
+        })?;
+        let rules = series::rules_of(&self.rules, &labels, generator.as_deref());
+        let global = self
+            .server
+            .evaluation_interval
+            .unwrap_or(DEFAULT_INTERVAL);
+        let external = &self.server.external_labels;
+        let ignore = &clears.ignore_labels;
+        let (found, interval, keep_firing_for, source) = if rules.is_empty() {
+            // No rule of that name and those labels here: the expression
+            // the alert itself links to, with no static labels known.
+            let expr = generator.ok_or_else(|| {
+                format!(
+                    "Prometheus has no alerting rule {name} whose static labels this alert carries, and the alert has no generatorURL to read its expression from"
+                )
+            })?;
+            let wanted = Wanted::of(&labels, &BTreeMap::new(), external, ignore);
+            (
+                vec![(expr, wanted)],
+                global,
+                Duration::ZERO,
+                "the alert's generatorURL (no rule of that name and labels in /api/v1/rules)"
+                    .to_string(),
+            )
+        } else {
+            let interval = rules
+                .iter()
+                .map(|r| r.interval)
+                .filter(|i| !i.is_zero())
+                .max()
+                .unwrap_or(global);
+            let keep = rules
+                .iter()
+                .map(|r| r.keep_firing_for)
+                .max()
+                .unwrap_or_default();
+            let source = rules
+                .iter()
+                .map(|r| format!("group {:?}", r.group))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let found = rules
+                .iter()
+                .map(|r| {
+                    (
+                        r.query.clone(),
+                        Wanted::of(&labels, &r.labels, external, ignore),
+                    )
+                })
+                .collect();
+            (found, interval, keep, source)
+        };
+        let look_back = found
+            .iter()
+            .map(|(q, _)| promql::look_back(q))
+            .max()
+            .unwrap_or_default();
+        Ok(Watched {
+            name,
+            fingerprint,
+            rules: found,
+            interval,
+            look_back,
+            keep_firing_for,
+            source,
+        })
+    }
+}
+
+/// A runbook's `within` that is shorter than one of its alert's rules can
+/// clear in after a good fix: what `check` and `alerts test` warn of.
+pub(crate) fn too_short(clears: &AlertClears, watched: &Watched) -> Option<String> {
+    let minimum = watched.minimum_within();
+    (clears.within < minimum).then(|| {
+        format!(
+            "done_when.alert_clears.within {} is shorter than {} can clear after a good fix: its rule looks back {} and is evaluated every {}; set within to at least {}",
+            humantime::format_duration(clears.within),
+            watched.name,
+            humantime::format_duration(watched.look_back),
+            humantime::format_duration(watched.interval),
+            humantime::format_duration(minimum)
+        )
+    })
+}
+
+/// What `check` says of a runbook's `done_when` against the rules of
+/// `alertname` that Prometheus serves now: a warning per rule whose window
+/// is longer than `within`, or that there is no such rule.
+pub(crate) async fn check_windows(
+    prom: &Prometheus,
+    alertname: &str,
+    clears: &AlertClears,
+) -> Result<Vec<String>, PromError> {
+    let known = Known::ask(prom, &[alertname]).await?;
+    let rules: Vec<&AlertRule> = known.rules.iter().filter(|r| r.name == alertname).collect();
+    if rules.is_empty() {
+        return Ok(vec![format!(
+            "Prometheus at {} has no alerting rule {alertname}: a run it starts cannot be checked (inconclusive) unless its alert's generatorURL names the expression",
+            prom.url()
+        )]);
+    }
+    let global = known.server.evaluation_interval.unwrap_or(DEFAULT_INTERVAL);
+    Ok(rules
+        .into_iter()
+        .filter_map(|r| {
+            let watched = Watched {
+                name: format!("{alertname} (group {:?})", r.group),
+                fingerprint: String::new(),
+                rules: Vec::new(),
+                interval: if r.interval.is_zero() { global } else { r.interval },
+                look_back: promql::look_back(&r.query),
+                keep_firing_for: r.keep_firing_for,
+                source: r.group.clone(),
+            };
+            too_short(clears, &watched)
+        })
+        .collect())
+}
+
+/// What `alerts test` shows of an alert a runbook with `done_when` would
+/// start: the expression, the series it looks for, the shortest `within`.
+pub(crate) async fn preview(
+    prom: &Prometheus,
+    alert: &Value,
+    clears: &AlertClears,
+) -> Result<Value, String> {
+    let name = alert["labels"]["alertname"].as_str().unwrap_or_default();
+    let known = Known::ask(prom, &[name]).await.map_err(|e| e.to_string())?;
+    let watched = known.watched(alert, clears)?;
+    let mut out = watched.describe();
+    out["series_text"] = watched.display().into();
+    out["minimum_within_s"] = watched.minimum_within().as_secs_f64().into();
+    if let Some(warning) = too_short(clears, &watched) {
+        out["warning"] = warning.into();
+    }
+    Ok(out)
+}
+
+/// How the wait for an alert to clear ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Every alert's series was gone in enough evaluations in a row.
+    Cleared {
+        /// What the report says.
+        evidence: String,
+        /// Seconds from the last change to the first of those evaluations.
+        seconds: f64,
+        /// The evidence line's detail.
+        detail: Value,
+    },
+    /// At least one alert's series was still there when `within` ended.
+    Firing {
+        /// What the report says, with the last value.
+        why: String,
+        /// The evidence line's detail.
+        detail: Value,
+    },
+    /// Nothing could be said (`inconclusive`).
+    Unknown {
+        /// The reason, in words.
+        why: String,
+        /// The evidence line's detail.
+        detail: Value,
+    },
+    /// The kill switch or the daemon's stop ended the wait.
+    Stopped(Verdict, String),
+}
+
+impl Outcome {
+    /// The verdict it makes of a run whose calls all went well.
+    pub(crate) fn verdict(&self) -> Verdict {
+        match self {
+            Outcome::Cleared { .. } => Verdict::Ok,
+            Outcome::Firing { .. } => Verdict::Unresolved,
+            Outcome::Unknown { .. } => Verdict::Inconclusive,
+            Outcome::Stopped(v, _) => *v,
+        }
+    }
+
+    /// Its words for the report and the verdict line.
+    pub(crate) fn words(&self) -> &str {
+        match self {
+            Outcome::Cleared { evidence, .. } => evidence,
+            Outcome::Firing { why, .. } | Outcome::Unknown { why, .. } => why,
+            Outcome::Stopped(_, why) => why,
+        }
+    }
+
+    /// The evidence line's detail (`None`: stopped, nothing to record).
+    pub(crate) fn detail(&self) -> Option<&Value> {
+        match self {
+            Outcome::Cleared { detail, .. }
+            | Outcome::Firing { detail, .. }
+            | Outcome::Unknown { detail, .. } => Some(detail),
+            Outcome::Stopped(..) => None,
+        }
+    }
+
+    /// Could not tell.
+    pub(crate) fn unknown(why: impl Into<String>) -> Outcome {
+        Outcome::Unknown {
+            why: why.into(),
+            detail: Value::Null,
+        }
+    }
+}
+
+/// One evaluation of one alert's series.
+#[derive(Debug, Clone)]
+struct Seen {
+    at: jiff::Timestamp,
+    /// The series' value, when it was there.
+    value: Option<String>,
+}
+
+/// What the wait knows of one alert so far.
+#[derive(Debug, Default)]
+struct Track {
+    seen: Vec<Seen>,
+    absent_in_row: u32,
+}
+
+impl Track {
+    fn record(&mut self, seen: Seen) {
+        self.absent_in_row = match seen.value {
+            Some(_) => 0,
+            None => self.absent_in_row + 1,
+        };
+        self.seen.push(seen);
+        if self.seen.len() > 4 * KEPT {
+            self.seen.drain(..self.seen.len() - KEPT);
+        }
+    }
+
+    fn last_value(&self) -> Option<&Seen> {
+        self.seen.iter().rev().find(|s| s.value.is_some())
+    }
+
+    fn evaluations(&self) -> Value {
+        let from = self.seen.len().saturating_sub(KEPT);
+        self.seen[from..]
+            .iter()
+            .map(|s| json!({ "at": short(s.at), "value": s.value }))
+            .collect()
+    }
+}
+
+/// A time as a report shows it: to the second, UTC.
+fn short(t: jiff::Timestamp) -> String {
+    t.round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| t.to_string())
+}
+
+/// Wait for every one of `watched` to clear: evaluate their rules' expressions
+/// every evaluation interval, from the run's last change (`since`) until each
+/// series was absent in `clears.absent_evaluations` evaluations in a row or
+/// `deadline` passes. `stop` is asked before each evaluation and while
+/// waiting (the kill switch, the daemon's stop).
+pub(crate) async fn watch(
+    prom: &Prometheus,
+    watched: &[Watched],
+    clears: &AlertClears,
+    since: Instant,
+    deadline: Instant,
+    stop: &(dyn Fn() -> Option<(Verdict, String)> + Send + Sync),
+) -> Outcome {
+    let period = watched
+        .iter()
+        .map(|w| w.interval)
+        .max()
+        .unwrap_or(DEFAULT_INTERVAL)
+        .clamp(FASTEST, SLOWEST);
+    let mut tracks: Vec<Track> = watched.iter().map(|_| Track::default()).collect();
+    let mut failures = 0u32;
+    loop {
+        if let Some((v, why)) = stop() {
+            return Outcome::Stopped(v, why);
+        }
+        let at = jiff::Timestamp::now();
+        let mut results: BTreeMap<&str, Result<Vec<Sample>, String>> = BTreeMap::new();
+        for (query, _) in watched.iter().flat_map(|w| &w.rules) {
+            if !results.contains_key(query.as_str()) {
+                let r = prom.query(query).await.map_err(|e| e.to_string());
+                results.insert(query, r);
+            }
+        }
+        let last_error = results.values().find_map(|r| r.as_ref().err()).cloned();
+        match &last_error {
+            Some(_) => failures += 1,
+            None => {
+                failures = 0;
+                for (w, track) in watched.iter().zip(&mut tracks) {
+                    let value = w.rules.iter().find_map(|(q, wanted)| {
+                        let samples = results.get(q.as_str())?.as_ref().ok()?;
+                        samples.iter().find(|s| wanted.is(s)).map(|s| s.value.clone())
+                    });
+                    track.record(Seen { at, value });
+                }
+            }
+        }
+        let needed = clears.absent_evaluations;
+        if last_error.is_none() && tracks.iter().all(|t| t.absent_in_row >= needed) {
+            return cleared(watched, &tracks, needed, since, at);
+        }
+        if let Some(e) = &last_error
+            && failures >= FAILURES_IN_A_ROW
+        {
+            return unknown(watched, &tracks, e, failures);
+        }
+        if Instant::now() + period > deadline {
+            return match &last_error {
+                Some(e) => unknown(watched, &tracks, e, failures),
+                None => firing(watched, &tracks, clears, since),
+            };
+        }
+        let next = Instant::now() + period;
+        while Instant::now() < next {
+            if let Some((v, why)) = stop() {
+                return Outcome::Stopped(v, why);
+            }
+            tokio::time::sleep((next - Instant::now()).min(Duration::from_millis(200))).await;
+        }
+    }
+}
+
+fn detail_of(watched: &[Watched], tracks: &[Track], outcome: &str) -> Value {
+    let alerts: Vec<Value> = watched
+        .iter()
+        .zip(tracks)
+        .map(|(w, t)| {
+            let mut d = w.describe();
+            d["evaluations"] = t.evaluations();
+            d
+        })
+        .collect();
+    json!({ "outcome": outcome, "alerts": alerts })
+}
+
+fn cleared(
+    watched: &[Watched],
+    tracks: &[Track],
+    needed: u32,
+    since: Instant,
+    at: jiff::Timestamp,
+) -> Outcome {
+    let mut words = Vec::new();
+    let mut seconds = 0f64;
+    for (w, t) in watched.iter().zip(tracks) {
+        let absent = &t.seen[t.seen.len() - needed as usize..];
+        let first = absent.first().map(|s| s.at).unwrap_or(at);
+        let after = (first - jiff::Timestamp::now())
+            .total(jiff::Unit::Second)
+            .unwrap_or_default()
+            + since.elapsed().as_secs_f64();
+        seconds = seconds.max(after.max(0.0));
+        let times: Vec<String> = absent.iter().map(|s| short(s.at)).collect();
+        let last = match t.last_value() {
+            Some(s) => format!(
+                "last value {} at {}",
+                s.value.as_deref().unwrap_or_default(),
+                short(s.at)
+            ),
+            None => "not firing at the first evaluation".into(),
+        };
+        let mut line = format!(
+            "{} cleared {:.0} s after the last change: no series at {} ({last})",
+            w.display(),
+            after.max(0.0),
+            times.join(" and ")
+        );
+        if !w.keep_firing_for.is_zero() {
+            let resolves = first
+                .checked_add(jiff::SignedDuration::try_from(w.keep_firing_for).unwrap_or_default())
+                .unwrap_or(first);
+            line.push_str(&format!(
+                "; its rule keeps it firing for {} after that, so Alertmanager sees it resolved at about {}",
+                humantime::format_duration(w.keep_firing_for),
+                short(resolves)
+            ));
+        }
+        words.push(line);
+    }
+    Outcome::Cleared {
+        evidence: words.join("; "),
+        seconds,
+        detail: detail_of(watched, tracks, "cleared"),
+    }
+}
+
+fn firing(watched: &[Watched], tracks: &[Track], clears: &AlertClears, since: Instant) -> Outcome {
+    let mut words = Vec::new();
+    for (w, t) in watched.iter().zip(tracks) {
+        if t.absent_in_row >= clears.absent_evaluations {
+            continue;
+        }
+        let last = match t.last_value() {
+            Some(s) => format!(
+                "value {} at {}",
+                s.value.as_deref().unwrap_or_default(),
+                short(s.at)
+            ),
+            None => "no value".into(),
+        };
+        let mut line = format!(
+            "{} still firing {:.0} s after the last change ({last}; absent in {} evaluation(s) in a row of the {} needed)",
+            w.display(),
+            since.elapsed().as_secs_f64(),
+            t.absent_in_row,
+            clears.absent_evaluations,
+        );
+        if let Some(short) = too_short(clears, w) {
+            line.push_str(&format!("; {short}"));
+        }
+        words.push(line);
+    }
+    Outcome::Firing {
+        why: words.join("; "),
+        detail: detail_of(watched, tracks, "firing"),
+    }
+}
+
+fn unknown(watched: &[Watched], tracks: &[Track], error: &str, failures: u32) -> Outcome {
+    let names: Vec<String> = watched.iter().map(Watched::display).collect();
+    let mut detail = detail_of(watched, tracks, "unknown");
+    detail["error"] = error.into();
+    Outcome::Unknown {
+        why: format!(
+            "whether {} cleared could not be checked ({failures} evaluation(s) in a row failed; last: {error}); not called ok",
+            names.join(", ")
+        ),
+        detail,
+    }
+}
+
+/// Whether any of `watched` is firing now, by one evaluation of each rule
+/// (an L2 call approved after its alert went away is not made).
+pub(crate) async fn firing_now(prom: &Prometheus, watched: &[Watched]) -> Result<bool, PromError> {
+    for w in watched {
+        for (query, wanted) in &w.rules {
+            if prom.query(query).await?.iter().any(|s| wanted.is(s)) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The runs whose alert cleared, by (runbook, host, fingerprint), kept
+/// for their runbook's `recurrence`: the same alert back within it is a
+/// fix that did not hold.
+#[derive(Debug, Default)]
+pub(crate) struct Clears {
+    cleared: Mutex<BTreeMap<(String, String, String), (String, std::time::Instant, Duration)>>,
+}
+
+/// A run that cleared an alert that is back.
+#[derive(Debug, Clone)]
+pub(crate) struct Recurred {
+    /// The earlier run.
+    pub(crate) run_id: String,
+    /// The alert's fingerprint.
+    pub(crate) fingerprint: String,
+    /// How long after it cleared.
+    pub(crate) after: Duration,
+}
+
+impl Clears {
+    /// `run_id` cleared `fingerprint` of `runbook` on `host`.
+    pub(crate) fn cleared(
+        &self,
+        (runbook, host): (&str, &str),
+        fingerprints: &[String],
+        run_id: &str,
+        recurrence: Duration,
+    ) {
+        let mut map = self.cleared.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, (_, at, keep)| at.elapsed() < *keep);
+        for fp in fingerprints.iter().filter(|f| !f.is_empty()) {
+            map.insert(
+                (runbook.into(), host.into(), fp.clone()),
+                (run_id.into(), std::time::Instant::now(), recurrence),
+            );
+        }
+    }
+
+    /// The run that cleared one of `fingerprints` on (`runbook`, `host`)
+    /// within its recurrence window, taken out (it recurs once).
+    pub(crate) fn recurred(
+        &self,
+        (runbook, host): (&str, &str),
+        fingerprints: &[String],
+    ) -> Option<Recurred> {
+        let mut map = self.cleared.lock().unwrap_or_else(|p| p.into_inner());
+        for fp in fingerprints {
+            let key = (runbook.to_string(), host.to_string(), fp.clone());
+            if let Some((run_id, at, keep)) = map.get(&key).cloned() {
+                map.remove(&key);
+                if at.elapsed() < keep {
+                    return Some(Recurred {
+                        run_id,
+                        fingerprint: fp.clone(),
+                        after: at.elapsed(),
+                    });
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clear_recurs_once_and_only_within_its_window() {
+        let clears = Clears::default();
+        let fp = vec!["abc".to_string()];
+        clears.cleared(("rb", "h"), &fp, "run-1", Duration::from_secs(3600));
+        assert!(clears.recurred(("rb", "other"), &fp).is_none());
+        assert!(clears.recurred(("rb", "h"), &["zzz".into()]).is_none());
+        let back = clears.recurred(("rb", "h"), &fp).expect("recurred");
+        assert_eq!(back.run_id, "run-1");
+        assert!(clears.recurred(("rb", "h"), &fp).is_none(), "once");
+        clears.cleared(("rb", "h"), &fp, "run-2", Duration::ZERO);
+        assert!(clears.recurred(("rb", "h"), &fp).is_none(), "past its window");
+    }
+
+    #[test]
+    fn the_minimum_within_is_the_look_back_and_two_evaluations() {
+        assert_eq!(
+            minimum_within(Duration::from_secs(120), Duration::from_secs(15)),
+            Duration::from_secs(150)
+        );
+    }
+}
