@@ -240,7 +240,7 @@ pub(super) fn read_alert(file: &Path) -> Result<Value, String> {
     one_alert(&v, file)
 }
 
-/// One alert (`labels`, `annotations`, `fingerprint`), checked.
+/// One alert (`labels`, `annotations`, `fingerprint`, `generatorURL`), checked.
 fn one_alert(v: &Value, file: &Path) -> Result<Value, String> {
     let strings = |key: &str| -> Result<Value, String> {
         match &v[key] {
@@ -256,5 +256,6 @@ fn one_alert(v: &Value, file: &Path) -> Result<Value, String> {
         "labels": strings("labels")?,
         "annotations": strings("annotations")?,
         "fingerprint": v["fingerprint"].as_str().unwrap_or(""),
+        "generator_url": v["generatorURL"].as_str().or(v["generator_url"].as_str()).unwrap_or(""),
     }))
 }

@@ -112,7 +112,10 @@ fn alert_parts(alert: &Value) -> (BTreeMap<String, String>, String, Option<Strin
                 .collect()
         })
         .unwrap_or_default();
-    let fingerprint = alert["fingerprint"].as_str().unwrap_or_default().to_string();
+    let fingerprint = alert["fingerprint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let generator = alert["generator_url"]
         .as_str()
         .and_then(series::generator_expr);
@@ -146,10 +149,7 @@ impl Known {
             "the alert has no alertname label: there is no rule to ask about".to_string()
         })?;
         let rules = series::rules_of(&self.rules, &labels, generator.as_deref());
-        let global = self
-            .server
-            .evaluation_interval
-            .unwrap_or(DEFAULT_INTERVAL);
+        let global = self.server.evaluation_interval.unwrap_or(DEFAULT_INTERVAL);
         let external = &self.server.external_labels;
         let ignore = &clears.ignore_labels;
         let (found, interval, keep_firing_for, source) = if rules.is_empty() {
@@ -253,7 +253,11 @@ pub(crate) async fn check_windows(
                 name: format!("{alertname} (group {:?})", r.group),
                 fingerprint: String::new(),
                 rules: Vec::new(),
-                interval: if r.interval.is_zero() { global } else { r.interval },
+                interval: if r.interval.is_zero() {
+                    global
+                } else {
+                    r.interval
+                },
                 look_back: promql::look_back(&r.query),
                 keep_firing_for: r.keep_firing_for,
                 source: r.group.clone(),
@@ -439,7 +443,10 @@ pub(crate) async fn watch(
                 for (w, track) in watched.iter().zip(&mut tracks) {
                     let value = w.rules.iter().find_map(|(q, wanted)| {
                         let samples = results.get(q.as_str())?.as_ref().ok()?;
-                        samples.iter().find(|s| wanted.is(s)).map(|s| s.value.clone())
+                        samples
+                            .iter()
+                            .find(|s| wanted.is(s))
+                            .map(|s| s.value.clone())
                     });
                     track.record(Seen { at, value });
                 }
@@ -597,8 +604,14 @@ pub(crate) async fn firing_now(prom: &Prometheus, watched: &[Watched]) -> Result
 /// fix that did not hold.
 #[derive(Debug, Default)]
 pub(crate) struct Clears {
-    cleared: Mutex<BTreeMap<(String, String, String), (String, std::time::Instant, Duration)>>,
+    cleared: Mutex<BTreeMap<ClearedKey, ClearedBy>>,
 }
+
+/// (runbook, host, fingerprint).
+type ClearedKey = (String, String, String);
+
+/// The run that saw it clear, when, and its runbook's `recurrence`.
+type ClearedBy = (String, std::time::Instant, Duration);
 
 /// A run that cleared an alert that is back.
 #[derive(Debug, Clone)]
@@ -670,7 +683,10 @@ mod tests {
         assert_eq!(back.run_id, "run-1");
         assert!(clears.recurred(("rb", "h"), &fp).is_none(), "once");
         clears.cleared(("rb", "h"), &fp, "run-2", Duration::ZERO);
-        assert!(clears.recurred(("rb", "h"), &fp).is_none(), "past its window");
+        assert!(
+            clears.recurred(("rb", "h"), &fp).is_none(),
+            "past its window"
+        );
     }
 
     #[test]

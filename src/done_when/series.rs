@@ -120,7 +120,10 @@ impl Wanted {
     }
 }
 
-fn without(labels: &BTreeMap<String, String>, dropped: &BTreeSet<String>) -> BTreeMap<String, String> {
+fn without(
+    labels: &BTreeMap<String, String>,
+    dropped: &BTreeSet<String>,
+) -> BTreeMap<String, String> {
     labels
         .iter()
         .filter(|(k, _)| !dropped.contains(*k))
@@ -165,7 +168,11 @@ mod tests {
             rule("QueueDeep", "q > 10", &[("severity", "ticket")]),
             rule("Other", "x > 0", &[]),
         ];
-        let page = map(&[("alertname", "QueueDeep"), ("severity", "page"), ("queue", "a")]);
+        let page = map(&[
+            ("alertname", "QueueDeep"),
+            ("severity", "page"),
+            ("queue", "a"),
+        ]);
         let ticket = map(&[("alertname", "QueueDeep"), ("severity", "ticket")]);
         assert_eq!(rules_of(&rules, &page, None), vec![&rules[0]]);
         assert_eq!(rules_of(&rules, &ticket, None), vec![&rules[1]]);
@@ -192,8 +199,16 @@ mod tests {
 
     #[test]
     fn a_templated_rule_label_matches_any_value_and_is_not_matched_on() {
-        let rules = [rule("Deep", "q > 1", &[("summary_host", "{{ $labels.instance }}")])];
-        let labels = map(&[("alertname", "Deep"), ("summary_host", "web1"), ("instance", "web1")]);
+        let rules = [rule(
+            "Deep",
+            "q > 1",
+            &[("summary_host", "{{ $labels.instance }}")],
+        )];
+        let labels = map(&[
+            ("alertname", "Deep"),
+            ("summary_host", "web1"),
+            ("instance", "web1"),
+        ]);
         let found = rules_of(&rules, &labels, None);
         assert_eq!(found.len(), 1);
         let wanted = Wanted::of(&labels, &found[0].labels, &BTreeMap::new(), &[]);
@@ -216,21 +231,37 @@ mod tests {
             &[],
         );
         // The query's series: no severity, no cluster, a __name__.
-        let firing = sample(&[("__name__", "q"), ("instance", "local"), ("queue", "orders")]);
+        let firing = sample(&[
+            ("__name__", "q"),
+            ("instance", "local"),
+            ("queue", "orders"),
+        ]);
         assert!(wanted.is(&firing));
         // A series label the rule overwrote (severity) is matched on by neither side.
-        let overwritten = sample(&[("instance", "local"), ("queue", "orders"), ("severity", "low")]);
+        let overwritten = sample(&[
+            ("instance", "local"),
+            ("queue", "orders"),
+            ("severity", "low"),
+        ]);
         assert!(wanted.is(&overwritten));
     }
 
     #[test]
     fn only_this_hosts_series_is_this_alert() {
-        let alert = map(&[("alertname", "Deep"), ("instance", "local"), ("queue", "orders")]);
+        let alert = map(&[
+            ("alertname", "Deep"),
+            ("instance", "local"),
+            ("queue", "orders"),
+        ]);
         let wanted = Wanted::of(&alert, &BTreeMap::new(), &BTreeMap::new(), &[]);
         assert!(!wanted.is(&sample(&[("instance", "web2"), ("queue", "orders")])));
         assert!(!wanted.is(&sample(&[("instance", "local"), ("queue", "billing")])));
         assert!(!wanted.is(&sample(&[("instance", "local")])));
-        assert!(!wanted.is(&sample(&[("instance", "local"), ("queue", "orders"), ("extra", "1")])));
+        assert!(!wanted.is(&sample(&[
+            ("instance", "local"),
+            ("queue", "orders"),
+            ("extra", "1")
+        ])));
     }
 
     #[test]

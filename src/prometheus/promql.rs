@@ -59,8 +59,7 @@ pub(crate) fn look_back(expr: &str) -> Duration {
                         i += 1;
                     }
                     let begin = i;
-                    while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.')
-                    {
+                    while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
                         i += 1;
                     }
                     let text: String = chars[begin..i].iter().collect();
@@ -95,10 +94,14 @@ fn duration(text: &str) -> Option<Duration> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let n: u64 = rest[..digits].parse().ok()?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let seconds = match &rest[..unit_len] {
             "ms" => {
                 total += Duration::from_millis(n);
@@ -160,7 +163,10 @@ mod tests {
             look_back("predict_linear(node_filesystem_free_bytes[6h], 4 * 3600) < 0"),
             secs(6 * 3600)
         );
-        assert_eq!(look_back("max_over_time(rate(x[1m])[30m:1m]) > 3"), secs(1800));
+        assert_eq!(
+            look_back("max_over_time(rate(x[1m])[30m:1m]) > 3"),
+            secs(1800)
+        );
         assert_eq!(look_back("rate(x[5m] offset 10m) > 1"), secs(900));
         assert_eq!(look_back("x offset 1h > 0"), secs(3600));
         assert_eq!(look_back("rate(a[5m]) > 0 and b offset 1h"), secs(3600));

@@ -51,7 +51,8 @@ pub(super) async fn check(
         runner.stopping().then(|| {
             (
                 Verdict::Halted,
-                "runwarden is shutting down; it stopped the wait for the alert to clear".to_string(),
+                "runwarden is shutting down; it stopped the wait for the alert to clear"
+                    .to_string(),
             )
         })
     };
@@ -77,7 +78,11 @@ async fn watched(
 /// `Some(false)` when the alerts that started the run are known to be
 /// gone now, by one evaluation (an L2 call approved after its alert
 /// cleared by itself is not made); `None` when that cannot be told here.
-pub(super) async fn firing_now(runner: &Runner, runbook: &Runbook, req: &RunRequest) -> Option<bool> {
+pub(super) async fn firing_now(
+    runner: &Runner,
+    runbook: &Runbook,
+    req: &RunRequest,
+) -> Option<bool> {
     let clears = runbook.done_when.as_ref()?;
     let prom = Prometheus::new(runner.config.settings.prometheus.as_ref()?);
     let alerts = req.alerts_seen();

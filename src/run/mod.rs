@@ -542,10 +542,10 @@ impl Runner {
         info: &RunInfo,
     ) -> Option<crate::done_when::Recurred> {
         runbook.done_when.as_ref()?;
-        let back = self.clears.as_ref()?.recurred(
-            (&runbook.name, &info.host),
-            &cleared::fingerprints(req),
-        )?;
+        let back = self
+            .clears
+            .as_ref()?
+            .recurred((&runbook.name, &info.host), &cleared::fingerprints(req))?;
         tracing::warn!(run_id = %info.run_id, earlier = %back.run_id, "the alert run {} saw clear came back after {} s", back.run_id, back.after.as_secs());
         if let Err(e) = self
             .audit

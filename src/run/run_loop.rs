@@ -243,8 +243,7 @@ impl RunLoop<'_> {
         use crate::done_when::Outcome;
         let budget_ends = s.gate.budget().deadline();
         let outcome =
-            super::cleared::check(self.runner, &self.runbook, self.req, clears, budget_ends)
-                .await;
+            super::cleared::check(self.runner, &self.runbook, self.req, clears, budget_ends).await;
         let check = super::cleared::report_of(&outcome);
         if let Some(detail) = outcome.detail() {
             s.tally.written(self.runner.audit.evidence(
@@ -411,8 +410,12 @@ impl RunLoop<'_> {
             permit.approved_by()
         );
         Some(
-            Denial::new(permit.step(), crate::gate::DenyReason::AlertResolved, detail)
-                .of(permit.action().tool()),
+            Denial::new(
+                permit.step(),
+                crate::gate::DenyReason::AlertResolved,
+                detail,
+            )
+            .of(permit.action().tool()),
         )
     }
 

@@ -9,6 +9,7 @@ mod approvals;
 mod cli;
 mod daemon;
 mod declared;
+mod done_when;
 mod e2e;
 mod edges;
 mod fuzz;

@@ -1,5 +1,5 @@
 //! `done_when:` in a runbook: a run started by an alert is `ok` only when
-//! that alert's own series is gone (see [`crate::done_when`] for how it
+//! that alert's own series is gone (see the `done_when` module for how it
 //! is found and watched).
 
 use std::path::Path;

@@ -506,8 +506,7 @@ pub(super) fn validate(
         .and_then(|d| demote_after(d, autonomy, file, diags));
     let on_alert = on_alert(&raw, hosts, file, diags);
     let budget = budget(&raw, file, diags);
-    let done_when =
-        done_when::validate(&raw, budget.max_duration, around.prometheus, file, diags);
+    let done_when = done_when::validate(&raw, budget.max_duration, around.prometheus, file, diags);
     let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
     let agent = agent(&raw, &budget, model_configured, file, diags);
     let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
