@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 /// The history format this build writes and reads. Raise it when a change
 /// to lines or segments would make this build's readers misread the new
 /// history; a reader of a lower format then refuses it.
-pub(crate) const FORMAT: u32 = 1;
+///
+/// 2 (0.6.0): `evidence` and `recurred` lines, and the `unresolved`
+/// verdict (`done_when`), which a format-1 reader cannot parse.
+pub(crate) const FORMAT: u32 = 2;
 
 /// Where the format of the history at `log` is recorded.
 pub(crate) fn marker(log: &Path) -> PathBuf {
@@ -131,7 +134,10 @@ mod tests {
             .to_string();
         assert!(read.contains("would misread it"), "{read}");
         let verify = crate::audit::verify(&log).unwrap_err().to_string();
-        assert!(verify.contains("format 2"), "{verify}");
+        assert!(
+            verify.contains(&format!("format {}", FORMAT + 1)),
+            "{verify}"
+        );
         // And the marker is left as the newer one wrote it.
         assert!(
             std::fs::read_to_string(marker(&log))

@@ -399,3 +399,88 @@ fn check_tests_each_literal_argument_against_each_host() {
     let out = runwarden(&["check", "--config", cfg]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("would be denied"));
 }
+
+/// `done_when` that cannot work is refused where it is written: no
+/// Prometheus to ask, no alert to start the run, a schedule (whose runs
+/// have no alert), a wait as long as the run, a label that is not one.
+#[test]
+fn a_done_when_that_cannot_work_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cfg = dir.path().to_str().unwrap();
+    let runbook = |extra: &str, done_when: &str| {
+        format!(
+            "name: queue\ndescription: t\nhosts: [web-01]\nautonomy: L3\n{extra}tools: {{ observe: [disk_usage] }}\nbudget: {{ max_duration: 10m }}\ndone_when:\n  alert_clears: {done_when}\nsteps:\n  - call: disk_usage\n    args: {{ path: {} }}\n",
+            dir.path().join("data").display()
+        )
+    };
+    let on_alert = "on_alert: { matchers: ['alertname=\"Deep\"'], host_label: instance }\n";
+    let settings = "listen: 127.0.0.1:0\nwebhook_token_file: token\naudit_head: none\n";
+    let with_prometheus = format!("{settings}prometheus: {{ url: 'http://127.0.0.1:9' }}\n");
+    for (yaml, runbook_yaml, line, says) in [
+        (
+            settings.to_string(),
+            runbook(on_alert, "{ within: 5m }"),
+            "queue.yaml:9:",
+            "needs `prometheus:",
+        ),
+        (
+            with_prometheus.clone(),
+            runbook("", "{ within: 5m }"),
+            "queue.yaml:8:",
+            "needs on_alert",
+        ),
+        (
+            with_prometheus.clone(),
+            runbook(
+                &format!("{on_alert}schedule: '0 3 * * *'\n"),
+                "{ within: 5m }",
+            ),
+            "queue.yaml:6:",
+            "has no schedule",
+        ),
+        (
+            with_prometheus.clone(),
+            runbook(on_alert, "{ within: 10m }"),
+            "queue.yaml:9:",
+            "not shorter than budget.max_duration 10m",
+        ),
+        (
+            with_prometheus.clone(),
+            runbook(on_alert, "{ within: 5m, ignore_labels: [alertname] }"),
+            "queue.yaml:9:",
+            "not a label a fix can change",
+        ),
+        (
+            format!("{settings}prometheus: {{ url: 'ftp://x' }}\n"),
+            runbook(on_alert, "{ within: 5m }"),
+            "runwarden.yaml:4:",
+            "is not an http(s) URL",
+        ),
+    ] {
+        std::fs::write(dir.path().join("runwarden.yaml"), &yaml).unwrap();
+        std::fs::write(dir.path().join("runbooks/queue.yaml"), &runbook_yaml).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{runbook_yaml}: {stderr}");
+        assert!(stderr.contains(line), "{line} in {stderr}");
+        assert!(stderr.contains(says), "{says} in {stderr}");
+    }
+    // Right, and with no Prometheus listening: check says so, and passes.
+    std::fs::write(dir.path().join("runwarden.yaml"), &with_prometheus).unwrap();
+    std::fs::write(
+        dir.path().join("runbooks/queue.yaml"),
+        runbook(on_alert, "{ within: 5m }"),
+    )
+    .unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("could not be reached"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done_when=alert_clears/5m"), "{stdout}");
+    assert!(
+        stdout.contains("prometheus at http://127.0.0.1:9/"),
+        "{stdout}"
+    );
+}

@@ -278,9 +278,9 @@ async fn a_history_a_newer_runwarden_wrote_is_refused_by_every_command() {
     assert!(
         std::fs::read_to_string(&marker)
             .unwrap()
-            .starts_with("format 1\n")
+            .starts_with("format 2\n")
     );
-    std::fs::write(&marker, "format 2\nwritten by runwarden 0.9.0 (0123abcd)\n").unwrap();
+    std::fs::write(&marker, "format 3\nwritten by runwarden 0.9.0 (0123abcd)\n").unwrap();
     let before = std::fs::read(&audit).unwrap();
     for args in [
         vec!["run", "disk", "--host", "web-01"],

@@ -47,6 +47,13 @@ pub(super) fn validate(
             "done_when.alert_clears needs on_alert: only a run an alert started has an alert to clear",
         );
     }
+    if let Some(schedule) = &raw.schedule {
+        diags.at(
+            file,
+            schedule.referenced,
+            "a runbook with done_when.alert_clears has no schedule: a scheduled run has no alert to see clear and would end inconclusive each time; put the schedule in a runbook of its own",
+        );
+    }
     if !prometheus {
         diags.at(
             file,
