@@ -507,6 +507,8 @@ impl Metrics {
         for runbook in config.runbooks.keys() {
             self.internal_errors.with_label_values(&[runbook]).inc_by(0);
             self.fixes_recurred.with_label_values(&[runbook]).inc_by(0);
+            // A histogram's series exist once touched: none cleared yet.
+            let _ = self.alert_clear.with_label_values(&[runbook]);
         }
         for result in ["success", "failure"] {
             self.config_reloads.with_label_values(&[result]).inc_by(0);

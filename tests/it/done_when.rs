@@ -623,3 +623,69 @@ fn a_flapping_series_is_not_called_cleared_by_one_gap() {
     let said = report["alert_check"]["said"].as_str().unwrap();
     assert!(said.contains("of the 3 needed"), "{said}");
 }
+
+/// L2: a person approves the change after the queue drained by itself. The
+/// alert's series is gone from its rule's expression now, so the change is
+/// not made: the call is denied (`alert_resolved`), with no intent line,
+/// and the exporter's file is as the queue left it.
+#[test]
+fn an_l2_change_approved_after_its_alert_cleared_by_itself_is_not_made() {
+    const ALICE: &str = "Bearer alice-token-0123456789";
+    let s = Stack::new(&metrics("bad", 82), None);
+    write_secret(
+        &s.e.path().join("approvers"),
+        "alice alice-token-0123456789\n",
+    );
+    s.settings("approvers_file: approvers\napproval_timeout: 5m\n");
+    s.runbook("fix-queue", "BarQueueDeep", "still", "{ within: 20s }", "");
+    let file = s.e.path().join("runbooks/fix-queue.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("autonomy: L3", "autonomy: L2")).unwrap();
+    let d = crate::daemon::Daemon::start(&s.e);
+    let body = serde_json::json!({
+        "version": "4", "groupKey": "{}:{alertname=\"BarQueueDeep\"}", "status": "firing",
+        "receiver": "runwarden", "alerts": [queue_alert(&s, "page", "fp-page")],
+    });
+    let (status, said) = d.post_alerts(&body.to_string());
+    assert_eq!(status, 200, "{said}");
+    let request = wait_for("the approval request", Duration::from_secs(20), || {
+        let (_, text) = d.request("GET", "/api/v1/approvals", &[("Authorization", ALICE)], b"");
+        let list: Value = serde_json::from_str(&text).ok()?;
+        list["approvals"]
+            .as_array()?
+            .iter()
+            .find(|r| r["state"] == "pending")
+            .cloned()
+    });
+    // The queue drains by itself while the request waits.
+    std::fs::write(s.served.join("metrics"), metrics("drained", 3)).unwrap();
+    wait_for("the series to go", Duration::from_secs(20), || {
+        (!s.has_series("bar_queue_depth{node=\"local\"} > 50")).then_some(())
+    });
+    let decision = serde_json::json!({ "digest": request["digest"], "comment": "ok" }).to_string();
+    let (status, text) = d.request(
+        "POST",
+        &format!(
+            "/api/v1/approvals/{}/approve",
+            request["id"].as_str().unwrap()
+        ),
+        &[
+            ("Authorization", ALICE),
+            ("Content-Type", "application/json"),
+        ],
+        decision.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let verdict = wait_for("the run's verdict", Duration::from_secs(30), || {
+        verdicts(&s.e, "fix-queue").into_iter().next()
+    });
+    assert_eq!(verdict["outcome"], "denied", "{verdict}");
+    let denied = s.e.audit_phase("denied");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    let detail = denied[0]["detail"].to_string();
+    assert!(detail.contains("alert_resolved"), "{detail}");
+    assert!(detail.contains("cleared by itself"), "{detail}");
+    assert!(s.e.audit_phase("intent").is_empty(), "no change was made");
+    let served = std::fs::read_to_string(s.served.join("metrics")).unwrap();
+    assert!(served.starts_with("# state drained"), "{served}");
+}
