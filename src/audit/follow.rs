@@ -257,7 +257,7 @@ fn line(open: &mut HashMap<String, Vec<String>>, bytes: &[u8]) -> Option<Seen> {
             })
         }
         Phase::Verdict => {
-            let keys = open.remove(&e.run_id)?;
+            let keys = super::lines::keys_after(&e, open.remove(&e.run_id)?);
             let handed = e.detail.as_ref().is_some_and(|d| d["handed_back"] == true);
             (!handed).then_some(Seen::Ended {
                 runbook: e.runbook,

@@ -304,6 +304,9 @@ pub(crate) struct RunEnd {
     /// Why the run itself ended it, when that is not its steps: a panic
     /// (`internal_error`).
     pub(crate) reason: Option<&'static str>,
+    /// `done_when`: the run saw its alert clear. A firing of that alert
+    /// now is the alert back, not a repeat of the trigger that started it.
+    pub(crate) alert_cleared: bool,
 }
 
 impl AuditLog {
@@ -664,11 +667,28 @@ impl AuditLog {
                 if let Some(reason) = end.reason {
                     d["reason"] = reason.into();
                 }
+                if end.alert_cleared {
+                    d["alert_cleared"] = true.into();
+                }
                 d
             }
             None => json!({ "detail": detail }),
         });
         self.append(e, true)
+    }
+}
+
+/// The trigger keys a verdict line leaves as its run's for deduplication:
+/// none when the run saw its alert clear (the same alert firing after
+/// that is back, not repeated), else `keys`.
+pub(crate) fn keys_after(verdict: &super::Entry, keys: Vec<String>) -> Vec<String> {
+    match verdict
+        .detail
+        .as_ref()
+        .is_some_and(|d| d["alert_cleared"] == true)
+    {
+        true => Vec::new(),
+        false => keys,
     }
 }
 

@@ -199,6 +199,36 @@ mod tests {
         }
     }
 
+    /// A restarted daemon keeps no trigger keys of a run that saw its alert
+    /// clear (so the alert firing again is not taken for a repeat), and
+    /// keeps those of any other run.
+    #[test]
+    fn a_run_that_saw_its_alert_clear_leaves_no_keys_to_deduplicate_against() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).unwrap();
+        for (host, cleared) in [("cleared", true), ("firing", false)] {
+            let run = RunInfo {
+                run_id: host.into(),
+                host: host.into(),
+                ..info()
+            };
+            let mut queued = run.entry(Phase::Queued, None);
+            queued.detail = Some(serde_json::json!({ "keys": ["fp:1"] }));
+            log.append(queued, true).unwrap();
+            let end = RunEnd {
+                alert_cleared: cleared,
+                ..Default::default()
+            };
+            log.verdict(&run, crate::verdict::Verdict::Ok, "done", Some(&end))
+                .unwrap();
+        }
+        let r = runs::recovery(&path).unwrap();
+        let keys = |h: &str| r.ends[&("rb".to_string(), h.to_string())].1.clone();
+        assert!(keys("cleared").is_empty());
+        assert_eq!(keys("firing"), ["fp:1"]);
+    }
+
     fn write_lines(path: &Path, n: u32) {
         let log = AuditLog::open(path).unwrap();
         for i in 0..n {

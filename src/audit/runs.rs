@@ -513,7 +513,7 @@ impl Fold {
     /// unless it was handed back having done nothing.
     fn verdict(&mut self, e: &Entry) {
         let began = self.open.remove(&e.run_id);
-        let k = self.keys.remove(&e.run_id).unwrap_or_default();
+        let k = super::lines::keys_after(e, self.keys.remove(&e.run_id).unwrap_or_default());
         let handed = e.detail.as_ref().is_some_and(|d| d["handed_back"] == true);
         let Ok(ts) = e.ts.parse::<jiff::Timestamp>() else {
             return;

@@ -697,6 +697,7 @@ impl RunLoop<'_> {
             }
             None => Vec::new(),
         };
+        let cleared = s.tally.stop.is_none() && s.tally.cleared.is_some();
         let (mut verdict, mut verdict_detail) = s.tally.verdict(self.req.dry_run, s.would_change);
         // A dry run changed nothing, whatever the gate would have allowed.
         let mutations = match self.req.dry_run {
@@ -714,6 +715,7 @@ impl RunLoop<'_> {
             claims,
             model_suggestions: s.model_suggestions,
             reason: None,
+            alert_cleared: cleared && verdict == Verdict::Ok,
         };
         let audit = &self.runner.audit;
         if let Err(err) = audit.verdict(&self.info, verdict, &verdict_detail, Some(&end)) {

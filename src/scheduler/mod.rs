@@ -247,7 +247,13 @@ impl Scheduler {
     ) {
         // The slot first: once the metrics say the run ended, a new
         // trigger for this runbook and host can start.
-        self.state.ended(req);
+        let cleared = outcome.as_ref().is_ok_and(|r| {
+            r.verdict == crate::verdict::Verdict::Ok
+                && r.alert_check
+                    .as_ref()
+                    .is_some_and(|c| c.outcome == "cleared")
+        });
+        self.state.ended(req, cleared);
         self.metrics.runs_in_flight.dec();
         // A run the shutdown kept from starting (it waited for its run
         // lock) is handed to the next start, as one stopped before its
@@ -305,6 +311,7 @@ impl Scheduler {
                         claims: Vec::new(),
                         model_suggestions: Vec::new(),
                         reason: None,
+                        alert_cleared: false,
                     }),
                 ),
                 false => (

@@ -112,7 +112,7 @@ impl SharedState for Fleet {
     }
 
     /// The run's lease ends with the run.
-    fn ended(&self, _: &RunRequest) {}
+    fn ended(&self, _: &RunRequest, _: bool) {}
 
     fn queues(&self) -> bool {
         true

@@ -269,13 +269,16 @@ impl SharedState for Local {
         Box::pin(async { Ok(()) })
     }
 
-    fn ended(&self, req: &RunRequest) {
+    fn ended(&self, req: &RunRequest, cleared: bool) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots
             .entry((req.runbook.clone(), req.host.clone()))
             .or_default();
         slot.in_flight = false;
         slot.ended = Some(Instant::now());
+        if cleared {
+            slot.keys.clear();
+        }
     }
 
     /// The audit log holds this machine's record of every trigger as it
@@ -467,7 +470,7 @@ mod tests {
         let d = |keys: &[&str]| decide(&local, &alert(keys), hour);
         assert_eq!(d(&["fp1"]), TriggerResult::Started);
         assert_eq!(d(&["fp2"]), TriggerResult::Deduplicated, "in flight");
-        local.ended(&alert(&[]));
+        local.ended(&alert(&[]), false);
         assert_eq!(d(&["fp3"]), TriggerResult::Cooldown);
         assert_eq!(
             d(&["fp1"]),
@@ -485,6 +488,34 @@ mod tests {
         assert_eq!(d(&["fp3"]), TriggerResult::Started);
     }
 
+    /// A run that saw its alert clear leaves no trigger keys behind: the
+    /// same alert firing right after is the alert back (a run, which the
+    /// runbook's `recurrence` names), not a duplicate; the cooldown holds
+    /// as for any run.
+    #[tokio::test(start_paused = true)]
+    async fn the_alert_a_run_saw_clear_starts_a_run_when_it_fires_again() {
+        let local = Local::default();
+        let d = |keys: &[&str], cooldown| decide(&local, &alert(keys), cooldown);
+        assert_eq!(d(&["fp1"], None), TriggerResult::Started);
+        local.ended(&alert(&[]), true);
+        assert_eq!(
+            d(&["fp1"], None),
+            TriggerResult::Started,
+            "back, not repeated"
+        );
+        local.ended(&alert(&[]), false);
+        assert_eq!(d(&["fp1"], None), TriggerResult::Deduplicated, "a repeat");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(d(&["fp1"], None), TriggerResult::Started);
+        local.ended(&alert(&[]), true);
+        let hour = Some(Duration::from_secs(3600));
+        assert_eq!(
+            d(&["fp1"], hour),
+            TriggerResult::Cooldown,
+            "the cooldown holds"
+        );
+    }
+
     /// `max_runs`: the third run within the window is refused, whatever
     /// triggers it, until the oldest of the two leaves the window.
     #[tokio::test(start_paused = true)]
@@ -497,7 +528,7 @@ mod tests {
         let d = |keys: &[&str]| decide_capped(&local, &alert(keys), None, cap);
         for fp in ["fp1", "fp2"] {
             assert_eq!(d(&[fp]), TriggerResult::Started);
-            local.ended(&alert(&[]));
+            local.ended(&alert(&[]), false);
             tokio::time::advance(Duration::from_secs(3600)).await;
         }
         assert_eq!(d(&["fp3"]), TriggerResult::Capped);

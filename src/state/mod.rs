@@ -129,8 +129,10 @@ pub(crate) trait SharedState: Send + Sync {
     fn confirm<'a>(&'a self, started: &'a [String], handed: &'a [String]) -> Pending<'a, ()>;
 
     /// The run of `req` ended (or never started): its (runbook, host) is
-    /// free, and its trigger keys count as the last run's.
-    fn ended(&self, req: &RunRequest);
+    /// free, and its trigger keys count as the last run's; none do when
+    /// the run saw its alert clear (`cleared`), so that alert firing
+    /// again starts a run at once, as the fix that did not hold.
+    fn ended(&self, req: &RunRequest, cleared: bool);
 
     /// Whether runs admitted here that this daemon cannot start at once
     /// go to a queue every daemon takes from (the fleet's). Then a daemon

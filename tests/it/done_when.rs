@@ -252,9 +252,10 @@ fn metric(addr: &str, line_start: &str) -> Option<f64> {
 /// Alertmanager routes the real alerts of a deep queue (a page and a
 /// ticket, one notification) to the daemon; the fix brings local's queue
 /// to 3 while web2's stays at 90: `ok`, with the evidence of both alerts'
-/// series gone. Then the queue is deep again: Alertmanager's next send
-/// starts a run that names the one it undoes, the earlier run gets its
-/// `recurred` line, and the metric counts it.
+/// series gone. Then the queue is deep again: Alertmanager's notification
+/// of the alert back starts a run at once (the run that saw it clear left
+/// no keys to deduplicate it against) that names the earlier run, which
+/// gets its `recurred` line, and the metric counts it.
 #[test]
 fn a_fix_that_clears_its_alert_is_ok_with_the_evidence_and_a_recurrence_is_recorded() {
     // Alertmanager first: Prometheus sends a firing alert once, then again
@@ -333,10 +334,16 @@ fn a_fix_that_clears_its_alert_is_ok_with_the_evidence_and_a_recurrence_is_recor
 
     // The queue is deep again: the fix did not hold.
     std::fs::copy(s.e.work().join("bad.prom"), s.served.join("metrics")).unwrap();
+    let back = std::time::Instant::now();
     let recurred = wait_for("a recurred line", Duration::from_secs(150), || {
         s.e.audit().into_iter().find(|l| l["phase"] == "recurred")
     });
     assert_eq!(recurred["run_id"], run_id.as_str(), "{recurred}");
+    assert!(
+        back.elapsed() < Duration::from_secs(30),
+        "not held back as a repeat of the first notification: {:?}",
+        back.elapsed()
+    );
     let again = recurred["detail"]["back_in"].as_str().unwrap().to_string();
     assert_ne!(again, run_id);
     let (status, body) = http(&rw_addr, "GET", &format!("/api/v1/runs/{again}"), "").unwrap();
