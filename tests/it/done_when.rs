@@ -24,6 +24,29 @@ fn metrics(state: &str, depth: u32) -> String {
     )
 }
 
+/// In config directory `e`: host `local` and the `set_queue` tool, which
+/// copies a state file of `work` over the exporter's file in `served`.
+fn set_up(e: &Estate, work: &std::path::Path, served: &std::path::Path) {
+    e.host("local", &local_host("local", "paths: [/tmp]"));
+    std::fs::create_dir_all(e.path().join("tools")).unwrap();
+    std::fs::write(
+        e.path().join("tools/set_queue.yaml"),
+        format!(
+            "name: set_queue\ntier: 2\ndescription: Put the orders queue's exported state in place.\nverb: set\nargs:\n  to: {{ type: enum, values: [fixed, still, bad] }}\nrun: [/usr/bin/cp, \"{w}/{{{{ to }}}}.prom\", \"{s}/metrics\"]\nverify:\n  run: [/usr/bin/cat, \"{s}/metrics\"]\n  expect_stdout: '^# state {{{{ to }}}}$'\nundo:\n  run: [/usr/bin/cp, \"{w}/bad.prom\", \"{s}/metrics\"]\n",
+            w = work.display(),
+            s = served.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// The runbook [`Stack::runbook`] writes.
+fn runbook_yaml(name: &str, alert: &str, to: &str, done_when: &str, extra: &str) -> String {
+    format!(
+        "name: {name}\ndescription: t\nhosts: [local]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"{alert}\"']\n  host_label: node\ntools: {{ observe: [disk_usage], approve: [set_queue] }}\nbudget: {{ max_duration: 90s }}\ndone_when: {{ alert_clears: {done_when} }}\n{extra}steps:\n  - id: fix\n    call: set_queue\n    args: {{ to: {to} }}\n    reason: the queue is deep\n"
+    )
+}
+
 /// Two rules named BarQueueDeep (a page over 50, a ticket over 10) and a
 /// windowed one, every group evaluated each second.
 const RULES: &str = r#"groups:
@@ -114,18 +137,7 @@ impl Stack {
                     .filter(|r| r.0 == 200 && r.1.contains("BarQueueDeep"))
             },
         );
-        e.host("local", &local_host("local", "paths: [/tmp]"));
-        let work = e.work();
-        std::fs::create_dir_all(e.path().join("tools")).unwrap();
-        std::fs::write(
-            e.path().join("tools/set_queue.yaml"),
-            format!(
-                "name: set_queue\ntier: 2\ndescription: Put the orders queue's exported state in place.\nverb: set\nargs:\n  to: {{ type: enum, values: [fixed, still, bad] }}\nrun: [/usr/bin/cp, \"{w}/{{{{ to }}}}.prom\", \"{s}/metrics\"]\nverify:\n  run: [/usr/bin/cat, \"{s}/metrics\"]\n  expect_stdout: '^# state {{{{ to }}}}$'\nundo:\n  run: [/usr/bin/cp, \"{w}/bad.prom\", \"{s}/metrics\"]\n",
-                w = work.display(),
-                s = served.display()
-            ),
-        )
-        .unwrap();
+        set_up(&e, &e.work(), &served);
         Stack {
             e,
             served,
@@ -147,15 +159,11 @@ impl Stack {
         .unwrap();
     }
 
-    /// A runbook `name` of BarQueueDeep on `local` that sets the queue
-    /// `to`, done when the alert clears (`done_when` as YAML flow).
+    /// A runbook `name` of `alert` on `local` that sets the queue `to`,
+    /// done when the alert clears (`done_when` as YAML flow).
     fn runbook(&self, name: &str, alert: &str, to: &str, done_when: &str, extra: &str) {
-        self.e.runbook(
-            name,
-            &format!(
-                "name: {name}\ndescription: t\nhosts: [local]\nautonomy: L3\non_alert:\n  matchers: ['alertname=\"{alert}\"']\n  host_label: node\ntools: {{ observe: [disk_usage], approve: [set_queue] }}\nbudget: {{ max_duration: 90s }}\ndone_when: {{ alert_clears: {done_when} }}\n{extra}steps:\n  - id: fix\n    call: set_queue\n    args: {{ to: {to} }}\n    reason: the queue is deep\n"
-            ),
-        );
+        self.e
+            .runbook(name, &runbook_yaml(name, alert, to, done_when, extra));
     }
 
     /// Whether Prometheus's query `expr` has a series now.
@@ -695,4 +703,59 @@ fn an_l2_change_approved_after_its_alert_cleared_by_itself_is_not_made() {
     assert!(s.e.audit_phase("intent").is_empty(), "no change was made");
     let served = std::fs::read_to_string(s.served.join("metrics")).unwrap();
     assert!(served.starts_with("# state drained"), "{served}");
+}
+
+/// Three replicas on one PostgreSQL, each asking Prometheus itself: the
+/// alert posted to all three (as Alertmanager's receivers would) starts
+/// one run, which waits for its alert on its replica and ends `ok` with the
+/// evidence, while its lease keeps the host from the other two.
+#[test]
+fn three_replicas_run_the_alert_once_and_see_it_clear() {
+    let s = Stack::new(&metrics("bad", 82), None);
+    let pg = crate::ha::pg::Pg::start();
+    let extra = format!(
+        "prometheus: {{ url: 'http://{}', timeout: 5s }}\n",
+        s.prom_addr
+    );
+    let (work, served) = (s.e.work(), s.served.clone());
+    let fleet = crate::ha::fleet(&pg, 3, "15s", &extra, &|e| {
+        set_up(e, &work, &served);
+        e.runbook(
+            "fix-queue",
+            &runbook_yaml("fix-queue", "BarQueueDeep", "fixed", "{ within: 30s }", ""),
+        );
+    });
+    let body = serde_json::json!({
+        "version": "4", "groupKey": "{}:{alertname=\"BarQueueDeep\"}", "status": "firing",
+        "receiver": "runwarden", "alerts": [queue_alert(&s, "page", "fp-page")],
+    })
+    .to_string();
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let posts: Vec<_> = fleet
+            .iter()
+            .map(|r| scope.spawn(|| r.post("/api/v1/alerts", &body)))
+            .collect();
+        posts.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    let mut results: Vec<&str> = answers
+        .iter()
+        .map(|(_, a)| a["outcomes"][0]["result"].as_str().unwrap_or("?"))
+        .collect();
+    results.sort();
+    assert_eq!(
+        results,
+        ["deduplicated", "deduplicated", "started"],
+        "{answers:?}"
+    );
+    let (ran, verdict) = wait_for("the fleet's one verdict", Duration::from_secs(60), || {
+        fleet
+            .iter()
+            .find_map(|r| r.verdicts().into_iter().next().map(|v| (r, v)))
+    });
+    assert_eq!(verdict["outcome"], "ok", "{verdict}");
+    let ev = evidence(&ran.e, verdict["run_id"].as_str().unwrap());
+    assert_eq!(ev["outcome"], "cleared", "{ev}");
+    std::thread::sleep(Duration::from_millis(500));
+    let runs: usize = fleet.iter().map(|r| r.verdicts().len()).sum();
+    assert_eq!(runs, 1, "one run across the fleet");
 }
