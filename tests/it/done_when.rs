@@ -730,13 +730,7 @@ fn three_replicas_run_the_alert_once_and_see_it_clear() {
         "receiver": "runwarden", "alerts": [queue_alert(&s, "page", "fp-page")],
     })
     .to_string();
-    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
-        let posts: Vec<_> = fleet
-            .iter()
-            .map(|r| scope.spawn(|| r.post("/api/v1/alerts", &body)))
-            .collect();
-        posts.into_iter().map(|p| p.join().unwrap()).collect()
-    });
+    let answers = crate::ha::post_to_all(&fleet, &body);
     let mut results: Vec<&str> = answers
         .iter()
         .map(|(_, a)| a["outcomes"][0]["result"].as_str().unwrap_or("?"))

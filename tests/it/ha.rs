@@ -208,6 +208,18 @@ pub fn fleet(pg: &Pg, n: usize, lease: &str, extra: &str, setup: &dyn Fn(&Estate
     replicas
 }
 
+/// `body` posted to every replica's webhook at once, as Alertmanager's
+/// receivers would: each replica's answer.
+pub fn post_to_all(fleet: &[Replica], body: &str) -> Vec<(u16, Value)> {
+    std::thread::scope(|s| {
+        let posts: Vec<_> = fleet
+            .iter()
+            .map(|r| s.spawn(|| r.post("/api/v1/alerts", body)))
+            .collect();
+        posts.into_iter().map(|p| p.join().unwrap()).collect()
+    })
+}
+
 /// Every line of every replica's audit log.
 fn all_lines(fleet: &[Replica]) -> Vec<Value> {
     fleet.iter().flat_map(|r| r.e.audit()).collect()
@@ -374,14 +386,7 @@ fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
         e.runbook("rot", &rot_runbook(&site, "h1", 0));
     });
     let body = notification(&["h1"]);
-    // All three at once, as Alertmanager's receivers would be.
-    let answers: Vec<(u16, Value)> = std::thread::scope(|s| {
-        let posts: Vec<_> = fleet
-            .iter()
-            .map(|r| s.spawn(|| r.post("/api/v1/alerts", &body)))
-            .collect();
-        posts.into_iter().map(|p| p.join().unwrap()).collect()
-    });
+    let answers = post_to_all(&fleet, &body);
     let mut results: Vec<String> = answers
         .iter()
         .map(|(status, a)| {
