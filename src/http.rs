@@ -61,6 +61,8 @@ pub(crate) struct AppState {
     pub(crate) token: Arc<std::sync::RwLock<WebhookToken>>,
     /// `/mcp`: MCP sessions of agents (see [`crate::mcp::http`]).
     pub(crate) mcp: crate::mcp::http::Endpoint,
+    /// The address the daemon listens on: a name `/mcp` answers to.
+    pub(crate) listen: std::net::SocketAddr,
 }
 
 /// Connections served at once; more wait in the kernel's backlog.
@@ -188,6 +190,19 @@ async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response
             "requests from a web page are refused: connect an MCP client",
         );
     }
+    // DNS rebinding: a page of another site whose name now points here
+    // sends that name; only the daemon's own are served.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(host_name);
+    if !host.is_some_and(|h| config.settings.mcp_limits.allows_host(h, s.listen)) {
+        s.metrics.mcp_refused.with_label_values(&["host"]).inc();
+        return problem(
+            StatusCode::FORBIDDEN,
+            "the Host header does not name this daemon: add the name clients use to mcp_allowed_hosts in runwarden.yaml",
+        );
+    }
     // Read at every request: a token changed or revoked counts at once.
     let token = match tokio::task::spawn_blocking(move || {
         crate::secret::read_token(&file, "mcp_token_file")
@@ -210,6 +225,14 @@ async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response
         );
     }
     s.mcp.handle(req).await
+}
+
+/// A `Host` header's name: its port and an IPv6 address's brackets off.
+fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
 }
 
 /// Whether a browser sent the request (a page's script, a form): the API

@@ -103,6 +103,11 @@ pub(crate) struct Metrics {
     pub(crate) model_turn_tokens: GaugeVec,
     /// `runwarden_mcp_sessions_open`: agents' MCP sessions of `/mcp` now.
     pub(crate) mcp_sessions: IntGauge,
+    /// `runwarden_mcp_sessions_refused_total{reason}`: `/mcp` requests
+    /// refused before MCP (`sessions`: at `mcp_max_sessions`; `host`: a
+    /// `Host` not the daemon's) and sessions ended without a call
+    /// (`handshake_timeout`).
+    pub(crate) mcp_refused: IntCounterVec,
     /// `runwarden_host_transport_errors_total`.
     pub(crate) transport_errors: IntCounterVec,
 }
@@ -265,6 +270,12 @@ impl Metrics {
                     .expect("metric registered once");
                 g
             },
+            mcp_refused: counter(
+                r,
+                "runwarden_mcp_sessions_refused_total",
+                "MCP sessions of /mcp refused or ended early, by reason: sessions (mcp_max_sessions open already: 429), host (a Host header not the daemon's: 403), handshake_timeout (no tool call within mcp_handshake_timeout of the handshake).",
+                &["reason"],
+            ),
             model_claims: counter(
                 r,
                 "runwarden_model_claims_total",
@@ -504,6 +515,9 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
+        for reason in ["sessions", "host", "handshake_timeout"] {
+            self.mcp_refused.with_label_values(&[reason]).inc_by(0);
+        }
         for runbook in config.runbooks.keys() {
             self.internal_errors.with_label_values(&[runbook]).inc_by(0);
             self.fixes_recurred.with_label_values(&[runbook]).inc_by(0);

@@ -347,8 +347,14 @@ fn render_step(step: &StepReport) -> String {
         if let Some(e) = &res.error {
             s += &format!("       error: {e}\n");
         }
-        if let Some(said) = crate::tools::said(step.tool.as_deref().unwrap_or(""), &res.data) {
-            s += &format!("       said: {said}\n");
+        let tool = step.tool.as_deref().unwrap_or("");
+        match crate::tools::output_block(tool, &res.data, "       ") {
+            Some(block) => s += &block,
+            None => {
+                if let Some(said) = crate::tools::said(tool, &res.data) {
+                    s += &format!("       said: {said}\n");
+                }
+            }
         }
     }
     s

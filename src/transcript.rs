@@ -108,9 +108,14 @@ fn line(out: &mut String, e: &Entry) {
             if let Some(err) = detail.get("error").and_then(Value::as_str) {
                 let _ = writeln!(out, "   error: {err}");
             }
-            if let Some(said) = crate::tools::said(e.tool.as_deref().unwrap_or(""), &detail["data"])
-            {
-                let _ = writeln!(out, "   said: {said}");
+            let tool = e.tool.as_deref().unwrap_or("");
+            match crate::tools::output_block(tool, &detail["data"], "   ") {
+                Some(block) => out.push_str(&block),
+                None => {
+                    if let Some(said) = crate::tools::said(tool, &detail["data"]) {
+                        let _ = writeln!(out, "   said: {said}");
+                    }
+                }
             }
         }
         Some(Phase::Denied) => {

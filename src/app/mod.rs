@@ -177,8 +177,10 @@ pub async fn serve(
             config: config_rx.clone(),
             scheduler: scheduler.clone(),
             open: metrics.mcp_sessions.clone(),
+            refused: metrics.mcp_refused.clone(),
         }),
         config.settings.mcp_idle_timeout,
+        config.settings.mcp_limits.clone(),
     );
     let state = AppState {
         config: config_rx,
@@ -187,6 +189,7 @@ pub async fn serve(
         audit,
         token,
         mcp: mcp.clone(),
+        listen: bound,
     };
     let server = tokio::spawn(crate::http::serve(listener, router(state), stop_rx.clone()));
     // Everything is listening and every signal handler is installed.

@@ -90,6 +90,11 @@ pub(crate) enum Command {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Each schema as a model and an agent get it on this host: an
+        /// argument its allowlists decide lists their values (`enum`), a
+        /// path says the directories it must be under.
+        #[arg(long)]
+        host: Option<String>,
         /// The configuration directory whose tools/ to list (see `check`).
         #[arg(long)]
         config: Option<PathBuf>,

@@ -24,8 +24,7 @@ pub(super) async fn check(dir: &Path) -> Exit {
     let cfg = load(dir)?;
     // What `serve` would refuse, `check` refuses too; what it would warn of, check shows.
     match cfg.serve_problems(None) {
-        Ok(mut warnings) => {
-            warnings.extend(cfg.literal_arguments());
+        Ok(warnings) => {
             for w in warnings {
                 eprintln!("warning: {w}");
             }
@@ -37,6 +36,18 @@ pub(super) async fn check(dir: &Path) -> Exit {
                 dir.display()
             )));
         }
+    }
+    // A step whose written argument a host refuses is denied on every
+    // run there: a problem now, not a surprise at 3 a.m.
+    let denied = cfg.literal_arguments();
+    if !denied.is_empty() {
+        let n = denied.len();
+        return Err(
+            Failed::listing(crate::config::ConfigError(denied)).then(format!(
+                "{n} step(s) whose arguments the gate would deny on every run, in {}: change the argument, or the host's allowlist if the host should allow it",
+                dir.display()
+            )),
+        );
     }
     for h in cfg.hosts.values() {
         let conn = match &h.connection {
@@ -245,11 +256,15 @@ pub(super) fn check_json(dir: &Path) -> Exit {
     };
     // What the loader refuses, then what `serve` would refuse.
     let loaded = Config::load(dir).and_then(|cfg| cfg.serve_problems(None).map(|w| (cfg, w)));
-    let (cfg, warnings) = match loaded {
-        Ok((cfg, mut warnings)) => {
-            warnings.extend(cfg.literal_arguments());
-            (cfg, warnings)
+    let loaded = loaded.and_then(|(cfg, warnings)| {
+        let denied = cfg.literal_arguments();
+        match denied.is_empty() {
+            true => Ok((cfg, warnings)),
+            false => Err(crate::config::ConfigError(denied)),
         }
+    });
+    let (cfg, warnings) = match loaded {
+        Ok(loaded) => loaded,
         Err(e) => {
             println!(
                 "{}",
@@ -348,7 +363,30 @@ fn fleet_json(b: &crate::config::runbook::FleetBudget) -> Value {
     serde_json::json!({ "max_mutations": b.max_mutations, "per_seconds": b.per.as_secs() })
 }
 
-pub(super) fn tools(json: bool, config: Option<&std::path::Path>) -> Exit {
+pub(super) fn tools(json: bool, config: Option<&std::path::Path>, host: Option<&str>) -> Exit {
+    // `--host`: its schemas as a model and an agent get them there.
+    let host = match (host, config) {
+        (None, _) => None,
+        (Some(name), Some(dir)) => {
+            let file = dir.join("hosts").join(format!("{name}.yaml"));
+            match crate::config::load_host_file(&file, dir) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    return Err(Failed::listing(e).then(format!(
+                        "no usable host \"{name}\" in {}",
+                        dir.join("hosts").display()
+                    )));
+                }
+            }
+        }
+        (Some(_), None) => {
+            return Err(Failed::usage("--host needs a configuration (--config DIR)"));
+        }
+    };
+    let schema = |t: &ToolId| match &host {
+        Some(h) => t.schema_for(h),
+        None => t.schema(),
+    };
     let tools = match config {
         Some(dir) => match crate::config::load_tools(dir) {
             Ok(t) => t,
@@ -372,7 +410,7 @@ pub(super) fn tools(json: bool, config: Option<&std::path::Path>) -> Exit {
             "tier": t.tier().number(),
             "source": if t.declared().is_some() { "declared" } else { "builtin" },
             "description": t.description(),
-            "parameters": t.schema(),
+            "parameters": schema(t),
         });
         if let Some(d) = t.declared() {
             v["file"] = d.file.display().to_string().into();
@@ -400,7 +438,7 @@ pub(super) fn tools(json: bool, config: Option<&std::path::Path>) -> Exit {
                 t.name(),
                 t.tier().number(),
                 crate::text::printable(&t.description()),
-                t.schema()
+                schema(&t)
             );
         }
         println!(

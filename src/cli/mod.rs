@@ -230,14 +230,15 @@ async fn dispatch(cli: Cli) -> Exit {
             json: false,
         } => check(&config_dir(config)?).await,
         Command::Check { config, json: true } => check::check_json(&config_dir(config)?),
-        Command::Tools { json, config } => {
+        Command::Tools { json, config, host } => {
             // Named: it must be there. Not named and none found: the
             // built-ins alone, said so.
             let dir = match config {
                 Some(c) => Some(config_dir(Some(c))?),
+                None if host.is_some() => Some(config_dir(None)?),
                 None => config_dir(None).ok(),
             };
-            tools(json, dir.as_deref())
+            tools(json, dir.as_deref(), host.as_deref())
         }
         // Both are written to memory first, then printed the way every other
         // output is (a closed stdout ends the command quietly, as 141).

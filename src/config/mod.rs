@@ -121,8 +121,47 @@ pub struct Settings {
     pub(crate) mcp_token_file: Option<PathBuf>,
     /// How long an MCP session of the daemon may be idle before it ends.
     pub(crate) mcp_idle_timeout: Duration,
+    /// The daemon's `/mcp` bounds: sessions at once, the handshake's
+    /// time to a first call, the names it answers to.
+    pub(crate) mcp_limits: McpLimits,
     /// The Prometheus that evaluates the alerting rules (`done_when`).
     pub(crate) prometheus: Option<crate::prometheus::Endpoint>,
+}
+
+/// How far the daemon's `/mcp` lets its clients go: no client can grow
+/// the daemon without bound, nor reach it through another site's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct McpLimits {
+    /// Sessions open at once (`mcp_max_sessions`); a handshake past it is
+    /// answered 429 with `Retry-After`.
+    pub(crate) max_sessions: usize,
+    /// A session that has made no tool call this long after its handshake
+    /// ends (`mcp_handshake_timeout`).
+    pub(crate) handshake_timeout: Duration,
+    /// The names `Host` may carry (`mcp_allowed_hosts`); `None`: the
+    /// listen address and localhost's names.
+    pub(crate) allowed_hosts: Option<Vec<String>>,
+}
+
+impl McpLimits {
+    /// `mcp_max_sessions` when runwarden.yaml does not set it: every run
+    /// slot many times over, a few MB of memory.
+    pub(crate) const DEFAULT_MAX_SESSIONS: usize = 64;
+
+    /// Whether `host` (a `Host` header's name, its port and brackets
+    /// taken off) may reach `/mcp` of a daemon listening on `listen`.
+    pub(crate) fn allows_host(&self, host: &str, listen: std::net::SocketAddr) -> bool {
+        let host = host.to_ascii_lowercase();
+        match &self.allowed_hosts {
+            Some(names) => names.iter().any(|n| n.eq_ignore_ascii_case(&host)),
+            None => {
+                ["localhost", "127.0.0.1", "::1"].contains(&host.as_str())
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip == listen.ip())
+            }
+        }
+    }
 }
 
 /// `audit_rotation:`: when the audit log's current file becomes a segment,
@@ -415,7 +454,7 @@ impl Config {
     /// run time. `check`'s alone: runbooks times hosts is work a daemon's
     /// start and every reload need not do (30 ms at 200 x 500).
     pub(crate) fn literal_arguments(&self) -> Vec<Diagnostic> {
-        let mut warnings = Diagnostics::default();
+        let mut denied = Diagnostics::default();
         for rb in self.runbooks.values() {
             for step in &rb.steps {
                 let runbook::StepAction::Call { tool, args, .. } = &step.action else {
@@ -440,7 +479,7 @@ impl Config {
                     if let Err(e) =
                         crate::tools::resolve(tool, &probe, host, crate::tools::PathMode::Lexical)
                     {
-                        warnings.push(Diagnostic {
+                        denied.push(Diagnostic {
                             file: rb.source.clone(),
                             line: step.line,
                             column: step.column,
@@ -456,7 +495,7 @@ impl Config {
                 }
             }
         }
-        warnings.into_vec()
+        denied.into_vec()
     }
 }
 

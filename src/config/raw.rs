@@ -50,6 +50,12 @@ pub(crate) struct Settings {
     pub(crate) mcp_token_file: Option<S<String>>,
     /// How long an MCP session may be idle before it ends.
     pub(crate) mcp_idle_timeout: Option<S<String>>,
+    /// How many MCP sessions may be open at once.
+    pub(crate) mcp_max_sessions: Option<S<u32>>,
+    /// How long a session may go without a tool call after its handshake.
+    pub(crate) mcp_handshake_timeout: Option<S<String>>,
+    /// The names `/mcp` answers to in `Host`.
+    pub(crate) mcp_allowed_hosts: Option<Vec<S<String>>>,
     /// The Prometheus that evaluates the alerting rules.
     pub(crate) prometheus: Option<Prometheus>,
 }

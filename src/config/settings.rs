@@ -75,6 +75,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .as_ref()
         .and_then(|t| duration(t, "mcp_idle_timeout", &settings_file, diags))
         .unwrap_or(Duration::from_secs(600));
+    let mcp_limits = mcp_limits(&settings, &settings_file, diags);
     let prometheus = settings
         .prometheus
         .as_ref()
@@ -83,6 +84,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         prometheus,
         mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
         mcp_idle_timeout,
+        mcp_limits,
         model,
         fleet_budget,
         postgres,
@@ -119,6 +121,55 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             .as_ref()
             .map(|f| dir.join(&f.value)),
         shutdown_grace,
+    }
+}
+
+/// `mcp_max_sessions`, `mcp_handshake_timeout`, `mcp_allowed_hosts`.
+fn mcp_limits(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> super::McpLimits {
+    let max_sessions = match &settings.mcp_max_sessions {
+        Some(n) if n.value == 0 || n.value > 10_000 => {
+            diags.at(
+                file,
+                n.referenced,
+                "mcp_max_sessions must be between 1 and 10000",
+            );
+            super::McpLimits::DEFAULT_MAX_SESSIONS
+        }
+        Some(n) => n.value as usize,
+        None => super::McpLimits::DEFAULT_MAX_SESSIONS,
+    };
+    let handshake_timeout = settings
+        .mcp_handshake_timeout
+        .as_ref()
+        .and_then(|t| duration(t, "mcp_handshake_timeout", file, diags))
+        .unwrap_or(Duration::from_secs(30));
+    let allowed_hosts = settings.mcp_allowed_hosts.as_ref().map(|names| {
+        names
+            .iter()
+            .filter_map(|n| {
+                let name = n.value.trim_start_matches('[').trim_end_matches(']');
+                let ok = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'));
+                if !ok {
+                    diags.at(
+                        file,
+                        n.referenced,
+                        format!(
+                            "mcp_allowed_hosts: \"{}\" is not a host name or address (no port, no scheme)",
+                            n.value
+                        ),
+                    );
+                }
+                ok.then(|| name.to_ascii_lowercase())
+            })
+            .collect()
+    });
+    super::McpLimits {
+        max_sessions,
+        handshake_timeout,
+        allowed_hosts,
     }
 }
 

@@ -79,6 +79,31 @@ struct VerifyDecl {
     within: Option<S<String>>,
 }
 
+/// Where `PATH` (or the system's own directories) has an executable
+/// `name`: the absolute path to suggest for a relative program. Only a
+/// suggestion in an error; nothing runs from `PATH`.
+fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if name.is_empty() || name.contains('/') || name.contains("{{") {
+        return None;
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain([
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ])
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// `undo:` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,12 +116,21 @@ struct CommandDecl {
 pub(super) fn load(dir: &Path, diags: &mut Diagnostics) -> Tools {
     let files = super::yaml_files(&dir.join("tools"), diags);
     let mut declared: BTreeMap<String, Arc<Declared>> = BTreeMap::new();
-    for (file, parsed, _) in super::parse_files::<ToolFile>(dir, &files, diags) {
+    // The names of files that do not load: their own errors say why, and
+    // a runbook naming one is not also told the tool is unknown.
+    let mut broken = std::collections::BTreeSet::new();
+    for (file, parsed, text) in super::parse_files::<ToolFile>(dir, &files, diags) {
         let Some((raw, sha256)) = parsed else {
+            let named = text
+                .and_then(|t| serde_saphyr::from_str::<super::raw::NameOnly>(&t).ok())
+                .and_then(|n| n.name);
+            let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned());
+            broken.extend(named.into_iter().chain(stem));
             continue;
         };
         let name = raw.name.clone();
         let Some(tool) = validate(raw, &file, sha256, diags) else {
+            broken.insert(name.value.clone());
             continue;
         };
         if let Some(other) = declared.get(&tool.name) {
@@ -113,7 +147,7 @@ pub(super) fn load(dir: &Path, diags: &mut Diagnostics) -> Tools {
         }
         declared.insert(tool.name.clone(), Arc::new(tool));
     }
-    Tools::new(declared.into_values())
+    Tools::new(declared.into_values()).with_broken(broken)
 }
 
 /// One tool file into a [`Declared`], or its problems.
@@ -506,11 +540,14 @@ fn command(
         return None;
     };
     if !program.value.starts_with('/') || program.value.contains("{{") {
+        let hint = on_path(&program.value)
+            .map(|p| format!(": write {}", p.display()))
+            .unwrap_or_default();
         diags.at(
             file,
             program.referenced,
             format!(
-                "{field}: the program \"{}\" must be an absolute path, written out (never a template, never found on PATH)",
+                "{field}: the program \"{}\" must be an absolute path, written out (never a template, never found on PATH){hint}",
                 program.value.escape_debug()
             ),
         );

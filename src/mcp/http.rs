@@ -9,7 +9,15 @@
 //! limit); it ends when the client deletes the session, when it has been
 //! idle for `mcp_idle_timeout` (no request open, none for that long; see
 //! [`Endpoint`]), at the run's `max_duration`, or with the
-//! daemon (the run then ends as any run does at a stop). Sessions need the
+//! daemon (the run then ends as any run does at a stop).
+//!
+//! No client can grow the daemon without bound: at most `mcp_max_sessions`
+//! sessions are open (a handshake past them is answered 429 with
+//! `Retry-After`), a session that has made no tool call ends
+//! `mcp_handshake_timeout` after its handshake (a client that opens a
+//! session per call and never closes it), and `Host` must name the daemon
+//! (`mcp_allowed_hosts`; checked by the daemon's router), which DNS
+//! rebinding cannot. Sessions need the
 //! handshake: this endpoint speaks the revisions up to 2025-11-25, whose
 //! sessions carry `Mcp-Session-Id`; the 2026-07-28 revision has no session
 //! over HTTP to hold a run (on stdio it is served as well).
@@ -47,6 +55,8 @@ pub(crate) struct Daemon {
     pub(crate) scheduler: Arc<Scheduler>,
     /// `runwarden_mcp_sessions_open`.
     pub(crate) open: prometheus::IntGauge,
+    /// `runwarden_mcp_sessions_refused_total`.
+    pub(crate) refused: prometheus::IntCounterVec,
 }
 
 /// `/mcp`: MCP's streamable HTTP transport, and when each session was
@@ -63,18 +73,35 @@ pub(crate) struct Daemon {
 pub(crate) struct Endpoint {
     service: Service,
     sessions: Arc<LocalSessionManager>,
-    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    seen: Traffic,
     idle: Duration,
+    limits: crate::config::McpLimits,
+    daemon: Arc<Daemon>,
+    /// Handshakes being answered now: counted with the open sessions
+    /// against `max_sessions`, so a burst cannot overshoot it.
+    handshaking: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// A session's traffic: its requests still open, and when the last ended.
+/// Each session's traffic, by session id.
+type Traffic = Arc<Mutex<HashMap<String, Seen>>>;
+
+/// A session's traffic: its requests still open, when the last ended,
+/// when it began and whether it has made a tool call.
 struct Seen {
     open: usize,
     last: Instant,
+    born: Instant,
+    called: bool,
 }
 
-/// Build `/mcp`; its idle sessions are ended from now on.
-pub(crate) fn endpoint(daemon: Arc<Daemon>, idle: Duration) -> Endpoint {
+/// Build `/mcp` within `limits`; its idle sessions, and those that make
+/// no call after their handshake, are ended from now on.
+pub(crate) fn endpoint(
+    daemon: Arc<Daemon>,
+    idle: Duration,
+    limits: crate::config::McpLimits,
+) -> Endpoint {
+    let seen: Traffic = Default::default();
     let mut config = SessionConfig::default();
     config.keep_alive = None;
     let mut sessions = LocalSessionManager::default();
@@ -85,12 +112,14 @@ pub(crate) fn endpoint(daemon: Arc<Daemon>, idle: Duration) -> Endpoint {
         // token); its listener may be any address the operator chose.
         .disable_allowed_hosts()
         .with_legacy_session_mode(true);
+    let (factory, traffic) = (daemon.clone(), seen.clone());
     let service = StreamableHttpService::new(
         move || {
-            daemon.open.inc();
+            factory.open.inc();
             Ok(HttpSession {
-                daemon: daemon.clone(),
+                daemon: factory.clone(),
                 bound: OnceLock::new(),
+                seen: traffic.clone(),
             })
         },
         sessions.clone(),
@@ -99,8 +128,11 @@ pub(crate) fn endpoint(daemon: Arc<Daemon>, idle: Duration) -> Endpoint {
     let endpoint = Endpoint {
         service,
         sessions,
-        seen: Default::default(),
+        seen,
         idle,
+        limits,
+        daemon,
+        handshaking: Default::default(),
     };
     tokio::spawn(endpoint.clone().reap());
     endpoint
@@ -114,11 +146,20 @@ impl Endpoint {
         if let Some(id) = &asked {
             self.opened(id);
         }
+        // A request naming no session is a handshake: a new session.
+        let handshake = match asked.is_none() && req.method() == axum::http::Method::POST {
+            true => match Handshake::begin(self) {
+                Some(counted) => Some(counted),
+                None => return self.full(),
+            },
+            false => None,
+        };
         let mut service = self.service.clone();
         let resp = match tower_service::Service::call(&mut service, req).await {
             Ok(resp) => resp,
             Err(never) => match never {},
         };
+        drop(handshake);
         let id = match asked {
             Some(id) => Some(id),
             // The handshake's answer names the new session.
@@ -148,8 +189,30 @@ impl Endpoint {
         let s = seen.entry(id.to_string()).or_insert(Seen {
             open: 0,
             last: Instant::now(),
+            born: Instant::now(),
+            called: false,
         });
         s.open += 1;
+    }
+
+    /// 429 with `Retry-After`: `mcp_max_sessions` are open.
+    fn full(&self) -> axum::response::Response {
+        self.daemon.refused.with_label_values(&["sessions"]).inc();
+        let body = serde_json::json!({
+            "error": format!(
+                "{} MCP sessions are open, as many as mcp_max_sessions allows: end one (DELETE its session) or retry later",
+                self.limits.max_sessions
+            ),
+        });
+        let mut resp = axum::response::IntoResponse::into_response((
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            axum::Json(body),
+        ));
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("5"),
+        );
+        resp
     }
 
     /// End every session (the daemon is stopping): their streams end, so
@@ -166,23 +229,38 @@ impl Endpoint {
         }
     }
 
-    /// End the sessions idle for longer than `idle`, and forget those gone.
+    /// End the sessions idle for longer than `idle`, and those with no
+    /// tool call `handshake_timeout` after their handshake; forget those gone.
     async fn reap(self) {
-        let every = (self.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
+        let shortest = self.idle.min(self.limits.handshake_timeout);
+        let every = (shortest / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
         loop {
             tokio::time::sleep(every).await;
-            let idle: Vec<String> = {
+            let ending: Vec<(String, bool)> = {
                 let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
                 seen.iter()
-                    .filter(|(_, s)| s.open == 0 && s.last.elapsed() >= self.idle)
-                    .map(|(id, _)| id.clone())
+                    .filter_map(|(id, s)| {
+                        let idle = s.open == 0 && s.last.elapsed() >= self.idle;
+                        let silent = s.open == 0
+                            && !s.called
+                            && s.born.elapsed() >= self.limits.handshake_timeout;
+                        (idle || silent).then(|| (id.clone(), !idle))
+                    })
                     .collect()
             };
-            for id in idle {
+            for (id, silent) in ending {
                 let sid: rmcp::transport::streamable_http_server::session::SessionId =
                     id.as_str().into();
                 if self.sessions.has_session(&sid).await.unwrap_or(false) {
-                    tracing::info!(session = %id, "MCP session idle for {:?}: ended", self.idle);
+                    if silent {
+                        tracing::info!(session = %id, "MCP session made no tool call within {:?} of its handshake: ended", self.limits.handshake_timeout);
+                        self.daemon
+                            .refused
+                            .with_label_values(&["handshake_timeout"])
+                            .inc();
+                    } else {
+                        tracing::info!(session = %id, "MCP session idle for {:?}: ended", self.idle);
+                    }
                     let _ = self.sessions.close_session(&sid).await;
                 }
                 self.seen
@@ -191,6 +269,27 @@ impl Endpoint {
                     .remove(&id);
             }
         }
+    }
+}
+
+/// A handshake being answered: counted against `max_sessions` until its
+/// answer is out (by then its session is open, or it failed).
+struct Handshake(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Handshake {
+    /// Count a new handshake in; `None` when `max_sessions` are open.
+    fn begin(endpoint: &Endpoint) -> Option<Handshake> {
+        use std::sync::atomic::Ordering;
+        let now = endpoint.handshaking.fetch_add(1, Ordering::AcqRel);
+        let open = usize::try_from(endpoint.daemon.open.get()).unwrap_or(0);
+        let ticket = Handshake(endpoint.handshaking.clone());
+        (open + now < endpoint.limits.max_sessions).then_some(ticket)
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -249,6 +348,9 @@ impl hyper::body::Body for Watched {
 pub(crate) struct HttpSession {
     daemon: Arc<Daemon>,
     bound: OnceLock<Result<Server, String>>,
+    /// The endpoint's traffic, where a tool call marks its session as one
+    /// that has made a call (`mcp_handshake_timeout` no longer applies).
+    seen: Traffic,
 }
 
 impl Drop for HttpSession {
@@ -307,6 +409,12 @@ fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, String> {
             crate::tools::args::shown(&host)
         ));
     }
+    let Some(host) = config.hosts.get(&host).cloned() else {
+        return Err(format!(
+            "no host named {} in hosts/",
+            crate::tools::args::shown(&host)
+        ));
+    };
     let scheduler = daemon.scheduler.clone();
     let starter: Starter = Arc::new(move |req| {
         let scheduler = scheduler.clone();
@@ -395,6 +503,19 @@ impl ServerHandler for HttpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let server = self.server(&context)?;
+        let id = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| session_of(&p.headers));
+        if let Some(id) = id
+            && let Some(s) = self
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(&id)
+        {
+            s.called = true;
+        }
         server.call_tool(request, context).await
     }
 

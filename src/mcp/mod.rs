@@ -72,7 +72,8 @@ pub(crate) type Starter = Arc<
 /// One MCP session: a runbook on a host, and the run the agent plans.
 pub(crate) struct Session {
     runbook: Arc<Runbook>,
-    host: String,
+    /// Its allowlists are what `tools/list` offers the agent.
+    host: Arc<crate::host::Host>,
     starter: Starter,
     state: Mutex<State>,
     /// The run's report, once it has ended.
@@ -96,7 +97,11 @@ enum State {
 
 impl Session {
     /// A session for `runbook` on `host`, its run started by `starter`.
-    pub(crate) fn new(runbook: Arc<Runbook>, host: String, starter: Starter) -> Session {
+    pub(crate) fn new(
+        runbook: Arc<Runbook>,
+        host: Arc<crate::host::Host>,
+        starter: Starter,
+    ) -> Session {
         Session {
             runbook,
             host,
@@ -112,7 +117,7 @@ impl Session {
             .observe
             .iter()
             .chain(self.runbook.approve.iter())
-            .map(|t| tool(t, &self.runbook))
+            .map(|t| tool(t, &self.runbook, &self.host))
             .collect()
     }
 
@@ -124,7 +129,7 @@ impl Session {
         let mut text = format!(
             "The tools of runwarden runbook \"{}\" on host \"{}\": {}\n",
             rb.name,
-            self.host,
+            self.host.name,
             rb.description.trim()
         );
         if let Some(agent) = &rb.agent {
@@ -146,7 +151,7 @@ impl Session {
             return;
         }
         let (tx, rx) = mpsc::channel(1);
-        let mut req = RunRequest::cli(self.runbook.name.clone(), self.host.clone(), false);
+        let mut req = RunRequest::cli(self.runbook.name.clone(), self.host.name.clone(), false);
         req.trigger = Trigger::Mcp;
         let slot = Arc::new(AgentSlot::new(client, AgentPlanner::new(rx)));
         req.agent = Some(slot.clone());
@@ -321,10 +326,11 @@ fn result_of(tool: &str, view: &Value) -> CallToolResult {
     result
 }
 
-/// A runbook's tool as `tools/list` shows it: its schema, a title, and the
-/// hints its tier gives (tier 1 reads only; tier 2 changes, reversibly).
-fn tool(t: &ToolId, runbook: &Runbook) -> Tool {
-    let schema = match t.schema() {
+/// A runbook's tool as `tools/list` shows it: its schema on the session's
+/// host (the values its allowlists allow), a title, and the hints its tier
+/// gives (tier 1 reads only; tier 2 changes, reversibly).
+fn tool(t: &ToolId, runbook: &Runbook, host: &crate::host::Host) -> Tool {
+    let schema = match t.schema_for(host) {
         Value::Object(o) => o,
         _ => serde_json::Map::new(),
     };

@@ -29,6 +29,12 @@ pub(crate) async fn serve(
             "runbook \"{runbook}\" does not name host \"{host}\"; nothing was served"
         ));
     }
+    let host = runner
+        .config
+        .hosts
+        .get(host)
+        .cloned()
+        .ok_or_else(|| format!("no host named \"{host}\" in hosts/"))?;
     let runner = Arc::new(runner);
     let starter: Starter = Arc::new(move |req| {
         let runner = runner.clone();
@@ -46,7 +52,7 @@ pub(crate) async fn serve(
             Ok(Started { run_id, ended })
         })
     });
-    let session = Arc::new(Session::new(rb, host.to_string(), starter));
+    let session = Arc::new(Session::new(rb, host, starter));
     let service = Server(session.clone())
         .serve(rmcp::transport::stdio())
         .await

@@ -129,12 +129,13 @@ impl ModelPlanner {
         let mut client = Client::new(endpoint, model, metrics)?;
         client.progress = progress;
         // Exactly the runbook's tools, built-in and declared, each with the
-        // schema its own type or declaration makes.
+        // schema its own type or declaration makes, on this host: the values
+        // its allowlists allow, so the model picks rather than guesses.
         let tools = runbook
             .observe
             .iter()
             .chain(runbook.approve.iter())
-            .map(|t| tool_spec(t, runbook))
+            .map(|t| tool_spec(t, runbook, host))
             .collect();
         let nonce = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
         let mut task = format!(
@@ -351,7 +352,7 @@ impl ModelPlanner {
 
 /// The function spec the model sees for one tool: the registry's description
 /// and schema, and what its tier means in this runbook.
-fn tool_spec(tool: &ToolId, runbook: &Runbook) -> Value {
+fn tool_spec(tool: &ToolId, runbook: &Runbook, host: &crate::host::Host) -> Value {
     let tier = match tool.tier() {
         Tier::Observe => "Tier 1.".to_string(),
         Tier::Change => match runbook.autonomy {
@@ -367,7 +368,7 @@ fn tool_spec(tool: &ToolId, runbook: &Runbook) -> Value {
         "function": {
             "name": tool.name(),
             "description": format!("{} {tier}", tool.description()),
-            "parameters": tool.schema(),
+            "parameters": tool.schema_for(host),
         }
     })
 }

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::PathMode;
 use super::allowlists::*;
 use super::args::*;
-use super::registry::{Change, Tier, Tool};
+use super::registry::{Allowed, Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, privileged};
 use crate::host::Host;
 use crate::process::Argv;
@@ -199,6 +199,13 @@ impl Tool for CertExpiry {
         "Expiry of an allowed certificate file: not_after, days_left, subject, issuer.";
     type Args = NameArgs;
     type Resolved = String;
+
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        vec![(
+            "name",
+            Allowed::OneOf(host.certificates.keys().cloned().collect()),
+        )]
+    }
 
     fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_key(&a.name, &host.certificates, "certificates")

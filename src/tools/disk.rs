@@ -1,4 +1,7 @@
-//! `disk_usage`: `df` for the filesystem, `du` for the largest entries one level down.
+//! `disk_usage`: `df` for the filesystem, `du` for the directory's own
+//! total and its largest entries one level down, files among them (a
+//! directory of logs is its files, and "22% used of 252 GiB" says nothing
+//! of them).
 
 use std::path::Path;
 
@@ -7,7 +10,7 @@ use serde_json::{Value, json};
 use super::PathMode;
 use super::allowlists::*;
 use super::args::*;
-use super::registry::{Tier, Tool};
+use super::registry::{Allowed, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
@@ -26,9 +29,17 @@ pub(crate) fn argv(host: &Host, path: &Path) -> [Argv; 2] {
             ])
             .arg(p.clone()),
         Argv::new(&host.binaries.du)
-            .args(["-x", "-B1", "--max-depth=1", "--"])
+            .args(["-x", "-a", "-B1", "--max-depth=1", "--"])
             .arg(p),
     ]
+}
+
+/// `du` without `-a`: subdirectories only, for a directory of so many
+/// files that their list passes the output cap.
+fn du_directories(host: &Host, path: &Path) -> Argv {
+    Argv::new(&host.binaries.du)
+        .args(["-x", "-B1", "--max-depth=1", "--"])
+        .arg(path.to_string_lossy().into_owned())
 }
 
 /// The directory the gate checked, held open. The path may change after the
@@ -99,7 +110,14 @@ pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
     // short (by the budget or the output cap) lists whatever happened to
     // finish first, small directories often: it is never ranked as the
     // largest.
-    let partial = match ctx.run_on(&du, &opened.fd, du_deadline).await {
+    let mut measured = ctx.run_on(&du, &opened.fd, du_deadline).await;
+    // Too many files to list them all: their directories, at least.
+    if matches!(&measured, Ok(out) if out.stdout_truncated && !out.timed_out) {
+        let dirs = du_directories(ctx.host, Path::new(&opened.via));
+        measured = ctx.run_on(&dirs, &opened.fd, du_deadline).await;
+        data["files_listed"] = json!(false);
+    }
+    let partial = match measured {
         Ok(out) if out.timed_out => Some(format!(
             "du did not finish within the host's du_budget ({}); the largest entries are unknown (raise du_budget in the host file)",
             humantime::format_duration(ctx.host.du_budget)
@@ -109,9 +127,10 @@ pub(crate) async fn disk_usage(ctx: &Ctx<'_>, path: &Path) -> ToolResult {
         ),
         Ok(out) => {
             let text = named_by(&out.stdout_text(), &opened.via, path);
-            let (largest, cut) = parse_du(&text, Path::new(&opened.via));
+            let (largest, cut, total) = parse_du(&text, Path::new(&opened.via));
             data["largest"] = json!(largest);
             data["largest_truncated"] = json!(cut);
+            data["dir_bytes"] = json!(total);
             None
         }
         Err(e) => Some(e.to_string()),
@@ -160,15 +179,24 @@ pub(crate) fn parse_df(text: &str) -> Option<Value> {
     }))
 }
 
-/// `du -B1 --max-depth=1` lines `SIZE\tPATH`; the total line for `path` itself is dropped.
-pub(crate) fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool) {
+/// `du -B1 --max-depth=1` lines `SIZE\tPATH`: the largest entries (the
+/// line for `path` itself aside), whether there were more, and `path`'s
+/// own total.
+pub(crate) fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool, Option<u64>) {
+    let mut total = None;
     let mut entries: Vec<(u64, &str)> = text
         .lines()
         .filter_map(|l| {
             let (size, p) = l.split_once('\t')?;
             Some((size.parse().ok()?, p))
         })
-        .filter(|(_, p)| Path::new(p) != path)
+        .filter(|(size, p)| {
+            let own = Path::new(p) == path;
+            if own {
+                total = Some(*size);
+            }
+            !own
+        })
         .collect();
     entries.sort_by_key(|e| std::cmp::Reverse(e.0));
     let cut = entries.len() > LARGEST;
@@ -177,7 +205,7 @@ pub(crate) fn parse_du(text: &str, path: &Path) -> (Vec<Value>, bool) {
         .take(LARGEST)
         .map(|(bytes, p)| json!({ "path": p, "bytes": bytes }))
         .collect();
-    (list, cut)
+    (list, cut, total)
 }
 
 /// What a `disk_usage` result said, in a person's words.
@@ -192,6 +220,13 @@ pub(super) fn said(data: &Value) -> String {
         data["filesystem"].as_str().unwrap_or("?"),
         data["mount_point"].as_str().unwrap_or("?")
     );
+    if let Some(total) = data["dir_bytes"].as_u64() {
+        t += &format!(
+            "; {} holds {}",
+            data["path"].as_str().unwrap_or("the directory"),
+            super::human_bytes(total)
+        );
+    }
     if data["partial"] == true {
         t += &format!(
             "; PARTIAL: {}",
@@ -223,9 +258,14 @@ pub(crate) struct DiskUsage;
 impl Tool for DiskUsage {
     const NAME: &'static str = "disk_usage";
     const TIER: Tier = Tier::Observe;
-    const DESCRIPTION: &'static str = "Filesystem use of an allowed path: use_pct, size/used/avail bytes, mount point, the 10 largest entries one level down (partial when du ran out of time).";
+    const DESCRIPTION: &'static str = "Filesystem use of an allowed path: use_pct, size/used/avail bytes, mount point; the directory's own total (dir_bytes) and its 10 largest entries one level down, files included (partial when du ran out of time).";
     type Args = DiskUsageArgs;
     type Resolved = std::path::PathBuf;
+
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        let dirs = host.paths.iter().map(|p| p.display().to_string());
+        vec![("path", Allowed::Under(dirs.collect()))]
+    }
 
     fn resolve(a: DiskUsageArgs, host: &Host, mode: PathMode) -> Result<Self::Resolved, ArgError> {
         allowed_path(a.path.as_str(), &host.paths, mode, "paths")
@@ -281,11 +321,12 @@ mod tests {
 
     #[test]
     fn du_keeps_the_largest_without_the_total() {
-        let text = "4096\t/var/a\n8192\t/var/b\n12288\t/var\n";
-        let (list, cut) = parse_du(text, Path::new("/var"));
+        let text = "4096\t/var/a\n8192\t/var/b.log\n12288\t/var\n";
+        let (list, cut, total) = parse_du(text, Path::new("/var"));
         assert_eq!(list.len(), 2);
-        assert_eq!(list[0]["path"], "/var/b");
+        assert_eq!(list[0]["path"], "/var/b.log");
         assert!(!cut);
+        assert_eq!(total, Some(12288));
     }
 
     /// A result without figures (the call failed) says nothing in

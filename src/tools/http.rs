@@ -7,7 +7,7 @@ use serde_json::json;
 use super::PathMode;
 use super::allowlists::*;
 use super::args::*;
-use super::registry::{Tier, Tool};
+use super::registry::{Allowed, Tier, Tool};
 use super::{Ctx, ToolResult};
 use crate::host::Host;
 use crate::process::Argv;
@@ -103,6 +103,13 @@ impl Tool for HttpCheck {
     const DESCRIPTION: &'static str = "GET an allowed loopback health-check URL with a hard timeout: healthy, status, latency, body excerpt.";
     type Args = NameArgs;
     type Resolved = String;
+
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        vec![(
+            "name",
+            Allowed::OneOf(host.health_checks.keys().cloned().collect()),
+        )]
+    }
 
     fn resolve(a: NameArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_key(&a.name, &host.health_checks, "health_checks")

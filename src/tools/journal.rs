@@ -6,7 +6,7 @@ use super::PathMode;
 use super::allowlists::*;
 use super::args::*;
 use super::args::{Priority, Since};
-use super::registry::{Tier, Tool};
+use super::registry::{Allowed, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process};
 use crate::host::Host;
 use crate::process::Argv;
@@ -127,6 +127,12 @@ impl Tool for ReadJournal {
     const DESCRIPTION: &'static str = "Recent journal entries of an allowed unit at or above a priority. At most 80 lines, newest last; truncated says when cut.";
     type Args = JournalArgs;
     type Resolved = JournalCall;
+
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        let units = host.journals.iter().chain(&host.units).cloned();
+        let units: std::collections::BTreeSet<String> = units.collect();
+        vec![("unit", Allowed::OneOf(units.into_iter().collect()))]
+    }
 
     fn resolve(a: JournalArgs, host: &Host, _: PathMode) -> Result<JournalCall, ArgError> {
         Ok(JournalCall {

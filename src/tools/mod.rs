@@ -102,6 +102,46 @@ pub(crate) async fn execute(
     result
 }
 
+/// Lines of a declared tool's output a report and a transcript show.
+pub(crate) const OUTPUT_LINES: usize = 20;
+
+/// A declared tool's output as a person reads it under its step: its
+/// first [`OUTPUT_LINES`] lines (each cut at 200 characters, escaped for a
+/// terminal) and how many there were; `None` for a built-in's result (its
+/// `said` line has what matters), a change's evidence, or one line or none.
+pub(crate) fn output_lines(tool: &str, data: &Value) -> Option<(Vec<String>, usize)> {
+    if Builtin::from_name(tool).is_some() || data.get("evidence").is_some() {
+        return None;
+    }
+    let text = data["stdout"].as_str()?.trim_end();
+    let total = text.lines().count();
+    if total < 2 {
+        return None;
+    }
+    let shown = text
+        .lines()
+        .take(OUTPUT_LINES)
+        .map(|l| crate::text::printable(&l.chars().take(200).collect::<String>()))
+        .collect();
+    Some((shown, total))
+}
+
+/// [`output_lines`] under a step, indented by `indent`, with where the rest is.
+pub(crate) fn output_block(tool: &str, data: &Value, indent: &str) -> Option<String> {
+    let (lines, total) = output_lines(tool, data)?;
+    let mut out = match total > lines.len() {
+        true => format!(
+            "{indent}output ({} of {total} lines; all of it in the audit log's result line, or with --json):\n",
+            lines.len()
+        ),
+        false => format!("{indent}output:\n"),
+    };
+    for l in lines {
+        out.push_str(&format!("{indent}  | {l}\n"));
+    }
+    Some(out)
+}
+
 /// What a result of `tool` said, in the words a person reads it in: the
 /// fields that matter for that tool on one line (the whole result is in
 /// `--json` and the audit log); a change says its own evidence. `None` for a

@@ -79,6 +79,24 @@ pub(crate) trait Tool {
     fn targets(_host: &Host) -> Option<(&'static str, Vec<String>)> {
         None
     }
+
+    /// What `host` allows each argument that names something of it: a
+    /// tier-2 tool's target by default. Shown in the schema a model or an
+    /// agent is given for that host, so it picks rather than guesses.
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        Self::targets(host)
+            .map(|(arg, values)| vec![(arg, Allowed::OneOf(values))])
+            .unwrap_or_default()
+    }
+}
+
+/// What a host allows one argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Allowed {
+    /// Exactly one of these values (a unit, a name, a file).
+    OneOf(Vec<String>),
+    /// A path under one of these directories.
+    Under(Vec<String>),
 }
 
 /// A tier-2 call's resolved target and the reason it was asked for.
@@ -146,6 +164,11 @@ macro_rules! registry {
             /// allows for it; `None` for a tier-1 tool.
             pub(crate) fn targets(self, host: &Host) -> Option<(&'static str, Vec<String>)> {
                 match self { $(Builtin::$variant => <$tool as Tool>::targets(host)),* }
+            }
+
+            /// What `host` allows each argument that names something of it.
+            pub(crate) fn allowed(self, host: &Host) -> Vec<(&'static str, Allowed)> {
+                match self { $(Builtin::$variant => <$tool as Tool>::allowed(host)),* }
             }
 
             pub(super) fn said_by(self, data: &Value) -> Option<String> {
@@ -296,6 +319,36 @@ impl ToolId {
         }
     }
 
+    /// The JSON schema of its arguments on `host`: an argument the host's
+    /// allowlists decide lists its values (`enum`), a path says the
+    /// directories it must be under. What a model and an MCP agent are
+    /// offered, so that they choose instead of guessing; the gate still
+    /// checks every value.
+    pub(crate) fn schema_for(&self, host: &Host) -> Value {
+        let mut schema = self.schema();
+        let allowed: Vec<(&str, Allowed)> = match self {
+            ToolId::Builtin(b) => b.allowed(host),
+            ToolId::Declared(d) => d.allowed(host),
+        };
+        for (arg, allowed) in allowed {
+            let Some(p) = schema["properties"].get_mut(arg) else {
+                continue;
+            };
+            match allowed {
+                Allowed::OneOf(values) => p["enum"] = json!(values),
+                Allowed::Under(dirs) => {
+                    let said = p["description"].as_str().unwrap_or_default().to_string();
+                    let under = match dirs.is_empty() {
+                        true => "this host allows no path".to_string(),
+                        false => format!("on this host, under {}", dirs.join(", ")),
+                    };
+                    p["description"] = json!(format!("{said} ({under})").trim_start().to_string());
+                }
+            }
+        }
+        schema
+    }
+
     /// The declaration, for a declared tool.
     pub(crate) fn declared(&self) -> Option<&std::sync::Arc<Declared>> {
         match self {
@@ -369,6 +422,9 @@ impl ToolId {
 #[derive(Debug, Clone, Default)]
 pub struct Tools {
     declared: std::collections::BTreeMap<String, std::sync::Arc<Declared>>,
+    /// Names of tool files that did not load: a runbook naming one is
+    /// not told the tool is unknown (its file's own error says why).
+    broken: std::collections::BTreeSet<String>,
 }
 
 impl Tools {
@@ -377,7 +433,19 @@ impl Tools {
     pub(crate) fn new(declared: impl IntoIterator<Item = std::sync::Arc<Declared>>) -> Tools {
         Tools {
             declared: declared.into_iter().map(|d| (d.name.clone(), d)).collect(),
+            broken: Default::default(),
         }
+    }
+
+    /// With `names` declared in files that did not load.
+    pub(crate) fn with_broken(mut self, names: std::collections::BTreeSet<String>) -> Tools {
+        self.broken = names;
+        self
+    }
+
+    /// Whether `name` is declared in a tool file that did not load.
+    pub(crate) fn is_broken(&self, name: &str) -> bool {
+        self.broken.contains(name)
     }
 
     /// The tool of that name.

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::PathMode;
 use super::allowlists::*;
 use super::args::*;
-use super::registry::{Change, Tier, Tool};
+use super::registry::{Allowed, Change, Tier, Tool};
 use super::{Ctx, Outcome, ToolResult, from_process, poll, privileged};
 use crate::host::Host;
 use crate::process::Argv;
@@ -234,6 +234,10 @@ impl Tool for ServiceStatus {
     const DESCRIPTION: &'static str = "State of an allowed systemd unit: load/active/sub state, main pid, since when, last result, restarts.";
     type Args = UnitArgs;
     type Resolved = String;
+
+    fn allowed(host: &Host) -> Vec<(&'static str, Allowed)> {
+        vec![("unit", Allowed::OneOf(host.units.iter().cloned().collect()))]
+    }
 
     fn resolve(a: UnitArgs, host: &Host, _: PathMode) -> Result<String, ArgError> {
         allowed_unit(&a.unit, host, false)

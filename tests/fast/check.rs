@@ -350,7 +350,7 @@ fn audit_heads_default_to_the_journal_only_where_there_is_one() {
 
 /// Every literal argument of every step is checked against every host the
 /// runbook names, with the step's place: a path outside a host's `paths`
-/// is said by `check`, not found by the run the gate denies; a templated
+/// fails `check` (exit 2), not the run the gate denies; a templated
 /// argument is known only at run time.
 #[test]
 fn check_tests_each_literal_argument_against_each_host() {
@@ -369,7 +369,11 @@ fn check_tests_each_literal_argument_against_each_host() {
     .unwrap();
     let out = runwarden(&["check", "--config", cfg]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "a warning: {stderr}");
+    assert_eq!(out.status.code(), Some(2), "a problem: {stderr}");
+    assert!(
+        stderr.contains("the gate would deny on every run"),
+        "{stderr}"
+    );
     for host in ["web-01", "web-02"] {
         assert!(
             stderr.contains(&format!(
@@ -379,12 +383,14 @@ fn check_tests_each_literal_argument_against_each_host() {
         );
     }
     let json = runwarden(&["check", "--json", "--config", cfg]);
+    assert_eq!(json.status.code(), Some(2));
     let v: Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert_eq!(v["warnings"].as_array().unwrap().len(), 2, "{v:#}");
+    assert_eq!(v["ok"], false, "{v:#}");
+    assert_eq!(v["problems"].as_array().unwrap().len(), 2, "{v:#}");
     assert_eq!(
         (
-            v["warnings"][0]["line"].as_u64(),
-            v["warnings"][0]["column"].as_u64()
+            v["problems"][0]["line"].as_u64(),
+            v["problems"][0]["column"].as_u64()
         ),
         (Some(12), Some(5))
     );

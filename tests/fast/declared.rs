@@ -120,6 +120,17 @@ fn a_declaration_that_cannot_work_is_refused_where_it_is_written() {
             "t.yaml:6:",
             "must be an absolute path",
         ),
+        // The absolute path the system has it at, suggested.
+        (
+            ok.replace("/usr/bin/ls", "ls"),
+            "t.yaml:6:",
+            "written out (never a template, never found on PATH): write /usr/bin/ls",
+        ),
+        (
+            ok.replace("/usr/bin/ls", "no-such-program-here"),
+            "t.yaml:6:",
+            "never found on PATH)\n",
+        ),
         (
             ok.replace("{{ dir }}", "{{ dri }}"),
             "t.yaml:6:",
@@ -176,6 +187,104 @@ fn a_declaration_that_cannot_work_is_refused_where_it_is_written() {
         said.contains("rb.yaml:5:") && said.contains("unknown tool \"list_cach\""),
         "{said}"
     );
+}
+
+/// One broken tool file is one error, its own: a runbook that lists and
+/// calls the tool gets no "unknown tool" besides (whether the file does
+/// not parse or does not validate).
+#[test]
+fn a_broken_tool_file_is_said_once_without_a_cascade_into_its_runbooks() {
+    let ok = "name: look\ntier: 1\ndescription: d\nargs:\n  dir: { type: path }\nrun: [/usr/bin/ls, \"{{ dir }}\"]\n";
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [look] }\nsteps:\n  - call: look\n    args: { dir: /tmp }\n";
+    for (broken, says) in [
+        (ok.replace("/usr/bin/ls", "ls"), "write /usr/bin/ls"),
+        (ok.replace("args:", "args: [oops"), "look.yaml:"),
+    ] {
+        let dir = estate(&[("look", broken.clone())], runbook);
+        let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{said}");
+        assert!(said.contains(says), "{said}");
+        assert!(!said.contains("unknown tool"), "no cascade: {said}");
+        assert!(
+            !said.contains("rb.yaml"),
+            "the runbook is not at fault: {said}"
+        );
+    }
+}
+
+/// A declared tier-1 tool's output is in the report and the transcript:
+/// its first 20 lines, and where the rest is.
+#[test]
+fn a_declared_tools_output_is_shown_bounded_in_the_report_and_the_transcript() {
+    let tool = "name: count\ntier: 1\ndescription: Count to n.\nargs:\n  n: { type: integer, min: 1, max: 100 }\nrun: [/usr/bin/seq, \"{{ n }}\"]\n".to_string();
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [count] }\nsteps:\n  - id: look\n    call: count\n    args: { n: 30 }\n";
+    let dir = estate(&[("count", tool)], runbook);
+    let cfg = dir.path().to_str().unwrap();
+    let out = runwarden(&["run", "rb", "--host", "me", "--config", cfg]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}");
+    for text in [report.to_string(), {
+        let run_id = report.split_whitespace().nth(1).unwrap().to_string();
+        let t = runwarden(&["transcript", &run_id, "--config", cfg]);
+        String::from_utf8_lossy(&t.stdout).into_owned()
+    }] {
+        assert!(text.contains("output (20 of 30 lines;"), "{text}");
+        assert!(text.contains("| 1\n") && text.contains("| 20\n"), "{text}");
+        assert!(!text.contains("| 21\n"), "{text}");
+    }
+}
+
+/// `tools --json --host H` gives each schema as a model and an agent get it
+/// on that host: an allowlist argument lists the host's values, a path the
+/// directories it must be under; without `--host`, the schemas say neither.
+#[test]
+fn tools_for_a_host_list_the_values_its_allowlists_allow() {
+    let pick = "name: pick\ntier: 1\ndescription: d\nargs:\n  app: { type: allowlist, list: apps }\n  dir: { type: path }\nrun: [/usr/bin/ls, \"{{ dir }}\"]\n".to_string();
+    let dir = estate(&[("pick", pick)], "");
+    let cfg = dir.path().to_str().unwrap();
+    let listed = |extra: &[&str]| -> Vec<Value> {
+        let mut args = vec!["tools", "--json", "--config", cfg];
+        args.extend_from_slice(extra);
+        let out = runwarden(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let find = |tools: &[Value], name: &str| -> Value {
+        tools.iter().find(|t| t["name"] == name).unwrap()["parameters"].clone()
+    };
+    let on_me = listed(&["--host", "me"]);
+    let pick = find(&on_me, "pick");
+    assert_eq!(
+        pick["properties"]["app"]["enum"],
+        serde_json::json!(["shop"]),
+        "{pick:#}"
+    );
+    let data = dir.path().join("data").display().to_string();
+    let under = pick["properties"]["dir"]["description"].as_str().unwrap();
+    assert!(under.contains(&format!("under {data}")), "{under}");
+    let disk = find(&on_me, "disk_usage");
+    let under = disk["properties"]["path"]["description"].as_str().unwrap();
+    assert!(under.contains(&format!("under {data}")), "{under}");
+    // The host allows no unit: the schema says so, and a caller cannot guess one.
+    let status = find(&on_me, "service_status");
+    assert_eq!(
+        status["properties"]["unit"]["enum"],
+        serde_json::json!([]),
+        "{status:#}"
+    );
+    let anywhere = listed(&[]);
+    assert!(
+        find(&anywhere, "pick")["properties"]["app"]
+            .get("enum")
+            .is_none()
+    );
+    let out = runwarden(&["tools", "--json", "--host", "nope", "--config", cfg]);
+    assert_eq!(out.status.code(), Some(2));
 }
 
 /// `runwarden tools` lists the declared tools beside the built-ins, with

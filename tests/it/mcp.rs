@@ -145,6 +145,17 @@ fn an_agent_on_stdio_sees_the_runbooks_tools_and_every_call_is_gated_and_audited
         "{:#}",
         tools[2]
     );
+    // On this host's terms: the one logrotate file it allows, the one path.
+    assert_eq!(
+        tools[2]["schema"]["properties"]["config"]["enum"],
+        json!([conf(&e)]),
+        "{:#}",
+        tools[2]
+    );
+    let path = tools[0]["schema"]["properties"]["path"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(path.contains("under /tmp"), "{path}");
 
     let c = calls(&ev, 0);
     assert_eq!(c[0]["is_error"], false, "{:#}", c[0]);
@@ -641,4 +652,105 @@ fn a_stopping_daemon_ends_the_run_of_an_agent_between_calls_at_once() {
     );
     let _ = client.kill();
     let _ = client.wait();
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// One raw request to `/mcp` with its own `Host`: the status line's code.
+fn mcp_raw(addr: &str, host: &str, body: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "POST /mcp?runbook=fix&host=web-01 HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The status line is enough: a session's stream may stay open.
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).unwrap();
+    String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+}
+
+/// No client can grow the daemon without bound: 5,000 handshakes that
+/// never call nor close (as a client that opens a session per call does)
+/// get at most `mcp_max_sessions` sessions, the rest 429 with
+/// `Retry-After`; memory stays flat; the webhook and the kill switch
+/// answer throughout; the sessions that made no call end after
+/// `mcp_handshake_timeout`; a `Host` that is not the daemon's is refused.
+#[test]
+fn five_thousand_handshakes_never_grow_the_daemon_past_its_session_cap() {
+    let e = estate("L3", "{ max_steps: 8, max_mutations: 1, max_duration: 2m }");
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "mcp_token_file: mcp.token\nmcp_idle_timeout: 10m\nmcp_max_sessions: 20\nmcp_handshake_timeout: 3s\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&e);
+    let addr = d.addr.clone();
+    let init = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": { "name": "flood", "version": "1" } },
+    })
+    .to_string();
+    // A first handful, to measure from once the daemon's pools are warm.
+    for _ in 0..5 {
+        assert_eq!(mcp_raw(&addr, &addr, &init), 200);
+    }
+    let before = rss_kib(d.child.id());
+    let (mut ok, mut full) = (5u32, 0u32);
+    for i in 0..5000 {
+        match mcp_raw(&addr, &addr, &init) {
+            200 => ok += 1,
+            429 => full += 1,
+            other => panic!("handshake {i}: {other}"),
+        }
+        if i % 1000 == 999 {
+            let (status, _) = d.post_alerts(crate::daemon::FIRING);
+            assert_eq!(status, 200, "the webhook answers under the flood");
+            let out = e.run(&["kill-switch", "status"]);
+            assert!(out.status.success(), "the kill switch answers");
+        }
+    }
+    let after = rss_kib(d.child.id());
+    assert!(ok <= 20, "{ok} sessions opened past mcp_max_sessions 20");
+    assert_eq!(ok + full, 5005);
+    assert!(d.metric("runwarden_mcp_sessions_open") <= 20.0);
+    assert_eq!(
+        d.metric(r#"runwarden_mcp_sessions_refused_total{reason="sessions"}"#),
+        f64::from(full)
+    );
+    let grew = after.saturating_sub(before);
+    eprintln!(
+        "5,000 handshakes: {ok} sessions, {full} refused 429; RSS {before} -> {after} KiB ({grew} KiB, {} KiB a session)",
+        grew / u64::from(ok)
+    );
+    assert!(
+        grew < 20 * 1024,
+        "5,000 handshakes grew the daemon by {grew} KiB ({before} -> {after})"
+    );
+    // None of them made a call: each ends after the handshake timeout.
+    wait_for("silent sessions to end", Duration::from_secs(20), || {
+        (d.metric("runwarden_mcp_sessions_open") == 0.0).then_some(())
+    });
+    assert!(d.metric(r#"runwarden_mcp_sessions_refused_total{reason="handshake_timeout"}"#) >= 1.0);
+    assert_eq!(mcp_raw(&addr, &addr, &init), 200, "room again");
+    // DNS rebinding: another site's name is refused; localhost is served.
+    assert_eq!(mcp_raw(&addr, "evil.example:80", &init), 403);
+    assert_eq!(
+        d.metric(r#"runwarden_mcp_sessions_refused_total{reason="host"}"#),
+        1.0
+    );
+    let port = addr.rsplit(':').next().unwrap();
+    assert_eq!(mcp_raw(&addr, &format!("localhost:{port}"), &init), 200);
 }

@@ -228,7 +228,7 @@ fn disk_usage_sees_a_real_full_filesystem() {
     );
     e.runbook(
         "disk",
-        &format!("name: disk\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - id: d\n    call: disk_usage\n    args: {{ path: {} }}\n", mnt.display()),
+        &format!("name: disk\ndescription: t\nhosts: [h]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - id: d\n    call: disk_usage\n    args: {{ path: {m} }}\n  - id: logs\n    call: disk_usage\n    args: {{ path: {m}/logs }}\n", m = mnt.display()),
     );
     // A 16 MiB tmpfs in a private mount namespace, filled to ~97%; runwarden runs inside it.
     let m = mnt.display();
@@ -247,6 +247,17 @@ fn disk_usage_sees_a_real_full_filesystem() {
     assert_eq!(d["size_bytes"], 16 * 1024 * 1024);
     assert_eq!(d["largest"][0]["path"], format!("{}/logs", mnt.display()));
     assert_eq!(d["largest_truncated"], false);
+    // A directory of files: its own total, and its files among the largest.
+    let logs = &step(&report, "logs")["result"]["data"];
+    assert_eq!(
+        logs["largest"][0]["path"],
+        format!("{}/logs/ballast", mnt.display()),
+        "{logs:#}"
+    );
+    assert!(
+        logs["dir_bytes"].as_u64().unwrap() >= 15 * 1024 * 1024,
+        "{logs:#}"
+    );
 }
 
 /// A loopback HTTP server answering `status` to every request, `count` times.

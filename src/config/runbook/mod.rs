@@ -887,6 +887,8 @@ fn tool_list(
     let mut set = BTreeSet::new();
     for t in list {
         match tools.get(&t.value) {
+            // Its file's own error says why: no second one here.
+            None if tools.is_broken(&t.value) => {}
             None => diags.at(file, t.referenced, unknown_tool(&t.value, tools)),
             Some(id) if id.tier() != tier => {
                 let msg = match tier {

@@ -137,7 +137,9 @@ fn call_action(
     diags: &mut Diagnostics,
 ) -> Option<StepAction> {
     let Some(tool) = tools.get(&call.value) else {
-        diags.at(file, call.referenced, unknown_tool(&call.value, tools));
+        if !tools.is_broken(&call.value) {
+            diags.at(file, call.referenced, unknown_tool(&call.value, tools));
+        }
         return None;
     };
     if !observe.contains(&tool) && !approve.contains(&tool) {

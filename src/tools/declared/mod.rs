@@ -113,6 +113,25 @@ impl PartialEq for Declared {
 }
 
 impl Declared {
+    /// What `host` allows its allowlist and path arguments.
+    pub(crate) fn allowed(&self, host: &Host) -> Vec<(&str, super::registry::Allowed)> {
+        use super::registry::Allowed;
+        self.args
+            .iter()
+            .filter_map(|(name, arg)| match &arg.ty {
+                value::ArgType::Allowlist(list) => Some((
+                    name.as_str(),
+                    Allowed::OneOf(host.allow.get(list).cloned().unwrap_or_default()),
+                )),
+                value::ArgType::Path => Some((
+                    name.as_str(),
+                    Allowed::Under(host.paths.iter().map(|p| p.display().to_string()).collect()),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The JSON schema of its arguments (a tier-2 tool's with `reason`).
     pub(crate) fn schema(&self) -> Value {
         let mut properties = serde_json::Map::new();
