@@ -38,6 +38,10 @@ pub struct Host {
     pub(crate) journals: BTreeSet<String>,
     /// Allowlist: the directories `disk_usage` may measure (and everything under them).
     pub paths: Vec<PathBuf>,
+    /// Values of this host its declared tools use as `{{ host.NAME }}`
+    /// (a socket's path, a port, an instance name), each checked for its
+    /// type: one tool file serves hosts that differ in them.
+    pub(crate) vars: BTreeMap<String, Var>,
     /// Allowlist: the logrotate configurations `rotate_logs` may run.
     pub(crate) logrotate_configs: Vec<PathBuf>,
     /// logrotate's state file, when not the Debian default.
@@ -61,6 +65,36 @@ pub struct Host {
     /// In an agent's policy: the runner's Ed25519 key (hex) that must sign
     /// every tier-2 call (see `signing`).
     pub(crate) permit_public_key: Option<String>,
+}
+
+/// One of a host's `vars:`, checked for its type when the file loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Var {
+    /// An absolute path with no `..`.
+    Path(String),
+    /// 1-255 characters, not starting with `-`, nothing invisible.
+    String(String),
+    /// A whole number.
+    Integer(i64),
+}
+
+impl Var {
+    /// What a tool's argv gets for `{{ host.NAME }}`.
+    pub(crate) fn text(&self) -> String {
+        match self {
+            Var::Path(s) | Var::String(s) => s.clone(),
+            Var::Integer(n) => n.to_string(),
+        }
+    }
+
+    /// As a host file writes it: `{ path: "/run/x.sock" }`.
+    pub(crate) fn written(&self) -> String {
+        match self {
+            Var::Path(p) => format!("{{ path: {} }}", quoted(p)),
+            Var::String(s) => format!("{{ string: {} }}", quoted(s)),
+            Var::Integer(n) => format!("{{ integer: {n} }}"),
+        }
+    }
 }
 
 /// One kind of allowlist a host file holds, declared once: the agent's

@@ -74,6 +74,13 @@ pub(crate) fn policy(
     if host.unsandboxed_tier1 {
         let _ = writeln!(s, "unsandboxed_tier1: allow");
     }
+    // The agent renders its own copy of a tool file with its own values.
+    if !host.vars.is_empty() {
+        let _ = writeln!(s, "vars:");
+        for (name, var) in &host.vars {
+            let _ = writeln!(s, "  {name}: {}", var.written());
+        }
+    }
     s
 }
 

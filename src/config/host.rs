@@ -88,6 +88,7 @@ pub(super) fn validate(
     let binaries = binaries(&raw, file, diags);
 
     let allow = allow_lists(&raw.allow, file, diags);
+    let vars = vars(&raw.vars, file, diags);
     let unsandboxed_tier1 = match &raw.unsandboxed_tier1 {
         None => false,
         Some(v) if v.value == "allow" => true,
@@ -109,6 +110,7 @@ pub(super) fn validate(
     }
     Some(Host {
         allow,
+        vars,
         unsandboxed_tier1,
         name,
         connection,
@@ -130,6 +132,80 @@ pub(super) fn validate(
         source: file.to_path_buf(),
         permit_public_key,
     })
+}
+
+/// `vars:`: each named like an argument and of one type: a `path`
+/// (absolute, no `..`), a `string` (1-255 characters, no control or
+/// invisible character, not starting with `-`) or an `integer`; kept as
+/// the text a tool's argv gets.
+fn vars(
+    raw: &BTreeMap<String, serde_saphyr::Spanned<raw::Var>>,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, crate::host::Var> {
+    use crate::host::Var;
+    let mut out = BTreeMap::new();
+    for (name, var) in raw {
+        let bad = |diags: &mut Diagnostics, why: String| {
+            diags.at(
+                file,
+                var.referenced,
+                format!("vars.{}: {why}", name.escape_debug()),
+            );
+        };
+        if !crate::tools::declared::template::is_name(name) {
+            bad(
+                diags,
+                "a var's name is [a-z][a-z0-9_]* (a tool file writes it as {{ host.NAME }})".into(),
+            );
+            continue;
+        }
+        let v = &var.value;
+        let text = match (&v.path, &v.string, v.integer) {
+            (Some(p), None, None) => {
+                let path = std::path::Path::new(p);
+                if !path.is_absolute()
+                    || path
+                        .components()
+                        .any(|c| c == std::path::Component::ParentDir)
+                    || p.chars().any(|c| c.is_control())
+                {
+                    bad(
+                        diags,
+                        format!(
+                            "the path {p:?} must be absolute, with no `..` and no control character"
+                        ),
+                    );
+                    continue;
+                }
+                Var::Path(p.clone())
+            }
+            (None, Some(s), None) => {
+                if s.is_empty()
+                    || s.len() > 255
+                    || s.starts_with('-')
+                    || s.chars()
+                        .any(|c| c.is_control() || crate::text::invisible(c))
+                {
+                    bad(
+                        diags,
+                        format!(
+                            "the string {s:?} must be 1-255 characters, not start with `-`, and hold no control or invisible character"
+                        ),
+                    );
+                    continue;
+                }
+                Var::String(s.clone())
+            }
+            (None, None, Some(n)) => Var::Integer(n),
+            _ => {
+                bad(diags, "give exactly one of `path:`, `string:` or `integer:` (e.g. `admin_socket: { path: /run/haproxy/admin.sock }`)".into());
+                continue;
+            }
+        };
+        out.insert(name.clone(), text);
+    }
+    out
 }
 
 /// `allow:`: each list named like an argument, each value safe to put in

@@ -306,6 +306,7 @@ impl Config {
             }
         }
 
+        missing_vars(&runbooks, &hosts, &mut diags);
         if !diags.is_empty() {
             return Err(ConfigError(diags.into_vec()));
         }
@@ -322,6 +323,40 @@ impl Config {
 /// The names the runbook files under `DIR/runbooks/` give themselves, read
 /// leniently (a file with other problems still names its runbook): what a
 /// `--runbook` argument may be while the configuration is being edited.
+/// Each host of a runbook has every `vars:` entry the runbook's declared
+/// tools use as `{{ host.NAME }}`: else the tool could never run there, so
+/// the host file is told what to add.
+fn missing_vars(
+    runbooks: &BTreeMap<String, Arc<Runbook>>,
+    hosts: &BTreeMap<String, Arc<Host>>,
+    diags: &mut Diagnostics,
+) {
+    let mut said = std::collections::BTreeSet::new();
+    for rb in runbooks.values() {
+        let declared = rb
+            .observe
+            .iter()
+            .chain(rb.approve.iter())
+            .filter_map(crate::tools::ToolId::declared);
+        for tool in declared {
+            for var in tool.host_vars() {
+                for host in rb.hosts.iter().filter_map(|h| hosts.get(&**h)) {
+                    if host.vars.contains_key(var) || !said.insert((host.name.clone(), var)) {
+                        continue;
+                    }
+                    diags.file(
+                        &host.source,
+                        format!(
+                            "no vars.{var}: tool {} (of runbook {}) uses {{{{ host.{var} }}}}; add e.g. `vars: {{ {var}: {{ path: ... }} }}` (or `string:`, `integer:`)",
+                            tool.name, rb.name
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn runbook_names(dir: &Path) -> std::collections::BTreeSet<String> {
     let mut diags = Diagnostics::default();
     let mut names = std::collections::BTreeSet::new();

@@ -273,6 +273,19 @@ pub struct Host {
     pub(crate) unsandboxed_tier1: Option<S<String>>,
     #[serde(default)]
     pub(crate) binaries: Binaries,
+    /// Values of this host that declared tools use as `{{ host.NAME }}`.
+    #[serde(default)]
+    pub(crate) vars: BTreeMap<String, S<Var>>,
+}
+
+/// One of a host's `vars:`, with its type: `{ path: /run/x.sock }`,
+/// `{ string: web }` or `{ integer: 8404 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Var {
+    pub(crate) path: Option<String>,
+    pub(crate) string: Option<String>,
+    pub(crate) integer: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -18,7 +18,7 @@ use serde_saphyr::Spanned;
 use super::diag::{Diagnostics, did_you_mean};
 use super::duration;
 use crate::tools::declared::template::{Template, is_name};
-use crate::tools::declared::{Arg, ArgType, Command, Declared, OptIn, Output, Verify};
+use crate::tools::declared::{Arg, ArgType, Capture, Command, Declared, OptIn, Output, Verify};
 use crate::tools::{Builtin, Tier, Tools};
 
 type S<T> = Spanned<T>;
@@ -46,6 +46,7 @@ pub(crate) struct ToolFile {
     output: Option<S<String>>,
     verify: Option<S<VerifyDecl>>,
     undo: Option<S<CommandDecl>>,
+    capture: Option<S<CaptureDecl>>,
     verb: Option<S<String>>,
     /// TCP endpoints its processes may connect to (`127.0.0.1:8404`, or a
     /// port alone); every other is refused to a tier-1 process.
@@ -77,6 +78,17 @@ struct VerifyDecl {
     expect_exit: Option<S<i32>>,
     expect_stdout: Option<S<String>>,
     within: Option<S<String>>,
+    expect_changed: Option<S<String>>,
+    expect_less: Option<S<String>>,
+}
+
+/// `capture:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaptureDecl {
+    run: S<Vec<S<String>>>,
+    stdin: Option<S<String>>,
+    values: S<String>,
 }
 
 /// Where `PATH` (or the system's own directories) has an executable
@@ -186,10 +198,24 @@ pub(crate) fn validate(
     let run = command(&raw.run, raw.stdin.as_ref(), &names, "run", file, diags);
     let timeout = timeout(&raw, file, diags);
     let output = output(&raw, file, diags);
+    let capture = raw
+        .capture
+        .as_ref()
+        .and_then(|c| capture(c, &names, file, diags));
+    let groups: Vec<String> = capture
+        .as_ref()
+        .map(|c| {
+            c.values
+                .capture_names()
+                .flatten()
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
     let verify = raw
         .verify
         .as_ref()
-        .and_then(|v| verify(v, &names, file, diags));
+        .and_then(|v| verify(v, &names, &groups, raw.capture.is_some(), file, diags));
     let undo = raw.undo.as_ref().and_then(|u| {
         command(
             &u.value.run,
@@ -229,6 +255,7 @@ pub(crate) fn validate(
         output,
         verify,
         undo,
+        capture,
         verb,
         file: file.to_path_buf(),
         sha256,
@@ -377,6 +404,13 @@ fn check_tier_parts(raw: &ToolFile, tier: Tier, file: &Path, diags: &mut Diagnos
             "`undo:` is for tier-2 tools: a tier-1 tool changes nothing to undo",
         ),
         _ => {}
+    }
+    if let (Tier::Observe, Some(c)) = (tier, &raw.capture) {
+        diags.at(
+            file,
+            c.referenced,
+            "`capture:` is for tier-2 tools: it reads what a change should change, before it",
+        );
     }
 }
 
@@ -562,10 +596,28 @@ fn command(
     let mut args = Vec::new();
     for element in rest {
         if let Some(t) = template(element, names, field, file, diags) {
+            if !field.starts_with("verify") && t.before_vars().next().is_some() {
+                diags.at(
+                    file,
+                    element.referenced,
+                    format!("{field}: {{{{ before.NAME }}}} is verify's: the value `capture:` read before the change"),
+                );
+            }
             args.push(t);
         }
     }
+    let stdin_decl = stdin;
     let stdin = stdin.and_then(|s| template(s, names, &format!("{field}'s stdin"), file, diags));
+    if let (Some(t), Some(s)) = (&stdin, stdin_decl)
+        && !field.starts_with("verify")
+        && t.before_vars().next().is_some()
+    {
+        diags.at(
+            file,
+            s.referenced,
+            format!("{field}'s stdin: {{{{ before.NAME }}}} is verify's: the value `capture:` read before the change"),
+        );
+    }
     if stdin
         .as_ref()
         .is_some_and(|_| stdin_len(stdin.as_ref()) > crate::process::STDIN_CAP / 2)
@@ -626,11 +678,49 @@ fn template(
 fn verify(
     v: &S<VerifyDecl>,
     names: &[&str],
+    groups: &[String],
+    captured: bool,
     file: &Path,
     diags: &mut Diagnostics,
 ) -> Option<Verify> {
     let d = &v.value;
     let command = command(&d.run, d.stdin.as_ref(), names, "verify.run", file, diags)?;
+    // `{{ before.NAME }}` and the comparisons name what `capture:` reads.
+    let mut before_named = |name: &str, at: serde_saphyr::Location, field: &str| {
+        if !groups.iter().any(|g| g == name) {
+            diags.at(
+                file,
+                at,
+                match captured {
+                    true => format!(
+                        "verify.{field}: {name} is not a value of capture (its pattern's named groups: {})",
+                        if groups.is_empty() { "none".to_string() } else { groups.join(", ") }
+                    ),
+                    false => format!(
+                        "verify.{field} compares with a value before the change: add `capture:`, a tier-1 probe whose `values` pattern names {name} as a group, e.g. (?P<{name}>\\d+)"
+                    ),
+                },
+            );
+        }
+    };
+    for (t, at, field) in std::iter::once((&d.run, "run"))
+        .flat_map(|(run, field)| run.value.iter().map(move |e| (e, field)))
+        .chain(d.stdin.iter().map(|s| (s, "stdin")))
+        .chain(d.expect_stdout.iter().map(|s| (s, "expect_stdout")))
+        .filter_map(|(e, field)| Some((Template::parse(&e.value).ok()?, e.referenced, field)))
+    {
+        for name in t.before_vars() {
+            before_named(name, at, field);
+        }
+    }
+    for (which, field) in [
+        (&d.expect_changed, "expect_changed"),
+        (&d.expect_less, "expect_less"),
+    ] {
+        if let Some(n) = which {
+            before_named(&n.value, n.referenced, field);
+        }
+    }
     let expect_stdout = match &d.expect_stdout {
         Some(p) => {
             let t = template(p, names, "verify.expect_stdout", file, diags)?;
@@ -670,5 +760,43 @@ fn verify(
         expect_exit: d.expect_exit.as_ref().map_or(0, |e| e.value),
         expect_stdout,
         within,
+        expect_changed: d.expect_changed.as_ref().map(|n| n.value.clone()),
+        expect_less: d.expect_less.as_ref().map(|n| n.value.clone()),
     })
+}
+
+/// `capture:`: a command (no `{{ before.NAME }}`: it is what makes them)
+/// and a pattern whose named groups are the values.
+fn capture(
+    c: &S<CaptureDecl>,
+    names: &[&str],
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<Capture> {
+    let d = &c.value;
+    let command = command(&d.run, d.stdin.as_ref(), names, "capture.run", file, diags)?;
+    let values = match regex::RegexBuilder::new(&format!("(?m){}", d.values.value))
+        .size_limit(1 << 20)
+        .build()
+    {
+        Ok(re) => re,
+        Err(e) => {
+            diags.at(
+                file,
+                d.values.referenced,
+                format!("capture.values is not a regex: {e}"),
+            );
+            return None;
+        }
+    };
+    let groups: Vec<&str> = values.capture_names().flatten().collect();
+    if groups.is_empty() || groups.iter().any(|g| !is_name(g)) {
+        diags.at(
+            file,
+            d.values.referenced,
+            "capture.values names each value it reads as a group of [a-z][a-z0-9_]*, e.g. '^(?P<pid>\\d+)$'",
+        );
+        return None;
+    }
+    Some(Capture { command, values })
 }

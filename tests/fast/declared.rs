@@ -103,6 +103,18 @@ fn entries(dir: &Path) -> usize {
         .count()
 }
 
+/// `check` of a config whose one tool file `t` is `yaml` (and no runbook):
+/// exit 2, saying `says` at `at`.
+fn refused(yaml: &str, at: &str, says: &str) {
+    let dir = estate(&[("t", yaml.to_string())], "");
+    std::fs::remove_file(dir.path().join("runbooks/rb.yaml")).unwrap();
+    let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{yaml}\n{said}");
+    assert!(said.contains(at), "{yaml}\n{said}");
+    assert!(said.contains(says), "{yaml}\n{said}");
+}
+
 /// Every mistake of a declaration is `tools/FILE.yaml:LINE:COL: message`
 /// (with a did-you-mean where one fits), exit 2, and nothing is loaded; a
 /// runbook naming a tool no file declares keeps its own error.
@@ -168,13 +180,7 @@ fn a_declaration_that_cannot_work_is_refused_where_it_is_written() {
             "quote it",
         ),
     ] {
-        let dir = estate(&[("t", yaml.clone())], "");
-        std::fs::remove_file(dir.path().join("runbooks/rb.yaml")).unwrap();
-        let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{yaml}\n{said}");
-        assert!(said.contains(&format!("tools/{at}")), "{yaml}\n{said}");
-        assert!(said.contains(says), "{yaml}\n{said}");
+        refused(&yaml, &format!("tools/{at}"), says);
     }
     // A runbook naming a tool no file declares: the runbook's own error.
     let dir = estate(
@@ -186,6 +192,52 @@ fn a_declaration_that_cannot_work_is_refused_where_it_is_written() {
     assert!(
         said.contains("rb.yaml:5:") && said.contains("unknown tool \"list_cach\""),
         "{said}"
+    );
+}
+
+/// `capture:` and the comparisons of `verify:` that cannot work are
+/// refused where they are written.
+#[test]
+fn a_capture_that_cannot_work_is_refused_where_it_is_written() {
+    let base = "name: t\ntier: 2\ndescription: d\nargs:\n  dir: { type: path }\nrun: [/usr/bin/touch, \"{{ dir }}\"]\nverify:\n  run: [/usr/bin/ls, \"{{ dir }}\"]\n";
+    let capture = "capture:\n  run: [/usr/bin/pgrep, -o, sleep]\n  values: '^(?P<pid>\\d+)$'\n";
+    for (yaml, says) in [
+        (format!("{base}  expect_changed: pid\n"), "add `capture:`"),
+        (
+            format!("{base}  expect_changed: pids\n{capture}"),
+            "pids is not a value of capture (its pattern's named groups: pid)",
+        ),
+        (
+            format!("{base}  expect_stdout: 'x {{{{ before.ppid }}}}'\n{capture}"),
+            "ppid is not a value of capture",
+        ),
+        (
+            format!("{base}capture:\n  run: [/usr/bin/pgrep, -o, sleep]\n  values: '\\d+'\n"),
+            "names each value it reads as a group",
+        ),
+        (
+            format!(
+                "{}{capture}",
+                base.replace("\"{{ dir }}\"]\nverify", "\"{{ before.pid }}\"]\nverify")
+            ),
+            "is verify's",
+        ),
+        (
+            format!("name: t\ntier: 1\ndescription: d\nrun: [/usr/bin/ls]\n{capture}"),
+            "`capture:` is for tier-2 tools",
+        ),
+    ] {
+        refused(&yaml, "tools/t.yaml:", says);
+    }
+    let ok =
+        format!("{base}  expect_changed: pid\n  expect_stdout: '{{{{ before.pid }}}}'\n{capture}");
+    let dir = estate(&[("t", ok)], "");
+    std::fs::remove_file(dir.path().join("runbooks/rb.yaml")).unwrap();
+    let out = runwarden(&["check", "--config", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -285,6 +337,66 @@ fn tools_for_a_host_list_the_values_its_allowlists_allow() {
     );
     let out = runwarden(&["tools", "--json", "--host", "nope", "--config", cfg]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// One tool file, hosts that differ: `{{ host.NAME }}` takes each host's
+/// own `vars:` value; a host of the runbook without it fails `check` at
+/// its own file; a var of the wrong shape is refused where it is written;
+/// `install print` writes the vars into the agent's policy.
+#[test]
+fn a_tool_file_takes_each_hosts_own_vars() {
+    let tool = "name: greet\ntier: 1\ndescription: d\nargs:\n  n: { type: integer, min: 1, max: 5 }\nrun: [/usr/bin/echo, \"{{ host.greeting }}\", \"{{ n }}\"]\n".to_string();
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [greet] }\nsteps:\n  - id: hi\n    call: greet\n    args: { n: 2 }\n";
+    let dir = estate(&[("greet", tool)], runbook);
+    let cfg = dir.path().to_str().unwrap();
+    let host_file = dir.path().join("hosts/me.yaml");
+    let plain = std::fs::read_to_string(&host_file).unwrap();
+    // No vars.greeting: the host file is told what to add.
+    let out = runwarden(&["check", "--config", cfg]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(
+            "me.yaml:1:1: no vars.greeting: tool greet (of runbook rb) uses {{ host.greeting }}"
+        ),
+        "{said}"
+    );
+    for (vars, says) in [
+        ("vars: { greeting: { string: -rf } }", "not start with `-`"),
+        ("vars: { greeting: { path: rel/x } }", "must be absolute"),
+        (
+            "vars: { greeting: { string: a, integer: 1 } }",
+            "exactly one of",
+        ),
+        ("vars: { Greeting: { string: a } }", "a var's name is"),
+    ] {
+        std::fs::write(&host_file, format!("{plain}{vars}\n")).unwrap();
+        let out = runwarden(&["check", "--config", cfg]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{vars}: {said}");
+        assert!(
+            said.contains("me.yaml:") && said.contains(says),
+            "{vars}: {said}"
+        );
+    }
+    std::fs::write(
+        &host_file,
+        format!("{plain}vars: {{ greeting: {{ string: hello-me }} }}\n"),
+    )
+    .unwrap();
+    let out = runwarden(&["run", "rb", "--host", "me", "--json", "--config", cfg]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "ok", "{report:#}");
+    let stdout = report["steps"][0]["result"]["data"]["stdout"]
+        .as_str()
+        .unwrap();
+    assert_eq!(stdout.trim(), "hello-me 2", "{report:#}");
+    let policy = runwarden(&["install", "print", "--host", "me", "--config", cfg]);
+    let printed = String::from_utf8_lossy(&policy.stdout);
+    assert!(
+        printed.contains("vars:\n  greeting: { string: \"hello-me\" }\n"),
+        "{printed}"
+    );
 }
 
 /// `runwarden tools` lists the declared tools beside the built-ins, with

@@ -240,9 +240,11 @@ fn a_program_is_restarted_through_its_supervisors_own_cli() {
         format!(
             "name: restart_program\ntier: 2\ndescription: Restart one program through supervisor.\nverb: restarted\n\
              args:\n  program: {{ type: allowlist, list: programs }}\n\
-             run: [/usr/bin/supervisorctl, -c, {c}, restart, \"{{{{ program }}}}\"]\n\
-             verify:\n  run: [/usr/bin/pgrep, -x, -f, \"/bin/sleep 1000\"]\n  within: 10s\n",
-            c = conf.display()
+             run: [/usr/bin/supervisorctl, -c, {c}, {verb}, \"{{{{ program }}}}\"]\n\
+             capture:\n  run: [/usr/bin/pgrep, -x, -f, \"/bin/sleep 1000\"]\n  values: '^(?P<pid>\\d+)$'\n\
+             verify:\n  run: [/usr/bin/pgrep, -x, -f, \"/bin/sleep 1000\"]\n  expect_changed: pid\n  within: 10s\n",
+            c = conf.display(),
+            verb = "restart"
         ),
     )
     .unwrap();
@@ -261,8 +263,34 @@ fn a_program_is_restarted_through_its_supervisors_own_cli() {
     let after = worker_pid(&conf).expect("running again");
     assert_ne!(before, after, "a new process");
 
+    let evidence = report["steps"][0]["result"]["data"]["evidence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        evidence.contains(&format!("pid {before} -> {after}")),
+        "the evidence shows before and after: {evidence}"
+    );
+
     e.runbook("bounce", &runbook("supervisord"));
     let (code, report): (i32, Value) = e.run_json("bounce", "app", &[]);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(worker_pid(&conf).unwrap(), after, "untouched");
+
+    // A "restart" that restarts nothing (its command exits 0 and the
+    // worker runs throughout) no longer verifies: the pid did not change.
+    let tool = e.path().join("tools/restart_program.yaml");
+    let text = std::fs::read_to_string(&tool).unwrap();
+    std::fs::write(&tool, text.replace(", restart,", ", status,")).unwrap();
+    e.runbook("bounce", &runbook("worker"));
+    let (code, report): (i32, Value) = e.run_json("bounce", "app", &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let result = &report["steps"][0]["result"];
+    assert_eq!(result["verified"], false, "{report:#}");
+    let evidence = result["data"]["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains(&format!("pid is still {after}")),
+        "{evidence}"
+    );
+    assert_eq!(worker_pid(&conf).unwrap(), after, "nothing restarted it");
 }

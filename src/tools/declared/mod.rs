@@ -62,6 +62,24 @@ pub(crate) struct Verify {
     pub(crate) expect_stdout: Option<Template>,
     /// How long the change may take to show: the probe is tried again until then.
     pub(crate) within: Duration,
+    /// A value of `capture:` that the probe's output, read with the same
+    /// pattern, must show changed ("the pid changed").
+    pub(crate) expect_changed: Option<String>,
+    /// A number of `capture:` that the probe's output must show lower
+    /// ("the queue went down").
+    pub(crate) expect_less: Option<String>,
+}
+
+/// A tier-2 tool's look before its change: a tier-1 probe whose output
+/// `values` reads (its named groups), for `verify:` to compare with. A
+/// restart the supervisor made by itself in the same window shows no
+/// change of the pid the run's own restart was to make.
+#[derive(Debug, Clone)]
+pub(crate) struct Capture {
+    /// The probe (run confined, as any tier-1 process).
+    pub(crate) command: Command,
+    /// Its named groups are the values (`before.NAME`).
+    pub(crate) values: regex::Regex,
 }
 
 /// What its stdout is.
@@ -94,6 +112,8 @@ pub struct Declared {
     pub(crate) verify: Option<Verify>,
     /// Tier 2: what puts the change back (run when `verify` fails).
     pub(crate) undo: Option<Command>,
+    /// Tier 2: what it reads before the change, for `verify` to compare.
+    pub(crate) capture: Option<Capture>,
     /// What a report says it did, as a past-tense verb ("drained"); the
     /// claims rule holds a model's use of it to a call that verified.
     pub(crate) verb: Option<String>,
@@ -113,6 +133,23 @@ impl PartialEq for Declared {
 }
 
 impl Declared {
+    /// Every template it holds: its run, verify and undo commands (argv
+    /// and stdin) and verify's expected output.
+    fn templates(&self) -> impl Iterator<Item = &Template> {
+        let commands = std::iter::once(&self.run)
+            .chain(self.verify.as_ref().map(|v| &v.command))
+            .chain(self.undo.as_ref())
+            .chain(self.capture.as_ref().map(|c| &c.command));
+        commands
+            .flat_map(|c| c.args.iter().chain(c.stdin.as_ref()))
+            .chain(self.verify.as_ref().and_then(|v| v.expect_stdout.as_ref()))
+    }
+
+    /// The host's `vars:` it uses (`{{ host.NAME }}`), by NAME.
+    pub(crate) fn host_vars(&self) -> std::collections::BTreeSet<&str> {
+        self.templates().flat_map(Template::host_vars).collect()
+    }
+
     /// What `host` allows its allowlist and path arguments.
     pub(crate) fn allowed(&self, host: &Host) -> Vec<(&str, super::registry::Allowed)> {
         use super::registry::Allowed;
@@ -284,6 +321,15 @@ impl Declared {
         let given = object(args)?;
         self.unknown_or_missing(given)?;
         let mut values = BTreeMap::new();
+        for var in self.host_vars() {
+            let value = host.vars.get(var).ok_or_else(|| {
+                ArgError::Value(format!(
+                    "host {} has no vars.{var}, which {} uses as {{{{ host.{var} }}}}: add it to the host file",
+                    host.name, self.name
+                ))
+            })?;
+            values.insert(format!("{}{var}", template::HOST), value.text());
+        }
         let mut recorded = serde_json::Map::new();
         for (name, arg) in &self.args {
             let (text, json) = arg.check(name, &given[name], host, mode)?;
@@ -306,24 +352,41 @@ impl Declared {
             .map(|(n, _)| n.as_str())
             .collect();
         let run = render(&self.run, &values, &paths, host, mode)?;
+        let capture = match &self.capture {
+            Some(c) => Some(render(&c.command, &values, &paths, host, mode)?),
+            None => None,
+        };
+        // `{{ before.NAME }}` is known once the capture ran: a marker now,
+        // its value then (see `Probe::with_before`).
+        let mut probe_values = values.clone();
+        if let Some(c) = &self.capture {
+            for group in c.values.capture_names().flatten() {
+                probe_values.insert(format!("{}{group}", template::BEFORE), marker(group));
+            }
+        }
         let verify = match &self.verify {
             Some(v) => Some(Probe {
-                command: render(&v.command, &values, &paths, host, mode)?,
+                command: render(&v.command, &probe_values, &paths, host, mode)?,
                 expect_exit: v.expect_exit,
                 expect_stdout: match &v.expect_stdout {
-                    Some(t) => Some(
-                        regex::Regex::new(&format!("(?m){}", t.render_with(&values, regex::escape))).map_err(
-                            |e| {
-                                ArgError::Value(format!(
-                                    "the expected output of {}'s verify does not compile with these values: {e}",
-                                    self.name
-                                ))
-                            },
-                        )?,
-                    ),
+                    Some(t) => {
+                        let pattern =
+                            format!("(?m){}", t.render_with(&probe_values, escape_unless_marker));
+                        // It must compile whatever the values before are.
+                        regex::Regex::new(&unmarked(&pattern, |_| "x".into())).map_err(|e| {
+                            ArgError::Value(format!(
+                                "the expected output of {}'s verify does not compile with these values: {e}",
+                                self.name
+                            ))
+                        })?;
+                        Some(pattern)
+                    }
                     None => None,
                 },
                 within: v.within,
+                expect_changed: v.expect_changed.clone(),
+                expect_less: v.expect_less.clone(),
+                values: self.capture.as_ref().map(|c| c.values.clone()),
             }),
             None => None,
         };
@@ -336,6 +399,7 @@ impl Declared {
             recorded: Value::Object(recorded),
             reason,
             run,
+            capture,
             verify,
             undo,
         })
@@ -361,21 +425,146 @@ pub(crate) struct Rendered {
     pub(crate) stdin: Option<String>,
 }
 
-/// A verify probe with every hole filled.
+/// A verify probe with every hole filled, a value of `capture:` as a
+/// marker until the capture ran.
 #[derive(Debug, Clone)]
 pub(crate) struct Probe {
     command: Rendered,
     expect_exit: i32,
-    expect_stdout: Option<regex::Regex>,
+    /// The pattern (`(?m)` and the declared text, values escaped).
+    expect_stdout: Option<String>,
     within: Duration,
+    expect_changed: Option<String>,
+    expect_less: Option<String>,
+    /// `capture:`'s pattern, which reads the probe's output too.
+    values: Option<regex::Regex>,
 }
 
 impl PartialEq for Probe {
     fn eq(&self, other: &Probe) -> bool {
         self.command == other.command
             && self.expect_exit == other.expect_exit
-            && self.expect_stdout.as_ref().map(regex::Regex::as_str)
-                == other.expect_stdout.as_ref().map(regex::Regex::as_str)
+            && self.expect_stdout == other.expect_stdout
+            && self.expect_changed == other.expect_changed
+            && self.expect_less == other.expect_less
+    }
+}
+
+/// What stands for `{{ before.NAME }}` until the capture ran: no argument
+/// value can hold it (control characters are refused in every value).
+fn marker(name: &str) -> String {
+    format!("\u{1}{name}\u{1}")
+}
+
+/// `text` with each [`marker`] replaced by what `value` gives its name.
+fn unmarked(text: &str, value: impl Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('\u{1}');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let mut in_marker = true;
+    for part in parts {
+        match in_marker {
+            true => out.push_str(&value(part)),
+            false => out.push_str(part),
+        }
+        in_marker = !in_marker;
+    }
+    out
+}
+
+/// A value in a pattern, escaped; a marker kept as it is (its value is
+/// escaped when it replaces it).
+fn escape_unless_marker(s: &str) -> String {
+    match s.starts_with('\u{1}') {
+        true => s.to_string(),
+        false => regex::escape(s),
+    }
+}
+
+/// The values `pattern` reads from `text`: its named groups, each a token
+/// (1-128 characters, nothing blank or invisible) or absent.
+fn read_values(pattern: &regex::Regex, text: &str) -> BTreeMap<String, String> {
+    let Some(caps) = pattern.captures(text) else {
+        return BTreeMap::new();
+    };
+    pattern
+        .capture_names()
+        .flatten()
+        .filter_map(|name| {
+            let v = caps.name(name)?.as_str();
+            let token = !v.is_empty()
+                && v.len() <= 128
+                && !v
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || crate::text::invisible(c));
+            token.then(|| (name.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+impl Probe {
+    /// This probe with the values the capture took in place of its markers.
+    fn with_before(&self, before: &BTreeMap<String, String>) -> Probe {
+        let value = |name: &str| before.get(name).cloned().unwrap_or_default();
+        let mut probe = self.clone();
+        // The program is never a template: only the arguments can hold one.
+        let words = self.command.argv.to_vec();
+        probe.command.argv = Argv::new(std::path::Path::new(&words[0]))
+            .args(words[1..].iter().map(|a| unmarked(a, value)));
+        probe.command.stdin = self.command.stdin.as_deref().map(|s| unmarked(s, value));
+        probe.expect_stdout = self
+            .expect_stdout
+            .as_deref()
+            .map(|p| unmarked(p, |n| regex::escape(&value(n))));
+        probe
+    }
+
+    /// What the probe's `stdout` says against the values before: `None`
+    /// when it shows what `expect_changed`/`expect_less` ask, else why not;
+    /// and the values it read.
+    fn compare(
+        &self,
+        before: &BTreeMap<String, String>,
+        stdout: &str,
+    ) -> (Option<String>, BTreeMap<String, String>) {
+        let Some(pattern) = &self.values else {
+            return (None, BTreeMap::new());
+        };
+        let after = read_values(pattern, stdout);
+        if let Some(name) = &self.expect_changed {
+            match (before.get(name), after.get(name)) {
+                (Some(b), Some(a)) if a != b => {}
+                (Some(b), Some(_)) => {
+                    return (
+                        Some(format!("{name} is still {b}: the change did not show")),
+                        after,
+                    );
+                }
+                (_, None) => return (Some(format!("the probe's output shows no {name}")), after),
+                (None, _) => return (Some(format!("no {name} was captured before")), after),
+            }
+        }
+        if let Some(name) = &self.expect_less {
+            let number = |m: &BTreeMap<String, String>| m.get(name)?.parse::<f64>().ok();
+            match (number(before), number(&after)) {
+                (Some(b), Some(a)) if a < b => {}
+                (Some(b), Some(a)) => {
+                    return (
+                        Some(format!("{name} is {a}, not less than {b} before")),
+                        after,
+                    );
+                }
+                _ => {
+                    return (
+                        Some(format!("{name} is not a number before and after")),
+                        after,
+                    );
+                }
+            }
+        }
+        (None, after)
     }
 }
 
@@ -450,6 +639,8 @@ pub(crate) struct Call {
     /// A tier-2 call's reason.
     pub(crate) reason: Option<String>,
     run: Rendered,
+    /// Tier 2: the look before the change.
+    capture: Option<Rendered>,
     verify: Option<Probe>,
     undo: Option<Rendered>,
 }
@@ -460,6 +651,7 @@ impl PartialEq for Call {
             && self.recorded == other.recorded
             && self.reason == other.reason
             && self.run == other.run
+            && self.capture == other.capture
             && self.verify == other.verify
             && self.undo == other.undo
     }
@@ -469,7 +661,8 @@ impl Call {
     /// The commands it runs, as spawned: the change (after `sudo` where the
     /// host says so), then its probe, then its undo.
     pub(crate) fn argv(&self, host: &Host) -> Vec<Argv> {
-        let mut out = vec![self.change_argv(host)];
+        let mut out: Vec<Argv> = self.capture.iter().map(|c| c.argv.clone()).collect();
+        out.push(self.change_argv(host));
         if let Some(v) = &self.verify {
             out.push(v.command.argv.clone());
         }
@@ -517,6 +710,22 @@ impl Call {
             Tier::Observe => (self.run.argv.clone(), ctx.confine.clone()),
             Tier::Change => (self.change_argv(ctx.host), Confine::Jail),
         };
+        // The look before the change: without it there is nothing for
+        // `verify` to compare with, so nothing is changed.
+        let before = match (&self.capture, &tool.capture) {
+            (Some(rendered), Some(declared)) if tool.tier == Tier::Change => {
+                match capture(ctx, rendered, &declared.values, observe.clone(), deadline).await {
+                    Ok(values) => Some(values),
+                    Err(why) => {
+                        let said = format!("{}: capture {why}; nothing was changed", tool.name);
+                        let mut failed = ToolResult::failed(said.clone());
+                        failed.data = json!({ "evidence": said });
+                        return failed;
+                    }
+                }
+            }
+            _ => None,
+        };
         let out = match ctx
             .run_fed(&argv, stdin(&self.run), confine, deadline)
             .await
@@ -542,7 +751,11 @@ impl Call {
             return result;
         };
         crate::fault::point(crate::fault::Stage::Verify);
-        let (verified, seen) = self.probe(ctx, probe, observe).await;
+        let probe = match &before {
+            Some(values) => probe.with_before(values),
+            None => probe.clone(),
+        };
+        let (verified, seen) = self.probe(ctx, &probe, observe, before.as_ref()).await;
         data["verify"] = seen.clone();
         let mut evidence = format!(
             "{}: exit 0; verify {}",
@@ -551,6 +764,15 @@ impl Call {
         );
         if let Some(why) = seen["why"].as_str() {
             evidence.push_str(&format!(" ({why})"));
+        }
+        if let Some(values) = &before {
+            data["before"] = json!(values);
+            let after = &seen["after"];
+            let shown: Vec<String> = values
+                .iter()
+                .map(|(k, b)| format!("{k} {b} -> {}", after[k].as_str().unwrap_or("?")))
+                .collect();
+            evidence.push_str(&format!("; {}", shown.join(", ")));
         }
         if !verified && let Some(undo) = &self.undo {
             let argv = super::privileged(ctx.host, undo.argv.clone());
@@ -577,8 +799,19 @@ impl Call {
 
     /// Run the probe until it passes or its `within` is over: whether it
     /// passed, and what it last saw.
-    async fn probe(&self, ctx: &Ctx<'_>, probe: &Probe, confine: Confine) -> (bool, Value) {
+    async fn probe(
+        &self,
+        ctx: &Ctx<'_>,
+        probe: &Probe,
+        confine: Confine,
+        before: Option<&BTreeMap<String, String>>,
+    ) -> (bool, Value) {
         let until = ctx.deadline.min(tokio::time::Instant::now() + probe.within);
+        // Compiled at resolution with stand-ins: it compiles with the values.
+        let expect = probe
+            .expect_stdout
+            .as_deref()
+            .and_then(|p| regex::Regex::new(p).ok());
         loop {
             let feed = probe.command.stdin.clone().map(String::into_bytes);
             let seen = match ctx
@@ -588,23 +821,26 @@ impl Call {
                 Ok(out) => {
                     let stdout = out.stdout_text();
                     let exit_ok = out.exit_code == Some(probe.expect_exit);
-                    let matched = probe
-                        .expect_stdout
-                        .as_ref()
-                        .is_none_or(|re| re.is_match(&stdout));
-                    let why = match (exit_ok, matched) {
-                        (true, true) => None,
-                        (false, _) => Some(format!(
+                    let matched = expect.as_ref().is_none_or(|re| re.is_match(&stdout));
+                    let (compared, after) = match before {
+                        Some(b) => probe.compare(b, &stdout),
+                        None => (None, BTreeMap::new()),
+                    };
+                    let why = match (exit_ok, matched, compared) {
+                        (true, true, None) => None,
+                        (false, _, _) => Some(format!(
                             "the probe {}, not {}",
                             out.failure_text(),
                             probe.expect_exit
                         )),
-                        (true, false) => Some("its output does not show the change".to_string()),
+                        (true, false, _) => Some("its output does not show the change".to_string()),
+                        (true, true, Some(why)) => Some(why),
                     };
                     json!({
                         "exit_code": out.exit_code,
                         "matched": matched,
                         "stdout": kept(&stdout),
+                        "after": after,
                         "why": why,
                     })
                 }
@@ -637,6 +873,37 @@ impl Call {
             };
         }
         data
+    }
+}
+
+/// Run a tier-2 tool's `capture:` (as the observer) and read its values:
+/// every named group of `values`, or why not.
+async fn capture(
+    ctx: &Ctx<'_>,
+    command: &Rendered,
+    values: &regex::Regex,
+    confine: Confine,
+    deadline: tokio::time::Instant,
+) -> Result<BTreeMap<String, String>, String> {
+    let feed = command.stdin.clone().map(String::into_bytes);
+    let out = ctx
+        .run_fed(&command.argv, feed, confine, deadline)
+        .await
+        .map_err(|e| format!("did not start: {e}"))?;
+    if out.exit_code != Some(0) {
+        return Err(out.failure_text());
+    }
+    let read = read_values(values, &out.stdout_text());
+    match values
+        .capture_names()
+        .flatten()
+        .find(|n| !read.contains_key(*n))
+    {
+        Some(missing) => Err(format!(
+            "read no {missing} from its output (1-128 characters, no blank): {}",
+            kept(&out.stdout_text()).lines().next().unwrap_or("")
+        )),
+        None => Ok(read),
     }
 }
 

@@ -1,6 +1,8 @@
 //! `{{ NAME }}`: the one template form a declared tool has.
 //!
 //! A hole names a declared argument and is replaced by its checked value,
+//! or names one of the host's `vars:` as `{{ host.NAME }}` and is replaced
+//! by that host's value (an operator's, checked when the host file loads),
 //! inside the one argv element (or the stdin, or the expected-stdout
 //! pattern) it is written in. Nothing else is a template: no expression, no
 //! filter, no loop; a value never splits into two elements or joins two,
@@ -61,7 +63,10 @@ impl Template {
                 return Err(TemplateError::Unclosed(at + open));
             };
             let name = after[..close].trim();
-            if !is_name(name) {
+            if !is_name(name)
+                && !name.strip_prefix(HOST).is_some_and(is_name)
+                && !name.strip_prefix(BEFORE).is_some_and(is_name)
+            {
                 return Err(TemplateError::NotAName(name.to_string()));
             }
             pieces.push(Piece::Arg(name.to_string()));
@@ -78,7 +83,24 @@ impl Template {
     /// The arguments it names, in order (with repeats).
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.pieces.iter().filter_map(|p| match p {
-            Piece::Arg(n) => Some(n.as_str()),
+            Piece::Arg(n) if !n.contains('.') => Some(n.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The values a `capture:` took before the change that it names
+    /// (`{{ before.NAME }}`), by NAME.
+    pub(crate) fn before_vars(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Arg(n) => n.strip_prefix(BEFORE),
+            Piece::Text(_) => None,
+        })
+    }
+
+    /// The host's `vars:` it names (`{{ host.NAME }}`), by NAME.
+    pub(crate) fn host_vars(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Arg(n) => n.strip_prefix(HOST),
             Piece::Text(_) => None,
         })
     }
@@ -119,6 +141,14 @@ impl Template {
         self.render_with(values, str::to_string)
     }
 }
+
+/// How a hole names a host's var: `{{ host.NAME }}` (and the key its value
+/// is rendered under).
+pub(crate) const HOST: &str = "host.";
+
+/// How a hole names a value a tier-2 tool's `capture:` took before its
+/// change: `{{ before.NAME }}`, in its `verify:` only.
+pub(crate) const BEFORE: &str = "before.";
 
 /// An argument's name: `[a-z][a-z0-9_]*`, at most 64 characters.
 pub(crate) fn is_name(s: &str) -> bool {
@@ -161,6 +191,16 @@ mod tests {
             let e = Template::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
+        // A host's var is its own kind of hole.
+        let t = Template::parse("UNIX-CONNECT:{{ host.admin_socket }}").unwrap();
+        assert_eq!(t.names().count(), 0);
+        assert_eq!(t.host_vars().collect::<Vec<_>>(), ["admin_socket"]);
+        assert_eq!(
+            t.render(&values(&[("host.admin_socket", "/run/h.sock")])),
+            "UNIX-CONNECT:/run/h.sock"
+        );
+        assert!(Template::parse("{{ host.Bad }}").is_err());
+        assert!(Template::parse("{{ hosts.x }}").is_err());
         // A lone closing brace pair is text.
         assert_eq!(
             Template::parse("a}}b").unwrap().render(&BTreeMap::new()),
