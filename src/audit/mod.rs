@@ -22,12 +22,17 @@
 //! chain's head when the file grew under it.
 
 //!
-//! The module has four parts. `log` is the writer: one chained, locked
-//! append. `lines` has one typed constructor per kind of line, and is the
-//! only code that builds one: a run, the scheduler or the host agent says
-//! what happened (a [`Permit`](crate::gate::Permit) spent, a denial, a
-//! verdict) and never writes a field by hand. [`verify`](verify()) checks the
-//! chain; the queries (`query`, [`runs`]) read lines back into typed values.
+//! Its parts: `log` is the writer, one chained, locked append, and
+//! `segments` closes and removes the files it rotates. `lines` has one
+//! typed constructor per kind of line, and is the only code that builds
+//! one: a run, the scheduler or the host agent says what happened (a
+//! [`Permit`](crate::gate::Permit) spent, a denial, an alert's evidence, a
+//! verdict) and never writes a field by hand. [`verify`](verify()) checks
+//! the chain; `format` keeps an older build from misreading a newer
+//! history; `head` sends each run's head where the log's writer cannot
+//! rewrite it. The readers (`query`, [`runs`], `follow`) read lines back
+//! into typed values: a restarted daemon's state, and the runs other
+//! processes record while it runs.
 
 pub(crate) mod format;
 mod lines;

@@ -1,8 +1,9 @@
 //! Running a permitted, audited call on its host.
 //!
-//! [`Executor::dispatch`] takes a [`Permit`] (only the gate makes one) and an
-//! [`AuditTicket`] (only the audit log makes one, after the intent line is on
-//! disk): a call that skipped either does not compile.
+//! [`Executor::dispatch`] takes an [`AuditTicket`]: only the audit log makes
+//! one, from a [`Permit`] (only the gate makes one), once the intent line is
+//! on disk, and dispatch spends it. A call that skipped the gate or its line
+//! does not compile, and none runs twice on one ticket.
 
 pub(crate) mod socket;
 pub(crate) mod ssh;
