@@ -114,7 +114,7 @@ pub struct Settings {
     /// Tier-2 calls across every run on this machine, within a window.
     pub(crate) fleet_budget: Option<runbook::FleetBudget>,
     /// `state.postgres`: state shared by several daemons; `None`: this machine's own.
-    pub(crate) postgres: Option<SharedState>,
+    pub(crate) postgres: Option<PostgresSettings>,
     /// This daemon's name among several: `replica`, or the hostname.
     pub(crate) replica: String,
     /// The bearer token of the daemon's `/mcp` (owner-only); `None`: no `/mcp` (404).
@@ -195,7 +195,7 @@ impl Default for Rotation {
 
 /// `state.postgres` of runwarden.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SharedState {
+pub(crate) struct PostgresSettings {
     /// The file that holds the libpq URL (the URL is a secret; the file is 0600).
     pub(crate) url_file: PathBuf,
     /// How long a replica's claim on a (runbook, host) lives without renewal.

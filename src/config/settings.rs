@@ -9,8 +9,8 @@ use serde_saphyr::Spanned;
 use super::diag::Diagnostics;
 use super::read::{parse, read_file};
 use super::{
-    AuditHead, ConfigError, DEFAULT_LISTEN, Rotation, Settings, SharedState, duration, model, raw,
-    runbook,
+    AuditHead, ConfigError, DEFAULT_LISTEN, PostgresSettings, Rotation, Settings, duration, model,
+    raw, runbook,
 };
 use crate::host::safe_name;
 
@@ -380,12 +380,12 @@ fn postgres(
     dir: &Path,
     file: &Path,
     diags: &mut Diagnostics,
-) -> Option<SharedState> {
+) -> Option<PostgresSettings> {
     settings
         .state
         .as_ref()
         .and_then(|s| s.postgres.as_ref())
-        .map(|pg| SharedState {
+        .map(|pg| PostgresSettings {
             url_file: dir.join(&pg.url_file.value),
             ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
             lease: pg

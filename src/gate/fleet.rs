@@ -24,7 +24,7 @@ use crate::rules::budget::{self, Spent, Window};
 
 /// The fleet budgets one runbook's calls count against.
 #[derive(Debug, Clone)]
-pub(crate) struct Fleet {
+pub(crate) struct BudgetLedger {
     state_dir: PathBuf,
     runbook: String,
     /// `fleet_budget` of runwarden.yaml: every runbook's calls.
@@ -50,7 +50,7 @@ struct Ledger {
     calls: Vec<Counted>,
 }
 
-impl Fleet {
+impl BudgetLedger {
     /// The budgets of `runbook` under `all` (runwarden.yaml's), or `None`
     /// when neither is set.
     pub(crate) fn new(
@@ -58,8 +58,8 @@ impl Fleet {
         all: Option<FleetBudget>,
         runbook: &str,
         own: Option<FleetBudget>,
-    ) -> Option<Fleet> {
-        (all.is_some() || own.is_some()).then(|| Fleet {
+    ) -> Option<BudgetLedger> {
+        (all.is_some() || own.is_some()).then(|| BudgetLedger {
             state_dir: state_dir.to_path_buf(),
             runbook: runbook.to_string(),
             all,
@@ -210,8 +210,8 @@ mod tests {
     #[test]
     fn every_runbook_counts_into_one_window_and_a_runbook_into_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Fleet::new(dir.path(), budget(3, 3600), "a", budget(1, 600)).unwrap();
-        let b = Fleet::new(dir.path(), budget(3, 3600), "b", None).unwrap();
+        let a = BudgetLedger::new(dir.path(), budget(3, 3600), "a", budget(1, 600)).unwrap();
+        let b = BudgetLedger::new(dir.path(), budget(3, 3600), "b", None).unwrap();
         let t = 1_000_000_000_000;
         assert!(a.take_at(t, true).is_ok());
         let own = a.take_at(t + 1, true).unwrap_err();
@@ -238,15 +238,15 @@ mod tests {
         // An hour on, the first calls have left the window.
         assert!(b.take_at(t + 3_600_001, true).is_ok());
         assert!(a.take_at(t + 3_600_002, true).is_ok());
-        assert!(Fleet::new(dir.path(), None, "c", None).is_none());
+        assert!(BudgetLedger::new(dir.path(), None, "c", None).is_none());
     }
 
     #[test]
     fn usage_says_what_each_budget_has_used() {
         let dir = tempfile::tempdir().unwrap();
         let own = budget(2, 600).unwrap();
-        let a = Fleet::new(dir.path(), budget(5, 3600), "a", Some(own)).unwrap();
-        let b = Fleet::new(dir.path(), budget(5, 3600), "b", None).unwrap();
+        let a = BudgetLedger::new(dir.path(), budget(5, 3600), "a", Some(own)).unwrap();
+        let b = BudgetLedger::new(dir.path(), budget(5, 3600), "b", None).unwrap();
         a.take(true).unwrap();
         b.take(true).unwrap();
         b.take(true).unwrap();
@@ -264,8 +264,8 @@ mod tests {
     #[test]
     fn a_short_window_keeps_what_a_longer_one_still_counts() {
         let dir = tempfile::tempdir().unwrap();
-        let week = Fleet::new(dir.path(), None, "weekly", budget(1, 7 * 24 * 3600)).unwrap();
-        let quick = Fleet::new(dir.path(), None, "quick", budget(5, 600)).unwrap();
+        let week = BudgetLedger::new(dir.path(), None, "weekly", budget(1, 7 * 24 * 3600)).unwrap();
+        let quick = BudgetLedger::new(dir.path(), None, "quick", budget(5, 600)).unwrap();
         let t = 1_000_000_000_000;
         let day = 24 * 3600 * 1000;
         assert!(week.take_at(t, true).is_ok());
@@ -281,7 +281,7 @@ mod tests {
     fn a_ledger_that_cannot_be_read_refuses_every_call() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("fleet-budget.json"), "{ half").unwrap();
-        let f = Fleet::new(dir.path(), budget(10, 60), "a", None).unwrap();
+        let f = BudgetLedger::new(dir.path(), budget(10, 60), "a", None).unwrap();
         let e = f.take(true).unwrap_err();
         assert!(
             matches!(e, FleetRefused::Ledger { .. }) && e.to_string().contains("fixed or removed"),
@@ -299,7 +299,8 @@ mod tests {
             .map(|i| {
                 let path = path.clone();
                 std::thread::spawn(move || {
-                    let f = Fleet::new(&path, budget(5, 3600), &format!("r{i}"), None).unwrap();
+                    let f =
+                        BudgetLedger::new(&path, budget(5, 3600), &format!("r{i}"), None).unwrap();
                     usize::from(f.take(true).is_ok())
                 })
             })

@@ -337,7 +337,7 @@ pub(crate) struct Gate {
     budget: Budget,
     path_mode: PathMode,
     /// The fleet budgets, and whether permitted calls count (not in a dry run).
-    fleet: Option<(fleet::Fleet, bool)>,
+    fleet: Option<(fleet::BudgetLedger, bool)>,
 }
 
 impl Gate {
@@ -367,7 +367,7 @@ impl Gate {
 
     /// Count tier-2 calls against `fleet` too; `count: false` (a dry run,
     /// which changes nothing) only checks it.
-    pub(crate) fn with_fleet(mut self, fleet: Option<fleet::Fleet>, count: bool) -> Gate {
+    pub(crate) fn with_fleet(mut self, fleet: Option<fleet::BudgetLedger>, count: bool) -> Gate {
         self.fleet = fleet.map(|f| (f, count));
         self
     }
@@ -757,7 +757,7 @@ mod tests {
         let look = || call("service_status", json!({"unit": "nginx.service"}));
         let (d, g) = gate("L3", "web", false);
         let state = d.path().join("state");
-        let fleet = || fleet::Fleet::new(&state, Some(one), "rb", None);
+        let fleet = || fleet::BudgetLedger::new(&state, Some(one), "rb", None);
         // A dry run sees the budget and takes nothing from it.
         let mut dry = g.with_fleet(fleet(), false);
         assert!(matches!(dry.check(&restart()), Decision::Allow(_)));
@@ -774,7 +774,7 @@ mod tests {
         // counted when the person approves, and holds for the next approval.
         let (d, g) = gate("L2", "web", false);
         let state = d.path().join("state");
-        let fleet = || fleet::Fleet::new(&state, Some(one), "rb", None);
+        let fleet = || fleet::BudgetLedger::new(&state, Some(one), "rb", None);
         let mut l2 = g.with_fleet(fleet(), true);
         let Decision::Hold(first) = l2.check(&restart()) else {
             panic!("an open budget is put to a person")

@@ -14,7 +14,7 @@ use crate::store::{Budgets, Lease};
 pub(crate) type Lost = (DenyReason, String);
 
 /// What the run loop asks of its claim.
-pub(crate) trait Claim: Send + Sync {
+pub(crate) trait Holding: Send + Sync {
     /// Prove the claim before a call (and, for a `mutating` one, count it
     /// against `budgets`): the lease is still this run's, the fleet's kill
     /// switch is off, the budget holds.
@@ -37,7 +37,7 @@ pub(crate) trait Claim: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 }
 
-impl Claim for Lease {
+impl Holding for Lease {
     fn fence<'a>(
         &'a self,
         mutating: bool,

@@ -30,7 +30,7 @@ use crate::planner::{ModelPlanner, Planner, PlannerChoice, StepsPlanner};
 use crate::rules::TriggerResult;
 use crate::state::Admitted;
 use crate::verdict::Verdict;
-use claim::Claim;
+use claim::Holding;
 use run_loop::RunLoop;
 
 pub(crate) use crate::report::RunReport;
@@ -321,7 +321,7 @@ impl Runner {
             },
             None => None,
         };
-        let claim = lease.as_ref().map(|l| l as &dyn Claim);
+        let claim = lease.as_ref().map(|l| l as &dyn Holding);
         // A panic that got past the run loop's own catch (before the run's
         // first line, or in ending it) still ends here: what the run held
         // is given back below and by its caller, as for any other end.
@@ -429,7 +429,7 @@ impl Runner {
         &self,
         req: &RunRequest,
         run_id: &str,
-        lease: Option<&dyn Claim>,
+        lease: Option<&dyn Holding>,
     ) -> Result<RunReport, StartError> {
         let runbook = self
             .config
@@ -680,7 +680,7 @@ fn failure_of(report: &RunReport) -> Option<crate::gate::demotion::Failure> {
 
 #[cfg(test)]
 mod tests {
-    use super::claim::{Claim, Lost};
+    use super::claim::{Holding, Lost};
     use super::*;
     use crate::gate::DenyReason;
     use crate::store::Budgets;
@@ -695,7 +695,7 @@ mod tests {
         handed: std::sync::Mutex<Option<(String, String)>>,
     }
 
-    impl Claim for Told {
+    impl Holding for Told {
         fn fence<'a>(
             &'a self,
             _: bool,

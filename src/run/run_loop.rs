@@ -92,7 +92,7 @@ pub(super) struct RunLoop<'a> {
     pub(super) planner: Planner,
     pub(super) req: &'a RunRequest,
     /// The run's claim in the shared state (PostgreSQL), proved before every call.
-    pub(super) lease: Option<&'a dyn super::Claim>,
+    pub(super) lease: Option<&'a dyn super::Holding>,
     /// The earlier run that saw this run's alert clear, when it came back.
     pub(super) recurred: Option<crate::done_when::Recurred>,
 }
@@ -284,12 +284,12 @@ impl RunLoop<'_> {
 
     /// The fleet budgets this run's tier-2 calls count against on this
     /// machine; with shared state they are counted in each call's fence.
-    fn fleet(&self) -> Option<crate::gate::fleet::Fleet> {
+    fn fleet(&self) -> Option<crate::gate::fleet::BudgetLedger> {
         let settings = &self.runner.config.settings;
         if self.lease.is_some() {
             return None;
         }
-        crate::gate::fleet::Fleet::new(
+        crate::gate::fleet::BudgetLedger::new(
             &settings.state_dir,
             settings.fleet_budget,
             &self.runbook.name,

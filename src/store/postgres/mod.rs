@@ -34,7 +34,7 @@ mod switch;
 pub(crate) use batch::{LeaseWrite, PairRow, RunWrite, TriggerRow, Writes};
 
 use super::{FleetSwitch, StoreError};
-use crate::config::SharedState;
+use crate::config::PostgresSettings;
 
 /// What [`Postgres::check_schema`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +175,7 @@ fn read_url(file: &Path) -> Result<tokio_postgres::Config, StoreError> {
 
 impl Postgres {
     /// The store `state.postgres` names; nothing is connected yet.
-    pub(crate) fn open(shared: &SharedState, replica: &str) -> Result<Postgres, StoreError> {
+    pub(crate) fn open(shared: &PostgresSettings, replica: &str) -> Result<Postgres, StoreError> {
         let mut config = read_url(&shared.url_file)?;
         let op = op_timeout(shared.lease);
         config.connect_timeout(op);
@@ -447,7 +447,7 @@ pub(crate) mod tests {
         let url = dir.path().join("url");
         std::fs::write(&url, pg.url()).unwrap();
         std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let shared = crate::config::SharedState {
+        let shared = crate::config::PostgresSettings {
             url_file: url,
             lease: std::time::Duration::from_secs(30),
             ca_file: None,
