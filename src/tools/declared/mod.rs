@@ -483,10 +483,15 @@ fn escape_unless_marker(s: &str) -> String {
     }
 }
 
-/// The values `pattern` reads from `text`: its named groups, each a token
-/// (1-128 characters, nothing blank or invisible) or absent.
+/// The values `pattern` reads from `text`: its named groups, each held to
+/// what a declared string takes by default (`[A-Za-z0-9._:@-]`, at most
+/// 128 characters, no leading `-`, no `..`), or absent. A value goes into
+/// `verify`'s argv: it may not become a flag or climb out of a path.
 fn read_values(pattern: &regex::Regex, text: &str) -> BTreeMap<String, String> {
     let Some(caps) = pattern.captures(text) else {
+        return BTreeMap::new();
+    };
+    let Ok(safe) = value::safe() else {
         return BTreeMap::new();
     };
     pattern
@@ -494,11 +499,8 @@ fn read_values(pattern: &regex::Regex, text: &str) -> BTreeMap<String, String> {
         .flatten()
         .filter_map(|name| {
             let v = caps.name(name)?.as_str();
-            let token = !v.is_empty()
-                && v.len() <= 128
-                && !v
-                    .chars()
-                    .any(|c| c.is_whitespace() || c.is_control() || crate::text::invisible(c));
+            let token =
+                v.len() <= 128 && safe.is_match(v) && !v.starts_with('-') && !v.contains("..");
             token.then(|| (name.to_string(), v.to_string()))
         })
         .collect()
@@ -900,7 +902,7 @@ async fn capture(
         .find(|n| !read.contains_key(*n))
     {
         Some(missing) => Err(format!(
-            "read no {missing} from its output (1-128 characters, no blank): {}",
+            "read no {missing} from its output (1-128 characters of [A-Za-z0-9._:@-], no leading `-`, no `..`): {}",
             kept(&out.stdout_text()).lines().next().unwrap_or("")
         )),
         None => Ok(read),
@@ -944,6 +946,20 @@ pub(crate) fn said(data: &Value) -> Option<String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What `capture:` reads goes into verify's argv: a flag, a path that
+    /// climbs, a blank or a second word is no value.
+    #[test]
+    fn a_captured_value_is_a_plain_token_or_nothing() {
+        let re = regex::Regex::new(r"(?m)^pid: (?P<pid>.+)$").unwrap();
+        assert_eq!(read_values(&re, "pid: 4107\n")["pid"], "4107");
+        for bad in ["-rf", "../etc", "a/b", "two words", "x;y"] {
+            assert!(
+                read_values(&re, &format!("pid: {bad}\n")).is_empty(),
+                "{bad}"
+            );
+        }
+    }
 
     /// A config with one host (paths: `root/allowed`, with a link in it
     /// to `root/outside`) and one declared tool `t`; the tool and the host.
