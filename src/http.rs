@@ -372,6 +372,10 @@ async fn metrics(State(s): State<AppState>) -> Response {
     if now > seen {
         s.metrics.audit_write_failures.inc_by(now - seen);
     }
+    let (seen, now) = (s.metrics.audit_syncs.get(), s.audit.syncs());
+    if now > seen {
+        s.metrics.audit_syncs.inc_by(now - seen);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -47,6 +47,8 @@ pub(crate) struct Metrics {
     pub(crate) triggers_capped: IntCounterVec,
     /// `runwarden_audit_write_failures_total`.
     pub(crate) audit_write_failures: IntCounter,
+    /// `runwarden_audit_syncs_total`.
+    pub(crate) audit_syncs: IntCounter,
     /// Runs a panic ended (a bug in runwarden), by runbook.
     pub(crate) internal_errors: IntCounterVec,
     /// `runwarden_alert_clear_seconds`: from a run's last call to its alert's clear.
@@ -193,6 +195,13 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(audit_write_failures.clone()))
+            .expect("metric registered once");
+        let audit_syncs = IntCounter::new(
+            "runwarden_audit_syncs_total",
+            "Device flushes (fdatasync) that made audit lines durable; concurrent runs share one (group commit).",
+        )
+        .expect("metric");
+        r.register(Box::new(audit_syncs.clone()))
             .expect("metric registered once");
         let config_last_reload_successful = IntGauge::new(
             "runwarden_config_last_reload_successful",
@@ -350,6 +359,7 @@ impl Metrics {
                 &["runbook", "host"],
             ),
             audit_write_failures,
+            audit_syncs,
             internal_errors: counter(
                 r,
                 "runwarden_internal_errors_total",

@@ -96,6 +96,9 @@ pub fn stamp_taking(root: &Path, marks: &Path, takes: Duration) -> std::path::Pa
             micros = takes.as_micros()
         ),
     );
+    // A tier-1 tool runs as the observer's user: it must reach the program
+    // (a temporary directory is its owner's alone).
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let program = root.join("first-call");
     let out = Command::new("rustc")
         .args(["-O", "--edition", "2021", "-o"])
@@ -141,7 +144,12 @@ pub fn start_quiet(dir: &Path) -> Daemon {
 }
 
 fn spawn_daemon(dir: &Path, level: &str, log: Stdio) -> Daemon {
-    spawn_binary(Path::new(env!("CARGO_BIN_EXE_runwarden")), dir, level, log)
+    // `RUNWARDEN_BENCH_BIN=PATH`: another build (an earlier release) in
+    // this build's place, to compare the two on the same machine.
+    let bin = std::env::var_os("RUNWARDEN_BENCH_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_runwarden").into());
+    spawn_binary(&bin, dir, level, log)
 }
 
 /// `bin serve` on a free loopback port, logging at `level`: another build
