@@ -129,7 +129,7 @@ if [ "$1" = configure ]; then
   if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
     # An upgrade ($2: the version it replaces): a running daemon restarts on
-    # the new binary (a run in flight ends `interrupted`, see the README);
+    # the new binary (a run in flight ends `interrupted`, see docs/install.md);
     # the agent socket keeps listening, and new connections get the new agent.
     if [ -n "$2" ]; then
       systemctl try-restart runwarden.service || true

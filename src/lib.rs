@@ -22,8 +22,8 @@
 //!     └ audit.result(dispatched, &result); transcript += result
 //! ```
 //!
-//! The modules form layers: every import goes down the order the README's
-//! Layout draws (`tests/fast/layers.rs` holds the code to it). The leaves:
+//! The modules form layers: every import goes down the order docs/code.md's
+//! Layers section draws (`tests/fast/layers.rs` holds the code to it). The leaves:
 //! [`text`], [`files`], [`secret`], [`process`] (spawning argv,
 //! crate-private), [`verdict`], [`origin`] (what started a run), [`host`]
 //! (a host's allowlists), [`signing`] (signed tier-2 permits), [`runlock`],

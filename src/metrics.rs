@@ -139,7 +139,7 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> prometh
 impl Metrics {
     /// Every family, registered in `registry`. Long as a table is long: one
     /// definition per family, its name, help and labels beside each other,
-    /// in the order the README's metrics table lists them.
+    /// in the order docs/observability.md's metrics table lists them.
     pub(crate) fn new(registry: Registry) -> Metrics {
         let r = &registry;
         let run_duration = HistogramVec::new(

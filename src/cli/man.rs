@@ -7,50 +7,93 @@ use std::path::Path;
 
 use super::{Cli, Exit, Failed};
 
-/// The sections after the generated ones, in roff.
-const EXTRA: &str = r#".SH "EXIT STATUS"
-.TP
-\fB0\fR
-Success: a run's verdict \fBok\fR, a clean \fBcheck\fR or \fBaudit verify\fR, a released kill switch (\fBkill-switch status\fR).
-.TP
-\fB1\fR
-A run \fBfailed\fR; \fBkill-switch status\fR: a switch is engaged.
-.TP
-\fB2\fR
-Usage or configuration error (nothing ran), a broken audit chain, or no configuration found.
-.TP
-\fB3\fR, \fB4\fR, \fB5\fR, \fB6\fR
-A run's verdict: \fBdenied\fR, \fBstep_limit\fR, \fBbudget_exhausted\fR, \fBbroken\fR (or, through the daemon, \fBinterrupted\fR).
-.TP
-\fB7\fR
-\fBhalted\fR: the kill switch stopped the run, or refused to start it.
-.TP
-\fB75\fR
-Another run of this runbook on this host is in progress: nothing ran, try again.
-.SH FILES
+/// The README's front page: the on-call card and the exit codes are
+/// written there once, and the manual prints them from it.
+const README: &str = include_str!("../../README.md");
+
+/// What the README holds between `<!-- MARK` and `<!-- end`.
+fn marked(mark: &str) -> &'static str {
+    README
+        .split_once(&format!("<!-- {mark}"))
+        .and_then(|(_, rest)| rest.split_once("-->"))
+        .and_then(|(_, rest)| rest.split_once("<!-- end"))
+        .map_or("", |(block, _)| block)
+}
+
+/// Text as roff reads it literally: backslashes and dashes escaped, no
+/// line taken for a request.
+fn roff(text: &str) -> String {
+    let t = text.replace('\\', "\\e").replace('-', "\\-");
+    match t.starts_with(['.', '\'']) {
+        true => format!("\\&{t}"),
+        false => t,
+    }
+}
+
+/// Markdown's inline code as bold.
+fn bold_code(text: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in roff(text).split('`').enumerate() {
+        match i % 2 {
+            1 => out += &format!("\\fB{part}\\fR"),
+            _ => out += part,
+        }
+    }
+    out
+}
+
+/// The sections after the generated ones, in roff: exit status and
+/// on-call from the README, files from here.
+fn extra() -> String {
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    for row in marked("exit codes").lines() {
+        let cells: Vec<&str> = row
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        let [code, verdict, meaning] = cells[..] else {
+            continue;
+        };
+        if !code.chars().all(|c| c.is_ascii_digit()) || code.is_empty() {
+            continue;
+        }
+        let verdict = match verdict {
+            "-" => String::new(),
+            v => format!("{}: ", bold_code(v)),
+        };
+        out += &format!(".TP\n\\fB{code}\\fR\n{verdict}{}\n", bold_code(meaning));
+    }
+    out += FILES;
+    out += ".SH ON\\-CALL\n.nf\n";
+    let card = marked("on-call card");
+    let block = card
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map_or("", |(block, _)| block);
+    for line in block.lines() {
+        out += &roff(line);
+        out.push('\n');
+    }
+    out += ".fi\n";
+    out
+}
+
+/// The files a person looks for, in roff.
+const FILES: &str = r#".SH FILES
 .TP
 \fI/etc/runwarden\fR
-The packaged configuration directory: \fIrunwarden.yaml\fR, \fIhosts/*.yaml\fR, \fIrunbooks/*.yaml\fR, the secret files, and \fIagent.yaml\fR (this machine's agent policy). Commands use \fB\-\-config\fR, else \fBRUNWARDEN_CONFIG\fR, else the current directory if it holds \fIrunwarden.yaml\fR, else this directory.
+The packaged configuration directory: \fIrunwarden.yaml\fR, \fIhosts/*.yaml\fR, \fIrunbooks/*.yaml\fR, \fItools/*.yaml\fR, the secret files, and \fIagent.yaml\fR (this machine's agent policy). Commands use \fB\-\-config\fR, else \fBRUNWARDEN_CONFIG\fR, else the current directory if it holds \fIrunwarden.yaml\fR, else this directory.
 .TP
 \fI/etc/runwarden/kill\-switch/\fR
 The kill switch: \fIENGAGED\fR stops every run, \fIRUNBOOK.ENGAGED\fR one runbook's.
 .TP
 \fI/var/lib/runwarden/\fR
-The daemon's state: \fIaudit.jsonl\fR (the hash\-chained audit log), \fIpermit.key\fR, run locks.
+The daemon's state: \fIaudit.jsonl\fR (the hash\-chained audit log) and its closed segments, \fIpermit.key\fR, run locks.
 .TP
 \fI/var/lib/runwarden\-agent/\fR
 Root's agent: its own audit log and the record of the permits it spent.
-.SH ON\-CALL
-.nf
-runwarden kill\-switch engage \-\-reason "INC\-123"            # stop every run, now
-runwarden kill\-switch engage \-\-reason "..." \-\-for 2h       # releases itself
-runwarden kill\-switch status                              # what is engaged, where, how long
-runwarden kill\-switch release                             # says what stays engaged
-runwarden runs \-\-since 12h                                 # what ran, and which alert started it
-runwarden transcript RUN_ID                               # one run as a person reads it
-runwarden audit verify                                    # the chain, and the journal's heads
-journalctl \-u runwarden \-p warning                         # warnings and errors only
-.fi
 "#;
 
 /// Print the main page, or write every page (one per subcommand) to `dir`.
@@ -60,7 +103,7 @@ pub(super) fn man(dir: Option<&Path>) -> Exit {
     let mut main = Vec::new();
     clap_mangen::Man::new(cmd.clone())
         .render(&mut main)
-        .and_then(|()| main.write_all(EXTRA.as_bytes()))
+        .and_then(|()| main.write_all(extra().as_bytes()))
         .map_err(|e| Failed::code(1, format!("cannot render the manual page: {e}")))?;
     let Some(dir) = dir else {
         print!("{}", String::from_utf8_lossy(&main));

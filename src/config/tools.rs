@@ -414,7 +414,7 @@ fn check_tier_parts(raw: &ToolFile, tier: Tier, file: &Path, diags: &mut Diagnos
     }
 }
 
-/// One argument's declaration. Long as the README's table of argument
+/// One argument's declaration. Long as docs/tools.md's table of argument
 /// kinds is: one arm per kind, each holding the fields that kind takes and
 /// what its values may be, read top to bottom as that table.
 fn argument(name: &str, decl: &S<ArgDecl>, file: &Path, diags: &mut Diagnostics) -> Option<Arg> {

@@ -1,5 +1,5 @@
 //! The crate's top-level modules form layers, and the order is written
-//! once: the README's Layout holds it (a numbered list of layers, highest
+//! once: docs/code.md's Layers section holds it (a numbered list of layers, highest
 //! first), and this test holds the code to it. A module is a file or folder
 //! directly under `src/` (not `lib.rs` or `main.rs`); `A` imports `B` when
 //! `A`'s code outside its `#[cfg(test)]` items names a `crate::B` path, doc
@@ -100,14 +100,14 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     edges
 }
 
-/// The README's layers: module -> its layer's number (1 is the lowest).
-/// The block is the fenced one after `### Layers`, a line per layer:
+/// docs/code.md's layers: module -> its layer's number (1 is the lowest).
+/// The block is the fenced one after `## Layers`, a line per layer:
 /// `NUMBER  module, module  what they are`.
 fn layers(readme: &str) -> BTreeMap<String, u32> {
     let section = readme
-        .split("\n### Layers\n")
+        .split("\n## Layers\n")
         .nth(1)
-        .expect("the README has a `### Layers` section");
+        .expect("docs/code.md has a `## Layers` section");
     let block = section
         .split("```")
         .nth(1)
@@ -122,7 +122,7 @@ fn layers(readme: &str) -> BTreeMap<String, u32> {
         for m in c[2].split(", ") {
             assert!(
                 out.insert(m.to_string(), n).is_none(),
-                "{m} is in two layers of the README"
+                "{m} is in two layers of docs/code.md"
             );
         }
     }
@@ -142,7 +142,7 @@ fn without_tests_skips_test_items_and_keeps_the_rest_of_the_file() {
 }
 
 #[test]
-fn every_import_goes_down_the_layers_the_readme_draws() {
+fn every_import_goes_down_the_layers_the_code_page_draws() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let edges = imports(&root.join("src"));
     assert!(edges.len() > 20, "the walk found the modules: {edges:?}");
@@ -150,12 +150,12 @@ fn every_import_goes_down_the_layers_the_readme_draws() {
         edges["run"].contains("gate"),
         "and their imports: {edges:?}"
     );
-    let layer = layers(&std::fs::read_to_string(root.join("README.md")).unwrap());
+    let layer = layers(&std::fs::read_to_string(root.join("docs/code.md")).unwrap());
     let modules: BTreeSet<&String> = edges.keys().collect();
     let drawn: BTreeSet<&String> = layer.keys().collect();
     assert_eq!(
         modules, drawn,
-        "every module of src/ is in exactly one of the README's layers"
+        "every module of src/ is in exactly one of docs/code.md's layers"
     );
     let upward: Vec<String> = edges
         .iter()

@@ -25,6 +25,7 @@ mod history;
 mod layers;
 #[path = "../support/agent.rs"]
 mod local_agent;
+mod manual;
 mod model;
 mod oncall;
 mod reload;
