@@ -436,36 +436,47 @@ async fn capped(
             }
         },
     };
+    let now = jiff::Timestamp::now();
     let mut out = Vec::new();
     for r in config.runbooks.values() {
         let Some(cap) = r.max_runs else { continue };
-        let mut hosts: Vec<(String, i64, jiff::Timestamp)> = Vec::new();
-        match (fleet, &record) {
-            (Some(store), _) => match store.capped(&r.name, cap.count, cap.per).await {
-                Ok(h) => hosts = h,
+        // Each host's recent starts, as how long ago: the fleet's rows or
+        // this machine's record; whether they cap it is the rule's.
+        let starts: Vec<(String, Vec<std::time::Duration>)> = match (fleet, &record) {
+            (Some(store), _) => match store.recent_starts(&r.name, cap.per).await {
+                Ok(h) => h,
                 Err(e) => return (out, Some(format!("the fleet's max_runs: {e}"))),
             },
-            (None, Some(record)) => {
-                let since = jiff::Timestamp::now()
-                    - jiff::SignedDuration::try_from(cap.per).unwrap_or_default();
-                for h in &r.hosts {
+            (None, Some(record)) => r
+                .hosts
+                .iter()
+                .map(|h| {
                     let key = (r.name.clone(), h.to_string());
-                    let starts: Vec<&jiff::Timestamp> = record
+                    let ago = record
                         .starts
                         .get(&key)
-                        .map(|s| s.iter().filter(|t| **t > since).collect())
+                        .map(|s| {
+                            s.iter()
+                                .map(|t| {
+                                    std::time::Duration::try_from(now.duration_since(*t))
+                                        .unwrap_or_default()
+                                })
+                                .collect()
+                        })
                         .unwrap_or_default();
-                    if starts.len() >= cap.count as usize
-                        && let Some(oldest) = starts.iter().min()
-                    {
-                        hosts.push((h.to_string(), starts.len() as i64, **oldest));
-                    }
-                }
-            }
-            (None, None) => {}
-        }
+                    (h.to_string(), ago)
+                })
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        let hosts = starts.into_iter().filter_map(|(host, ago)| {
+            let capped = crate::rules::admission::capped(cap, &ago)?;
+            let oldest =
+                now - jiff::SignedDuration::try_from(capped.oldest_ago).unwrap_or_default();
+            Some((host, capped.runs as i64, oldest))
+        });
         let per = jiff::SignedDuration::try_from(cap.per).unwrap_or_default();
-        out.extend(hosts.into_iter().map(|(host, runs, oldest)| {
+        out.extend(hosts.map(|(host, runs, oldest)| {
             Capped {
                 runbook: r.name.clone(),
                 host,

@@ -90,9 +90,30 @@ pub(crate) fn decide(facts: &Facts<'_>, trigger: &Terms<'_>) -> Option<TriggerRe
             });
         }
     }
-    let cap = trigger.cap?;
-    let recent = facts.started_ago.iter().filter(|a| **a < cap.per).count();
-    (recent >= cap.count as usize).then_some(TriggerResult::Capped)
+    capped(trigger.cap?, facts.started_ago).map(|_| TriggerResult::Capped)
+}
+
+/// Where `max_runs` holds a (runbook, host) now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capped {
+    /// Its runs started inside the window.
+    pub(crate) runs: usize,
+    /// How long ago the oldest of them started: when that leaves the
+    /// window, triggers start runs again.
+    pub(crate) oldest_ago: Duration,
+}
+
+/// `max_runs` against how long ago each of a pair's runs started: `Some`
+/// while the runs inside its window reach its count. Admission refuses a
+/// trigger on it, and `kill-switch status` lists the pair as `CAPPED`
+/// (one machine's record or the fleet's rows alike).
+pub(crate) fn capped(cap: MaxRuns, started_ago: &[Duration]) -> Option<Capped> {
+    let recent = started_ago.iter().filter(|a| **a < cap.per);
+    let runs = recent.clone().count();
+    (runs >= cap.count as usize).then(|| Capped {
+        runs,
+        oldest_ago: recent.max().copied().unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
@@ -179,5 +200,34 @@ mod tests {
         for (i, (got, want)) in rows.iter().enumerate() {
             assert_eq!(got, want, "row {i}");
         }
+    }
+
+    /// `max_runs` holds while the runs inside its window reach its count,
+    /// and says when the oldest of them leaves it; runs started before the
+    /// window do not count.
+    #[test]
+    fn max_runs_caps_on_the_runs_inside_its_window() {
+        let cap = MaxRuns {
+            count: 2,
+            per: HOUR,
+        };
+        let ago = |s: &[u64]| {
+            s.iter()
+                .map(|s| Duration::from_secs(*s))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(capped(cap, &ago(&[10])), None);
+        assert_eq!(
+            capped(cap, &ago(&[10, 4000])),
+            None,
+            "one is past the window"
+        );
+        assert_eq!(
+            capped(cap, &ago(&[10, 600, 4000])),
+            Some(Capped {
+                runs: 2,
+                oldest_ago: Duration::from_secs(600)
+            })
+        );
     }
 }

@@ -267,25 +267,24 @@ impl Postgres {
         .await
     }
 
-    /// The hosts on which `runbook` started `count` runs or more within
-    /// `per` (its `max_runs` reached): each host, its runs in the window,
-    /// and when the oldest of them started.
-    pub(crate) async fn capped(
+    /// How long ago each run of `runbook` started within `per`, by host
+    /// (the fleet's rows, on the database's clock): what
+    /// [`crate::rules::admission::capped`] decides `max_runs` on.
+    pub(crate) async fn recent_starts(
         &self,
         runbook: &str,
-        count: u32,
         per: Duration,
-    ) -> Result<Vec<(String, i64, jiff::Timestamp)>, StoreError> {
-        let (ms, count) = (millis(per), i64::from(count));
+    ) -> Result<Vec<(String, Vec<Duration>)>, StoreError> {
+        let ms = millis(per);
         let rows = self
             .with("counting the fleet's recent runs", |c| async move {
                 c.query(
-                    "SELECT host, count(*), (extract(epoch FROM min(started_at)) * 1000)::bigint
+                    "SELECT host, array_agg((extract(epoch FROM clock_timestamp() - started_at) * 1000)::bigint)
                      FROM runwarden_runs
                      WHERE runbook = $1 AND recorded AND status <> 'not_started'
                        AND started_at > clock_timestamp() - $2::bigint * interval '1 millisecond'
-                     GROUP BY host HAVING count(*) >= $3 ORDER BY host",
-                    &[&runbook, &ms, &count],
+                     GROUP BY host ORDER BY host",
+                    &[&runbook, &ms],
                 )
                 .await
             })
@@ -293,8 +292,12 @@ impl Postgres {
         Ok(rows
             .iter()
             .map(|r| {
-                let oldest = jiff::Timestamp::from_millisecond(r.get(2)).unwrap_or_default();
-                (r.get(0), r.get(1), oldest)
+                let ago: Vec<i64> = r.get(1);
+                let ago = ago
+                    .into_iter()
+                    .map(|ms| Duration::from_millis(ms.max(0) as u64))
+                    .collect();
+                (r.get(0), ago)
             })
             .collect())
     }
