@@ -19,6 +19,11 @@
 //! Why one file: the accept loop's limits, the request
 //! guard and the handlers are the whole HTTP surface, and reading them
 //! together is how the surface is reviewed.
+//!
+//! One file: every route meets the same admission (browser refusal, content
+//! type, token, `Host`), and the handlers are thin: each hands its request
+//! to the module that owns the concept (trigger, scheduler, approvals,
+//! MCP).
 
 use std::sync::Arc;
 
@@ -752,30 +757,40 @@ fn retry_why(s: &AppState) -> &'static str {
 /// rather than taken as a live notification: a `plan` of another value or
 /// spelling (`plan=yes`, a bare `plan`, `PLAN=1`, `plan=1%00`), a repeated
 /// `plan`, or a parameter the webhook does not take.
-fn plan_asked(query: Option<&str>) -> Result<bool, String> {
+fn plan_asked(query: Option<&str>) -> Result<bool, BadQuery> {
     let mut plan = None;
     for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        let shown = crate::text::one_line(&key);
         if key != "plan" {
-            return Err(format!(
-                "unknown query parameter {shown:?}: the webhook takes only plan=true or plan=false; nothing was started"
-            ));
+            return Err(BadQuery::Unknown(crate::text::one_line(&key)));
         }
         let asked = match value.as_ref() {
             "1" | "true" => true,
             "0" | "false" => false,
-            other => {
-                return Err(format!(
-                    "plan={:?} is neither true nor false (plan=true plans, plan=false or no plan runs); nothing was started",
-                    crate::text::one_line(other)
-                ));
-            }
+            other => return Err(BadQuery::NotABool(crate::text::one_line(other))),
         };
         if plan.replace(asked).is_some() {
-            return Err("plan is given twice; nothing was started".into());
+            return Err(BadQuery::Twice);
         }
     }
     Ok(plan.unwrap_or(false))
+}
+
+/// Why the webhook's query is refused (400, and nothing is started).
+#[derive(Debug, thiserror::Error)]
+enum BadQuery {
+    /// A parameter other than `plan` (shown on one line).
+    #[error(
+        "unknown query parameter {0:?}: the webhook takes only plan=true or plan=false; nothing was started"
+    )]
+    Unknown(String),
+    /// `plan` of another value or spelling.
+    #[error(
+        "plan={0:?} is neither true nor false (plan=true plans, plan=false or no plan runs); nothing was started"
+    )]
+    NotABool(String),
+    /// `plan` twice.
+    #[error("plan is given twice; nothing was started")]
+    Twice,
 }
 
 /// What a notification would do here, each run it would start planned

@@ -221,7 +221,7 @@ fn unlistable<'a>(
             if let Err(why) = d.every_call(host)
                 && !out.iter().any(|(n, _)| *n == d.name)
             {
-                out.push((d.name.clone(), why));
+                out.push((d.name.clone(), why.to_string()));
             }
         }
     }

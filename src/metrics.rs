@@ -6,6 +6,10 @@
 //! (runbooks, hosts, tools) and fixed enums (verdicts, outcomes, reasons),
 //! never from alert payloads or tool output, so the series count is bounded
 //! by the config.
+//!
+//! One file: every collector is defined and registered in one place, in the
+//! order the metrics page lists them, so the interface alert rules depend
+//! on is read at once.
 #![allow(
     clippy::expect_used,
     reason = "metric names, help texts and labels are constants: a bad one is a bug every test that starts the daemon catches, not a runtime condition"
@@ -139,7 +143,7 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> prometh
 impl Metrics {
     /// Every family, registered in `registry`. Long as a table is long: one
     /// definition per family, its name, help and labels beside each other,
-    /// in the order docs/observability.md's metrics table lists them.
+    /// in the order docs/observability.md lists them.
     pub(crate) fn new(registry: Registry) -> Metrics {
         let r = &registry;
         let run_duration = HistogramVec::new(

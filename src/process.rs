@@ -25,6 +25,9 @@
 //! Why one file: the spawn, the wait, the kill of the
 //! process group and the sweep of escapees are one lifecycle; a third of the
 //! file is its unit tests.
+//!
+//! One file: the only place a process is started, so every guarantee above
+//! is checked in one place; the observer's sandbox is `sandbox`.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -361,10 +364,11 @@ fn start(
     // Every layer there is; with no Landlock here at all, as it is (a
     // built-in's argv is fixed in code). A spawner that could not be made
     // where Landlock exists fails closed.
-    match crate::sandbox::observing(connect).map_err(unconfined)? {
+    let confined = |e: crate::sandbox::Unconfined| unconfined(e.to_string());
+    match crate::sandbox::observing(connect).map_err(confined)? {
         Some(observer) => observer
             .spawn(move || escapees::spawn(|| command.spawn()))
-            .map_err(unconfined),
+            .map_err(confined),
         None => Ok(escapees::spawn(|| command.spawn())),
     }
 }

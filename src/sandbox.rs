@@ -40,6 +40,10 @@
 //! tier-1 tools then run with the layers there are (their argv is fixed in
 //! code); declared ones refuse unless the host sets `unsandboxed_tier1:
 //! allow`.
+//!
+//! One file: what this machine enforces, the spawner threads that apply
+//! it and why a layer is missing are one confinement, found once per
+//! process; apart, each would have to agree with the others on it.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -102,6 +106,55 @@ impl Status {
     }
 }
 
+/// Why a layer of the observer's confinement does not hold here, or why a
+/// tier-1 process could not be started inside it. A process that cannot be
+/// confined is not started (the process runner refuses it); `check`, the daemon's
+/// start and the metrics say which layer is missing and this says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unconfined {
+    /// The kernel has no Landlock, or it is off.
+    #[error("this kernel does not enforce Landlock: boot it with Landlock in the lsm= list ({0})")]
+    NoLandlock(&'static str),
+    /// The kernel's Landlock is older than the layer needs.
+    #[error("this kernel's Landlock is ABI {has}; {what} needs ABI {needs}")]
+    OldLandlock {
+        /// The kernel's ABI.
+        has: i64,
+        /// The ABI the layer needs.
+        needs: i64,
+        /// The layer, in words.
+        what: &'static str,
+    },
+    /// Neither the observer's account nor `nobody` exists.
+    #[error(
+        "there is no user {OBSERVER} nor {FALLBACK} (the package makes {OBSERVER}; by hand: `useradd --system --no-create-home --shell /usr/sbin/nologin --groups {JOURNAL_GROUP} {OBSERVER}`), so tier-1 processes would run as root"
+    )]
+    NoObserver,
+    /// The account found has uid 0.
+    #[error("the user {0} is root")]
+    ObserverIsRoot(String),
+    /// A credential system call of the spawner thread failed.
+    #[error("{what}: {errno}")]
+    Credentials {
+        /// What it was doing.
+        what: &'static str,
+        /// What the kernel said.
+        errno: nix::errno::Errno,
+    },
+    /// Landlock refused the ruleset or a rule.
+    #[error("Landlock refused the observer's ruleset: {0}")]
+    Ruleset(String),
+    /// The ruleset was made but not (wholly) enforced.
+    #[error("this kernel enforces {0}")]
+    NotEnforced(String),
+    /// The spawner thread could not be started, or is gone.
+    #[error("the observer spawner thread {0}")]
+    Spawner(&'static str),
+    /// The benches' switch (feature `internals`).
+    #[error("switched off by the bench")]
+    OffForBench,
+}
+
 /// Who a tier-1 process runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Identity {
@@ -123,7 +176,7 @@ struct Layers {
     /// The kernel's Landlock ABI (0: none).
     abi: i64,
     /// The observer's identity, or why there is none.
-    identity: Result<Identity, String>,
+    identity: Result<Identity, Unconfined>,
 }
 
 /// This machine's layers, found once.
@@ -151,11 +204,12 @@ fn kernel_abi() -> i64 {
     v.max(0)
 }
 
-fn identity() -> Result<Identity, String> {
-    // The bench's question: what the identity alone adds to a spawn.
+fn identity() -> Result<Identity, Unconfined> {
+    // The bench's question: what the identity alone adds to a spawn
+    // (RUNWARDEN_BENCH_NO_IDENTITY).
     #[cfg(feature = "internals")]
     if std::env::var_os("RUNWARDEN_BENCH_NO_IDENTITY").is_some() {
-        return Err("switched off by the bench (RUNWARDEN_BENCH_NO_IDENTITY)".into());
+        return Err(Unconfined::OffForBench);
     }
     let euid = nix::unistd::geteuid();
     if !euid.is_root() {
@@ -166,13 +220,9 @@ fn identity() -> Result<Identity, String> {
     let user = [OBSERVER, FALLBACK]
         .into_iter()
         .find_map(|name| nix::unistd::User::from_name(name).ok().flatten())
-        .ok_or_else(|| {
-            format!(
-                "there is no user {OBSERVER} nor {FALLBACK} (the package makes {OBSERVER}; by hand: `useradd --system --no-create-home --shell /usr/sbin/nologin --groups {JOURNAL_GROUP} {OBSERVER}`), so tier-1 processes would run as root"
-            )
-        })?;
+        .ok_or(Unconfined::NoObserver)?;
     if user.uid.is_root() {
-        return Err(format!("the user {} is root", user.name));
+        return Err(Unconfined::ObserverIsRoot(user.name));
     }
     let mut groups = vec![user.gid.as_raw()];
     if let Ok(Some(journal)) = nix::unistd::Group::from_name(JOURNAL_GROUP) {
@@ -199,28 +249,24 @@ pub fn observer() -> String {
 
 /// Each layer: `Ok` where it holds, else why not. Found once: what this
 /// machine enforces does not change while the process runs.
-pub fn layers() -> Vec<(Layer, Result<(), String>)> {
+pub fn layers() -> Vec<(Layer, Result<(), Unconfined>)> {
     #[cfg(feature = "internals")]
     if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
         return found_layers()
             .iter()
-            .map(|(l, _)| (*l, Err("switched off by the bench".into())))
+            .map(|(l, _)| (*l, Err(Unconfined::OffForBench)))
             .collect();
     }
     found_layers().to_vec()
 }
 
-fn found_layers() -> &'static [(Layer, Result<(), String>)] {
-    static LAYERS: OnceLock<Vec<(Layer, Result<(), String>)>> = OnceLock::new();
+fn found_layers() -> &'static [(Layer, Result<(), Unconfined>)] {
+    static LAYERS: OnceLock<Vec<(Layer, Result<(), Unconfined>)>> = OnceLock::new();
     LAYERS.get_or_init(|| {
         let f = found();
-        let landlock = |needs: i64, what: &str| match f.abi {
-            0 => Err(format!(
-                "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list ({what})"
-            )),
-            abi if abi < needs => Err(format!(
-                "this kernel's Landlock is ABI {abi}; {what} needs ABI {needs}"
-            )),
+        let landlock = |needs: i64, what: &'static str| match f.abi {
+            0 => Err(Unconfined::NoLandlock(what)),
+            has if has < needs => Err(Unconfined::OldLandlock { has, needs, what }),
             _ => Ok(()),
         };
         vec![
@@ -274,8 +320,8 @@ struct Spawner {
 /// The spawner of tier-1 processes that may connect to `ports` (TCP), made
 /// on first use: one thread per network policy (a declaration's
 /// `connect:` list; the built-ins connect nowhere).
-fn spawner(ports: &[u16]) -> Result<Arc<Spawner>, String> {
-    type Spawners = Mutex<BTreeMap<Vec<u16>, Result<Arc<Spawner>, String>>>;
+fn spawner(ports: &[u16]) -> Result<Arc<Spawner>, Unconfined> {
+    type Spawners = Mutex<BTreeMap<Vec<u16>, Result<Arc<Spawner>, Unconfined>>>;
     static SPAWNERS: OnceLock<Spawners> = OnceLock::new();
     let mut key = ports.to_vec();
     key.sort_unstable();
@@ -289,8 +335,8 @@ fn spawner(ports: &[u16]) -> Result<Arc<Spawner>, String> {
         .clone()
 }
 
-fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
-    let (ready_tx, ready) = sync_channel::<Result<(), String>>(1);
+fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, Unconfined> {
+    let (ready_tx, ready) = sync_channel::<Result<(), Unconfined>>(1);
     let (jobs_tx, jobs) = sync_channel::<Job>(64);
     let started = std::thread::Builder::new()
         .name("runwarden-observe".into())
@@ -303,13 +349,13 @@ fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
                 let _ = ready_tx.send(Err(why));
             }
         });
-    if let Err(e) = started {
-        return Err(format!("cannot start the observer spawner thread: {e}"));
+    if started.is_err() {
+        return Err(Unconfined::Spawner("could not be started"));
     }
     match ready.recv() {
         Ok(Ok(())) => Ok(Arc::new(Spawner { jobs: jobs_tx })),
         Ok(Err(why)) => Err(why),
-        Err(_) => Err("the observer spawner thread ended before it was ready".into()),
+        Err(_) => Err(Unconfined::Spawner("ended before it was ready")),
     }
 }
 
@@ -318,7 +364,7 @@ fn start_spawner(ports: Vec<u16>) -> Result<Arc<Spawner>, String> {
 /// under; a built-in's argv is fixed in code, and `status` refuses a
 /// declared tool's), `Err` where there is and the spawner could not be
 /// made (its identity or ruleset refused): the spawn fails closed.
-pub(crate) fn observing(ports: &[u16]) -> Result<Option<Observing>, String> {
+pub(crate) fn observing(ports: &[u16]) -> Result<Option<Observing>, Unconfined> {
     #[cfg(feature = "internals")]
     if OFF_FOR_BENCH.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(None);
@@ -339,17 +385,17 @@ impl Observing {
     pub(crate) fn spawn<T: Send + 'static>(
         &self,
         spawn: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> Result<T, Unconfined> {
         let (done, result) = sync_channel::<T>(1);
         self.0
             .jobs
             .send(Box::new(move || {
                 let _ = done.send(spawn());
             }))
-            .map_err(|_| "the observer spawner thread is gone".to_string())?;
+            .map_err(|_| Unconfined::Spawner("is gone"))?;
         result
             .recv()
-            .map_err(|_| "the observer spawner thread dropped the spawn".to_string())
+            .map_err(|_| Unconfined::Spawner("dropped the spawn"))
     }
 }
 
@@ -364,7 +410,7 @@ fn serve(jobs: Receiver<Job>) {
 /// there is one, then Landlock with every layer this kernel has. Fails
 /// unless the file layer is enforced (the others are reported by
 /// [`layers`]).
-fn become_observer(ports: &[u16]) -> Result<(), String> {
+fn become_observer(ports: &[u16]) -> Result<(), Unconfined> {
     if let Ok(Identity::Observer {
         uid, gid, groups, ..
     }) = &found().identity
@@ -381,9 +427,12 @@ const CAP_DAC_READ_SEARCH: u32 = 2;
 /// `CAP_DAC_READ_SEARCH`, raised as ambient so what it starts keeps it.
 /// Raw system calls: credentials are per thread in the kernel, and glibc's
 /// wrappers would change every thread of the process.
-fn take_identity(uid: u32, gid: u32, groups: &[u32]) -> Result<(), String> {
+fn take_identity(uid: u32, gid: u32, groups: &[u32]) -> Result<(), Unconfined> {
     use nix::libc;
-    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    let err = |what: &'static str| Unconfined::Credentials {
+        what,
+        errno: nix::errno::Errno::last(),
+    };
     // SAFETY: each call is a plain system call on this thread's own
     // credentials with arguments owned here; none keeps a pointer.
     unsafe {
@@ -451,15 +500,19 @@ fn take_identity(uid: u32, gid: u32, groups: &[u32]) -> Result<(), String> {
 /// write but `/dev/null`, and (where the kernel has them) TCP but to
 /// `ports`, signals and abstract sockets outside. Fails unless the kernel
 /// enforces the file layer.
-fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), String> {
+fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), Unconfined> {
+    const FS: &str = "no filesystem write";
     if abi < 3 {
         return Err(match abi {
-            0 => "this kernel does not enforce Landlock: boot it with Landlock in the lsm= list"
-                .to_string(),
-            n => format!("this kernel's Landlock is ABI {n}; no filesystem write needs ABI 3"),
+            0 => Unconfined::NoLandlock(FS),
+            has => Unconfined::OldLandlock {
+                has,
+                needs: 3,
+                what: FS,
+            },
         });
     }
-    let refused = |e: landlock::RulesetError| format!("Landlock refused the ruleset: {e}");
+    let refused = |e: landlock::RulesetError| Unconfined::Ruleset(e.to_string());
     let mut ruleset = Ruleset::default()
         .handle_access(AccessFs::from_write(ABI::V3))
         .map_err(refused)?;
@@ -474,7 +527,8 @@ fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), String> {
             .map_err(refused)?;
     }
     let mut created = ruleset.create().map_err(refused)?;
-    let null = PathFd::new("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    let null = PathFd::new("/dev/null")
+        .map_err(|e| Unconfined::Ruleset(format!("cannot open /dev/null: {e}")))?;
     created = created
         .add_rule(PathBeneath::new(null, AccessFs::WriteFile))
         .map_err(refused)?;
@@ -485,20 +539,20 @@ fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), String> {
                 .map_err(refused)?;
         }
     }
-    let status = created
-        .restrict_self()
-        .map_err(|e| format!("Landlock refused to restrict the spawner: {e}"))?;
+    let status = created.restrict_self().map_err(refused)?;
     match status.ruleset {
         RulesetStatus::FullyEnforced if status.no_new_privs => Ok(()),
-        RulesetStatus::FullyEnforced => Err("no_new_privs could not be set".into()),
-        RulesetStatus::PartiallyEnforced => Err(format!(
-            "this kernel enforces only part of the observer's Landlock ruleset ({:?})",
-            status.landlock
+        RulesetStatus::FullyEnforced => Err(Unconfined::NotEnforced(
+            "the ruleset but could not set no_new_privs".into(),
         )),
-        RulesetStatus::NotEnforced => Err(format!(
-            "this kernel does not enforce Landlock ({:?}): boot it with Landlock in the lsm= list",
+        RulesetStatus::PartiallyEnforced => Err(Unconfined::NotEnforced(format!(
+            "only part of the observer's Landlock ruleset ({:?})",
             status.landlock
-        )),
+        ))),
+        RulesetStatus::NotEnforced => Err(Unconfined::NotEnforced(format!(
+            "none of the observer's Landlock ruleset ({:?}): boot it with Landlock in the lsm= list",
+            status.landlock
+        ))),
     }
 }
 
@@ -516,7 +570,7 @@ mod tests {
     fn spawn_observing<T: Send + 'static>(
         ports: &[u16],
         spawn: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> Result<T, Unconfined> {
         observing(ports)?
             .expect("this kernel has Landlock")
             .spawn(spawn)

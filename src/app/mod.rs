@@ -14,6 +14,10 @@
 //! `SharedState`, and only the fleet's own workers are given PostgreSQL.
 //! Every worker is wired here; the workers that belong to a concept live
 //! with it.
+//!
+//! One file: the daemon's start and stop mirror each other (what starts
+//! first stops last), which reads best in one place; the workers themselves
+//! live in their modules.
 
 mod switches;
 

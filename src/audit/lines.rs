@@ -2,6 +2,9 @@
 //! typed value (a spent [`Permit`], a [`Denial`], a [`Verdict`]), so a line
 //! cannot claim what did not happen, and the call paths (run, scheduler,
 //! host agent) never set a field by hand.
+//!
+//! One file: one constructor per kind of line, side by side, so a new kind
+//! of line is written like the others and none sets a field by hand.
 
 use serde_json::{Value, json};
 

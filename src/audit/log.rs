@@ -22,6 +22,10 @@
 //! kept: on ext4 on a VM, overwriting preallocated blocks in place synced
 //! no faster than an append (`cargo bench --bench daemon` prints both), so
 //! the log stays a plain file that grows, readable by `tail -f` and `jq`.
+//!
+//! One file: the flock, the chain's head, the torn tail, rotation and group
+//! commit all guard one `Tail` under one lock; apart, each would have to be
+//! right about the others' state.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};

@@ -7,6 +7,10 @@
 //! until a daemon start-up closes it); one with only its `queued` line is
 //! `queued` (or `interrupted`), or `handed` when its line handed it to the
 //! fleet's queue (the log of the replica that took it has the rest).
+//!
+//! One file: listing runs, recovery at start and the history's time bounds
+//! are one reading of the log, and they must agree on what a run's lines
+//! mean.
 
 use std::collections::HashMap;
 use std::fs::File;

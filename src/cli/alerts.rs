@@ -119,7 +119,7 @@ async fn done_when(all: &mut Value, n: &Notification, config: &crate::config::Co
             };
             o["done_when"] = match crate::done_when::preview(&prom, &shape, &clears).await {
                 Ok(v) => v,
-                Err(why) => serde_json::json!({ "error": why }),
+                Err(why) => serde_json::json!({ "error": why.to_string() }),
             };
         }
     }

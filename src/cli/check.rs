@@ -330,7 +330,7 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                 .into_iter()
                 .map(|(layer, held)| (layer.as_str().to_string(), match held {
                     Ok(()) => serde_json::json!(true),
-                    Err(why) => serde_json::json!({ "missing": why }),
+                    Err(why) => serde_json::json!({ "missing": why.to_string() }),
                 }))
                 .collect::<serde_json::Map<_, _>>(),
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),

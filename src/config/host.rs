@@ -1,5 +1,8 @@
 //! Reading a host file into a validated [`Host`]: every allowlist entry
 //! checked, every error named by file, line and field.
+//!
+//! One file: a host's fields and their checks side by side, as a runbook's
+//! are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

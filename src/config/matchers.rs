@@ -101,10 +101,10 @@ impl Matcher {
 }
 
 /// A matcher's value without its quotes (the error becomes `parse`'s).
-fn unquote(v: &str) -> Result<String, String> {
+fn unquote(v: &str) -> Result<String, &'static str> {
     let Some(inner) = v.strip_prefix('"') else {
         if v.contains(|c: char| c == '"' || c.is_whitespace()) {
-            return Err("unquoted values may not contain quotes or spaces".into());
+            return Err("unquoted values may not contain quotes or spaces");
         }
         return Ok(v.to_string());
     };
@@ -122,9 +122,9 @@ fn unquote(v: &str) -> Result<String, String> {
                     out.push('\\');
                     out.push(c);
                 }
-                None => return Err("a trailing backslash".into()),
+                None => return Err("a trailing backslash"),
             },
-            '"' => return Err("an unescaped quote inside the value".into()),
+            '"' => return Err("an unescaped quote inside the value"),
             c => out.push(c),
         }
     }

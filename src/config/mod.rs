@@ -20,6 +20,10 @@
 //! file (bounded, parsed with its locations) is `read`, `runwarden.yaml`'s
 //! settings are `settings`, and what a YAML slip is told (unknown keys,
 //! with a did-you-mean) lives with the diagnostics, in `diag`.
+//!
+//! One file: loading is all or nothing, so the walk over the directory, the
+//! cross-checks between files and the one `Config` they make stay together;
+//! each kind of file is read in a file of its own.
 
 mod diag;
 pub(crate) mod host;

@@ -6,6 +6,9 @@
 //! relative program, a template naming no declared argument, a tier-2 tool
 //! without `verify` (a change that cannot show it took is not run), a value
 //! type it does not know.
+//!
+//! One file: a declaration's fields and their checks side by side, as a
+//! runbook's are, so a field is added in one place.
 
 use std::collections::BTreeMap;
 use std::path::Path;

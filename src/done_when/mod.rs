@@ -16,6 +16,10 @@
 //! (`inconclusive`: Prometheus unreachable, no such rule, an expression
 //! that fails, a run no alert started). A check that could not run is
 //! never an `ok`.
+//!
+//! One file: the wait, its outcomes and the recurrence bookkeeping share
+//! the evidence they record; choosing the series, which is pure, is
+//! `series`.
 
 pub(crate) mod series;
 
@@ -143,11 +147,16 @@ impl Known {
     }
 
     /// The series that is `alert`, or why none can be named.
-    pub(crate) fn watched(&self, alert: &Value, clears: &AlertClears) -> Result<Watched, String> {
+    pub(crate) fn watched(
+        &self,
+        alert: &Value,
+        clears: &AlertClears,
+    ) -> Result<Watched, Unknowable> {
         let (labels, fingerprint, generator) = alert_parts(alert);
-        let name = labels.get("alertname").cloned().ok_or_else(|| {
-            "the alert has no alertname label: there is no rule to ask about".to_string()
-        })?;
+        let name = labels
+            .get("alertname")
+            .cloned()
+            .ok_or(Unknowable::NoAlertname)?;
         let rules = series::rules_of(&self.rules, &labels, generator.as_deref());
         let global = self.server.evaluation_interval.unwrap_or(DEFAULT_INTERVAL);
         let external = &self.server.external_labels;
@@ -155,11 +164,7 @@ impl Known {
         let (found, interval, keep_firing_for, source) = if rules.is_empty() {
             // No rule of that name and those labels here: the expression
             // the alert itself links to, with no static labels known.
-            let expr = generator.ok_or_else(|| {
-                format!(
-                    "Prometheus has no alerting rule {name} whose static labels this alert carries, and the alert has no generatorURL to read its expression from"
-                )
-            })?;
+            let expr = generator.ok_or_else(|| Unknowable::NoRule(name.clone()))?;
             let wanted = Wanted::of(&labels, &BTreeMap::new(), external, ignore);
             (
                 vec![(expr, wanted)],
@@ -273,9 +278,9 @@ pub(crate) async fn preview(
     prom: &Prometheus,
     alert: &Value,
     clears: &AlertClears,
-) -> Result<Value, String> {
+) -> Result<Value, Unknowable> {
     let name = alert["labels"]["alertname"].as_str().unwrap_or_default();
-    let known = Known::ask(prom, &[name]).await.map_err(|e| e.to_string())?;
+    let known = Known::ask(prom, &[name]).await?;
     let watched = known.watched(alert, clears)?;
     let mut out = watched.describe();
     out["series_text"] = watched.display().into();
@@ -284,6 +289,23 @@ pub(crate) async fn preview(
         out["warning"] = warning.into();
     }
     Ok(out)
+}
+
+/// Why whether an alert cleared cannot be told: the run's verdict is
+/// `inconclusive` with this as its reason, never `ok`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unknowable {
+    /// The alert names no rule.
+    #[error("the alert has no alertname label: there is no rule to ask about")]
+    NoAlertname,
+    /// No rule fits the alert, and it links to no expression.
+    #[error(
+        "Prometheus has no alerting rule {0} whose static labels this alert carries, and the alert has no generatorURL to read its expression from"
+    )]
+    NoRule(String),
+    /// Prometheus could not say which rules there are.
+    #[error("whether the alert cleared could not be checked: {0}")]
+    Asking(#[from] PromError),
 }
 
 /// How the wait for an alert to clear ended.
@@ -428,14 +450,13 @@ pub(crate) async fn watch(
             return Outcome::Stopped(v, why);
         }
         let at = jiff::Timestamp::now();
-        let mut results: BTreeMap<&str, Result<Vec<Sample>, String>> = BTreeMap::new();
+        let mut results: BTreeMap<&str, Result<Vec<Sample>, PromError>> = BTreeMap::new();
         for (query, _) in watched.iter().flat_map(|w| &w.rules) {
             if !results.contains_key(query.as_str()) {
-                let r = prom.query(query).await.map_err(|e| e.to_string());
-                results.insert(query, r);
+                results.insert(query, prom.query(query).await);
             }
         }
-        let last_error = results.values().find_map(|r| r.as_ref().err()).cloned();
+        let last_error = results.values().find_map(|r| r.as_ref().err());
         match &last_error {
             Some(_) => failures += 1,
             None => {
@@ -573,10 +594,10 @@ fn firing(watched: &[Watched], tracks: &[Track], clears: &AlertClears, since: In
     }
 }
 
-fn unknown(watched: &[Watched], tracks: &[Track], error: &str, failures: u32) -> Outcome {
+fn unknown(watched: &[Watched], tracks: &[Track], error: &PromError, failures: u32) -> Outcome {
     let names: Vec<String> = watched.iter().map(Watched::display).collect();
     let mut detail = detail_of(watched, tracks, "unknown");
-    detail["error"] = error.into();
+    detail["error"] = error.to_string().into();
     Outcome::Unknown {
         why: format!(
             "whether {} cleared could not be checked ({failures} evaluation(s) in a row failed; last: {error}); not called ok",

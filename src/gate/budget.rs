@@ -61,6 +61,11 @@ impl Budget {
     }
 
     /// Refuses the call just counted when it is past `max_steps`.
+    /// The run's `max_steps`, as it stands (a model's run may have lowered it).
+    pub(super) fn max_steps(&self) -> u32 {
+        self.limits.max_steps
+    }
+
     pub(super) fn step_check(&self) -> Result<(), (DenyReason, String)> {
         if self.steps > self.limits.max_steps {
             return Err((

@@ -35,6 +35,9 @@
 //! The gate asks [`Demotions::check`] before each tier-2 call of an L3
 //! runbook, so a demotion reached while other runs of it are under way
 //! holds for their next call too.
+//!
+//! One file: the demotion's record, its evidence and its lifting by a
+//! person share one ledger; the decision itself is `rules::demotion`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

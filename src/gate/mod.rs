@@ -24,6 +24,10 @@
 //! Why one file: the gate's check reads top to bottom in
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
+//!
+//! One file: the order of the checks is the safety property, so
+//! `Gate::check` and what it decides read top to bottom here; the ledgers
+//! (kill switch, demotion, approvals, fleet budget) are files of their own.
 
 pub(crate) mod approvals;
 pub(crate) mod budget;
@@ -395,9 +399,11 @@ impl Gate {
 
     /// A model's turn that proposed nothing it could run (cut at
     /// `max_tokens`) spends a step; `Err` once that is past `max_steps`.
-    pub(crate) fn count_turn_without_call(&mut self) -> Result<(), String> {
+    pub(crate) fn count_turn_without_call(&mut self) -> Result<(), StepsSpent> {
         self.budget.count_step();
-        self.budget.step_check().map_err(|(_, why)| why)
+        self.budget
+            .step_check()
+            .map_err(|_| StepsSpent(self.budget.max_steps()))
     }
 
     /// Decide one call. Every call counts toward `max_steps`, whatever the decision.
@@ -607,6 +613,11 @@ impl Gate {
 pub(crate) const MAX_ARGUMENT_DEPTH: usize = 8;
 /// The largest arguments a call may carry, serialized (16 KiB).
 pub(crate) const MAX_ARGUMENT_BYTES: usize = 16 << 10;
+
+/// A run's `max_steps` is spent: the run ends `step_limit`.
+#[derive(Debug, thiserror::Error)]
+#[error("max_steps {0} reached")]
+pub(crate) struct StepsSpent(pub(crate) u32);
 
 /// Arguments too deep or too large to be looked at further. The error is
 /// an `invalid_arguments` denial's detail, read by a planner and a person;

@@ -39,7 +39,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
-use super::{Server, Session, Started, Starter};
+use super::{NoRun, Server, Session, Started, Starter};
 use crate::config::Config;
 use crate::rules::TriggerResult;
 use crate::scheduler::Scheduler;
@@ -347,7 +347,7 @@ impl hyper::body::Body for Watched {
 /// One session of `/mcp`: bound to a runbook and host by its first request.
 pub(crate) struct HttpSession {
     daemon: Arc<Daemon>,
-    bound: OnceLock<Result<Server, String>>,
+    bound: OnceLock<Result<Server, NoRun>>,
     /// The endpoint's traffic, where a tool call marks its session as one
     /// that has made a call (`mcp_handshake_timeout` no longer applies).
     seen: Traffic,
@@ -377,12 +377,12 @@ impl HttpSession {
         });
         bound
             .clone()
-            .map_err(|why| McpError::invalid_params(why, None))
+            .map_err(|why| McpError::invalid_params(why.to_string(), None))
     }
 }
 
 /// A session's server for what `query` names.
-fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, String> {
+fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, NoRun> {
     let mut runbook = None;
     let mut host = None;
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -393,27 +393,21 @@ fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, String> {
         }
     }
     let (Some(runbook), Some(host)) = (runbook, host) else {
-        return Err("name the runbook and host in the URL: /mcp?runbook=RUNBOOK&host=HOST".into());
+        return Err(NoRun::Unnamed);
     };
+    let shown = crate::tools::args::shown;
     let config = daemon.config.borrow().clone();
     let Some(rb) = config.runbooks.get(&runbook).cloned() else {
-        return Err(format!(
-            "no runbook named {}",
-            crate::tools::args::shown(&runbook)
-        ));
+        return Err(NoRun::NoRunbook(shown(&runbook)));
     };
     if !rb.allows_host(&host) {
-        return Err(format!(
-            "runbook \"{}\" does not name host {}",
-            rb.name,
-            crate::tools::args::shown(&host)
-        ));
+        return Err(NoRun::NotItsHost {
+            runbook: rb.name.clone(),
+            host: shown(&host),
+        });
     }
     let Some(host) = config.hosts.get(&host).cloned() else {
-        return Err(format!(
-            "no host named {} in hosts/",
-            crate::tools::args::shown(&host)
-        ));
+        return Err(NoRun::NoHost(shown(&host)));
     };
     let scheduler = daemon.scheduler.clone();
     let starter: Starter = Arc::new(move |req| {
@@ -429,19 +423,25 @@ fn bind(daemon: &Arc<Daemon>, query: &str) -> Result<Server, String> {
 async fn start(
     scheduler: Arc<Scheduler>,
     req: crate::trigger::RunRequest,
-) -> Result<Started, String> {
+) -> Result<Started, NoRun> {
     let outcomes = scheduler
         .submit_all(vec![req])
         .await
-        .map_err(|e| format!("the run could not be recorded: {e}; try again"))?;
+        .map_err(|e| NoRun::NotRecorded(e.to_string()))?;
     let Some(outcome) = outcomes.into_iter().next() else {
-        return Err("the scheduler decided nothing".into());
+        return Err(NoRun::NotAdmitted("the scheduler decided nothing"));
     };
     let why = match outcome.result {
         TriggerResult::Started => {
             if let Some(run_id) = outcome.run_id {
                 let id = run_id.clone();
-                let ended = Box::pin(async move { scheduler.reports.ended(&id).await });
+                let ended = Box::pin(async move {
+                    scheduler
+                        .reports
+                        .ended(&id)
+                        .await
+                        .map_err(|e| NoRun::NoReport(e.to_string()))
+                });
                 return Ok(Started { run_id, ended });
             }
             "the scheduler gave it no run id"
@@ -461,7 +461,7 @@ async fn start(
             "the runbook or host is no longer in the configuration"
         }
     };
-    Err(why.to_string())
+    Err(NoRun::NotAdmitted(why))
 }
 
 impl ServerHandler for HttpSession {

@@ -49,8 +49,44 @@ const MAX_RESULT: usize = crate::planner::model::MAX_TOOL_MESSAGE;
 /// How often a call that waits (for a person, a slow tool) says so.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
+/// Why a session has no run: it could not be bound to a runbook and host,
+/// its run did not start, or the run ended without a report. What its
+/// agent (or the command line) is told.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoRun {
+    /// `/mcp` without `?runbook=R&host=H`.
+    #[error("name the runbook and host in the URL: /mcp?runbook=RUNBOOK&host=HOST")]
+    Unnamed,
+    /// No such runbook (the name as shown: quoted, escaped).
+    #[error("no runbook named {0} (runwarden check lists them)")]
+    NoRunbook(String),
+    /// The runbook does not name the host.
+    #[error("runbook \"{runbook}\" does not name host {host}")]
+    NotItsHost {
+        /// The runbook.
+        runbook: String,
+        /// The host, as shown.
+        host: String,
+    },
+    /// No such host.
+    #[error("no host named {0} in hosts/")]
+    NoHost(String),
+    /// The trigger could not be recorded (the audit log, the shared state).
+    #[error("the run could not be recorded: {0}; try again")]
+    NotRecorded(String),
+    /// The daemon's admission did not start it, and why.
+    #[error("{0}")]
+    NotAdmitted(&'static str),
+    /// It ended, or could not start, without a report.
+    #[error("{0}")]
+    NoReport(String),
+    /// The protocol's handshake failed (stdio).
+    #[error("the MCP session did not open: {0}")]
+    NotOpened(String),
+}
+
 /// Resolves to a run's report once it has ended, or why there is none.
-pub(crate) type Ended = Pin<Box<dyn Future<Output = Result<RunReport, String>> + Send>>;
+pub(crate) type Ended = Pin<Box<dyn Future<Output = Result<RunReport, NoRun>> + Send>>;
 
 /// A run started for a session, as its starter reports it.
 pub(crate) struct Started {
@@ -64,7 +100,7 @@ pub(crate) struct Started {
 /// the daemon, through its scheduler (its admission, run lock, cooldown,
 /// concurrency limit).
 pub(crate) type Starter = Arc<
-    dyn Fn(RunRequest) -> Pin<Box<dyn Future<Output = Result<Started, String>> + Send>>
+    dyn Fn(RunRequest) -> Pin<Box<dyn Future<Output = Result<Started, NoRun>> + Send>>
         + Send
         + Sync,
 >;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rmcp::ServiceExt;
 
-use super::{Server, Session, Started, Starter};
+use super::{NoRun, Server, Session, Started, Starter};
 use crate::report::RunReport;
 use crate::run::Runner;
 
@@ -17,24 +17,26 @@ pub(crate) async fn serve(
     runner: Runner,
     runbook: &str,
     host: &str,
-) -> Result<Option<RunReport>, String> {
+) -> Result<Option<RunReport>, NoRun> {
+    let shown = crate::tools::args::shown;
     let rb = runner
         .config
         .runbooks
         .get(runbook)
         .cloned()
-        .ok_or_else(|| format!("no runbook named \"{runbook}\" (runwarden check lists them)"))?;
+        .ok_or_else(|| NoRun::NoRunbook(shown(runbook)))?;
     if !rb.allows_host(host) {
-        return Err(format!(
-            "runbook \"{runbook}\" does not name host \"{host}\"; nothing was served"
-        ));
+        return Err(NoRun::NotItsHost {
+            runbook: rb.name.clone(),
+            host: shown(host),
+        });
     }
     let host = runner
         .config
         .hosts
         .get(host)
         .cloned()
-        .ok_or_else(|| format!("no host named \"{host}\" in hosts/"))?;
+        .ok_or_else(|| NoRun::NoHost(shown(host)))?;
     let runner = Arc::new(runner);
     let starter: Starter = Arc::new(move |req| {
         let runner = runner.clone();
@@ -45,8 +47,8 @@ pub(crate) async fn serve(
             let ended = Box::pin(async move {
                 match run.await {
                     Ok(Ok(report)) => Ok(report),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(e) => Err(format!("the run's task failed: {e}")),
+                    Ok(Err(e)) => Err(NoRun::NoReport(e.to_string())),
+                    Err(e) => Err(NoRun::NoReport(format!("the run's task failed: {e}"))),
                 }
             });
             Ok(Started { run_id, ended })
@@ -56,7 +58,7 @@ pub(crate) async fn serve(
     let service = Server(session.clone())
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| format!("the MCP session did not open: {e}"))?;
+        .map_err(|e| NoRun::NotOpened(e.to_string()))?;
     let _ = service.waiting().await;
     Ok(session.close().await)
 }

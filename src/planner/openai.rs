@@ -6,6 +6,10 @@
 //! before they are parsed, 429/5xx/timeouts are retried with backoff inside
 //! the run's time budget, and every failure is an error string that names the
 //! endpoint and the HTTP status, never the API key.
+//!
+//! One file: the request, the streamed reply and its retries are one
+//! conversation with one endpoint, bounded by one budget; its wire types
+//! are private to it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -34,7 +34,19 @@ pub(crate) trait Holding: Send + Sync {
         &'a self,
         next: &'a str,
         request: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), NotHanded>> + Send + 'a>>;
+}
+
+/// Why a stopping run's trigger stays with it rather than go to the
+/// fleet's queue (it then ends `interrupted` here, as any run a stop ends).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotHanded {
+    /// Another replica holds the lease now.
+    #[error("its lease was no longer this run's")]
+    LeaseGone,
+    /// The shared state could not be written.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl Holding for Lease {
@@ -54,12 +66,11 @@ impl Holding for Lease {
         &'a self,
         next: &'a str,
         request: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), NotHanded>> + Send + 'a>> {
         Box::pin(async move {
-            match Lease::hand_back(self, next, request).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("its lease was no longer this run's".into()),
-                Err(e) => Err(e.to_string()),
+            match Lease::hand_back(self, next, request).await? {
+                true => Ok(()),
+                false => Err(NotHanded::LeaseGone),
             }
         })
     }

@@ -64,14 +64,12 @@ async fn watched(
     prom: &Prometheus,
     alerts: &[Value],
     clears: &AlertClears,
-) -> Result<Vec<done_when::Watched>, String> {
+) -> Result<Vec<done_when::Watched>, done_when::Unknowable> {
     let names: Vec<&str> = alerts
         .iter()
         .filter_map(|a| a["labels"]["alertname"].as_str())
         .collect();
-    let known = done_when::Known::ask(prom, &names)
-        .await
-        .map_err(|e| format!("whether the alert cleared could not be checked: {e}"))?;
+    let known = done_when::Known::ask(prom, &names).await?;
     alerts.iter().map(|a| known.watched(a, clears)).collect()
 }
 

@@ -6,6 +6,10 @@
 //!
 //! The verdict is judged from the tool events (every call's outcome and, for
 //! tier-2 calls, its own verification), never from an exit code alone.
+//!
+//! One file: a run's start and its end (lock, lease, planner, `start` line;
+//! demotion, lease release, hand-back) pair up around the loop and share
+//! the runner's state.
 
 mod account;
 mod ask;
@@ -714,8 +718,9 @@ mod tests {
             &'a self,
             next: &'a str,
             request: &'a str,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>
-        {
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), super::claim::NotHanded>> + Send + 'a>,
+        > {
             *self.handed.lock().unwrap() = Some((next.to_string(), request.to_string()));
             Box::pin(async { Ok(()) })
         }

@@ -2,6 +2,9 @@
 //! gate, and let one method handle each decision (deny, propose, hold,
 //! allow and dispatch). Each method says what its step came to in a
 //! [`Tally`]; the verdict is folded from those, never from an exit code.
+//!
+//! One file: one method per gate decision, in the order a run meets them,
+//! read top to bottom.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -364,8 +367,8 @@ impl RunLoop<'_> {
                 turn.turn
             ));
             s.reports.push(r);
-            if let Err(why) = s.gate.count_turn_without_call() {
-                s.tally.stop(Verdict::StepLimit, why);
+            if let Err(spent) = s.gate.count_turn_without_call() {
+                s.tally.stop(Verdict::StepLimit, spent.to_string());
             }
         }
     }

@@ -325,8 +325,7 @@ impl Scheduler {
                 tracing::error!(%run_id, "verdict line not written: {err}");
             }
         }
-        self.reports
-            .done(run_id, outcome.map_err(|e| e.to_string()));
+        self.reports.done(run_id, outcome);
     }
 
     /// Resolved alerts withdraw the approval requests of the runs they

@@ -24,6 +24,18 @@ pub(crate) struct Reports {
 
 const KEEP_REPORTS: usize = 500;
 
+/// Why a run of this daemon ended without a report.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NoReport {
+    /// It could not start: the run's own [`crate::run::StartError`], kept
+    /// as it reads (kept for the API after the error itself is gone).
+    #[error("{0}")]
+    Unstarted(String),
+    /// The daemon stopped before the run ended here.
+    #[error("runwarden is stopping")]
+    Stopping,
+}
+
 impl Reports {
     pub(super) fn starting(&self, run_id: &str) {
         self.finishing
@@ -34,7 +46,7 @@ impl Reports {
 
     /// The run is over here: its report, or why it could not start, is
     /// kept first.
-    pub(super) fn done(&self, run_id: &str, report: Result<RunReport, String>) {
+    pub(super) fn done(&self, run_id: &str, report: Result<RunReport, crate::run::StartError>) {
         match report {
             Ok(report) => {
                 let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
@@ -45,7 +57,7 @@ impl Reports {
             }
             Err(why) => {
                 let mut unstarted = self.unstarted.lock().unwrap_or_else(|p| p.into_inner());
-                unstarted.push_back((run_id.to_string(), why));
+                unstarted.push_back((run_id.to_string(), why.to_string()));
                 while unstarted.len() > KEEP_REPORTS {
                     unstarted.pop_front();
                 }
@@ -69,17 +81,17 @@ impl Reports {
 
     /// Wait for run `run_id` of this daemon to end: its report, or why it
     /// could not start.
-    pub(crate) async fn ended(&self, run_id: &str) -> Result<RunReport, String> {
+    pub(crate) async fn ended(&self, run_id: &str) -> Result<RunReport, NoReport> {
         let mut ended = self.ended.subscribe();
         loop {
             if let Some(report) = self.get(run_id) {
                 return Ok(report);
             }
             if let Some(why) = self.unstarted(run_id) {
-                return Err(why);
+                return Err(NoReport::Unstarted(why));
             }
             if ended.changed().await.is_err() {
-                return Err("runwarden is stopping".into());
+                return Err(NoReport::Stopping);
             }
         }
     }

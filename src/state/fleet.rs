@@ -9,6 +9,10 @@
 //! The rest of what replicas agree on (a person's run's claim, failures
 //! toward demotion, approval requests, the fleet's kill switch) goes to
 //! the same database through [`Postgres`]'s operations.
+//!
+//! One file: a batch's reads, the rules' decisions on them and its writes
+//! are one transaction under the rows' locks; the SQL and what is decided
+//! on its answers read together.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -169,3 +169,32 @@ fn every_import_goes_down_the_layers_the_code_page_draws() {
         upward.join("\n")
     );
 }
+
+/// A file of more than [`LONG`] lines of code (tests aside) is split along
+/// its concepts, or its module doc says why it is one (`//! One file: ...`),
+/// so its length is a decision someone made and the next reader can weigh.
+#[test]
+fn a_long_file_says_why_it_is_one() {
+    const LONG: usize = 550;
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let mut unexplained = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = without_tests(&text).lines().count();
+        let says = text
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .any(|l| l.starts_with("//! One file: "));
+        if code > LONG && !says {
+            unexplained.push(format!("{} ({code} lines)", file.display()));
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "split these along their concepts, or say in the module doc why each is one (`//! One file: ...`): {unexplained:#?}"
+    );
+}

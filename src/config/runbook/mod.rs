@@ -5,6 +5,9 @@
 //! field) and the validated form are one schema, kept together so a field
 //! is added in one place; a step's own check (its call, arguments, `when`
 //! and templates) is `steps`.
+//!
+//! One file: the raw form, its validation and the validated form of every
+//! field sit side by side, so a field is added in one place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

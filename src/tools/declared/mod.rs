@@ -16,6 +16,11 @@
 //! ([`template`]) and an argv element that put a `path` together with
 //! other text is resolved again as a whole, so no concatenation leaves the
 //! host's `paths`. What runs is exactly what was checked.
+//!
+//! One file: a declared call's resolve, run, verify and undo share its
+//! rendered argv, its captured values and the declaration's digest; the
+//! argument types and the templates, which stand alone, are files of their
+//! own.
 
 pub(crate) mod template;
 pub(crate) mod value;
@@ -268,7 +273,7 @@ impl Declared {
     /// range of at most 100), at most [`MAX_LISTED_CALLS`]: what a sudoers
     /// file can name without a wildcard. `Err`: the argument whose values
     /// cannot be listed (a free string or a path), or too many.
-    pub(crate) fn every_call(&self, host: &Host) -> Result<Vec<Value>, String> {
+    pub(crate) fn every_call(&self, host: &Host) -> Result<Vec<Value>, Unlistable> {
         let mut calls = vec![serde_json::Map::new()];
         for (name, arg) in &self.args {
             let values: Vec<Value> = match &arg.ty {
@@ -282,10 +287,15 @@ impl Declared {
                     (*min..=*max).map(|n| json!(n)).collect()
                 }
                 ArgType::Integer { .. } => {
-                    return Err(format!("{name} (an integer range of more than 100)"));
+                    return Err(Unlistable::Free(
+                        name.clone(),
+                        "an integer range of more than 100",
+                    ));
                 }
-                ArgType::String { .. } => return Err(format!("{name} (a free string)")),
-                ArgType::Path => return Err(format!("{name} (a path)")),
+                ArgType::String { .. } => {
+                    return Err(Unlistable::Free(name.clone(), "a free string"));
+                }
+                ArgType::Path => return Err(Unlistable::Free(name.clone(), "a path")),
             };
             calls = calls
                 .into_iter()
@@ -298,7 +308,7 @@ impl Declared {
                 })
                 .collect();
             if calls.len() > MAX_LISTED_CALLS {
-                return Err(format!("more than {MAX_LISTED_CALLS} combinations"));
+                return Err(Unlistable::TooMany);
             }
         }
         Ok(calls
@@ -878,6 +888,33 @@ impl Call {
     }
 }
 
+/// Why a tool's calls cannot all be listed (a sudoers line names each).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unlistable {
+    /// An argument whose values are not a list: its name, what it is.
+    #[error("{0} ({1})")]
+    Free(String, &'static str),
+    /// Every argument is listed, but together they make too many calls.
+    #[error("more than {MAX_LISTED_CALLS} combinations")]
+    TooMany,
+}
+
+/// Why a `capture:` read no value: then nothing is changed.
+#[derive(Debug, thiserror::Error)]
+enum NotCaptured {
+    /// Its process did not start.
+    #[error("did not start: {0}")]
+    NotStarted(String),
+    /// It failed: what it said.
+    #[error("{0}")]
+    Failed(String),
+    /// It did not print a value the pattern names: the name, its output's first line.
+    #[error(
+        "read no {0} from its output (1-128 characters of [A-Za-z0-9._:@-], no leading `-`, no `..`): {1}"
+    )]
+    Missing(String, String),
+}
+
 /// Run a tier-2 tool's `capture:` (as the observer) and read its values:
 /// every named group of `values`, or why not.
 async fn capture(
@@ -886,14 +923,14 @@ async fn capture(
     values: &regex::Regex,
     confine: Confine,
     deadline: tokio::time::Instant,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, NotCaptured> {
     let feed = command.stdin.clone().map(String::into_bytes);
     let out = ctx
         .run_fed(&command.argv, feed, confine, deadline)
         .await
-        .map_err(|e| format!("did not start: {e}"))?;
+        .map_err(|e| NotCaptured::NotStarted(e.to_string()))?;
     if out.exit_code != Some(0) {
-        return Err(out.failure_text());
+        return Err(NotCaptured::Failed(out.failure_text()));
     }
     let read = read_values(values, &out.stdout_text());
     match values
@@ -901,9 +938,13 @@ async fn capture(
         .flatten()
         .find(|n| !read.contains_key(*n))
     {
-        Some(missing) => Err(format!(
-            "read no {missing} from its output (1-128 characters of [A-Za-z0-9._:@-], no leading `-`, no `..`): {}",
-            kept(&out.stdout_text()).lines().next().unwrap_or("")
+        Some(missing) => Err(NotCaptured::Missing(
+            missing.to_string(),
+            kept(&out.stdout_text())
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string(),
         )),
         None => Ok(read),
     }
