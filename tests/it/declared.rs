@@ -185,15 +185,42 @@ fn a_drain_that_does_not_verify_is_undone_on_a_real_haproxy() {
     );
 }
 
-/// supervisord with one program, `worker`, and its control socket in `dir`.
-fn supervisor(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
+/// supervisord and its program, stopped together: `supervisorctl shutdown`
+/// stops the program first (a SIGKILL of supervisord alone would leave it
+/// running, and the next test's `pgrep` would find two).
+struct Supervisord {
+    conf: std::path::PathBuf,
+    _proc: Proc,
+}
+
+impl Drop for Supervisord {
+    fn drop(&mut self) {
+        let _ = Command::new("/usr/bin/supervisorctl")
+            .arg("-c")
+            .arg(&self.conf)
+            .arg("shutdown")
+            .output();
+    }
+}
+
+/// supervisord with one program, `worker` (the returned command line, one
+/// of its own: no other process has it), and its control socket in `dir`.
+fn supervisor(dir: &std::path::Path) -> (Supervisord, std::path::PathBuf, String) {
     let conf = dir.join("supervisord.conf");
+    let command = format!(
+        "/bin/sleep 1000.{}{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_micros()
+    );
     std::fs::write(
         &conf,
         format!(
             "[unix_http_server]\nfile={d}/supervisor.sock\nchmod=0700\n\n[supervisord]\nnodaemon=true\nlogfile={d}/supervisord.log\npidfile={d}/supervisord.pid\nchildlogdir={d}\n\n\
              [rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n\n\
-             [supervisorctl]\nserverurl=unix://{d}/supervisor.sock\n\n[program:worker]\ncommand=/bin/sleep 1000\nstartsecs=0\n",
+             [supervisorctl]\nserverurl=unix://{d}/supervisor.sock\n\n[program:worker]\ncommand={command}\nstartsecs=0\n",
             d = dir.display()
         ),
     )
@@ -205,11 +232,14 @@ fn supervisor(dir: &std::path::Path) -> (Proc, std::path::PathBuf) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let p = Proc(child);
+    let p = Supervisord {
+        conf: conf.clone(),
+        _proc: Proc(child),
+    };
     wait_for("the worker running", Duration::from_secs(20), || {
         worker_pid(&conf)
     });
-    (p, conf)
+    (p, conf, command)
 }
 
 /// The worker's pid, as supervisorctl says it, while it runs.
@@ -233,7 +263,7 @@ fn worker_pid(conf: &std::path::Path) -> Option<String> {
 #[test]
 fn a_program_is_restarted_through_its_supervisors_own_cli() {
     let e = Estate::new();
-    let (_supervisord, conf) = supervisor(&e.work());
+    let (_supervisord, conf, worker) = supervisor(&e.work());
     std::fs::create_dir_all(e.path().join("tools")).unwrap();
     std::fs::write(
         e.path().join("tools/restart_program.yaml"),
@@ -241,8 +271,8 @@ fn a_program_is_restarted_through_its_supervisors_own_cli() {
             "name: restart_program\ntier: 2\ndescription: Restart one program through supervisor.\nverb: restarted\n\
              args:\n  program: {{ type: allowlist, list: programs }}\n\
              run: [/usr/bin/supervisorctl, -c, {c}, {verb}, \"{{{{ program }}}}\"]\n\
-             capture:\n  run: [/usr/bin/pgrep, -x, -f, \"/bin/sleep 1000\"]\n  values: '^(?P<pid>\\d+)$'\n\
-             verify:\n  run: [/usr/bin/pgrep, -x, -f, \"/bin/sleep 1000\"]\n  expect_changed: pid\n  within: 10s\n",
+             capture:\n  run: [/usr/bin/pgrep, -x, -f, \"{worker}\"]\n  values: '^(?P<pid>\\d+)$'\n\
+             verify:\n  run: [/usr/bin/pgrep, -x, -f, \"{worker}\"]\n  expect_changed: pid\n  within: 10s\n",
             c = conf.display(),
             verb = "restart"
         ),

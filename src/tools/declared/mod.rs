@@ -710,17 +710,17 @@ impl Call {
     pub(crate) async fn run(&self, ctx: &Ctx<'_>) -> ToolResult {
         let tool = &self.tool;
         let deadline = ctx.deadline.min(tokio::time::Instant::now() + tool.timeout);
-        // A tier-1 process (the call's own confinement), and every probe,
-        // as the observer this tool's tier 1 would be.
-        let observe = super::confinement(
-            &crate::tools::ToolId::Declared(tool.clone()),
-            Tier::Observe,
-            ctx.host,
-        );
+        // Every process's confinement from the one place that derives it
+        // from a tier: a tier-1 process (the call's own) and every probe as
+        // the observer this tool's tier 1 would be; the change and its undo
+        // as a change.
+        let id = crate::tools::ToolId::Declared(tool.clone());
+        let observe = super::confinement(&id, Tier::Observe, ctx.host);
+        let change = super::confinement(&id, Tier::Change, ctx.host);
         let stdin = |r: &Rendered| r.stdin.clone().map(String::into_bytes);
         let (argv, confine) = match tool.tier {
             Tier::Observe => (self.run.argv.clone(), ctx.confine.clone()),
-            Tier::Change => (self.change_argv(ctx.host), Confine::Jail),
+            Tier::Change => (self.change_argv(ctx.host), change.clone()),
         };
         // The look before the change: without it there is nothing for
         // `verify` to compare with, so nothing is changed.
@@ -788,9 +788,7 @@ impl Call {
         }
         if !verified && let Some(undo) = &self.undo {
             let argv = super::privileged(ctx.host, undo.argv.clone());
-            let undone = ctx
-                .run_fed(&argv, stdin(undo), Confine::Jail, ctx.deadline)
-                .await;
+            let undone = ctx.run_fed(&argv, stdin(undo), change, ctx.deadline).await;
             let (ok, said) = match &undone {
                 Ok(o) if o.exit_code == Some(0) => (true, "undone (exit 0)".to_string()),
                 Ok(o) => (false, format!("undo {}", o.failure_text())),
