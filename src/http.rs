@@ -16,14 +16,9 @@
 //! will never accept, and 5xx only when it could not record the triggers, so
 //! that Alertmanager retries.
 //!
-//! Why one file: the accept loop's limits, the request
+//! One file: the accept loop's limits, the request
 //! guard and the handlers are the whole HTTP surface, and reading them
 //! together is how the surface is reviewed.
-//!
-//! One file: every route meets the same admission (browser refusal, content
-//! type, token, `Host`), and the handlers are thin: each hands its request
-//! to the module that owns the concept (trigger, scheduler, approvals,
-//! MCP).
 
 use std::sync::Arc;
 
@@ -357,10 +352,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
 fn loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
-    };
+    let name = host_name(host);
     name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()

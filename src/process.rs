@@ -22,12 +22,9 @@
 //! per call, when its last process has ended (`tools::execute`). This keeps
 //! the runner's own cost per call near that of a bare spawn.
 //!
-//! Why one file: the spawn, the wait, the kill of the
+//! One file: the spawn, the wait, the kill of the
 //! process group and the sweep of escapees are one lifecycle; a third of the
 //! file is its unit tests.
-//!
-//! One file: the only place a process is started, so every guarantee above
-//! is checked in one place; the observer's sandbox is `sandbox`.
 
 use std::ffi::OsString;
 use std::fmt;

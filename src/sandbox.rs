@@ -144,6 +144,9 @@ pub enum Unconfined {
     /// Landlock refused the ruleset or a rule.
     #[error("Landlock refused the observer's ruleset: {0}")]
     Ruleset(String),
+    /// `/dev/null`, the one file an observer may write, cannot be opened.
+    #[error("cannot open /dev/null for the observer's ruleset: {0}")]
+    DevNull(String),
     /// The ruleset was made but not (wholly) enforced.
     #[error("this kernel enforces {0}")]
     NotEnforced(String),
@@ -527,8 +530,7 @@ fn restrict_this_thread(abi: i64, ports: &[u16]) -> Result<(), Unconfined> {
             .map_err(refused)?;
     }
     let mut created = ruleset.create().map_err(refused)?;
-    let null = PathFd::new("/dev/null")
-        .map_err(|e| Unconfined::Ruleset(format!("cannot open /dev/null: {e}")))?;
+    let null = PathFd::new("/dev/null").map_err(|e| Unconfined::DevNull(e.to_string()))?;
     created = created
         .add_rule(PathBeneath::new(null, AccessFs::WriteFile))
         .map_err(refused)?;

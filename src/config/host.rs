@@ -166,18 +166,10 @@ fn vars(
         let v = &var.value;
         let text = match (&v.path, &v.string, v.integer) {
             (Some(p), None, None) => {
-                let path = std::path::Path::new(p);
-                if !path.is_absolute()
-                    || path
-                        .components()
-                        .any(|c| c == std::path::Component::ParentDir)
-                    || p.chars().any(|c| c.is_control())
-                {
+                if let Some(why) = super::settings::path_problem(p) {
                     bad(
                         diags,
-                        format!(
-                            "the path {p:?} must be absolute, with no `..` and no control character"
-                        ),
+                        format!("a var's path must be absolute, written out: {why}"),
                     );
                     continue;
                 }

@@ -225,33 +225,36 @@ pub(super) fn abs_path(
     file: &Path,
     diags: &mut Diagnostics,
 ) -> PathBuf {
-    let p = PathBuf::from(&v.value);
-    if !p.is_absolute() {
-        diags.at(
-            file,
-            v.referenced,
-            format!(
-                "{field}: \"{}\" is not an absolute path",
-                v.value.escape_debug()
-            ),
-        );
-    } else if v.value.contains('\0') {
-        diags.at(
-            file,
-            v.referenced,
-            format!("{field}: path contains a NUL byte"),
-        );
-    } else if p.components().any(|c| c == std::path::Component::ParentDir) {
-        diags.at(
-            file,
-            v.referenced,
-            format!(
-                "{field}: \"{}\" contains `..`; write the path it means",
-                v.value
-            ),
-        );
+    if let Some(why) = path_problem(&v.value) {
+        diags.at(file, v.referenced, format!("{field}: {why}"));
     }
-    p
+    PathBuf::from(&v.value)
+}
+
+/// Why `text` is not an absolute path written out (no `..`, no control
+/// character), if it is not: what every path of the configuration must be.
+pub(super) fn path_problem(text: &str) -> Option<String> {
+    let p = Path::new(text);
+    if !p.is_absolute() {
+        Some(format!(
+            "\"{}\" is not an absolute path",
+            text.escape_debug()
+        ))
+    } else if text.contains('\0') {
+        Some("path contains a NUL byte".into())
+    } else if text.chars().any(char::is_control) {
+        Some(format!(
+            "\"{}\" contains a control character",
+            text.escape_debug()
+        ))
+    } else if p.components().any(|c| c == std::path::Component::ParentDir) {
+        Some(format!(
+            "\"{}\" contains `..`; write the path it means",
+            text.escape_debug()
+        ))
+    } else {
+        None
+    }
 }
 
 /// `audit_rotation:`: each field defaults on its own; `max_age` and `keep`

@@ -596,31 +596,29 @@ fn command(
             format!("{field} has more than {MAX_ELEMENTS} elements"),
         );
     }
+    // `{{ before.NAME }}` is verify's alone: the value capture read.
+    let only_verify_reads_before = |t: &Template, at, what: &str, diags: &mut Diagnostics| {
+        if !field.starts_with("verify") && t.before_vars().next().is_some() {
+            diags.at(
+                file,
+                at,
+                format!("{what}: {{{{ before.NAME }}}} is verify's: the value `capture:` read before the change"),
+            );
+        }
+    };
     let mut args = Vec::new();
     for element in rest {
         if let Some(t) = template(element, names, field, file, diags) {
-            if !field.starts_with("verify") && t.before_vars().next().is_some() {
-                diags.at(
-                    file,
-                    element.referenced,
-                    format!("{field}: {{{{ before.NAME }}}} is verify's: the value `capture:` read before the change"),
-                );
-            }
+            only_verify_reads_before(&t, element.referenced, field, diags);
             args.push(t);
         }
     }
-    let stdin_decl = stdin;
-    let stdin = stdin.and_then(|s| template(s, names, &format!("{field}'s stdin"), file, diags));
-    if let (Some(t), Some(s)) = (&stdin, stdin_decl)
-        && !field.starts_with("verify")
-        && t.before_vars().next().is_some()
-    {
-        diags.at(
-            file,
-            s.referenced,
-            format!("{field}'s stdin: {{{{ before.NAME }}}} is verify's: the value `capture:` read before the change"),
-        );
-    }
+    let what = format!("{field}'s stdin");
+    let stdin = stdin.and_then(|s| {
+        let t = template(s, names, &what, file, diags)?;
+        only_verify_reads_before(&t, s.referenced, &what, diags);
+        Some(t)
+    });
     if stdin
         .as_ref()
         .is_some_and(|_| stdin_len(stdin.as_ref()) > crate::process::STDIN_CAP / 2)

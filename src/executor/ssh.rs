@@ -26,12 +26,9 @@
 //! received" (it did not run), or "started, no result" (unknown: a person
 //! must look).
 //!
-//! Why one file: the session's state (connection, agent
+//! One file: the session's state (connection, agent
 //! process, what was sent) is shared by dispatch, recovery after a lost
 //! connection and the failure kinds `host check` reports.
-//!
-//! One file: the connection, its multiplexing and the request/answer
-//! framing are one session with one host.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -21,13 +21,9 @@
 //! ([`Gate::last_look`]), since a stalled disk can hold an intent line for
 //! seconds.
 //!
-//! Why one file: the gate's check reads top to bottom in
+//! One file: the gate's check reads top to bottom in
 //! one function, and splitting it would hide the order that is the point;
 //! about a third of the file is its unit tests.
-//!
-//! One file: the order of the checks is the safety property, so
-//! `Gate::check` and what it decides read top to bottom here; the ledgers
-//! (kill switch, demotion, approvals, fleet budget) are files of their own.
 
 pub(crate) mod approvals;
 pub(crate) mod budget;
