@@ -152,17 +152,17 @@ pub enum Confine {
     Observer {
         /// Refuse to start it without every layer.
         required: bool,
-        /// The TCP ports it may connect to (a declaration's `connect:`).
-        connect: std::sync::Arc<[u16]>,
+        /// What it may reach over the network (a declaration's `connect:`).
+        net: std::sync::Arc<crate::sandbox::Net>,
     },
 }
 
 impl Confine {
-    /// A built-in tier-1 tool's: every layer there is, no TCP.
+    /// A built-in tier-1 tool's: every layer there is, no network.
     pub fn observer() -> Confine {
         Confine::Observer {
             required: false,
-            connect: std::sync::Arc::from([]),
+            net: std::sync::Arc::new(crate::sandbox::Net::none()),
         }
     }
 }
@@ -192,6 +192,8 @@ pub struct ProcessOutput {
     pub(crate) timed_out: bool,
     /// How long it ran.
     pub(crate) duration: Duration,
+    /// It ran as an observer, held to the observer's limits.
+    pub(crate) observer: bool,
 }
 
 impl ProcessOutput {
@@ -215,11 +217,32 @@ impl ProcessOutput {
             .unwrap_or("")
             .trim();
         let last: String = last.chars().take(300).collect();
-        match (self.exit_code, self.signal) {
+        let text = match (self.exit_code, self.signal) {
             (Some(c), _) if last.is_empty() => format!("exited with status {c}"),
             (Some(c), _) => format!("exited with status {c}: {last}"),
             (None, Some(s)) => format!("killed by signal {s}"),
             _ => "ended without an exit status".into(),
+        };
+        format!("{text}{}", self.limit_hit())
+    }
+
+    /// What a failure says of the observer's limits when the process's
+    /// own words say it ran out of processes or memory.
+    pub(crate) fn limit_hit(&self) -> String {
+        const SIGNS: [&str; 5] = [
+            "Resource temporarily unavailable",
+            "Cannot allocate memory",
+            "cannot allocate",
+            "MemoryError",
+            "out of memory",
+        ];
+        let stderr = self.stderr_text();
+        match self.observer && SIGNS.iter().any(|s| stderr.contains(s)) {
+            true => format!(
+                " (it ran out of what a tier-1 process may take: {})",
+                crate::sandbox::limits_text()
+            ),
+            false => String::new(),
         }
     }
 }
@@ -341,15 +364,50 @@ fn lower_priority_of(pid: u32) {
     }
 }
 
-/// Start `command`, confined as asked. The outer error: it must not start
-/// here (a tier-1 process that must be confined, where it cannot be).
-fn start(
-    mut command: std::process::Command,
-    argv: &Argv,
-    confine: &Confine,
-) -> Result<std::io::Result<std::process::Child>, SpawnError> {
-    let Confine::Observer { required, connect } = confine else {
-        return Ok(escapees::spawn(|| command.spawn()));
+/// A started call process: its pid (the leader of its own group) and the
+/// parent's ends of its pipes. Reaped by pid ([`reap`]), whichever way it
+/// was started.
+struct Running {
+    pid: u32,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
+impl From<std::process::Child> for Running {
+    /// Its pipes taken; the `Child` handle dropped, which neither waits
+    /// nor kills.
+    fn from(mut c: std::process::Child) -> Running {
+        Running {
+            pid: c.id(),
+            stdin: c.stdin.take().map(OwnedFd::from),
+            stdout: c.stdout.take().map(OwnedFd::from),
+            stderr: c.stderr.take().map(OwnedFd::from),
+        }
+    }
+}
+
+impl From<crate::sandbox::spawn::Started> for Running {
+    fn from(s: crate::sandbox::spawn::Started) -> Running {
+        Running {
+            pid: s.pid,
+            stdin: s.stdin,
+            stdout: Some(s.stdout),
+            stderr: Some(s.stderr),
+        }
+    }
+}
+
+/// Start `argv` under `limits`, confined as asked. The outer error: it
+/// must not start here (a tier-1 process that must be confined, where it
+/// cannot be).
+fn start(argv: &Argv, limits: &Limits) -> Result<std::io::Result<Running>, SpawnError> {
+    let plain = || {
+        let mut command = call_command(argv, limits);
+        escapees::spawn(|| command.spawn()).map(Running::from)
+    };
+    let Confine::Observer { required, net } = &limits.confine else {
+        return Ok(plain());
     };
     let unconfined = |why| SpawnError::Unconfined {
         program: argv.program.display().to_string(),
@@ -362,12 +420,54 @@ fn start(
     // built-in's argv is fixed in code). A spawner that could not be made
     // where Landlock exists fails closed.
     let confined = |e: crate::sandbox::Unconfined| unconfined(e.to_string());
-    match crate::sandbox::observing(connect).map_err(confined)? {
-        Some(observer) => observer
-            .spawn(move || escapees::spawn(|| command.spawn()))
-            .map_err(confined),
-        None => Ok(escapees::spawn(|| command.spawn())),
+    match crate::sandbox::observing(net).map_err(confined)? {
+        Some(observer) => {
+            let exec = match observed(argv, limits) {
+                Ok(exec) => exec,
+                Err(e) => return Ok(Err(e)),
+            };
+            observer
+                .spawn(move || escapees::spawn(|| crate::sandbox::start(exec)))
+                .map(|r| r.map(Running::from))
+                .map_err(confined)
+        }
+        None => Ok(plain()),
     }
+}
+
+/// A tool call's process as an observer starts it: what [`call_command`]
+/// says, as C strings.
+fn observed(argv: &Argv, limits: &Limits) -> std::io::Result<crate::sandbox::spawn::Exec> {
+    use crate::sandbox::spawn::{Exec, Stdin};
+    use std::os::unix::ffi::OsStrExt;
+    let c = |bytes: &[u8]| {
+        std::ffi::CString::new(bytes).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an argument holds a NUL byte",
+            )
+        })
+    };
+    let program = c(argv.program.as_os_str().as_bytes())?;
+    let mut args = vec![program.clone()];
+    for a in &argv.args {
+        args.push(c(a.as_bytes())?);
+    }
+    let env = STUB_ENV
+        .iter()
+        .map(|(k, v)| c(format!("{k}={v}").as_bytes()))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(Exec {
+        program,
+        argv: args,
+        env,
+        cwd: c(limits.jail.as_os_str().as_bytes())?,
+        stdin: match (&limits.stdin, &limits.stdin_from) {
+            (Some(_), _) => Stdin::Pipe,
+            (None, Some(file)) => file.try_clone().map_or(Stdin::Null, Stdin::File),
+            (None, None) => Stdin::Null,
+        },
+    })
 }
 
 /// A command for a long-lived helper of the SSH transport (the connection
@@ -417,39 +517,35 @@ fn run_blocking(argv: &Argv, limits: &Limits) -> Result<ProcessOutput, SpawnErro
             len: input.len(),
         });
     }
-    let mut child =
-        start(call_command(argv, limits), argv, &limits.confine)?.map_err(spawn_error)?;
-    lower_priority_of(child.id());
-    if let (Some(input), Some(mut pipe)) = (&limits.stdin, child.stdin.take()) {
+    let mut child = start(argv, limits)?.map_err(spawn_error)?;
+    lower_priority_of(child.pid);
+    if let (Some(input), Some(pipe)) = (&limits.stdin, child.stdin.take()) {
         // Less than a pipe holds: never waits. A child that exits without
         // reading it is its own business (SIGPIPE is ignored here).
-        let _ = std::io::Write::write_all(&mut pipe, input);
+        let _ = std::io::Write::write_all(&mut std::fs::File::from(pipe), input);
     }
-    let _forget = escapees::Forget(child.id());
-    let group = Pid::from_raw(child.id() as i32);
-    let pidfd = match pidfd_open(child.id()) {
+    let _forget = escapees::Forget(child.pid);
+    let group = Pid::from_raw(child.pid as i32);
+    let pidfd = match pidfd_open(child.pid) {
         Ok(fd) => fd,
         Err(e) => {
             signal_group(Some(group), Signal::SIGKILL);
-            let _ = child.wait();
+            let _ = wait_for(group);
             return Err(spawn_error(e));
         }
     };
-    let pipes = [
-        child.stdout.take().map(OwnedFd::from),
-        child.stderr.take().map(OwnedFd::from),
-    ];
+    let pipes = [child.stdout.take(), child.stderr.take()];
     let watched = watch(pipes, &pidfd, group, limits);
-    let status = reap(&mut child, &pidfd, group, &watched, limits.kill_grace);
+    let status = reap(&pidfd, group, &watched, limits.kill_grace);
     let mut out = ProcessOutput {
-        pid: child.id(),
+        pid: child.pid,
         timed_out: watched.timed_out,
+        observer: matches!(limits.confine, Confine::Observer { .. }),
         ..Default::default()
     };
-    if let Some(status) = status {
-        use std::os::unix::process::ExitStatusExt;
-        out.exit_code = status.code();
-        out.signal = status.signal();
+    if let Some((code, signal)) = status {
+        out.exit_code = code;
+        out.signal = signal;
     }
     let [o, e] = watched.kept;
     (out.stdout, out.stdout_truncated) = o.into_parts();
@@ -580,12 +676,11 @@ fn watch(mut pipes: [Option<OwnedFd>; 2], pidfd: &OwnedFd, group: Pid, limits: &
 /// group), then killed after `kill_grace`; one whose exit the watch did
 /// not see (its poll failed) is killed at once.
 fn reap(
-    child: &mut std::process::Child,
     pidfd: &OwnedFd,
     group: Pid,
     watched: &Watched,
     kill_grace: Duration,
-) -> Option<std::process::ExitStatus> {
+) -> Option<(Option<i32>, Option<i32>)> {
     if watched.timed_out {
         signal_group(Some(group), Signal::SIGTERM);
         if !wait_readable(pidfd, kill_grace) {
@@ -594,7 +689,21 @@ fn reap(
     } else if !watched.exited {
         signal_group(Some(group), Signal::SIGKILL);
     }
-    child.wait().ok()
+    wait_for(group)
+}
+
+/// Wait for the leader `pid` to end: its exit code, or the signal that
+/// ended it.
+fn wait_for(pid: Pid) -> Option<(Option<i32>, Option<i32>)> {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return Some((Some(code), None)),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return Some((None, Some(signal as i32))),
+            Err(nix::errno::Errno::EINTR) | Ok(_) => continue,
+            Err(_) => return None,
+        }
+    }
 }
 
 /// How long a pipe may stay open after its group died before whatever holds
@@ -930,6 +1039,12 @@ pub mod escapees {
     impl Pid32 for std::process::Child {
         fn pid32(&self) -> Option<u32> {
             Some(self.id())
+        }
+    }
+
+    impl Pid32 for crate::sandbox::spawn::Started {
+        fn pid32(&self) -> Option<u32> {
+            Some(self.pid)
         }
     }
 

@@ -3,8 +3,10 @@
 //! They are read from files only when nobody but the file's owner can read
 //! them, as OpenSSH insists for private keys (a token every local account can
 //! read is not a secret), and anything that comes back from outside (a model
-//! endpoint echoing the `Authorization` header in an error body) has them
-//! cut out before it is logged, audited or printed.
+//! endpoint echoing the `Authorization` header in an error body, a tool's
+//! output that quotes a log line holding a token) has them cut out before
+//! it is logged, audited, shown to a model or an MCP client, or printed:
+//! every secret read here is [`held`], and [`redact_held`] cuts each one out.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -89,7 +91,92 @@ pub(crate) fn read_file(path: &Path, what: &str) -> Result<String, SecretError> 
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::Read::take(file, 64 << 10), &mut text)
         .map_err(|e| read(e.into()))?;
+    hold_text(&text);
     Ok(text)
+}
+
+/// The shortest value held as a secret: shorter ones are too common to
+/// cut out of every output (every token runwarden takes is 16 or more).
+const SHORTEST_HELD: usize = 8;
+
+/// Every secret value this process has read.
+static HELD: std::sync::RwLock<std::collections::BTreeSet<String>> =
+    std::sync::RwLock::new(std::collections::BTreeSet::new());
+
+/// Hold `value` as a secret from now on: [`redact_held`] cuts it out.
+pub(crate) fn hold(value: &str) {
+    let value = value.trim();
+    if value.len() < SHORTEST_HELD {
+        return;
+    }
+    let mut held = HELD.write().unwrap_or_else(|p| p.into_inner());
+    if !held.contains(value) {
+        held.insert(value.to_string());
+    }
+}
+
+/// Hold what a secret file says: each line, each word of 16 characters or
+/// more (an approvers file's `NAME TOKEN`), a URL's password.
+fn hold_text(text: &str) {
+    for line in text.lines() {
+        hold(line);
+        for word in line.split_whitespace().filter(|w| w.len() >= 16) {
+            hold(word);
+        }
+        if let Ok(url) = url::Url::parse(line.trim())
+            && let Some(password) = url.password()
+        {
+            hold(password);
+        }
+    }
+}
+
+/// `text` with every secret this process holds replaced by [`REDACTED`]
+/// (`None`: there was none in it).
+pub(crate) fn redact_held(text: &str) -> Option<String> {
+    let held = HELD.read().unwrap_or_else(|p| p.into_inner());
+    if !held.iter().any(|s| text.contains(s.as_str())) {
+        return None;
+    }
+    // The longest first: a secret that contains another is cut whole.
+    let mut secrets: Vec<&String> = held.iter().collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = text.to_string();
+    for s in secrets {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), REDACTED);
+        }
+    }
+    Some(out)
+}
+
+/// Every string in `value` (keys too) with the secrets held cut out;
+/// whether any was.
+pub(crate) fn redact_value(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => match redact_held(s) {
+            Some(r) => {
+                *s = r;
+                true
+            }
+            None => false,
+        },
+        Value::Array(items) => items.iter_mut().fold(false, |any, v| redact_value(v) | any),
+        Value::Object(map) => {
+            let mut any = false;
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                if let Some(mut v) = map.remove(&k) {
+                    any |= redact_value(&mut v);
+                    let key = redact_held(&k).inspect(|_| any = true).unwrap_or(k);
+                    map.insert(key, v);
+                }
+            }
+            any
+        }
+        _ => false,
+    }
 }
 
 /// A bearer token from `path` (the setting `what` names it): an owner-only
@@ -159,6 +246,38 @@ pub(crate) fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, Se
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A token read from a file, a URL's password and an approver's token
+    /// are cut out of any text and JSON, keys included; other text stays.
+    #[test]
+    fn every_secret_read_is_cut_out_of_what_is_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let f = dir.path().join(name);
+            std::fs::write(&f, text).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            f
+        };
+        read_token(&write("token", "tok-AAAA-BBBB-CCCC-1111\n"), "t").unwrap();
+        read_file(&write("url", "postgres://rw:pa55-w0rd-xyz@db/rw\n"), "u").unwrap();
+        read_approvers(&write("approvers", "alice appr-ZZZZ-YYYY-XXXX-2222\n")).unwrap();
+        let said = "Authorization: Bearer tok-AAAA-BBBB-CCCC-1111 from db pa55-w0rd-xyz, appr-ZZZZ-YYYY-XXXX-2222";
+        let cut = redact_held(said).expect("secrets in it");
+        assert_eq!(
+            cut,
+            "Authorization: Bearer [redacted] from db [redacted], [redacted]"
+        );
+        assert_eq!(redact_held("nothing held here"), None);
+        let mut v = serde_json::json!({
+            "lines": ["ok", "token=tok-AAAA-BBBB-CCCC-1111"],
+            "tok-AAAA-BBBB-CCCC-1111": 1,
+        });
+        assert!(redact_value(&mut v));
+        assert_eq!(
+            v,
+            serde_json::json!({ "lines": ["ok", "token=[redacted]"], "[redacted]": 1 })
+        );
+    }
 
     #[test]
     fn a_secret_file_others_can_read_is_refused() {

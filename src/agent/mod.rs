@@ -72,6 +72,12 @@ enum Input {
 /// its end and refused once, so replies never fall out of step). Returns
 /// the exit code.
 pub(crate) async fn serve_stdio(policy: &Policy, audit: &AuditLog, timeouts: Timeouts) -> i32 {
+    // No tier-1 process this agent starts reads its record of spent
+    // permits or its audit log.
+    crate::sandbox::protect(&policy.spent_permits);
+    if let Some(dir) = audit.path().parent() {
+        crate::sandbox::protect(dir);
+    }
     use std::io::Write;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     // Blocking reads of stdin on a thread of their own, so a timeout can end

@@ -103,6 +103,20 @@ pub(super) async fn check(dir: &Path) -> Exit {
             ),
         }
     );
+    let observer = crate::sandbox::describe();
+    println!("tier 1: isolation: {}", observer.isolation);
+    println!(
+        "tier 1: reads every file but {} (and /dev but {})",
+        observer
+            .protected
+            .iter()
+            .filter(|p| p.as_path() != std::path::Path::new("/dev"))
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        crate::sandbox::reads::DEVICES.join(" ")
+    );
+    println!("tier 1: limits: {}", observer.limits);
     println!(
         "ok: {} host(s), {} runbook(s)",
         cfg.hosts.len(),
@@ -333,6 +347,7 @@ pub(super) fn check_json(dir: &Path) -> Exit {
                     Err(why) => serde_json::json!({ "missing": why.to_string() }),
                 }))
                 .collect::<serde_json::Map<_, _>>(),
+            "observer": observer_json(),
             "model": cfg.settings.model.as_ref().map(|m| m.name.clone()),
             "prometheus": cfg.settings.prometheus.as_ref().map(|p| p.url.to_string()),
             "fleet_budget": cfg.settings.fleet_budget.as_ref().map(fleet_json),
@@ -484,4 +499,21 @@ fn agent_policy_differences(h: &crate::config::Host, policy: &Path) -> Vec<Strin
             ),
         })
         .collect()
+}
+
+/// `check --json`'s `observer`: who tier 1 runs as, how observers are
+/// kept apart, what they cannot read, their limits.
+fn observer_json() -> serde_json::Value {
+    let d = crate::sandbox::describe();
+    serde_json::json!({
+        "runs_as": crate::sandbox::observer(),
+        "isolation": d.isolation,
+        "protected": d.protected,
+        "readable_hierarchies": d.readable,
+        "limits": {
+            "memory_bytes": crate::sandbox::MAX_MEMORY,
+            "processes": crate::sandbox::MAX_PROCESSES,
+            "said": d.limits,
+        },
+    })
 }

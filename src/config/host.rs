@@ -234,11 +234,14 @@ fn connection(raw: &raw::Host, file: &Path, diags: &mut Diagnostics) -> Connecti
                     "ssh.user must be a plain account name",
                 );
             }
+            let identity = abs_path(&ssh.identity, "ssh.identity", file, diags);
+            // The private key that reaches the host: no tier-1 process reads it.
+            crate::sandbox::protect(&identity);
             Connection::Ssh(Ssh {
                 address: ssh.address.value.clone(),
                 port: ssh.port.unwrap_or(22),
                 user: ssh.user.value.clone(),
-                identity: abs_path(&ssh.identity, "ssh.identity", file, diags),
+                identity,
                 known_hosts: abs_path(&ssh.known_hosts, "ssh.known_hosts", file, diags),
                 multiplex: ssh.multiplex.unwrap_or(true),
             })

@@ -60,6 +60,7 @@ impl ApiKey {
             ApiKey::File(path) => crate::secret::read_file(path, "model.api_key_file")?,
         };
         let key = key.trim().to_string();
+        crate::secret::hold(&key);
         if key.is_empty() || key.chars().any(char::is_control) {
             return Err(SecretError::NotOneLine(match self {
                 ApiKey::Env(var) => format!("model.api_key_env {var}"),

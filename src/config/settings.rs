@@ -80,7 +80,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .prometheus
         .as_ref()
         .and_then(|p| prometheus(p, dir, &settings_file, diags));
-    Settings {
+    let settings = Settings {
         prometheus,
         mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
         mcp_idle_timeout,
@@ -121,7 +121,11 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             .as_ref()
             .map(|f| dir.join(&f.value)),
         shutdown_grace,
+    };
+    for path in settings.secret_paths(dir) {
+        crate::sandbox::protect(&path);
     }
+    settings
 }
 
 /// `mcp_max_sessions`, `mcp_handshake_timeout`, `mcp_allowed_hosts`.
@@ -206,6 +210,40 @@ fn prometheus(
 }
 
 impl Settings {
+    /// What no tier-1 process may read: every secret file the settings
+    /// name, the state directory (the permit key, the record of runs and
+    /// approvals) and the audit log's directory.
+    pub(crate) fn secret_paths(&self, dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut paths: Vec<std::path::PathBuf> = [
+            self.mcp_token_file.as_ref(),
+            self.approvers_file.as_ref(),
+            self.webhook_token_file.as_ref(),
+            self.prometheus
+                .as_ref()
+                .and_then(|p| p.bearer_token_file.as_ref()),
+            self.postgres.as_ref().map(|pg| &pg.url_file),
+            self.model.as_ref().and_then(|m| match &m.api_key {
+                Some(super::model::ApiKey::File(f)) => Some(f),
+                _ => None,
+            }),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        paths.push(self.permit_key_file.clone());
+        paths.push(self.state_dir.clone());
+        paths.push(self.audit_log.clone());
+        // Its segments lie beside it: the whole directory, unless that is
+        // the configuration's own (where the tools' files may be).
+        if let Some(parent) = self.audit_log.parent()
+            && parent != dir
+        {
+            paths.push(parent.to_path_buf());
+        }
+        paths
+    }
+
     /// The settings of `dir`, however its runbooks and hosts are: exactly
     /// what `serve` would use, or the problems of runwarden.yaml.
     pub(crate) fn load(dir: &Path) -> Result<Settings, ConfigError> {

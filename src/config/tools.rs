@@ -20,6 +20,7 @@ use serde_saphyr::Spanned;
 
 use super::diag::{Diagnostics, did_you_mean};
 use super::duration;
+use crate::sandbox::Net;
 use crate::tools::declared::template::{Template, is_name};
 use crate::tools::declared::{Arg, ArgType, Capture, Command, Declared, OptIn, Output, Verify};
 use crate::tools::{Builtin, Tier, Tools};
@@ -243,12 +244,12 @@ pub(crate) fn validate(
         }
         ok.then(|| v.value.clone())
     });
-    let connect = connect_ports(raw.connect.as_deref().unwrap_or_default(), file, diags);
+    let connect = connect_policy(raw.connect.as_deref().unwrap_or_default(), file, diags);
     if diags.len() != before {
         return None;
     }
     Some(Declared {
-        connect,
+        connect: Arc::new(connect),
         name: name.value.clone(),
         tier,
         description,
@@ -265,35 +266,48 @@ pub(crate) fn validate(
     })
 }
 
-/// The TCP ports of `connect:`. The kernel (Landlock) allows a connect by
-/// port, whatever the address: an address is written for the reader, and
-/// the port is what holds.
-fn connect_ports(entries: &[S<String>], file: &Path, diags: &mut Diagnostics) -> Vec<u16> {
-    let mut ports = Vec::new();
+/// What `connect:` lets a tier-1 process reach: TCP ports (the kernel,
+/// Landlock, holds the port whatever the address), the address families
+/// the entries name (`127.0.0.1:8404` is IPv4 only: no `[::1]`; a bare
+/// port is either), and UDP when an entry ends in `/udp` (a datagram
+/// socket of that family to any port: the kernel holds no UDP port).
+fn connect_policy(entries: &[S<String>], file: &Path, diags: &mut Diagnostics) -> Net {
+    let mut net = Net::none();
     for e in entries {
-        let port = match e.value.parse::<u16>() {
-            Ok(p) => Some(p),
-            Err(_) => e
-                .value
-                .parse::<std::net::SocketAddr>()
-                .ok()
-                .map(|a| a.port()),
+        let (endpoint, udp) = match e.value.rsplit_once('/') {
+            Some((endpoint, "udp")) => (endpoint, true),
+            Some((endpoint, "tcp")) => (endpoint, false),
+            _ => (e.value.as_str(), false),
+        };
+        let (port, v4, v6) = match endpoint.parse::<u16>() {
+            Ok(p) => (Some(p), true, true),
+            Err(_) => match endpoint.parse::<std::net::SocketAddr>() {
+                Ok(a) => (Some(a.port()), a.is_ipv4(), a.is_ipv6()),
+                Err(_) => (None, false, false),
+            },
         };
         match port {
-            Some(p) if p > 0 => ports.push(p),
+            Some(p) if p > 0 => {
+                net.sockets.ipv4 |= v4;
+                net.sockets.ipv6 |= v6;
+                match udp {
+                    true => net.sockets.udp = true,
+                    false => net.tcp_ports.push(p),
+                }
+            }
             _ => diags.at(
                 file,
                 e.referenced,
                 format!(
-                    "connect: \"{}\" is not a TCP endpoint: write ADDRESS:PORT (e.g. 127.0.0.1:8404) or a port; a tier-1 process may connect to these ports only",
+                    "connect: \"{}\" is not an endpoint: write ADDRESS:PORT (e.g. 127.0.0.1:8404 or [::1]:8404) or a port, with /udp for UDP; a tier-1 process may connect to these only",
                     e.value
                 ),
             ),
         }
     }
-    ports.sort_unstable();
-    ports.dedup();
-    ports
+    net.tcp_ports.sort_unstable();
+    net.tcp_ports.dedup();
+    net
 }
 
 /// The tool's `name`: an identifier, no built-in's, its file's stem.

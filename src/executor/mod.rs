@@ -67,7 +67,11 @@ impl Executor {
         host: &Host,
         deadline: tokio::time::Instant,
     ) -> (Dispatched, ToolResult) {
-        let result = self.run(ticket.permit(), run, host, deadline).await;
+        // Whatever it ran on, a secret this runner holds never leaves it.
+        let result = self
+            .run(ticket.permit(), run, host, deadline)
+            .await
+            .without_secrets();
         (ticket.dispatched(), result)
     }
 

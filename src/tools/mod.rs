@@ -75,7 +75,7 @@ pub(crate) fn confinement(tool: &ToolId, tier: Tier, host: &crate::host::Host) -
         (Tier::Observe, ToolId::Builtin(_)) => Confine::observer(),
         (Tier::Observe, ToolId::Declared(d)) => Confine::Observer {
             required: !host.unsandboxed_tier1,
-            connect: std::sync::Arc::from(d.connect.as_slice()),
+            net: d.connect.clone(),
         },
     }
 }
@@ -99,7 +99,7 @@ pub(crate) async fn execute(
     if action.tier() == Tier::Change && result.verified.is_none() {
         result.verified = Some(false);
     }
-    result
+    result.without_secrets()
 }
 
 /// Lines of a declared tool's output a report and a transcript show.

@@ -111,6 +111,19 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
+    /// The result with every secret this process holds cut out of its
+    /// findings and its error ([`crate::secret::redact_held`]): what a
+    /// report, the audit log, a model and an MCP client see of it.
+    pub(crate) fn without_secrets(mut self) -> ToolResult {
+        crate::secret::redact_value(&mut self.data);
+        if let Some(e) = &self.error
+            && let Some(cut) = crate::secret::redact_held(e)
+        {
+            self.error = Some(cut);
+        }
+        self
+    }
+
     /// A result for a call that failed before or outside its tool.
     pub(crate) fn failed(error: impl std::fmt::Display) -> ToolResult {
         ToolResult {
@@ -175,8 +188,9 @@ pub(crate) fn from_process(out: &ProcessOutput, data: Value) -> ToolResult {
     let error = match outcome {
         Outcome::Ok => None,
         Outcome::Timeout => Some(format!(
-            "timed out after {} ms; process group killed",
-            out.duration.as_millis()
+            "timed out after {} ms; process group killed{}",
+            out.duration.as_millis(),
+            out.limit_hit()
         )),
         Outcome::Error => Some(out.failure_text()),
     };

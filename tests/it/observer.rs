@@ -2,7 +2,7 @@
 //! careless author would write them, each aimed at a channel a file-write
 //! rule does not cover, on real programs. Each is refused by the observer's
 //! sandbox (its own unprivileged user, Landlock's TCP and scope rules; see
-//! `src/sandbox.rs`), and what it aimed at is unchanged; what a tier-1 tool
+//! `src/sandbox/`), and what it aimed at is unchanged; what a tier-1 tool
 //! is meant to do (read a user-level socket, connect to the port its
 //! declaration names) still works.
 

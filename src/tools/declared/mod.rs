@@ -122,9 +122,9 @@ pub struct Declared {
     /// What a report says it did, as a past-tense verb ("drained"); the
     /// claims rule holds a model's use of it to a call that verified.
     pub(crate) verb: Option<String>,
-    /// The TCP ports its processes may connect to (`connect:`); a tier-1
-    /// process of it connects nowhere else.
-    pub(crate) connect: Vec<u16>,
+    /// What its processes may reach (`connect:`); a tier-1 process of it
+    /// reaches nothing else.
+    pub(crate) connect: std::sync::Arc<crate::sandbox::Net>,
     /// The file that declares it.
     pub(crate) file: PathBuf,
     /// sha256 of that file's bytes: which version of the tool ran.
