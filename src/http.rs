@@ -190,6 +190,10 @@ async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response
             "requests from a web page are refused: connect an MCP client",
         );
     }
+    if let Some(refused) = ambiguous_authority(&req) {
+        s.metrics.mcp_refused.with_label_values(&["host"]).inc();
+        return refused;
+    }
     // DNS rebinding: a page of another site whose name now points here
     // sends that name; only the daemon's own are served.
     let host = headers
@@ -225,6 +229,34 @@ async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response
         );
     }
     s.mcp.handle(req).await
+}
+
+/// 400 for a request whose authority is not one name (RFC 9112 §3.2): two
+/// `Host` headers, or an absolute-form target (`POST http://evil.example/mcp`)
+/// naming another authority than `Host`. A proxy and runwarden could read
+/// two different names from either, so neither is trusted.
+fn ambiguous_authority(req: &axum::extract::Request) -> Option<Response> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Some(problem(
+            StatusCode::BAD_REQUEST,
+            "more than one Host header: send exactly one",
+        ));
+    }
+    let target = req.uri().authority()?;
+    let same = host
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|h| h.eq_ignore_ascii_case(target.as_str()));
+    (!same).then(|| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the request target names {:?}, another authority than its Host header: send the path alone (origin form)",
+                target.as_str()
+            ),
+        )
+    })
 }
 
 /// A `Host` header's name: its port and an IPv6 address's brackets off.
@@ -275,6 +307,9 @@ async fn guard(
 ) -> Response {
     if !req.uri().path().starts_with("/api/") {
         return next.run(req).await;
+    }
+    if let Some(refused) = ambiguous_authority(&req) {
+        return refused;
     }
     let headers = req.headers();
     if from_a_web_page(headers) {

@@ -229,8 +229,10 @@ impl ProcessOutput {
     /// What a failure says of the observer's limits when the process's
     /// own words say it ran out of processes or memory.
     pub(crate) fn limit_hit(&self) -> String {
-        const SIGNS: [&str; 5] = [
+        const SIGNS: [&str; 7] = [
             "Resource temporarily unavailable",
+            "Cannot fork",
+            "fork failed",
             "Cannot allocate memory",
             "cannot allocate",
             "MemoryError",

@@ -343,8 +343,22 @@ fn missing_vars(
             .chain(rb.approve.iter())
             .filter_map(crate::tools::ToolId::declared);
         for tool in declared {
+            let in_stdin = tool.stdin_host_vars();
             for var in tool.host_vars() {
                 for host in rb.hosts.iter().filter_map(|h| hosts.get(&**h)) {
+                    if let Some(crate::host::Var::String(s)) = host.vars.get(var)
+                        && in_stdin.contains(var)
+                        && s.contains(crate::tools::declared::STDIN_SEPARATORS)
+                        && said.insert((host.name.clone(), var))
+                    {
+                        diags.file(
+                            &host.source,
+                            format!(
+                                "vars.{var}: {s:?} holds `;`, and tool {} (of runbook {}) puts {{{{ host.{var} }}}} into its stdin, where `;` starts a second command: remove it",
+                                tool.name, rb.name
+                            ),
+                        );
+                    }
                     if host.vars.contains_key(var) || !said.insert((host.name.clone(), var)) {
                         continue;
                     }

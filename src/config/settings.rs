@@ -125,6 +125,12 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
     for path in settings.secret_paths(dir) {
         crate::sandbox::protect(&path);
     }
+    // Each secret this configuration names is held from the start, so that
+    // a tool's output quoting it is cut, whichever command reads the file
+    // itself (an error here is the reader's to report).
+    for file in settings.secret_files() {
+        let _ = crate::secret::read_file(&file, "a secret file");
+    }
     settings
 }
 
@@ -214,6 +220,22 @@ impl Settings {
     /// name, the state directory (the permit key, the record of runs and
     /// approvals) and the audit log's directory.
     pub(crate) fn secret_paths(&self, dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut paths = self.secret_files();
+        paths.push(self.state_dir.clone());
+        paths.push(self.audit_log.clone());
+        // Its segments lie beside it: the whole directory, unless that is
+        // the configuration's own (where the tools' files may be).
+        if let Some(parent) = self.audit_log.parent()
+            && parent != dir
+        {
+            paths.push(parent.to_path_buf());
+        }
+        paths
+    }
+
+    /// Every file of a secret the settings name: the tokens, the
+    /// approvers, the PostgreSQL URL, the model's key, the permit key.
+    pub(crate) fn secret_files(&self) -> Vec<std::path::PathBuf> {
         let mut paths: Vec<std::path::PathBuf> = [
             self.mcp_token_file.as_ref(),
             self.approvers_file.as_ref(),
@@ -232,15 +254,6 @@ impl Settings {
         .cloned()
         .collect();
         paths.push(self.permit_key_file.clone());
-        paths.push(self.state_dir.clone());
-        paths.push(self.audit_log.clone());
-        // Its segments lie beside it: the whole directory, unless that is
-        // the configuration's own (where the tools' files may be).
-        if let Some(parent) = self.audit_log.parent()
-            && parent != dir
-        {
-            paths.push(parent.to_path_buf());
-        }
         paths
     }
 

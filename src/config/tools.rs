@@ -52,8 +52,9 @@ pub(crate) struct ToolFile {
     undo: Option<S<CommandDecl>>,
     capture: Option<S<CaptureDecl>>,
     verb: Option<S<String>>,
-    /// TCP endpoints its processes may connect to (`127.0.0.1:8404`, or a
-    /// port alone); every other is refused to a tier-1 process.
+    /// Endpoints its processes may connect to (`127.0.0.1:8404`,
+    /// `[::1]:8404`, a port alone, `/udp` for UDP); every other is refused
+    /// to a tier-1 process.
     connect: Option<Vec<S<String>>>,
 }
 

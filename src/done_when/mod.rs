@@ -4,18 +4,26 @@
 //! later, after `for:`, `keep_firing_for:` and its own group interval).
 //!
 //! runwarden finds the rule that fired the alert (`/api/v1/rules`: its
-//! `alertname` and the static labels the alert carries; else the
-//! expression its `generatorURL` names), evaluates that rule's own
-//! expression now, and looks for the alert's own series in the result
-//! ([`series`]). It asks again every evaluation interval until the series
-//! was absent in `absent_evaluations` evaluations in a row (one gap of a
+//! `alertname` and the static labels the alert carries; between several,
+//! the one its `generatorURL` names), evaluates that rule's own expression
+//! now, and looks for the alert's own series in the result ([`series`]);
+//! and asks Prometheus itself, `ALERTS{alertname=...,alertstate="firing"}`,
+//! whether it still reports the alert firing (it does through
+//! `keep_firing_for`). It asks again every evaluation interval until both
+//! were absent in `absent_evaluations` evaluations in a row (one gap of a
 //! flapping series is not a clear) or `within` ends.
 //!
-//! Three answers, and never a fourth: cleared (`ok`, with the query and
+//! Silence is not a clear: the alert must have been *seen* firing, before
+//! the run's first change or at the wait's first evaluation, by either
+//! question. An alert whose series this Prometheus never shows (it does not
+//! evaluate the rule, the rule was renamed, the alert's labels match no
+//! series) is `inconclusive`, never `ok`.
+//!
+//! Three answers, and never a fourth: cleared (`ok`, with the queries and
 //! the times that say so), still firing (`unresolved`), or could not tell
-//! (`inconclusive`: Prometheus unreachable, no such rule, an expression
-//! that fails, a run no alert started). A check that could not run is
-//! never an `ok`.
+//! (`inconclusive`: Prometheus unreachable, no such rule, an alert never
+//! seen, an expression that fails, a run no alert started). A check that
+//! could not run is never an `ok`.
 //!
 //! One file: the wait, its outcomes and the recurrence bookkeeping share
 //! the evidence they record; choosing the series, which is pure, is
@@ -52,9 +60,15 @@ const KEPT: usize = 12;
 
 /// The shortest `within` that can see a good fix: the expression's
 /// look-back, plus two evaluation intervals (one for the fixed value to
-/// be scraped and evaluated, one for the second absent evaluation).
-pub(crate) fn minimum_within(look_back: Duration, interval: Duration) -> Duration {
-    look_back + 2 * interval
+/// be scraped and evaluated, one for the second absent evaluation), plus
+/// the rule's `keep_firing_for` (Prometheus reports it firing that long
+/// after its expression clears, and that is not a clear).
+pub(crate) fn minimum_within(
+    look_back: Duration,
+    interval: Duration,
+    keep_firing_for: Duration,
+) -> Duration {
+    look_back + 2 * interval + keep_firing_for
 }
 
 /// One alert of the run, and the series that is it.
@@ -66,6 +80,8 @@ pub(crate) struct Watched {
     pub(crate) fingerprint: String,
     /// Per rule that could have fired it: the expression, and the series.
     pub(crate) rules: Vec<(String, Wanted)>,
+    /// `ALERTS{alertname=...,alertstate="firing"}`, and its series there.
+    pub(crate) alerts: (String, Wanted),
     /// The rule group's evaluation interval (the longest, of several rules).
     pub(crate) interval: Duration,
     /// How far back the expression looks.
@@ -87,7 +103,7 @@ impl Watched {
 
     /// The shortest `within` that can see a good fix of it.
     pub(crate) fn minimum_within(&self) -> Duration {
-        minimum_within(self.look_back, self.interval)
+        minimum_within(self.look_back, self.interval, self.keep_firing_for)
     }
 
     /// What the report and the evidence line say was looked for.
@@ -96,7 +112,7 @@ impl Watched {
             "alert": self.name,
             "fingerprint": self.fingerprint,
             "rule": self.source,
-            "queries": self.rules.iter().map(|(q, _)| q.clone()).collect::<Vec<_>>(),
+            "queries": self.rules.iter().map(|(q, _)| q.clone()).chain(std::iter::once(self.alerts.0.clone())).collect::<Vec<_>>(),
             "series": self.rules.first().map(|(_, w)| w.labels.clone()),
             "not_matched_on": self.rules.first().map(|(_, w)| w.dropped.clone()),
             "evaluation_interval_s": self.interval.as_secs_f64(),
@@ -161,46 +177,44 @@ impl Known {
         let global = self.server.evaluation_interval.unwrap_or(DEFAULT_INTERVAL);
         let external = &self.server.external_labels;
         let ignore = &clears.ignore_labels;
-        let (found, interval, keep_firing_for, source) = if rules.is_empty() {
-            // No rule of that name and those labels here: the expression
-            // the alert itself links to, with no static labels known.
-            let expr = generator.ok_or_else(|| Unknowable::NoRule(name.clone()))?;
-            let wanted = Wanted::of(&labels, &BTreeMap::new(), external, ignore);
-            (
-                vec![(expr, wanted)],
-                global,
-                Duration::ZERO,
-                "the alert's generatorURL (no rule of that name and labels in /api/v1/rules)"
-                    .to_string(),
-            )
-        } else {
-            let interval = rules
-                .iter()
-                .map(|r| r.interval)
-                .filter(|i| !i.is_zero())
-                .max()
-                .unwrap_or(global);
-            let keep = rules
-                .iter()
-                .map(|r| r.keep_firing_for)
-                .max()
-                .unwrap_or_default();
-            let source = rules
-                .iter()
-                .map(|r| format!("group {:?}", r.group))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let found = rules
-                .iter()
-                .map(|r| {
-                    (
-                        r.query.clone(),
-                        Wanted::of(&labels, &r.labels, external, ignore),
-                    )
-                })
-                .collect();
-            (found, interval, keep, source)
-        };
+        if rules.is_empty() {
+            // This Prometheus does not evaluate the alert (another server,
+            // a renamed rule, static labels that changed): nothing it
+            // answers can say the alert cleared.
+            return Err(Unknowable::NoRule(name));
+        }
+        let interval = rules
+            .iter()
+            .map(|r| r.interval)
+            .filter(|i| !i.is_zero())
+            .max()
+            .unwrap_or(global);
+        let keep_firing_for = rules
+            .iter()
+            .map(|r| r.keep_firing_for)
+            .max()
+            .unwrap_or_default();
+        let source = rules
+            .iter()
+            .map(|r| format!("group {:?}", r.group))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let found: Vec<(String, Wanted)> = rules
+            .iter()
+            .map(|r| {
+                (
+                    r.query.clone(),
+                    Wanted::of(&labels, &r.labels, external, ignore),
+                )
+            })
+            .collect();
+        let alerts = (
+            format!(
+                "ALERTS{{alertname={},alertstate=\"firing\"}}",
+                promql::string(&name)
+            ),
+            Wanted::in_alerts(&labels, external, ignore),
+        );
         let look_back = found
             .iter()
             .map(|(q, _)| promql::look_back(q))
@@ -210,6 +224,7 @@ impl Known {
             name,
             fingerprint,
             rules: found,
+            alerts,
             interval,
             look_back,
             keep_firing_for,
@@ -246,7 +261,7 @@ pub(crate) async fn check_windows(
     let rules: Vec<&AlertRule> = known.rules.iter().filter(|r| r.name == alertname).collect();
     if rules.is_empty() {
         return Ok(vec![format!(
-            "Prometheus at {} has no alerting rule {alertname}: a run it starts cannot be checked (inconclusive) unless its alert's generatorURL names the expression",
+            "Prometheus at {} has no alerting rule {alertname}: it does not evaluate that alert, so a run it starts cannot be checked (inconclusive)",
             prom.url()
         )]);
     }
@@ -258,6 +273,10 @@ pub(crate) async fn check_windows(
                 name: format!("{alertname} (group {:?})", r.group),
                 fingerprint: String::new(),
                 rules: Vec::new(),
+                alerts: (
+                    String::new(),
+                    Wanted::in_alerts(&BTreeMap::new(), &BTreeMap::new(), &[]),
+                ),
                 interval: if r.interval.is_zero() {
                     global
                 } else {
@@ -298,9 +317,9 @@ pub(crate) enum Unknowable {
     /// The alert names no rule.
     #[error("the alert has no alertname label: there is no rule to ask about")]
     NoAlertname,
-    /// No rule fits the alert, and it links to no expression.
+    /// No rule fits the alert: this Prometheus does not evaluate it.
     #[error(
-        "Prometheus has no alerting rule {0} whose static labels this alert carries, and the alert has no generatorURL to read its expression from"
+        "Prometheus has no alerting rule {0} whose static labels this alert carries: it does not evaluate this alert (another server, a renamed rule, changed labels), so nothing it answers says the alert cleared"
     )]
     NoRule(String),
     /// Prometheus could not say which rules there are.
@@ -381,7 +400,8 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct Seen {
     at: jiff::Timestamp,
-    /// The series' value, when it was there.
+    /// The series' value, when it was there (from its rule's expression,
+    /// else `firing` from ALERTS).
     value: Option<String>,
 }
 
@@ -390,12 +410,17 @@ struct Seen {
 struct Track {
     seen: Vec<Seen>,
     absent_in_row: u32,
+    /// It was seen firing: before the first change, or by an evaluation.
+    sighted: bool,
 }
 
 impl Track {
     fn record(&mut self, seen: Seen) {
         self.absent_in_row = match seen.value {
-            Some(_) => 0,
+            Some(_) => {
+                self.sighted = true;
+                0
+            }
             None => self.absent_in_row + 1,
         };
         self.seen.push(seen);
@@ -424,14 +449,62 @@ fn short(t: jiff::Timestamp) -> String {
         .unwrap_or_else(|_| t.to_string())
 }
 
-/// Wait for every one of `watched` to clear: evaluate their rules' expressions
-/// every evaluation interval, from the run's last change (`since`) until each
-/// series was absent in `clears.absent_evaluations` evaluations in a row or
-/// `deadline` passes. `stop` is asked before each evaluation and while
-/// waiting (the kill switch, the daemon's stop).
+/// One evaluation of every query of `watched`: each result by its query.
+async fn evaluate<'a>(
+    prom: &Prometheus,
+    watched: &'a [Watched],
+) -> BTreeMap<&'a str, Result<Vec<Sample>, PromError>> {
+    let mut queries: Vec<&str> = Vec::new();
+    for w in watched {
+        for q in w
+            .rules
+            .iter()
+            .map(|(q, _)| q.as_str())
+            .chain([w.alerts.0.as_str()])
+        {
+            if !queries.contains(&q) {
+                queries.push(q);
+            }
+        }
+    }
+    let mut results = BTreeMap::new();
+    for query in queries {
+        let answer = prom.query(query).await;
+        results.insert(query, answer);
+    }
+    results
+}
+
+/// What one evaluation says of `w`: the value of its series in its rule's
+/// expression, else `firing` when ALERTS still has it, else `None`.
+fn value_of(
+    w: &Watched,
+    results: &BTreeMap<&str, Result<Vec<Sample>, PromError>>,
+) -> Option<String> {
+    let in_query = |q: &str, wanted: &Wanted| {
+        let samples = results.get(q)?.as_ref().ok()?;
+        samples
+            .iter()
+            .find(|s| wanted.is(s))
+            .map(|s| s.value.clone())
+    };
+    w.rules
+        .iter()
+        .find_map(|(q, wanted)| in_query(q, wanted))
+        .or_else(|| in_query(&w.alerts.0, &w.alerts.1).map(|_| "firing (ALERTS)".to_string()))
+}
+
+/// Wait for every one of `watched` to clear: evaluate their rules'
+/// expressions and ALERTS every evaluation interval, from the run's last
+/// change (`since`) until each was seen firing (`sighted`: before the
+/// first change, else by an evaluation) and then absent in
+/// `clears.absent_evaluations` evaluations in a row, or `deadline`
+/// passes. One absent that long and never seen is `inconclusive`. `stop` is asked before each evaluation and while waiting (the
+/// kill switch, the daemon's stop).
 pub(crate) async fn watch(
     prom: &Prometheus,
     watched: &[Watched],
+    sighted: &[bool],
     clears: &AlertClears,
     since: Instant,
     deadline: Instant,
@@ -443,39 +516,42 @@ pub(crate) async fn watch(
         .max()
         .unwrap_or(DEFAULT_INTERVAL)
         .clamp(FASTEST, SLOWEST);
-    let mut tracks: Vec<Track> = watched.iter().map(|_| Track::default()).collect();
+    let mut tracks: Vec<Track> = watched
+        .iter()
+        .enumerate()
+        .map(|(i, _)| Track {
+            sighted: sighted.get(i).copied().unwrap_or(false),
+            ..Track::default()
+        })
+        .collect();
     let mut failures = 0u32;
     loop {
         if let Some((v, why)) = stop() {
             return Outcome::Stopped(v, why);
         }
         let at = jiff::Timestamp::now();
-        let mut results: BTreeMap<&str, Result<Vec<Sample>, PromError>> = BTreeMap::new();
-        for (query, _) in watched.iter().flat_map(|w| &w.rules) {
-            if !results.contains_key(query.as_str()) {
-                results.insert(query, prom.query(query).await);
-            }
-        }
+        let results = evaluate(prom, watched).await;
         let last_error = results.values().find_map(|r| r.as_ref().err());
         match &last_error {
             Some(_) => failures += 1,
             None => {
                 failures = 0;
                 for (w, track) in watched.iter().zip(&mut tracks) {
-                    let value = w.rules.iter().find_map(|(q, wanted)| {
-                        let samples = results.get(q.as_str())?.as_ref().ok()?;
-                        samples
-                            .iter()
-                            .find(|s| wanted.is(s))
-                            .map(|s| s.value.clone())
+                    track.record(Seen {
+                        at,
+                        value: value_of(w, &results),
                     });
-                    track.record(Seen { at, value });
                 }
             }
         }
         let needed = clears.absent_evaluations;
         if last_error.is_none() && tracks.iter().all(|t| t.absent_in_row >= needed) {
-            return cleared(watched, &tracks, needed, since, at);
+            // Absent long enough to be called cleared: only what was seen
+            // firing first can be.
+            return match tracks.iter().all(|t| t.sighted) {
+                true => cleared(watched, &tracks, needed, since, at),
+                false => never_seen(prom, watched, &tracks),
+            };
         }
         if let Some(e) = &last_error
             && failures >= FAILURES_IN_A_ROW
@@ -495,6 +571,43 @@ pub(crate) async fn watch(
             }
             tokio::time::sleep((next - Instant::now()).min(Duration::from_millis(200))).await;
         }
+    }
+}
+
+/// An alert not seen firing, before the first change nor at the wait's
+/// first evaluation: nothing says the run's changes cleared it.
+fn never_seen(prom: &Prometheus, watched: &[Watched], tracks: &[Track]) -> Outcome {
+    let missing: Vec<String> = watched
+        .iter()
+        .zip(tracks)
+        .filter(|(_, t)| !t.sighted)
+        .map(|(w, _)| w.display())
+        .collect();
+    Outcome::Unknown {
+        why: format!(
+            "{} was never seen firing on Prometheus at {}: neither its rule's expression nor {} had its series, before the first change nor since; it may have cleared before runwarden looked, or this Prometheus does not see it (its labels match no series); not called ok",
+            missing.join(", "),
+            prom.url(),
+            watched
+                .first()
+                .map(|w| w.alerts.0.as_str())
+                .unwrap_or("ALERTS")
+        ),
+        detail: detail_of(watched, tracks, "unknown"),
+    }
+}
+
+/// Whether each of `watched` is firing now, by one evaluation of its
+/// rules' expressions and ALERTS (`Err`: Prometheus could not say).
+pub(crate) async fn sight(prom: &Prometheus, watched: &[Watched]) -> Result<Vec<bool>, PromError> {
+    let results = evaluate(prom, watched).await;
+    let firing = watched
+        .iter()
+        .map(|w| value_of(w, &results).is_some())
+        .collect();
+    match results.into_values().find_map(Result::err) {
+        Some(e) => Err(e),
+        None => Ok(firing),
     }
 }
 
@@ -535,7 +648,7 @@ fn cleared(
                 s.value.as_deref().unwrap_or_default(),
                 short(s.at)
             ),
-            None => "not firing at the first evaluation".into(),
+            None => "seen firing before the first change".into(),
         };
         let mut line = format!(
             "{} cleared {:.0} s after the last change: no series at {} ({last})",
@@ -607,8 +720,10 @@ fn unknown(watched: &[Watched], tracks: &[Track], error: &PromError, failures: u
     }
 }
 
-/// Whether any of `watched` is firing now, by one evaluation of each rule
-/// (an L2 call approved after its alert went away is not made).
+/// Whether any of `watched` is firing now by its rules' expressions (an
+/// L2 call approved after its alert went away is not made: ALERTS is not
+/// asked, for it reports an alert firing an evaluation late and through
+/// `keep_firing_for`, after the condition itself has gone).
 pub(crate) async fn firing_now(prom: &Prometheus, watched: &[Watched]) -> Result<bool, PromError> {
     for w in watched {
         for (query, wanted) in &w.rules {
@@ -713,8 +828,21 @@ mod tests {
     #[test]
     fn the_minimum_within_is_the_look_back_and_two_evaluations() {
         assert_eq!(
-            minimum_within(Duration::from_secs(120), Duration::from_secs(15)),
+            minimum_within(
+                Duration::from_secs(120),
+                Duration::from_secs(15),
+                Duration::ZERO
+            ),
             Duration::from_secs(150)
+        );
+        assert_eq!(
+            minimum_within(
+                Duration::from_secs(120),
+                Duration::from_secs(15),
+                Duration::from_secs(60)
+            ),
+            Duration::from_secs(210),
+            "Prometheus reports it firing through keep_firing_for"
         );
     }
 }

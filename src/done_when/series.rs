@@ -5,10 +5,15 @@
 //!
 //! An alert's labels are its series' labels, plus its rule's static
 //! labels (which overwrite a series label of the same name), plus the
-//! server's `external_labels` (added to the alerts it sends, never to a
-//! query's result), without `__name__`. So the series is found by taking
-//! those names away on both sides and comparing what is left, whole: a
-//! label value is never written into PromQL, so none can inject.
+//! server's `external_labels` and whatever `alert_relabel_configs` adds
+//! (both added to the alerts it sends, never to a query's result), without
+//! `__name__`. So the series is found by taking the names known to be
+//! added away on both sides, and a series is the alert when every label it
+//! has left is the alert's: the alert may carry more (a relabelled one),
+//! never other values. That errs toward "still firing": a series with
+//! fewer labels that could be this alert counts as it, and a run is never
+//! called cleared while such a series is there. A label value is never
+//! written into PromQL, so none can inject.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,11 +107,34 @@ impl Wanted {
         }
     }
 
-    /// Whether `sample` is this series.
+    /// Whether `sample` may be this series: each of its labels, but those
+    /// dropped and `__name__`, is the alert's with the same value.
     pub(crate) fn is(&self, sample: &Sample) -> bool {
-        let mut labels = without(&sample.labels, &self.dropped);
-        labels.remove("__name__");
-        labels == self.labels
+        sample
+            .labels
+            .iter()
+            .filter(|(k, _)| k.as_str() != "__name__" && !self.dropped.contains(*k))
+            .all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    /// The series of an alert with `labels` in `ALERTS`, whose series
+    /// carry the rule's static labels and `alertstate`, never the
+    /// server's external labels.
+    pub(crate) fn in_alerts(
+        labels: &BTreeMap<String, String>,
+        external: &BTreeMap<String, String>,
+        ignore: &[String],
+    ) -> Wanted {
+        let dropped: BTreeSet<String> = ["alertname", "alertstate"]
+            .into_iter()
+            .map(String::from)
+            .chain(external.keys().cloned())
+            .chain(ignore.iter().cloned())
+            .collect();
+        Wanted {
+            labels: without(labels, &dropped),
+            dropped,
+        }
     }
 
     /// `NAME{k="v",...}`, as a person reads the series.
@@ -256,12 +284,54 @@ mod tests {
         let wanted = Wanted::of(&alert, &BTreeMap::new(), &BTreeMap::new(), &[]);
         assert!(!wanted.is(&sample(&[("instance", "web2"), ("queue", "orders")])));
         assert!(!wanted.is(&sample(&[("instance", "local"), ("queue", "billing")])));
-        assert!(!wanted.is(&sample(&[("instance", "local")])));
         assert!(!wanted.is(&sample(&[
             ("instance", "local"),
             ("queue", "orders"),
             ("extra", "1")
         ])));
+        // A series with fewer labels may be this alert (relabelled): it
+        // keeps it firing rather than let it pass for cleared.
+        assert!(wanted.is(&sample(&[("instance", "local")])));
+    }
+
+    /// `alert_relabel_configs` added `region` to the alert; the rule's
+    /// series never has it: the series is still found, and another
+    /// region's value would not be.
+    #[test]
+    fn a_label_added_to_the_alert_alone_does_not_hide_its_series() {
+        let alert = map(&[
+            ("alertname", "Deep"),
+            ("instance", "local"),
+            ("region", "eu"),
+        ]);
+        let wanted = Wanted::of(&alert, &BTreeMap::new(), &BTreeMap::new(), &[]);
+        assert!(wanted.is(&sample(&[("__name__", "q"), ("instance", "local")])));
+        assert!(!wanted.is(&sample(&[("instance", "local"), ("region", "us")])));
+    }
+
+    /// In ALERTS the rule's static labels are there and matched on (two
+    /// rules of one name are two alerts), `alertstate` and external labels
+    /// are not.
+    #[test]
+    fn alerts_series_are_matched_with_their_static_labels() {
+        let alert = map(&[
+            ("alertname", "Deep"),
+            ("severity", "page"),
+            ("cluster", "staging"),
+            ("instance", "local"),
+        ]);
+        let wanted = Wanted::in_alerts(&alert, &map(&[("cluster", "staging")]), &[]);
+        let firing = |severity: &str| {
+            sample(&[
+                ("__name__", "ALERTS"),
+                ("alertname", "Deep"),
+                ("alertstate", "firing"),
+                ("severity", severity),
+                ("instance", "local"),
+            ])
+        };
+        assert!(wanted.is(&firing("page")));
+        assert!(!wanted.is(&firing("ticket")));
     }
 
     #[test]

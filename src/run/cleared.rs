@@ -14,13 +14,16 @@ use crate::trigger::RunRequest;
 use crate::verdict::Verdict;
 
 /// Wait for the run's alerts to clear, from now until `within` or the
-/// run's `budget_ends`, whichever is first.
+/// run's `budget_ends`, whichever is first. `sighted`: which of them were
+/// seen firing before the run's first change (none: the wait's first
+/// evaluation must see each).
 pub(super) async fn check(
     runner: &Runner,
     runbook: &Runbook,
     req: &RunRequest,
     clears: &AlertClears,
     budget_ends: Instant,
+    sighted: &[bool],
 ) -> Outcome {
     let since = Instant::now();
     let alerts = req.alerts_seen();
@@ -56,7 +59,25 @@ pub(super) async fn check(
             )
         })
     };
-    done_when::watch(&prom, &watched, clears, since, deadline, &stop).await
+    done_when::watch(&prom, &watched, sighted, clears, since, deadline, &stop).await
+}
+
+/// Which of the run's alerts are firing now, by one evaluation: taken
+/// before its first change, so that a fix that clears an alert before the
+/// wait's first look still counts as seen. Where it cannot be told, none.
+pub(super) async fn sight(runner: &Runner, runbook: &Runbook, req: &RunRequest) -> Vec<bool> {
+    let alerts = req.alerts_seen();
+    let (Some(clears), Some(endpoint)) = (
+        runbook.done_when.as_ref(),
+        runner.config.settings.prometheus.as_ref(),
+    ) else {
+        return Vec::new();
+    };
+    let prom = Prometheus::new(endpoint);
+    match watched(&prom, &alerts, clears).await {
+        Ok(watched) => done_when::sight(&prom, &watched).await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The series each of `alerts` is.

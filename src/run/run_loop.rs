@@ -124,6 +124,9 @@ pub(super) struct RunState {
     handed_back_to: Option<String>,
     /// `done_when`: what the run saw of its alert after its last call.
     alert_check: Option<crate::report::AlertCheck>,
+    /// `done_when`: which of its alerts were seen firing before its first
+    /// change (`None`: no change made yet).
+    sighted: Option<Vec<bool>>,
 }
 
 impl RunLoop<'_> {
@@ -150,6 +153,7 @@ impl RunLoop<'_> {
             handed_back: false,
             handed_back_to: None,
             alert_check: None,
+            sighted: None,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -245,8 +249,16 @@ impl RunLoop<'_> {
     async fn until_cleared(&self, s: &mut RunState, clears: &crate::config::AlertClears) {
         use crate::done_when::Outcome;
         let budget_ends = s.gate.budget().deadline();
-        let outcome =
-            super::cleared::check(self.runner, &self.runbook, self.req, clears, budget_ends).await;
+        let sighted = s.sighted.clone().unwrap_or_default();
+        let outcome = super::cleared::check(
+            self.runner,
+            &self.runbook,
+            self.req,
+            clears,
+            budget_ends,
+            &sighted,
+        )
+        .await;
         let check = super::cleared::report_of(&outcome);
         if let Some(detail) = outcome.detail() {
             s.tally.written(self.runner.audit.evidence(
@@ -528,6 +540,13 @@ impl RunLoop<'_> {
         {
             let denial = Denial::new(permit.step(), reason, detail).of(action.tool());
             return self.deny(s, id, call, &denial, r);
+        }
+        // done_when: the alert seen firing before anything changes, so a
+        // fix that clears it before the wait's first look is not taken for
+        // an alert never seen.
+        if action.tier() == Tier::Change && self.runbook.done_when.is_some() && s.sighted.is_none()
+        {
+            s.sighted = Some(super::cleared::sight(self.runner, &self.runbook, self.req).await);
         }
         let tool_id = action.tool();
         let tool = tool_id.name();

@@ -399,6 +399,70 @@ fn a_tool_file_takes_each_hosts_own_vars() {
     );
 }
 
+/// A host var that goes into a tool's stdin holds no `;` (a newline is
+/// refused for every var): haproxy, like most admin sockets, reads a second
+/// command after either. `check` says so at the host's file; the same
+/// value in an argv is a plain word; and a run on a file edited past
+/// `check` refuses the call rather than send it.
+#[test]
+fn a_host_var_in_stdin_is_never_a_second_command() {
+    let tool = "name: say\ntier: 1\ndescription: d\nrun: [/usr/bin/cat]\nstdin: \"show {{ host.backend }}\\n\"\n".to_string();
+    let argv =
+        "name: word\ntier: 1\ndescription: d\nrun: [/usr/bin/echo, \"{{ host.backend }}\"]\n"
+            .to_string();
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [say] }\nsteps:\n  - id: hi\n    call: say\n";
+    let dir = estate(&[("say", tool), ("word", argv)], runbook);
+    let cfg = dir.path().to_str().unwrap();
+    let host_file = dir.path().join("hosts/me.yaml");
+    let plain = std::fs::read_to_string(&host_file).unwrap();
+    let with = |v: &str| {
+        std::fs::write(
+            &host_file,
+            format!("{plain}vars: {{ backend: {{ string: {v:?} }} }}\n"),
+        )
+        .unwrap();
+    };
+    for bad in ["web; shutdown sessions", ";", "a;"] {
+        with(bad);
+        let out = runwarden(&["check", "--config", cfg]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {said}");
+        assert!(
+            said.contains("me.yaml") && said.contains("vars.backend") && said.contains("stdin"),
+            "{bad}: {said}"
+        );
+    }
+    with("web\nshutdown sessions");
+    let out = runwarden(&["check", "--config", cfg]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("control"));
+    // In an argv a `;` is only a character: the runbook that uses `word`
+    // alone passes.
+    let only_argv = runbook
+        .replace("observe: [say]", "observe: [word]")
+        .replace("call: say", "call: word");
+    std::fs::write(dir.path().join("runbooks/rb.yaml"), only_argv).unwrap();
+    with("web;x");
+    let out = runwarden(&["check", "--config", cfg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(dir.path().join("runbooks/rb.yaml"), runbook).unwrap();
+    with("web-01");
+    let out = runwarden(&["run", "rb", "--host", "me", "--json", "--config", cfg]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "ok", "{report:#}");
+    assert_eq!(
+        report["steps"][0]["result"]["data"]["stdout"]
+            .as_str()
+            .unwrap()
+            .trim(),
+        "show web-01"
+    );
+}
+
 /// `runwarden tools` lists the declared tools beside the built-ins, with
 /// the file that declares them and the schema made from the declaration.
 #[test]

@@ -62,6 +62,14 @@ const RULES: &str = r#"groups:
       - alert: BarErrors
         expr: rate(bar_errors_total[8s]) > 0
         labels: { severity: page }
+      - alert: BarQueueSticky
+        expr: bar_queue_depth > 50
+        keep_firing_for: 5s
+        labels: { severity: page }
+      - alert: BarQueueSlow
+        expr: bar_queue_depth > 50
+        for: 2s
+        labels: { severity: page }
 "#;
 
 /// What the test drives: an estate, an exporter serving `metrics` from
@@ -77,6 +85,12 @@ struct Stack {
 impl Stack {
     /// With `alertmanager` (its address) to send alerts to, if any.
     fn new(first: &str, alertmanager: Option<&str>) -> Stack {
+        Stack::with(first, alertmanager, "", true)
+    }
+
+    /// With `alerting` added to Prometheus's `alerting:` block, and its
+    /// rules or none.
+    fn with(first: &str, alertmanager: Option<&str>, alerting: &str, rules: bool) -> Stack {
         use std::os::unix::fs::PermissionsExt;
         let e = Estate::new();
         // The verify probe runs as the observer: it must reach the file.
@@ -116,9 +130,13 @@ impl Stack {
         });
         let alerting = match alertmanager {
             Some(am) => format!(
-                "alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\n"
+                "alerting:\n{alerting}  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\n"
             ),
             None => String::new(),
+        };
+        let rule_files = match rules {
+            true => "rule_files: [rules.yml]\n",
+            false => "",
         };
         let dir = e.work().join("prometheus");
         std::fs::create_dir_all(&dir).unwrap();
@@ -126,7 +144,7 @@ impl Stack {
         let (prom, prom_addr) = prometheus(
             &dir,
             &format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n  external_labels: {{ cluster: staging }}\nrule_files: [rules.yml]\n{alerting}scrape_configs:\n  - job_name: bar\n    static_configs:\n      - targets: ['{exporter_addr}']\n"
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n  external_labels: {{ cluster: staging }}\n{rule_files}{alerting}scrape_configs:\n  - job_name: bar\n    static_configs:\n      - targets: ['{exporter_addr}']\n"
             ),
         );
         wait_for(
@@ -134,7 +152,7 @@ impl Stack {
             Duration::from_secs(30),
             || {
                 http(&prom_addr, "GET", "/api/v1/rules", "")
-                    .filter(|r| r.0 == 200 && r.1.contains("BarQueueDeep"))
+                    .filter(|r| r.0 == 200 && (!rules || r.1.contains("BarQueueDeep")))
             },
         );
         set_up(&e, &e.work(), &served);
@@ -752,4 +770,228 @@ fn three_replicas_run_the_alert_once_and_see_it_clear() {
     std::thread::sleep(Duration::from_millis(500));
     let runs: usize = fleet.iter().map(|r| r.verdicts().len()).sum();
     assert_eq!(runs, 1, "one run across the fleet");
+}
+
+/// The alerts Alertmanager holds now, in the webhook's shape (as it would
+/// send them): those of `alertname` whose labels include `with`.
+fn held_by_alertmanager(am: &str, alertname: &str, with: &[(&str, &str)]) -> Vec<Value> {
+    wait_for(
+        "Alertmanager to hold the alert",
+        Duration::from_secs(60),
+        || {
+            let (_, body) = http(am, "GET", "/api/v2/alerts", "")?;
+            let all: Vec<Value> = serde_json::from_str(&body).ok()?;
+            let found: Vec<Value> = all
+                .into_iter()
+                .filter(|a| a["labels"]["alertname"] == alertname)
+                .filter(|a| with.iter().all(|(k, v)| a["labels"][*k] == *v))
+                .map(|a| {
+                    serde_json::json!({
+                        "status": "firing",
+                        "labels": a["labels"],
+                        "annotations": a["annotations"],
+                        "fingerprint": a["fingerprint"],
+                        "generatorURL": a["generatorURL"],
+                    })
+                })
+                .collect();
+            (!found.is_empty()).then_some(found)
+        },
+    )
+}
+
+/// An Alertmanager that keeps what Prometheus sends (no receiver to call).
+fn quiet_alertmanager() -> (Proc, String, tempfile::TempDir) {
+    let dir = tempfile::Builder::new().prefix("rw-am-").tempdir().unwrap();
+    let (am, addr) = alertmanager(
+        dir.path(),
+        "route:\n  receiver: nobody\n  group_wait: 1s\nreceivers:\n  - name: nobody\n",
+    );
+    (am, addr, dir)
+}
+
+/// Prometheus's `alert_relabel_configs` gives the alert a `region` its
+/// series never has (as Alertmanager receives it). A fix that leaves the
+/// queue deep is `unresolved`: the label does not hide the firing series;
+/// the fix that drains it is `ok`.
+#[test]
+fn a_label_relabelling_adds_to_the_alert_does_not_make_it_look_cleared() {
+    let (_am, am, _dir) = quiet_alertmanager();
+    let s = Stack::with(
+        &metrics("bad", 82),
+        Some(&am),
+        "  alert_relabel_configs:\n    - target_label: region\n      replacement: eu\n",
+        true,
+    );
+    s.settings("");
+    let alerts = held_by_alertmanager(
+        &am,
+        "BarQueueDeep",
+        &[("severity", "page"), ("node", "local")],
+    );
+    assert_eq!(alerts[0]["labels"]["region"], "eu", "{alerts:?}");
+    let file = s.alert_file(&alerts);
+    let args = ["--alert", file.to_str().unwrap()];
+    s.runbook("fix-queue", "BarQueueDeep", "bad", "{ within: 5s }", "");
+    let (code, report) = s.e.run_json("fix-queue", "local", &args);
+    assert_eq!(code, 9, "{report:#}");
+    assert_eq!(report["alert_check"]["outcome"], "firing", "{report:#}");
+    assert!(
+        report["alert_check"]["said"]
+            .as_str()
+            .unwrap()
+            .contains("value 82"),
+        "{report:#}"
+    );
+    s.runbook("fix-queue", "BarQueueDeep", "fixed", "{ within: 20s }", "");
+    let (code, report) = s.e.run_json("fix-queue", "local", &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["alert_check"]["outcome"], "cleared", "{report:#}");
+}
+
+/// The rule is renamed after it fired: this Prometheus no longer
+/// evaluates the alert (and the alert's static `severity` could be
+/// matched against a generatorURL expression's series that never has
+/// it). `inconclusive`, never `ok`, though the fix does nothing.
+#[test]
+fn a_rule_renamed_after_it_fired_is_inconclusive() {
+    let (_am, am, _dir) = quiet_alertmanager();
+    let s = Stack::with(&metrics("bad", 82), Some(&am), "", true);
+    s.settings("");
+    let alerts = held_by_alertmanager(
+        &am,
+        "BarQueueDeep",
+        &[("severity", "page"), ("node", "local")],
+    );
+    assert!(
+        alerts[0]["generatorURL"]
+            .as_str()
+            .unwrap()
+            .contains("g0.expr")
+    );
+    let rules = s.e.work().join("prometheus/rules.yml");
+    let text = std::fs::read_to_string(&rules).unwrap();
+    std::fs::write(
+        &rules,
+        text.replace("alert: BarQueueDeep", "alert: BarQueueTooDeep"),
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s._prom.0.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for("the renamed rules", Duration::from_secs(30), || {
+        http(&s.prom_addr, "GET", "/api/v1/rules", "").filter(|r| r.1.contains("BarQueueTooDeep"))
+    });
+    let file = s.alert_file(&alerts);
+    s.runbook("fix-queue", "BarQueueDeep", "bad", "{ within: 5s }", "");
+    let (code, report) =
+        s.e.run_json("fix-queue", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 8, "{report:#}");
+    let said = report["verdict_detail"].as_str().unwrap();
+    assert!(said.contains("does not evaluate this alert"), "{said}");
+}
+
+/// `prometheus.url` names a reachable Prometheus that scrapes the same
+/// exporter but has no rules: it cannot say the alert cleared.
+/// `inconclusive`, though the alert fires on the other one throughout.
+#[test]
+fn a_prometheus_that_does_not_evaluate_the_rule_is_inconclusive() {
+    let (_am, am, _dir) = quiet_alertmanager();
+    let s = Stack::with(&metrics("bad", 82), Some(&am), "", true);
+    let alerts = held_by_alertmanager(
+        &am,
+        "BarQueueDeep",
+        &[("severity", "page"), ("node", "local")],
+    );
+    let other = Stack::with(&metrics("bad", 82), None, "", false);
+    std::fs::write(
+        s.e.path().join("runwarden.yaml"),
+        format!(
+            "audit_head: none\nprometheus: {{ url: 'http://{}', timeout: 5s }}\n",
+            other.prom_addr
+        ),
+    )
+    .unwrap();
+    let file = s.alert_file(&alerts);
+    s.runbook("fix-queue", "BarQueueDeep", "bad", "{ within: 5s }", "");
+    let (code, report) =
+        s.e.run_json("fix-queue", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 8, "{report:#}");
+    assert!(
+        s.has_series("ALERTS{alertname=\"BarQueueDeep\",alertstate=\"firing\",node=\"local\"}"),
+        "it fires all along on the Prometheus that evaluates it"
+    );
+}
+
+/// An alert whose labels match no series of its rule (a queue this
+/// exporter does not have): never seen firing, so never seen clear.
+/// `inconclusive`, the report says why.
+#[test]
+fn an_alert_never_seen_firing_is_inconclusive() {
+    let s = Stack::new(&metrics("bad", 82), None);
+    s.settings("");
+    let mut alert = queue_alert(&s, "ticket", "fp-ghost");
+    alert["labels"]["queue"] = "ghost".into();
+    let file = s.alert_file(&[alert]);
+    s.runbook("fix-queue", "BarQueueDeep", "fixed", "{ within: 10s }", "");
+    let (code, report) =
+        s.e.run_json("fix-queue", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 8, "{report:#}");
+    let said = report["alert_check"]["said"].as_str().unwrap();
+    assert!(said.contains("never seen firing"), "{said}");
+    assert!(said.contains("not called ok"), "{said}");
+}
+
+/// `keep_firing_for: 5s`: Prometheus reports the alert firing that long
+/// after its expression cleared, and runwarden does not call it cleared
+/// before then; a `within` shorter than that is `unresolved`, the report
+/// naming the rule's keep_firing_for in the `within` to set. `for: 2s`
+/// holds nothing back once the expression clears.
+#[test]
+fn keep_firing_for_holds_the_clear_and_for_does_not() {
+    let (_am, am, _dir) = quiet_alertmanager();
+    let s = Stack::with(&metrics("bad", 82), Some(&am), "", true);
+    s.settings("");
+    let sticky = held_by_alertmanager(&am, "BarQueueSticky", &[("node", "local")]);
+    let slow = held_by_alertmanager(&am, "BarQueueSlow", &[("node", "local")]);
+    let reset = || std::fs::copy(s.e.work().join("bad.prom"), s.served.join("metrics")).unwrap();
+
+    s.runbook("sticky", "BarQueueSticky", "fixed", "{ within: 3s }", "");
+    let file = s.alert_file(&sticky);
+    let (code, report) =
+        s.e.run_json("sticky", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 9, "{report:#}");
+    let said = report["alert_check"]["said"].as_str().unwrap();
+    assert!(said.contains("firing (ALERTS)"), "{said}");
+    assert!(said.contains("set within to at least"), "{said}");
+
+    reset();
+    wait_for("the sticky alert back", Duration::from_secs(20), || {
+        s.has_series("bar_queue_depth{node=\"local\"} > 50")
+            .then_some(())
+    });
+    s.runbook("sticky", "BarQueueSticky", "fixed", "{ within: 30s }", "");
+    let started = std::time::Instant::now();
+    let (code, report) =
+        s.e.run_json("sticky", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{report:#}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "cleared while Prometheus still reported it firing: {:?}",
+        started.elapsed()
+    );
+
+    reset();
+    wait_for("the slow alert back", Duration::from_secs(20), || {
+        s.has_series("ALERTS{alertname=\"BarQueueSlow\",alertstate=\"firing\",node=\"local\"}")
+            .then_some(())
+    });
+    s.runbook("slow", "BarQueueSlow", "fixed", "{ within: 20s }", "");
+    let file = s.alert_file(&slow);
+    let (code, report) =
+        s.e.run_json("slow", "local", &["--alert", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["alert_check"]["outcome"], "cleared", "{report:#}");
 }

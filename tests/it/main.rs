@@ -16,6 +16,7 @@ mod fuzz;
 mod gate;
 mod ha;
 mod hardening;
+mod isolation;
 mod mcp;
 mod model;
 mod observability;

@@ -666,12 +666,18 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// One raw request to `/mcp` with its own `Host`: the status line's code.
 fn mcp_raw(addr: &str, host: &str, body: &str) -> u16 {
+    raw_post(addr, "/mcp?runbook=fix&host=web-01", &[host], body)
+}
+
+/// The status of a POST to `target` with these `Host` lines, as written.
+fn raw_post(addr: &str, target: &str, hosts: &[&str], body: &str) -> u16 {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let hosts: String = hosts.iter().map(|h| format!("Host: {h}\r\n")).collect();
     write!(
         c,
-        "POST /mcp?runbook=fix&host=web-01 HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {target} HTTP/1.1\r\n{hosts}Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -753,4 +759,39 @@ fn five_thousand_handshakes_never_grow_the_daemon_past_its_session_cap() {
     );
     let port = addr.rsplit(':').next().unwrap();
     assert_eq!(mcp_raw(&addr, &format!("localhost:{port}"), &init), 200);
+    // One authority or none (RFC 9112 §3.2): two Host lines, in either
+    // order, or a target naming another authority than Host, get 400.
+    let path = "/mcp?runbook=fix&host=web-01";
+    for (target, hosts) in [
+        (path.to_string(), vec![addr.as_str(), "evil.example"]),
+        (path.to_string(), vec!["evil.example", addr.as_str()]),
+        (path.to_string(), vec![addr.as_str(), addr.as_str()]),
+        (format!("http://evil.example{path}"), vec![addr.as_str()]),
+        (
+            format!("http://{addr}@evil.example{path}"),
+            vec![addr.as_str()],
+        ),
+        (format!("http://{addr}{path}"), vec!["evil.example"]),
+    ] {
+        assert_eq!(
+            raw_post(&addr, &target, &hosts, &init),
+            400,
+            "POST {target} with Host {hosts:?}"
+        );
+    }
+    // The same for the API, which trusts a loopback Host without a token.
+    let alerts = crate::daemon::FIRING;
+    assert_eq!(
+        raw_post(&addr, "http://evil.example/api/v1/alerts", &[&addr], alerts),
+        400
+    );
+    assert_eq!(
+        raw_post(&addr, "/api/v1/alerts", &[&addr, "evil.example"], alerts),
+        400
+    );
+    // An absolute-form target that names the daemon, as Host does, is served.
+    assert_eq!(
+        raw_post(&addr, &format!("http://{addr}{path}"), &[&addr], &init),
+        200
+    );
 }

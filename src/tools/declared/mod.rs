@@ -138,14 +138,18 @@ impl PartialEq for Declared {
 }
 
 impl Declared {
+    /// Its run, verify, undo and capture commands.
+    fn commands(&self) -> impl Iterator<Item = &Command> {
+        std::iter::once(&self.run)
+            .chain(self.verify.as_ref().map(|v| &v.command))
+            .chain(self.undo.as_ref())
+            .chain(self.capture.as_ref().map(|c| &c.command))
+    }
+
     /// Every template it holds: its run, verify and undo commands (argv
     /// and stdin) and verify's expected output.
     fn templates(&self) -> impl Iterator<Item = &Template> {
-        let commands = std::iter::once(&self.run)
-            .chain(self.verify.as_ref().map(|v| &v.command))
-            .chain(self.undo.as_ref())
-            .chain(self.capture.as_ref().map(|c| &c.command));
-        commands
+        self.commands()
             .flat_map(|c| c.args.iter().chain(c.stdin.as_ref()))
             .chain(self.verify.as_ref().and_then(|v| v.expect_stdout.as_ref()))
     }
@@ -153,6 +157,14 @@ impl Declared {
     /// The host's `vars:` it uses (`{{ host.NAME }}`), by NAME.
     pub(crate) fn host_vars(&self) -> std::collections::BTreeSet<&str> {
         self.templates().flat_map(Template::host_vars).collect()
+    }
+
+    /// The host's `vars:` that go into a stdin.
+    pub(crate) fn stdin_host_vars(&self) -> std::collections::BTreeSet<&str> {
+        self.commands()
+            .filter_map(|c| c.stdin.as_ref())
+            .flat_map(Template::host_vars)
+            .collect()
     }
 
     /// What `host` allows its allowlist and path arguments.
@@ -606,6 +618,9 @@ fn render(
         }
         argv = argv.arg(text);
     }
+    if let Some(t) = &command.stdin {
+        stdin_values(t, values)?;
+    }
     let stdin = command.stdin.as_ref().map(|t| t.render(values));
     if let Some(s) = &stdin
         && s.len() > crate::process::STDIN_CAP
@@ -617,6 +632,31 @@ fn render(
         )));
     }
     Ok(Rendered { argv, stdin })
+}
+
+/// What stdin separates commands with, for the programs a stdin feeds
+/// (haproxy's and most admin sockets: `;` and a newline).
+pub(crate) const STDIN_SEPARATORS: [char; 2] = [';', '\n'];
+
+/// Refuse a value that would be a second command in a stdin: an argument's,
+/// or a host var's (which no call's arguments can change, and `check`
+/// already refuses at the host's file; this holds for a file edited since).
+fn stdin_values(stdin: &Template, values: &BTreeMap<String, String>) -> Result<(), ArgError> {
+    let holes = stdin.pieces().iter().filter_map(|p| match p {
+        template::Piece::Arg(n) => Some(n),
+        template::Piece::Text(_) => None,
+    });
+    for name in holes {
+        if let Some(v) = values.get(name)
+            && v.contains(STDIN_SEPARATORS)
+        {
+            return Err(ArgError::Value(format!(
+                "{{{{ {name} }}}} goes into stdin, where `;` or a newline would start a second command, and its value {} holds one",
+                shown(v)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The text of `element` from its first path argument's value to its end.
@@ -1077,7 +1117,13 @@ mod tests {
         for s in ["-rf", "a b", "a/b", "$(id)", "a;b", "..", "\u{202e}x"] {
             assert!(call(s, "", &dir).is_err(), "{s:?}");
         }
-        for free in ["a\nshutdown sessions", "a\rb", "a\u{0}b"] {
+        // `free` goes into stdin too, where `;` starts a second command.
+        for free in [
+            "a\nshutdown sessions",
+            "a\rb",
+            "a\u{0}b",
+            "a; shutdown sessions",
+        ] {
             assert!(call("ok", free, &dir).is_err(), "{free:?}");
         }
         assert!(
