@@ -426,7 +426,7 @@ impl Metrics {
                 let g = gauge_vec(
                     r,
                     "runwarden_sandbox_available",
-                    "1 when tier-1 processes start with the layer of the observer's sandbox named (landlock_fs: no file write; landlock_net: no TCP but declared ports; landlock_scope: no signal or abstract socket outside; observer_identity: an unprivileged user with only CAP_DAC_READ_SEARCH), 0 when this machine cannot enforce it: built-in tier-1 tools then run without it and declared ones refuse unless the host allows it.",
+                    "1 when tier-1 processes start with the layer of the observer's sandbox named (landlock_fs: no file write; landlock_reads: none of runwarden's secrets, credential stores or devices; landlock_net: no TCP but declared ports; landlock_scope: no signal or abstract socket outside its own domain; seccomp: no ptrace, process_vm_*, io_uring, namespaces or undeclared socket families; observer_identity: an unprivileged user with only CAP_DAC_READ_SEARCH), 0 when this machine cannot enforce it: built-in tier-1 tools then run without it and declared ones refuse unless the host allows it.",
                     &["kind"],
                 );
                 for (layer, held) in crate::sandbox::layers() {
