@@ -60,6 +60,9 @@
 //!   ([`state::Local`]) and PostgreSQL's ([`state::Fleet`]).
 //! - [`scheduler`]: what becomes of each trigger (kill switch, scope,
 //!   admission, the concurrency limit), each outcome counted once.
+//! - [`rollout`]: a fan-out a wave at a time, canaries first, halted by
+//!   the first failure past `max_failures`, the pause's guard, or the kill
+//!   switch, and taken up again after a restart.
 //! - [`store`]: state several daemons share in PostgreSQL (admission's rows,
 //!   locked and written in one transaction; leases and fencing, the fleet's
 //!   kill switch and budget).
@@ -105,6 +108,7 @@ pub mod planner;
 pub mod process;
 pub(crate) mod prometheus;
 pub mod report;
+pub(crate) mod rollout;
 pub mod rules;
 pub mod run;
 pub mod runlock;

@@ -43,6 +43,10 @@ pub(crate) struct Metrics {
     pub(crate) kill_switch_engaged: IntGaugeVec,
     /// `runwarden_runbook_demoted`.
     pub(crate) runbook_demoted: IntGaugeVec,
+    /// `runwarden_rollouts_halted`.
+    pub(crate) rollouts_halted: IntGaugeVec,
+    /// `runwarden_rollouts_total`.
+    pub(crate) rollouts: IntCounterVec,
     /// `runwarden_alerts_received_total`.
     pub(crate) alerts_received: IntCounterVec,
     /// `runwarden_alert_triggers_total`.
@@ -192,6 +196,16 @@ impl Metrics {
         )
         .expect("metric");
         r.register(Box::new(runbook_demoted.clone()))
+            .expect("metric registered once");
+        let rollouts_halted = IntGaugeVec::new(
+            Opts::new(
+                "runwarden_rollouts_halted",
+                "Rollouts of a runbook that are halted (a failure past max_failures, a guard, the kill switch) and start no host until a person resumes or aborts them (`runwarden rollout`).",
+            ),
+            &["runbook"],
+        )
+        .expect("metric");
+        r.register(Box::new(rollouts_halted.clone()))
             .expect("metric registered once");
         let audit_write_failures = IntCounter::new(
             "runwarden_audit_write_failures_total",
@@ -344,6 +358,13 @@ impl Metrics {
             ),
             kill_switch_engaged,
             runbook_demoted,
+            rollouts_halted,
+            rollouts: counter(
+                r,
+                "runwarden_rollouts_total",
+                "Rollouts by what happened to them: started, halted, resumed, aborted, finished.",
+                &["runbook", "event"],
+            ),
             alerts_received: counter(
                 r,
                 "runwarden_alerts_received_total",
@@ -499,6 +520,12 @@ impl Metrics {
                     .inc_by(0);
             }
             self.budget_exhausted.with_label_values(&[name]).inc_by(0);
+            if rb.rollout.is_some() {
+                self.rollouts_halted.with_label_values(&[name]).add(0);
+                for event in ["started", "halted", "resumed", "aborted", "finished"] {
+                    self.rollouts.with_label_values(&[name, event]).inc_by(0);
+                }
+            }
             // "Last failed run" has a series (0: never, kept as is where a
             // run already failed) before the first failure.
             self.run_last_finished.with_label_values(&[name, "failed"]);

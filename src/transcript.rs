@@ -180,7 +180,7 @@ fn line(out: &mut String, e: &Entry) {
                 detail["detail"].as_str().unwrap_or("")
             );
         }
-        Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment) | None => {}
+        Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment | Phase::Rollout) | None => {}
     }
 }
 

@@ -133,6 +133,18 @@ pub async fn serve(
         shared.clone(),
     );
     recover(&scheduler).await?;
+    let rollouts = crate::rollout::Rollouts::new(
+        scheduler.clone(),
+        audit.clone(),
+        metrics.clone(),
+        config_rx.clone(),
+    );
+    let going_on = rollouts
+        .recover()
+        .context("reading the audit log for the rollouts the last process left")?;
+    if going_on > 0 {
+        tracing::info!("{going_on} rollout(s) the last process left go on where they were");
+    }
     make_lock_files_ahead(config.clone());
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -146,7 +158,7 @@ pub async fn serve(
     }
     workers.spawn(cron::worker(
         config_rx.clone(),
-        scheduler.clone(),
+        crate::rollout::Fanout(rollouts.clone()),
         metrics.clone(),
         stop_rx.clone(),
     ));
@@ -189,6 +201,7 @@ pub async fn serve(
     let state = AppState {
         config: config_rx,
         scheduler: scheduler.clone(),
+        rollouts,
         metrics,
         audit,
         token,

@@ -696,6 +696,82 @@ pub(crate) fn keys_after(verdict: &super::Entry, keys: Vec<String>) -> Vec<Strin
 }
 
 /// A line of no run (`run_id` is `-`) about `runbook` (or a switch's scope).
+/// What one line of a rollout records (`phase: rollout`, in `detail`
+/// beside `rollout`, its id); read back by the daemon that resumes it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub(crate) enum RolloutEvent {
+    /// The host list frozen into waves, and what holds them.
+    Started {
+        waves: Vec<Vec<String>>,
+        trigger: Trigger,
+        max_failures: u32,
+        pause_secs: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        guard: Option<String>,
+    },
+    /// A host's run ended (or could not start): `outcome` is its verdict,
+    /// or `not_started`.
+    Host {
+        wave: usize,
+        host: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_id: Option<String>,
+        outcome: String,
+        detail: String,
+    },
+    /// Nothing new is dispatched: why, which hosts ran (or run still), which never started.
+    Halted {
+        reason: String,
+        ran: Vec<String>,
+        never_started: Vec<String>,
+    },
+    /// A person let a halted rollout go on.
+    Resumed { by: String, reason: String },
+    /// A person ended it: the hosts it never started stay so.
+    Aborted {
+        by: String,
+        reason: String,
+        never_started: Vec<String>,
+    },
+    /// Every wave ran: the worst verdict and the failures.
+    Finished { worst: Verdict, failures: u32 },
+}
+
+impl RolloutEvent {
+    /// The line's `outcome`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            RolloutEvent::Started { .. } => "started",
+            RolloutEvent::Host { .. } => "host",
+            RolloutEvent::Halted { .. } => "halted",
+            RolloutEvent::Resumed { .. } => "resumed",
+            RolloutEvent::Aborted { .. } => "aborted",
+            RolloutEvent::Finished { .. } => "finished",
+        }
+    }
+}
+
+impl AuditLog {
+    /// One line of rollout `id` of `runbook`, synced.
+    pub(crate) fn rollout(
+        &self,
+        id: &str,
+        runbook: &str,
+        event: &RolloutEvent,
+    ) -> Result<(), AuditError> {
+        let mut e = no_run(runbook, Phase::Rollout);
+        if let RolloutEvent::Host { host, .. } = event {
+            e.host = host.clone();
+        }
+        e.outcome = Some(event.name().into());
+        let mut detail = serde_json::to_value(event).unwrap_or_default();
+        detail["rollout"] = Value::String(id.to_string());
+        e.detail = Some(detail);
+        self.append(e, true)
+    }
+}
+
 fn no_run(runbook: &str, phase: Phase) -> Entry {
     let run = RunInfo {
         run_id: "-".into(),

@@ -49,11 +49,11 @@ pub(crate) use follow::demotions;
 pub(crate) use lines::permitted;
 pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use lines::{
-    Dispatched, ModelTurn, Origin, QueueNote, Queued, RunEnd, alert_of_record, handed,
+    Dispatched, ModelTurn, Origin, QueueNote, Queued, RolloutEvent, RunEnd, alert_of_record, handed,
 };
 pub(crate) use log::Written;
 pub use log::{AuditError, AuditLog, torn_path};
-pub(crate) use query::{process_alive, promotion, run_lines, this_process};
+pub(crate) use query::{entries, process_alive, promotion, run_lines, this_process};
 pub use segments::Rotation;
 pub use verify::{Retired, Verification, verify, verify_against};
 
@@ -106,6 +106,10 @@ pub enum Phase {
     /// The first line of the file after a rotation: the segment it follows,
     /// the segments retention removed, and the state a daemon starts from.
     Segment,
+    /// A fan-out's staged rollout: started with its frozen waves, each
+    /// host's outcome, halted, resumed, aborted, finished (no run:
+    /// `run_id` is `-`, the rollout's id is in `detail.rollout`).
+    Rollout,
 }
 
 /// One line of the log.

@@ -207,3 +207,26 @@ pub(crate) fn run_lines(path: &Path, run_id: &str) -> std::io::Result<Vec<Entry>
     }
     Ok(out)
 }
+
+/// Every line of the history of `path` stamped since about `since` (all
+/// of it when `None`) that `wanted` keeps by its text, parsed, in order:
+/// a reader that needs a few kinds of line parses only those.
+pub(crate) fn entries(
+    path: &Path,
+    since: Option<jiff::Timestamp>,
+    wanted: impl Fn(&str) -> bool,
+) -> std::io::Result<Vec<Entry>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for line in segments::read(path, since)? {
+        let line = line?;
+        if wanted(&line)
+            && let Ok(e) = serde_json::from_str::<Entry>(&line)
+        {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}

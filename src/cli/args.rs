@@ -291,6 +291,21 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: KillSwitchCommand,
     },
+    /// Fan-outs in waves (`rollout:` in a runbook): list, status, resume a halted one, abort.
+    Rollout {
+        /// What to do.
+        #[command(subcommand)]
+        command: RolloutCommand,
+        /// The daemon's address (default: `listen` from runwarden.yaml).
+        #[arg(long, global = true)]
+        daemon: Option<String>,
+        /// File holding the API's bearer token (`webhook_token_file`), if it has one.
+        #[arg(long, global = true)]
+        token_file: Option<PathBuf>,
+        /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// The shared state of several daemons (`state.postgres` in runwarden.yaml).
     Db {
         /// What to do with the database.
@@ -400,6 +415,43 @@ pub(crate) enum InstallCommand {
         /// The configuration directory (runwarden.yaml, hosts/, runbooks/); default: $RUNWARDEN_CONFIG, else this directory if it holds runwarden.yaml, else /etc/runwarden.
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+}
+
+/// `runwarden rollout ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum RolloutCommand {
+    /// Every rollout the daemon knows, newest first.
+    List {
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One rollout: each wave's hosts and outcomes, and what it waits on.
+    /// Exit 0 when finished ok, 1 when halted or aborted, else the state's code.
+    Status {
+        /// The rollout's id (or a prefix of it).
+        id: String,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let a halted rollout go on: the failures so far are accepted, and
+    /// max_failures counts from now.
+    Resume {
+        /// The rollout's id (or a prefix of it).
+        id: String,
+        /// Why it is safe to go on: written to the audit log.
+        #[arg(long)]
+        reason: String,
+    },
+    /// End a rollout: nothing more starts; runs in flight finish.
+    Abort {
+        /// The rollout's id (or a prefix of it).
+        id: String,
+        /// Why: written to the audit log.
+        #[arg(long)]
+        reason: String,
     },
 }
 

@@ -75,6 +75,9 @@ pub(super) async fn check(dir: &Path) -> Exit {
     }
     for r in cfg.runbooks.values() {
         println!("{}", runbook_line(r));
+        for line in crate::rollout::describe(&cfg, r) {
+            println!("  rollout {line}");
+        }
     }
     for warning in done_when_windows(&cfg).await {
         eprintln!("warning: {warning}");

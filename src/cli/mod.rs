@@ -18,6 +18,7 @@ mod host;
 mod killswitch;
 mod man;
 mod promote;
+mod rollout;
 mod run;
 
 use std::path::PathBuf;
@@ -358,6 +359,12 @@ async fn dispatch(cli: Cli) -> Exit {
             token_file,
             config,
         } => approvals(command, daemon, token_file, &config_dir(config)?).await,
+        Command::Rollout {
+            command,
+            daemon,
+            token_file,
+            config,
+        } => rollout::rollout(command, daemon, token_file, &config_dir(config)?).await,
         Command::PromoteReport {
             runbook,
             since,

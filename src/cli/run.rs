@@ -149,6 +149,18 @@ pub(super) async fn via_daemon(
             answer["error"].as_str().unwrap_or("")
         )));
     }
+    if let Some(rollout) = answer.get("rollout").filter(|r| r.is_object()) {
+        return follow_rollout(&ask, &client, &auth, base, rollout).await;
+    }
+    for (i, wave) in answer["waves"].as_array().into_iter().flatten().enumerate() {
+        let names: Vec<&str> = wave
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!("a real run's rollout, wave {}: {}", i + 1, names.join(" "));
+    }
     let mut worst = 0;
     for o in answer["outcomes"].as_array().into_iter().flatten() {
         let host = o["host"].as_str().unwrap_or("?");
@@ -168,18 +180,7 @@ pub(super) async fn via_daemon(
             continue;
         }
         let run = loop {
-            let run = auth(client.get(format!("{base}/api/v1/runs/{id}")))
-                .send()
-                .await
-                .ok();
-            let run = match run {
-                Some(r) => r
-                    .bytes()
-                    .await
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok()),
-                None => None,
-            };
+            let run = json_of(auth(client.get(format!("{base}/api/v1/runs/{id}")))).await;
             match run.as_ref().and_then(|v| v["status"].as_str()) {
                 Some("queued" | "running") | None => {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await
@@ -209,6 +210,58 @@ pub(super) async fn via_daemon(
         worst = worst.max(code);
     }
     Ok(worst)
+}
+
+/// The JSON answer to `req`, if it could be sent and read (a poll tries again).
+async fn json_of(req: reqwest::RequestBuilder) -> Option<Value> {
+    let bytes = req.send().await.ok()?.bytes().await.ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// A rollout the daemon started: its waves, then (unless --no-wait) its
+/// status until it is finished, halted or aborted; the exit is
+/// [`super::rollout::exit_code`]'s.
+async fn follow_rollout(
+    ask: &ViaDaemon<'_>,
+    client: &reqwest::Client,
+    auth: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    base: &str,
+    started: &Value,
+) -> Exit {
+    let id = started["id"].as_str().unwrap_or_default().to_string();
+    println!("rollout {id} started");
+    for (i, wave) in started["waves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let names: Vec<&str> = wave
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["host"].as_str())
+            .collect();
+        println!("  wave {}: {}", i + 1, names.join(" "));
+    }
+    if !ask.wait {
+        return Ok(0);
+    }
+    let status = loop {
+        let v = json_of(auth(client.get(format!("{base}/api/v1/rollouts/{id}")))).await;
+        match v.as_ref().and_then(|v| v["state"].as_str()) {
+            Some("finished" | "halted" | "aborted") => break v.unwrap_or_default(),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+        }
+    };
+    match ask.json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(&status).unwrap_or_default()
+        ),
+        false => print!("{}", super::rollout::status_text(&status)),
+    }
+    Ok(super::rollout::exit_code(&status))
 }
 
 /// `run --alert FILE`: one alert's labels and annotations, as the webhook would pass them.

@@ -48,7 +48,8 @@ pub use crate::host::{Connection, Host};
 pub(crate) use diag::{ConfigError, Diagnostic, did_you_mean};
 pub(crate) use model::{ApiKey, ModelEndpoint};
 pub(crate) use runbook::{
-    AlertClears, Autonomy, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Runbook,
+    AlertClears, Autonomy, Canary, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Reach, Rollout,
+    Runbook,
 };
 
 use diag::Diagnostics;
@@ -302,6 +303,7 @@ impl Config {
             let around = runbook::Around {
                 model: settings.model.is_some(),
                 prometheus: settings.prometheus.is_some(),
+                shared_state: settings.postgres.is_some(),
             };
             if let Some(rb) =
                 runbook::validate(raw, file, version, &known_hosts, &tools, around, &mut diags)

@@ -181,6 +181,36 @@ pub(crate) struct Runbook {
     /// `steps` or `model`: who picks the calls.
     pub(crate) planner: Option<S<String>>,
     pub(crate) done_when: Option<DoneWhen>,
+    /// How a fan-out reaches its hosts: a canary, then waves.
+    pub(crate) rollout: Option<S<Rollout>>,
+}
+
+/// `rollout:` in a runbook.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Rollout {
+    pub(crate) canary: Option<S<Canary>>,
+    #[serde(default)]
+    pub(crate) waves: Vec<S<CountOrShare>>,
+    pub(crate) pause: Option<S<String>>,
+    pub(crate) max_failures: Option<S<u32>>,
+    pub(crate) guard: Option<S<String>>,
+}
+
+/// `rollout.canary:` a count of the first hosts, or the hosts by name.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Canary {
+    Count(u32),
+    Hosts(Vec<S<String>>),
+}
+
+/// A wave's size: a count of hosts, or `"N%"` of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum CountOrShare {
+    Count(u32),
+    Text(String),
 }
 
 /// `agent:` in a runbook: a goal for the model planner.

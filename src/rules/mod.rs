@@ -16,6 +16,7 @@
 //! - [`demotion`]: whether a failed run demotes its runbook to L2, and
 //!   whether a person may promote it yet.
 //! - [`kill_switch`]: which engaged switch, if any, stops a runbook.
+//! - [`rollout`]: a fan-out's waves, and whether its next host may start.
 //!
 //! This module sits just above `config` (it reads a runbook's settings)
 //! and below everything that keeps state.
@@ -24,6 +25,7 @@ pub mod admission;
 pub(crate) mod budget;
 pub(crate) mod demotion;
 pub(crate) mod kill_switch;
+pub(crate) mod rollout;
 
 use serde::Serialize;
 

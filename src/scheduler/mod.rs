@@ -31,7 +31,7 @@ mod reports;
 mod tests;
 
 pub(crate) use batch::{Outcome, SubmitError};
-pub(crate) use reports::Reports;
+pub(crate) use reports::{NoReport, Reports};
 
 /// What becomes of each trigger: the kill switch, one run per runbook and
 /// host, cooldown, dedupe, the concurrency limit; then the run, on a thread
@@ -111,7 +111,7 @@ impl Scheduler {
         }
     }
 
-    fn killswitch(&self, config: &Config) -> KillSwitch {
+    pub(crate) fn killswitch(&self, config: &Config) -> KillSwitch {
         self.state.kill_switch(&config.settings.kill_switch_dir)
     }
 

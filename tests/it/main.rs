@@ -22,6 +22,7 @@ mod model;
 mod observability;
 mod observer;
 mod panics;
+mod rollout;
 mod ssh;
 mod systemd;
 mod tools;

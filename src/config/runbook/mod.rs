@@ -17,9 +17,11 @@ use serde::Serialize;
 use serde_saphyr::Spanned;
 
 mod done_when;
+mod rollout;
 mod steps;
 
 pub(crate) use done_when::AlertClears;
+pub(crate) use rollout::{Canary, Reach, Rollout};
 use steps::validate_step;
 
 use super::diag::{Diagnostics, did_you_mean};
@@ -358,6 +360,8 @@ pub(crate) struct Runbook {
     pub(crate) planner: PlannedBy,
     /// When a run started by an alert is done: its alert cleared.
     pub(crate) done_when: Option<AlertClears>,
+    /// How a fan-out reaches the hosts: canaries, then waves.
+    pub(crate) rollout: Option<Rollout>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub(crate) version: String,
     /// The file this runbook came from (for messages).
@@ -455,6 +459,8 @@ pub(crate) struct Around {
     pub(crate) model: bool,
     /// runwarden.yaml has a `prometheus:`.
     pub(crate) prometheus: bool,
+    /// runwarden.yaml has `state.postgres`.
+    pub(crate) shared_state: bool,
 }
 
 /// The most steps a runbook may have: `budget.max_steps` is at most 1000.
@@ -510,6 +516,16 @@ pub(super) fn validate(
     let on_alert = on_alert(&raw, hosts, file, diags);
     let budget = budget(&raw, file, diags);
     let done_when = done_when::validate(&raw, budget.max_duration, around.prometheus, file, diags);
+    let rollout = rollout::validate(
+        &raw,
+        rollout::Needs {
+            hosts: &host_names,
+            prometheus: around.prometheus,
+            shared_state: around.shared_state,
+        },
+        file,
+        diags,
+    );
     let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
     let agent = agent(&raw, &budget, model_configured, file, diags);
     let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
@@ -546,6 +562,7 @@ pub(super) fn validate(
         agent,
         planner,
         done_when,
+        rollout,
         version,
         source: file.to_path_buf(),
     })

@@ -31,6 +31,8 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+mod rollouts;
+
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -53,6 +55,8 @@ pub(crate) struct AppState {
     pub(crate) config: watch::Receiver<Arc<Config>>,
     /// Where triggers go.
     pub(crate) scheduler: Arc<Scheduler>,
+    /// Fan-outs in waves (`rollout:`).
+    pub(crate) rollouts: Arc<crate::rollout::Rollouts>,
     /// The metrics `/metrics` serves.
     pub(crate) metrics: Arc<Metrics>,
     /// The audit log the runs API reads.
@@ -164,6 +168,9 @@ pub(crate) fn router(state: AppState) -> Router {
             post(alerts).layer(DefaultBodyLimit::max(MAX_NOTIFICATION)),
         )
         .route("/api/v1/fleet/runs", get(fleet_runs))
+        .route("/api/v1/rollouts", get(rollouts::list))
+        .route("/api/v1/rollouts/{id}", get(rollouts::show))
+        .route("/api/v1/rollouts/{id}/{decision}", post(rollouts::decide))
         .route("/api/v1/approvals", get(approvals_list))
         .route("/api/v1/approvals/{id}", get(approval_show))
         .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
@@ -562,6 +569,30 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             ),
         );
     }
+    // A runbook's every host, for real: a rollout, wave by wave. A dry
+    // run changes nothing, so it goes to every host at once and says the
+    // waves a real one would take.
+    let waves = runbook
+        .rollout
+        .as_ref()
+        .filter(|_| body.all_hosts)
+        .map(|_| crate::rollout::plan(&config, runbook));
+    if waves.is_some() && !body.dry_run {
+        return match s
+            .rollouts
+            .start(runbook, crate::origin::Trigger::Api, Vec::new())
+        {
+            Ok(status) => answer(
+                StatusCode::ACCEPTED,
+                json!({ "runbook": runbook.name, "rollout": status, "outcomes": [] }),
+                None,
+            ),
+            Err(e) => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the rollout could not be recorded, so it did not start; retry: {e}"),
+            ),
+        };
+    }
     let reqs: Vec<RunRequest> = hosts
         .iter()
         .map(|h| RunRequest {
@@ -586,11 +617,11 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
                     json!({ "host": host, "result": o.result.as_str(), "run_id": o.run_id })
                 })
                 .collect();
-            answer(
-                StatusCode::ACCEPTED,
-                json!({ "runbook": runbook.name, "outcomes": outcomes }),
-                pending,
-            )
+            let mut body = json!({ "runbook": runbook.name, "outcomes": outcomes });
+            if let Some(waves) = &waves {
+                body["waves"] = json!(waves);
+            }
+            answer(StatusCode::ACCEPTED, body, pending)
         }
         Err(e) => problem(
             StatusCode::SERVICE_UNAVAILABLE,

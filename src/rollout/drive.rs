@@ -1,0 +1,389 @@
+//! The task that drives one rollout: a wave's hosts at most
+//! `max_concurrent_runs` at a time, each batch only after the kill switch
+//! and the failures say it may; the pause and the guard between waves; a
+//! halt that waits for a person.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::{One, Rollouts, State, Status};
+use crate::audit::RolloutEvent;
+use crate::run::RunRequest;
+use crate::scheduler::NoReport;
+use crate::verdict::Verdict;
+
+/// How often a guard is asked during a pause (and the kill switch looked at).
+const GUARD_EVERY: Duration = Duration::from_secs(5);
+
+/// Why the driver stopped dispatching.
+enum Stop {
+    /// A halt: nothing new until a person decides.
+    Halt(String),
+    /// The daemon is stopping: the next one goes on from the log.
+    Shutdown,
+}
+
+/// Drive `one` to its end: wave after wave, halted when it must be,
+/// until finished or aborted (or the daemon stops). `in_flight`: runs a
+/// restart found running for it (host, run id).
+pub(super) async fn drive(
+    rs: Arc<Rollouts>,
+    one: Arc<One>,
+    keys: Vec<String>,
+    in_flight: Vec<(String, String)>,
+) {
+    let mut in_flight = in_flight;
+    loop {
+        if let Some(State::Aborted | State::Finished) = wait_for_a_person(&one).await {
+            return;
+        }
+        let status = one.status();
+        let Some(wave) = status.waves.iter().position(|w| {
+            w.iter()
+                .any(|h| h.outcome == "waiting" || h.outcome == "running")
+        }) else {
+            finish(&rs, &one);
+            return;
+        };
+        // A wave none of whose hosts has started yet follows a pause.
+        let fresh = status.waves[wave].iter().all(|h| h.outcome == "waiting");
+        if wave > 0 && fresh && in_flight.is_empty() {
+            match pause(&rs, &one).await {
+                Ok(()) => {}
+                Err(Stop::Shutdown) => return,
+                Err(Stop::Halt(why)) => {
+                    halt(&rs, &one, why);
+                    continue;
+                }
+            }
+        }
+        match run_wave(&rs, &one, wave, &keys, std::mem::take(&mut in_flight)).await {
+            Ok(()) => {}
+            Err(Stop::Shutdown) => return,
+            Err(Stop::Halt(_)) => {} // written as it was decided
+        }
+    }
+}
+
+/// While `one` is halted, wait for a person; its state after.
+async fn wait_for_a_person(one: &One) -> Option<State> {
+    let mut rx = one.status.subscribe();
+    match rx.wait_for(|s| s.state != State::Halted).await {
+        Ok(s) => Some(s.state),
+        Err(_) => None,
+    }
+}
+
+/// Halt `one` for `why`: written (with which hosts ran and which never
+/// started), counted, alerted on; nothing new starts.
+fn halt(rs: &Rollouts, one: &One, why: String) {
+    let now = one.status();
+    if now.state == State::Halted || now.state.is_over() {
+        return;
+    }
+    let (ran, never_started) = now.split();
+    let event = RolloutEvent::Halted {
+        reason: why.clone(),
+        ran,
+        never_started,
+    };
+    if let Err(e) = rs.audit.rollout(&now.id, &now.runbook, &event) {
+        // Halted all the same: a halt is the safe side of a lost line.
+        tracing::error!(rollout = %now.id, "the halt of rollout {} could not be written: {e}", now.id);
+    }
+    rs.metrics
+        .rollouts_halted
+        .with_label_values(&[&now.runbook])
+        .inc();
+    rs.metrics
+        .rollouts
+        .with_label_values(&[&now.runbook, "halted"])
+        .inc();
+    tracing::warn!(rollout = %now.id, runbook = %now.runbook, "rollout {} of {} halted: {why}", now.id, now.runbook);
+    one.status.send_modify(|s| {
+        s.state = State::Halted;
+        s.reason = Some(why);
+        s.next_wave_at = None;
+        s.waiting_on = "a person: `runwarden rollout resume ID --reason` or `abort`".into();
+    });
+}
+
+/// Every wave ran: written with the worst verdict.
+fn finish(rs: &Rollouts, one: &One) {
+    let now = one.status();
+    let worst = now.worst.unwrap_or(Verdict::Ok);
+    let event = RolloutEvent::Finished {
+        worst,
+        failures: now.failures,
+    };
+    if let Err(e) = rs.audit.rollout(&now.id, &now.runbook, &event) {
+        tracing::error!(rollout = %now.id, "the end of rollout {} could not be written: {e}", now.id);
+    }
+    rs.metrics
+        .rollouts
+        .with_label_values(&[&now.runbook, "finished"])
+        .inc();
+    tracing::info!(rollout = %now.id, "rollout {} of {} finished: worst {}, {} failure(s)", now.id, now.runbook, worst.as_str(), now.failures);
+    one.status.send_modify(|s| {
+        s.state = State::Finished;
+        s.waiting_on = "nothing: finished".into();
+        s.next_wave_at = None;
+    });
+}
+
+/// Whether the next host may start: the daemon is not stopping, the kill
+/// switch is released, the failures are within `max_failures`.
+fn may_start(rs: &Rollouts, one: &One) -> Result<(), Stop> {
+    if rs.scheduler.stopping() {
+        return Err(Stop::Shutdown);
+    }
+    let status = one.status();
+    if status.state != State::Running && status.state != State::Pausing {
+        return Err(Stop::Halt(status.reason.unwrap_or_default()));
+    }
+    let config = rs.config.borrow().clone();
+    if let Err(engaged) = rs.scheduler.killswitch(&config).check(&status.runbook) {
+        return Err(Stop::Halt(format!(
+            "{engaged}; releasing the switch does not resume the rollout"
+        )));
+    }
+    if !crate::rules::rollout::may_go_on(status.max_failures, status.counted()) {
+        return Err(Stop::Halt(failures_why(&status)));
+    }
+    Ok(())
+}
+
+fn failures_why(s: &Status) -> String {
+    let failed: Vec<String> = s
+        .waves
+        .iter()
+        .flatten()
+        .filter(|h| h.failed())
+        .map(|h| format!("{} {}", h.host, h.outcome))
+        .collect();
+    format!(
+        "{} failure(s) past max_failures {} ({})",
+        s.counted(),
+        s.max_failures,
+        failed.join(", ")
+    )
+}
+
+/// The pause before the next wave, the guard asked every [`GUARD_EVERY`]
+/// all through it (and once with no pause). Any series it returns, or any
+/// error asking it, halts.
+async fn pause(rs: &Rollouts, one: &One) -> Result<(), Stop> {
+    let status = one.status();
+    let length = Duration::from_secs(status.pause_secs);
+    let until = tokio::time::Instant::now() + length;
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(status.pause_secs as i64);
+    one.status.send_modify(|s| {
+        s.state = State::Pausing;
+        s.next_wave_at = Some(at.to_string());
+        s.waiting_on = match &s.guard {
+            Some(g) => format!("the pause, with the guard `{g}` returning nothing"),
+            None => "the pause".into(),
+        };
+    });
+    let prometheus = rs
+        .config
+        .borrow()
+        .settings
+        .prometheus
+        .as_ref()
+        .map(crate::prometheus::Prometheus::new);
+    loop {
+        may_start(rs, one)?;
+        if let Some(guard) = &status.guard {
+            let Some(prom) = &prometheus else {
+                return Err(Stop::Halt(
+                    "the guard cannot be asked: runwarden.yaml has no prometheus".into(),
+                ));
+            };
+            match prom.query(guard).await {
+                Ok(series) if series.is_empty() => {}
+                Ok(series) => {
+                    return Err(Stop::Halt(format!(
+                        "the guard `{guard}` returned {} series (first: {:?} = {}) during the pause",
+                        series.len(),
+                        series[0].labels,
+                        series[0].value
+                    )));
+                }
+                Err(e) => {
+                    return Err(Stop::Halt(format!(
+                        "the guard `{guard}` could not be evaluated on {}: {e}; a guard that cannot be asked never passes",
+                        prom.url()
+                    )));
+                }
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            break;
+        }
+        tokio::time::sleep((until - now).min(GUARD_EVERY)).await;
+    }
+    one.status.send_modify(|s| {
+        if s.state == State::Pausing {
+            s.state = State::Running;
+        }
+        s.next_wave_at = None;
+    });
+    Ok(())
+}
+
+/// Run wave `wave`'s hosts that have not started, at most
+/// `max_concurrent_runs` at once, and wait for every run of it to end.
+async fn run_wave(
+    rs: &Arc<Rollouts>,
+    one: &One,
+    wave: usize,
+    keys: &[String],
+    recovered: Vec<(String, String)>,
+) -> Result<(), Stop> {
+    let mut running = FuturesUnordered::new();
+    let ended = |host: String, run_id: String| {
+        let rs = rs.clone();
+        async move {
+            let end = rs.scheduler.reports.ended(&run_id).await;
+            (host, run_id, end)
+        }
+    };
+    for (host, run_id) in recovered {
+        running.push(ended(host, run_id));
+    }
+    let mut stop: Option<Stop> = None;
+    let mut halted = false;
+    loop {
+        let window = rs.config.borrow().settings.max_concurrent_runs.max(1);
+        let status = one.status();
+        let waiting: Vec<String> = status.waves[wave]
+            .iter()
+            .filter(|h| h.outcome == "waiting")
+            .map(|h| h.host.clone())
+            .collect();
+        let room = window.saturating_sub(running.len());
+        if stop.is_none() && room > 0 && !waiting.is_empty() {
+            match may_start(rs, one) {
+                Err(s) => stop = Some(s),
+                Ok(()) => {
+                    let batch: Vec<String> = waiting.into_iter().take(room).collect();
+                    one.status.send_modify(|s| {
+                        s.state = State::Running;
+                        s.waiting_on = format!("the runs of wave {}", wave + 1);
+                    });
+                    match dispatch(rs, one, wave, &batch, keys).await {
+                        Ok(started) => {
+                            for (host, run_id) in started {
+                                running.push(ended(host, run_id));
+                            }
+                            continue;
+                        }
+                        Err(why) => stop = Some(Stop::Halt(why)),
+                    }
+                }
+            }
+        }
+        if let Some(Stop::Halt(why)) = &stop
+            && !halted
+        {
+            halt(rs, one, why.clone());
+            halted = true;
+        }
+        let Some((host, run_id, end)) = running.next().await else {
+            break;
+        };
+        let (outcome, detail) = match end {
+            Ok(report) => (
+                report.verdict.as_str().to_string(),
+                report.verdict_detail.clone(),
+            ),
+            Err(NoReport::Unstarted(why)) => ("broken".to_string(), why),
+            Err(NoReport::Stopping) => return Err(Stop::Shutdown),
+        };
+        record(rs, one, wave, &host, Some(&run_id), &outcome, &detail);
+    }
+    match stop {
+        Some(s) => Err(s),
+        None => Ok(()),
+    }
+}
+
+/// Start `hosts` of wave `wave` in one batch: their runs, or each one's
+/// reason for not starting (recorded as its outcome, a failure).
+async fn dispatch(
+    rs: &Rollouts,
+    one: &One,
+    wave: usize,
+    hosts: &[String],
+    keys: &[String],
+) -> Result<Vec<(String, String)>, String> {
+    let status = one.status();
+    let mut keys = keys.to_vec();
+    keys.push(super::key(&status.id));
+    let reqs: Vec<RunRequest> = hosts
+        .iter()
+        .map(|h| {
+            let mut req = RunRequest::cli(status.runbook.clone(), h.clone(), false);
+            req.trigger = status.trigger;
+            req.keys = keys.clone();
+            req
+        })
+        .collect();
+    let outcomes = rs
+        .scheduler
+        .submit_all(reqs)
+        .await
+        .map_err(|e| format!("the runs of wave {} could not be recorded: {e}", wave + 1))?;
+    let mut started = Vec::new();
+    for (host, o) in hosts.iter().zip(outcomes) {
+        match o.run_id {
+            Some(id) => {
+                one.status.send_modify(|s| {
+                    if let Some((_, h)) = s.host_mut(host) {
+                        h.outcome = "running".into();
+                        h.run_id = Some(id.clone());
+                    }
+                });
+                started.push((host.clone(), id));
+            }
+            None => {
+                let why = format!("not started: {}", o.result.as_str());
+                record(rs, one, wave, host, None, "not_started", &why);
+            }
+        }
+    }
+    Ok(started)
+}
+
+/// `host`'s outcome: in the status, and in the log.
+fn record(
+    rs: &Rollouts,
+    one: &One,
+    wave: usize,
+    host: &str,
+    run_id: Option<&str>,
+    outcome: &str,
+    detail: &str,
+) {
+    let mut changed = false;
+    one.status
+        .send_modify(|s| changed = s.ended(host, run_id, outcome, detail));
+    if !changed {
+        return;
+    }
+    let now = one.status();
+    let event = RolloutEvent::Host {
+        wave,
+        host: host.to_string(),
+        run_id: run_id.map(str::to_string),
+        outcome: outcome.to_string(),
+        detail: crate::text::one_line(detail).chars().take(500).collect(),
+    };
+    if let Err(e) = rs.audit.rollout(&now.id, &now.runbook, &event) {
+        tracing::error!(rollout = %now.id, "the outcome of {host} in rollout {} could not be written: {e}", now.id);
+    }
+}

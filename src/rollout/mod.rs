@@ -1,0 +1,415 @@
+//! Staged rollouts: a fan-out (a schedule's fire, `run --all-hosts`, the
+//! API's `all_hosts`) of a runbook with `rollout:` reaches its hosts a wave
+//! at a time, canaries first, and halts at the first failure past
+//! `max_failures`, so a runbook that breaks something breaks it once.
+//!
+//! Why a driver of its own, above the scheduler: each host's run is still
+//! an ordinary trigger (the kill switch, admission, cooldown, budgets and
+//! `max_runs` decide it as any other, and the fleet budget counts across
+//! waves because every run spends from it), but what comes next depends
+//! on how the last runs ended, which only a task that waits for them knows.
+//!
+//! - The host list is frozen into waves when the rollout starts
+//!   ([`crate::rules::rollout::waves`]) and written in its `started` line.
+//! - A wave's hosts are dispatched at most `max_concurrent_runs` at a time,
+//!   each batch after looking at the kill switch and the failures, so a
+//!   halt never starts a host that was merely waiting for a slot.
+//! - Between waves: every run ended, failures within `max_failures`, the
+//!   pause kept, and `guard:` (PromQL) empty for all of it; a guard that
+//!   cannot be evaluated halts, it never passes.
+//! - A halt dispatches nothing new, lets runs in flight finish, and waits
+//!   for a person (`runwarden rollout resume|abort`). The kill switch halts
+//!   a rollout too; releasing the switch does not resume it.
+//! - Every event is a synced audit line; a restarted daemon folds them
+//!   ([`record`]) and goes on where it was: a host whose run is in the
+//!   log (its `queued` line carries `rollout:ID`) is never run again, and
+//!   one without is never skipped.
+
+mod drive;
+mod record;
+mod status;
+
+pub(crate) use status::{State, Status};
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::audit::{AuditError, AuditLog, RolloutEvent};
+use crate::config::{Config, Runbook};
+use crate::metrics::Metrics;
+use crate::origin::Trigger;
+use crate::run::RunRequest;
+use crate::scheduler::Scheduler;
+
+/// Why a person's decision on a rollout was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("no rollout {0:?} on this daemon (`runwarden rollout list`)")]
+    NotFound(String),
+    #[error("rollout {id} is {state:?}, not halted: only a halted rollout is resumed")]
+    NotHalted { id: String, state: State },
+    #[error("rollout {0} is over")]
+    Over(String),
+    #[error("say why (--reason): the audit log keeps who resumed or aborted a rollout, and why")]
+    NoReason,
+    #[error("the audit log could not record it, so nothing changed: {0}")]
+    Audit(#[from] AuditError),
+}
+
+/// One rollout this daemon drives: its status, which the driver and a
+/// person's decisions change and everyone else watches.
+pub(crate) struct One {
+    status: watch::Sender<Status>,
+}
+
+impl One {
+    /// Its status now.
+    pub(crate) fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+}
+
+/// Every rollout this daemon knows: those it drives and those it drove.
+pub(crate) struct Rollouts {
+    scheduler: Arc<Scheduler>,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    config: watch::Receiver<Arc<Config>>,
+    all: Mutex<BTreeMap<String, Arc<One>>>,
+}
+
+/// Rollouts kept once over, for `list` and `status`.
+const KEEP_OVER: usize = 200;
+
+impl Rollouts {
+    pub(crate) fn new(
+        scheduler: Arc<Scheduler>,
+        audit: Arc<AuditLog>,
+        metrics: Arc<Metrics>,
+        config: watch::Receiver<Arc<Config>>,
+    ) -> Arc<Rollouts> {
+        Arc::new(Rollouts {
+            scheduler,
+            audit,
+            metrics,
+            config,
+            all: Mutex::default(),
+        })
+    }
+
+    /// Start a rollout of `runbook` on its hosts (all but example ones),
+    /// frozen now; `keys` go on every run it starts. Returns once its
+    /// `started` line is synced.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        runbook: &Runbook,
+        trigger: Trigger,
+        keys: Vec<String>,
+    ) -> Result<Status, AuditError> {
+        let config = self.config.borrow().clone();
+        let waves = plan(&config, runbook);
+        let id = uuid::Uuid::now_v7().to_string();
+        let status = Status::new(
+            &id,
+            &runbook.name,
+            trigger,
+            &waves,
+            runbook.rollout.as_ref(),
+        );
+        self.audit.rollout(
+            &id,
+            &runbook.name,
+            &RolloutEvent::Started {
+                waves: waves
+                    .iter()
+                    .map(|w| w.iter().map(|h| h.to_string()).collect())
+                    .collect(),
+                trigger,
+                max_failures: status.max_failures,
+                pause_secs: status.pause_secs,
+                guard: status.guard.clone(),
+            },
+        )?;
+        self.metrics
+            .rollouts
+            .with_label_values(&[&runbook.name, "started"])
+            .inc();
+        tracing::info!(rollout = %id, runbook = %runbook.name, "rollout {id} of {} started: {} wave(s)", runbook.name, waves.len());
+        let one = self.keep(status.clone());
+        tokio::spawn(drive::drive(self.clone(), one, keys, Vec::new()));
+        Ok(status)
+    }
+
+    /// Hold `status` as one of this daemon's rollouts.
+    fn keep(&self, status: Status) -> Arc<One> {
+        let one = Arc::new(One {
+            status: watch::channel(status.clone()).0,
+        });
+        let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        all.insert(status.id.clone(), one.clone());
+        let over: Vec<String> = all
+            .iter()
+            .filter(|(_, o)| o.status.borrow().state.is_over())
+            .map(|(id, _)| id.clone())
+            .collect();
+        // Ids are UUIDv7: the oldest sort first.
+        for id in over.iter().take(over.len().saturating_sub(KEEP_OVER)) {
+            all.remove(id);
+        }
+        one
+    }
+
+    /// Every rollout it knows, newest first.
+    pub(crate) fn list(&self) -> Vec<Status> {
+        let all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        all.values().rev().map(|o| o.status()).collect()
+    }
+
+    /// One rollout, by id or a prefix of one.
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<One>> {
+        let all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        let mut hits = all.iter().filter(|(k, _)| k.starts_with(id));
+        match (hits.next(), hits.next()) {
+            (Some((_, one)), None) if !id.is_empty() => Some(one.clone()),
+            _ => None,
+        }
+    }
+
+    /// A person lets halted rollout `id` go on: the failures so far are
+    /// accepted, `max_failures` counts from now.
+    pub(crate) fn resume(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
+        let one = self
+            .get(id)
+            .ok_or_else(|| Refused::NotFound(id.to_string()))?;
+        if reason.trim().is_empty() {
+            return Err(Refused::NoReason);
+        }
+        let now = one.status();
+        if now.state != State::Halted {
+            return Err(Refused::NotHalted {
+                id: now.id,
+                state: now.state,
+            });
+        }
+        let event = RolloutEvent::Resumed {
+            by: by.to_string(),
+            reason: reason.to_string(),
+        };
+        self.audit.rollout(&now.id, &now.runbook, &event)?;
+        self.metrics
+            .rollouts_halted
+            .with_label_values(&[&now.runbook])
+            .dec();
+        self.metrics
+            .rollouts
+            .with_label_values(&[&now.runbook, "resumed"])
+            .inc();
+        one.status.send_modify(|s| {
+            s.state = State::Running;
+            s.reason = None;
+            s.accepted = s.failures;
+        });
+        tracing::info!(rollout = %now.id, "rollout {} resumed by {by}: {reason}", now.id);
+        Ok(one.status())
+    }
+
+    /// A person ends rollout `id`: nothing more starts; runs in flight finish.
+    pub(crate) fn abort(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
+        let one = self
+            .get(id)
+            .ok_or_else(|| Refused::NotFound(id.to_string()))?;
+        if reason.trim().is_empty() {
+            return Err(Refused::NoReason);
+        }
+        let now = one.status();
+        if now.state.is_over() {
+            return Err(Refused::Over(now.id));
+        }
+        let (_, never_started) = now.split();
+        let event = RolloutEvent::Aborted {
+            by: by.to_string(),
+            reason: reason.to_string(),
+            never_started,
+        };
+        self.audit.rollout(&now.id, &now.runbook, &event)?;
+        if now.state == State::Halted {
+            self.metrics
+                .rollouts_halted
+                .with_label_values(&[&now.runbook])
+                .dec();
+        }
+        self.metrics
+            .rollouts
+            .with_label_values(&[&now.runbook, "aborted"])
+            .inc();
+        one.status.send_modify(|s| {
+            s.state = State::Aborted;
+            s.reason = Some(format!("aborted by {by}: {reason}"));
+            s.waiting_on = "nothing: aborted".into();
+            s.next_wave_at = None;
+        });
+        tracing::warn!(rollout = %now.id, "rollout {} aborted by {by}: {reason}", now.id);
+        Ok(one.status())
+    }
+
+    /// Take up, from the audit log, the rollouts the last process left:
+    /// each one's outcomes as the log has them; the unfinished go on
+    /// (after [`Scheduler::recover`] closed the runs it left open).
+    /// Returns how many go on.
+    pub(crate) fn recover(self: &Arc<Self>) -> std::io::Result<usize> {
+        let config = self.config.borrow().clone();
+        let found = record::fold(self.audit.path())?;
+        let mut going_on = 0;
+        for r in found {
+            let mut status = r.status;
+            // A run the log shows ended, but the rollout line that says so
+            // was not written before the stop: written now.
+            for (host, run_id, verdict, detail) in r.ended_unrecorded {
+                if status.ended(&host, Some(&run_id), &verdict, &detail) {
+                    let wave = status.host_mut(&host).map_or(0, |(w, _)| w);
+                    self.audit
+                        .rollout(
+                            &status.id,
+                            &status.runbook,
+                            &RolloutEvent::Host {
+                                wave,
+                                host,
+                                run_id: Some(run_id),
+                                outcome: verdict,
+                                detail,
+                            },
+                        )
+                        .map_err(std::io::Error::other)?;
+                }
+            }
+            let state = status.state;
+            if state == State::Halted {
+                self.metrics
+                    .rollouts_halted
+                    .with_label_values(&[&status.runbook])
+                    .inc();
+            }
+            let keys = r.keys;
+            let in_flight = r.in_flight;
+            let runbook_known = config.runbooks.contains_key(&status.runbook);
+            let one = self.keep(status);
+            if state.is_over() {
+                continue;
+            }
+            if !runbook_known {
+                tracing::warn!(rollout = %one.status().id, "rollout {} of {} is not taken up: the runbook is no longer in the configuration; abort it with `runwarden rollout abort`", one.status().id, one.status().runbook);
+                one.status.send_modify(|s| {
+                    s.state = State::Halted;
+                    s.reason = Some("its runbook is no longer in the configuration".into());
+                });
+                continue;
+            }
+            going_on += 1;
+            tokio::spawn(drive::drive(self.clone(), one, keys, in_flight));
+        }
+        Ok(going_on)
+    }
+}
+
+/// The hosts a fan-out of `runbook` reaches (example hosts are never
+/// called), frozen into waves.
+pub(crate) fn plan(config: &Config, runbook: &Runbook) -> Vec<Vec<Arc<str>>> {
+    let hosts: Vec<Arc<str>> = runbook
+        .hosts
+        .iter()
+        .filter(|h| config.hosts.get(&***h).is_none_or(|host| !host.example))
+        .cloned()
+        .collect();
+    match &runbook.rollout {
+        Some(r) => crate::rules::rollout::waves(r, &hosts),
+        None => vec![hosts],
+    }
+}
+
+/// What a fan-out of `runbook` would do, for `check` and a dry run: the
+/// waves one line each (`wave 1: web-1`), what holds them, and whether
+/// the fleet budget could take every host's changes.
+pub(crate) fn describe(config: &Config, runbook: &Runbook) -> Vec<String> {
+    let Some(r) = &runbook.rollout else {
+        return Vec::new();
+    };
+    let waves = plan(config, runbook);
+    let mut out: Vec<String> = waves
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let names: Vec<&str> = w.iter().map(|h| &**h).collect();
+            format!("wave {}: {}", i + 1, names.join(" "))
+        })
+        .collect();
+    out.push(format!(
+        "halts past {} failure(s); {} between waves{}",
+        r.max_failures,
+        match r.pause.is_zero() {
+            true => "no pause".to_string(),
+            false => format!("a pause of {}", humantime::format_duration(r.pause)),
+        },
+        r.guard
+            .as_ref()
+            .map(|g| format!(", the guard `{g}` returning nothing all through it"))
+            .unwrap_or_default()
+    ));
+    let hosts: usize = waves.iter().map(Vec::len).sum();
+    let most = hosts as u64 * u64::from(runbook.budget.max_mutations);
+    for (whose, b) in [
+        ("runbook's", runbook.fleet_budget),
+        ("fleet's", config.settings.fleet_budget),
+    ] {
+        if let Some(b) = b
+            && most > u64::from(b.max_mutations)
+        {
+            out.push(format!(
+                "note: {hosts} host(s) x budget.max_mutations {} = up to {most} tier-2 calls, past the {whose} fleet_budget of {} per {}: once it is spent, later hosts' changes are refused (and count as failures)",
+                runbook.budget.max_mutations,
+                b.max_mutations,
+                humantime::format_duration(b.per)
+            ));
+        }
+    }
+    out
+}
+
+/// The key every run of rollout `id` carries: how a restarted daemon
+/// finds which hosts already ran.
+pub(crate) fn key(id: &str) -> String {
+    format!("rollout:{id}")
+}
+
+/// A fan-out's runs: through a rollout for a runbook that has one, else
+/// all at once (what the schedule's worker submits).
+pub(crate) struct Fanout(pub(crate) Arc<Rollouts>);
+
+impl crate::trigger::Submit for Fanout {
+    type Error = String;
+
+    async fn submit(&self, reqs: Vec<RunRequest>) -> Result<(), String> {
+        let rollouts = &self.0;
+        let config = rollouts.config.borrow().clone();
+        let staged = reqs.first().and_then(|r| {
+            config
+                .runbooks
+                .get(&r.runbook)
+                .filter(|rb| rb.rollout.is_some())
+                .map(|rb| (rb.clone(), r.trigger, r.keys.clone()))
+        });
+        match staged {
+            Some((runbook, trigger, keys)) if !reqs.iter().any(|r| r.dry_run) => rollouts
+                .start(&runbook, trigger, keys)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            _ => rollouts
+                .scheduler
+                .submit_all(reqs)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
