@@ -587,10 +587,8 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
                 json!({ "runbook": runbook.name, "rollout": status, "outcomes": [] }),
                 None,
             ),
-            Err(e) => problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the rollout could not be recorded, so it did not start; retry: {e}"),
-            ),
+            Err(e @ crate::rollout::NotStarted::Unfinished(..)) => problem(StatusCode::CONFLICT, e),
+            Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("{e}; retry")),
         };
     }
     let reqs: Vec<RunRequest> = hosts

@@ -43,6 +43,19 @@ use crate::origin::Trigger;
 use crate::run::RunRequest;
 use crate::scheduler::Scheduler;
 
+/// Why a rollout did not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotStarted {
+    /// One rollout of a runbook at a time: another is not over.
+    #[error(
+        "rollout {0} of this runbook is {1:?} and not over: one rollout of a runbook at a time (`runwarden rollout status {0}`; resume or abort it first)"
+    )]
+    Unfinished(String, State),
+    /// Its `started` line could not be written.
+    #[error("the rollout could not be recorded, so it did not start: {0}")]
+    Audit(#[from] AuditError),
+}
+
 /// Why a person's decision on a rollout was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Refused {
@@ -107,7 +120,14 @@ impl Rollouts {
         runbook: &Runbook,
         trigger: Trigger,
         keys: Vec<String>,
-    ) -> Result<Status, AuditError> {
+    ) -> Result<Status, NotStarted> {
+        if let Some(going) = self
+            .list()
+            .into_iter()
+            .find(|r| r.runbook == runbook.name && !r.state.is_over())
+        {
+            return Err(NotStarted::Unfinished(going.id, going.state));
+        }
         let config = self.config.borrow().clone();
         let waves = plan(&config, runbook);
         let id = uuid::Uuid::now_v7().to_string();

@@ -419,3 +419,41 @@ fn a_restart_takes_the_rollout_up_where_it_was_with_each_host_run_once() {
     assert_eq!(n.len(), 5, "{n:?}");
     assert!(n.values().all(|&k| k == 1), "each host once: {n:?}");
 }
+
+/// A schedule's fire is a rollout too; while it is not over, the next
+/// fire and a person's `all_hosts` start no second one (409).
+#[test]
+fn a_schedule_fires_a_rollout_and_one_rollout_of_a_runbook_runs_at_a_time() {
+    let e = estate(&[], 0, &format!("{WAVES}  pause: 60s\n"), "");
+    let path = e.path().join("runbooks/weekly.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "autonomy: L3\n",
+            "autonomy: L3\nschedule: \"*/2 * * * * *\"\n",
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(&e);
+    let first = wait_for("a scheduled rollout", Duration::from_secs(20), || {
+        let v = d.get_json("/api/v1/rollouts");
+        v["rollouts"].as_array().and_then(|r| r.first().cloned())
+    });
+    assert_eq!(first["trigger"], "schedule", "{first:#}");
+    std::thread::sleep(Duration::from_secs(5));
+    let all = d.get_json("/api/v1/rollouts");
+    assert_eq!(all["rollouts"].as_array().unwrap().len(), 1, "{all:#}");
+    let (status, body) = d.request(
+        "POST",
+        "/api/v1/runs",
+        &[("Content-Type", "application/json")],
+        br#"{"runbook": "weekly", "all_hosts": true}"#,
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("one rollout of a runbook at a time"),
+        "{body}"
+    );
+    assert_eq!(runs_per_host(&e).len(), 1, "only the canary ran");
+}
