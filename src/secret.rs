@@ -131,23 +131,84 @@ fn hold_text(text: &str) {
     }
 }
 
+/// The shortest piece of a secret cut out where a text begins or ends:
+/// what a cut of a tool's output (its size cap, the tail it keeps) leaves
+/// of a secret that straddled it. Shorter pieces are too likely to be
+/// ordinary text, and too short to be worth much.
+const CUT_PIECE: usize = 8;
+
 /// `text` with every secret this process holds replaced by [`REDACTED`]
-/// (`None`: there was none in it).
+/// (`None`: there was none in it), and a piece of one where the text
+/// begins or ends (after a `…` that marks a cut): output cut through a
+/// secret gives away neither half.
 pub(crate) fn redact_held(text: &str) -> Option<String> {
     let held = HELD.read().unwrap_or_else(|p| p.into_inner());
-    if !held.iter().any(|s| text.contains(s.as_str())) {
+    let whole = held.iter().any(|s| text.contains(s.as_str()));
+    let edges = held.iter().any(|s| cut_piece(text, s).is_some());
+    if !whole && !edges {
         return None;
     }
     // The longest first: a secret that contains another is cut whole.
     let mut secrets: Vec<&String> = held.iter().collect();
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let mut out = text.to_string();
-    for s in secrets {
+    for s in &secrets {
         if out.contains(s.as_str()) {
             out = out.replace(s.as_str(), REDACTED);
         }
     }
+    for s in &secrets {
+        if let Some((start, end)) = cut_piece(&out, s) {
+            out = if start {
+                let (mark, rest) = split_mark(&out, true);
+                format!("{mark}{REDACTED}{}", &rest[end..])
+            } else {
+                let (mark, rest) = split_mark(&out, false);
+                format!("{}{REDACTED}{mark}", &rest[..rest.len() - end])
+            };
+        }
+    }
     Some(out)
+}
+
+/// `text` split at a `…` cut mark at its start (or end): (the mark, the rest).
+fn split_mark(text: &str, start: bool) -> (&str, &str) {
+    const MARK: &str = "…";
+    match start {
+        true => match text.strip_prefix(MARK) {
+            Some(rest) => (MARK, rest),
+            None => ("", text),
+        },
+        false => match text.strip_suffix(MARK) {
+            Some(rest) => (MARK, rest),
+            None => ("", text),
+        },
+    }
+}
+
+/// Where `text` begins with the end of `secret` (true, and the piece's
+/// length) or ends with its beginning (false, and the length): the
+/// longest such piece of at least [`CUT_PIECE`] bytes, shorter than the
+/// secret (a whole one is cut already).
+fn cut_piece(text: &str, secret: &str) -> Option<(bool, usize)> {
+    let n = secret.len();
+    if n <= CUT_PIECE {
+        return None;
+    }
+    let (_, head) = split_mark(text, true);
+    let (_, tail) = split_mark(text, false);
+    let begins = (CUT_PIECE..n)
+        .rev()
+        .filter(|&k| secret.is_char_boundary(n - k))
+        .find(|&k| head.starts_with(&secret[n - k..]));
+    if let Some(k) = begins {
+        return Some((true, k));
+    }
+    (CUT_PIECE..n)
+        .rev()
+        .filter(|&k| secret.is_char_boundary(k))
+        .find(|&k| tail.ends_with(&secret[..k]))
+        .map(|k| (false, k))
 }
 
 /// Every string in `value` (keys too) with the secrets held cut out;
@@ -311,5 +372,22 @@ mod tests {
             "Authorization: Bearer [redacted] and again [redacted]."
         );
         assert_eq!(redact(b"abc", "sk-123456"), b"abc");
+    }
+
+    /// A secret cut by a tool's size cap, or by the tail its output keeps,
+    /// gives away neither half.
+    #[test]
+    fn a_piece_of_a_held_secret_at_a_cut_is_redacted_too() {
+        let secret = "Zq7vB1mK9xPw4TtY2sLr8NcE5hGd3JaU";
+        hold(secret);
+        let head = format!("AAAA{}", &secret[..20]);
+        assert_eq!(redact_held(&head).unwrap(), format!("AAAA{REDACTED}"));
+        let tail = format!("…{}YYYY", &secret[12..]);
+        assert_eq!(redact_held(&tail).unwrap(), format!("…{REDACTED}YYYY"));
+        let marked = format!("AAAA{}…", &secret[..9]);
+        assert_eq!(redact_held(&marked).unwrap(), format!("AAAA{REDACTED}…"));
+        // Too short a piece is ordinary text; the middle of a text is not a cut.
+        assert_eq!(redact_held(&format!("AAAA{}", &secret[..7])), None);
+        assert_eq!(redact_held(&format!("{}AAAA", &secret[..20])), None);
     }
 }

@@ -251,6 +251,14 @@ fn ambiguous_authority(req: &axum::extract::Request) -> Option<Response> {
             "more than one Host header: send exactly one",
         ));
     }
+    if let Some(h) = host
+        && !h.to_str().is_ok_and(one_authority)
+    {
+        return Some(problem(
+            StatusCode::BAD_REQUEST,
+            "the Host header is not one name and port (a list, a space or a user part): send exactly one",
+        ));
+    }
     let target = req.uri().authority()?;
     let same = host
         .and_then(|h| h.to_str().ok())
@@ -264,6 +272,33 @@ fn ambiguous_authority(req: &axum::extract::Request) -> Option<Response> {
             ),
         )
     })
+}
+
+/// Whether `host` is one `name[:port]` or `[v6][:port]`: no list (how a
+/// proxy merges two Host headers), no space, no user part.
+fn one_authority(host: &str) -> bool {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, rest)) => {
+                let ok = !addr.is_empty()
+                    && addr
+                        .chars()
+                        .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+                (if ok { "v6" } else { "" }, rest)
+            }
+            None => ("", ""),
+        },
+        None => host.split_at(host.find(':').unwrap_or(host.len())),
+    };
+    let port_ok = match port.strip_prefix(':') {
+        Some(p) => !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()),
+        None => port.is_empty(),
+    };
+    port_ok
+        && !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
 }
 
 /// A `Host` header's name: its port and an IPv6 address's brackets off.
@@ -1003,5 +1038,38 @@ async fn approval_decide(
             | DecisionError::Expired(_)
             | DecisionError::Withdrawn(_)),
         ) => problem(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod authority_tests {
+    use super::one_authority;
+
+    #[test]
+    fn a_host_header_is_one_name_and_port() {
+        for ok in [
+            "127.0.0.1:9184",
+            "localhost",
+            "web-01.example:80",
+            "[::1]:9184",
+            "[::1]",
+        ] {
+            assert!(one_authority(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a:9184, evil.example",
+            "a:9184,evil.example",
+            "a:9184 evil.example",
+            "user@a:9184",
+            "a:",
+            "a:x",
+            "a:1:2",
+            "[::1",
+            "[]:1",
+            "[::1]x",
+        ] {
+            assert!(!one_authority(bad), "{bad:?}");
+        }
     }
 }

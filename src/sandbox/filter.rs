@@ -99,6 +99,8 @@ enum Label {
     Socket,
     Unix,
     Inet,
+    InetStream,
+    InetDatagram,
 }
 
 /// One instruction, its jump (if any) still symbolic.
@@ -168,13 +170,32 @@ pub(crate) fn program(sockets: Sockets) -> Vec<libc::sock_filter> {
         Here(Label::Inet),
         Load(arg(1)),
         And(0xf),
-        Eq(libc::SOCK_STREAM as u32, Label::Allow),
+        Eq(libc::SOCK_STREAM as u32, Label::InetStream),
     ]);
     if sockets.udp {
-        p.push(Eq(libc::SOCK_DGRAM as u32, Label::Allow));
+        p.push(Eq(libc::SOCK_DGRAM as u32, Label::InetDatagram));
     }
+    // The transport is the protocol's, not the type's: a stream of
+    // another protocol (MPTCP, SCTP) is beyond Landlock's TCP rules, so
+    // only TCP's (0 or IPPROTO_TCP) and UDP's (0 or IPPROTO_UDP) pass.
     p.extend([
         Return(ret_errno(libc::EACCES)),
+        Here(Label::InetStream),
+        Load(arg(2)),
+        Eq(0, Label::Allow),
+        Eq(libc::IPPROTO_TCP as u32, Label::Allow),
+        Return(ret_errno(libc::EACCES)),
+    ]);
+    if sockets.udp {
+        p.extend([
+            Here(Label::InetDatagram),
+            Load(arg(2)),
+            Eq(0, Label::Allow),
+            Eq(libc::IPPROTO_UDP as u32, Label::Allow),
+            Return(ret_errno(libc::EACCES)),
+        ]);
+    }
+    p.extend([
         Here(Label::Allow),
         Return(RET_ALLOW),
         Here(Label::Refuse),
@@ -292,10 +313,10 @@ mod tests {
             }))
             .unwrap();
             let errno = || std::io::Error::last_os_error().raw_os_error();
-            let socket = |domain, ty| {
+            let socket_of = |domain, ty, protocol| {
                 // SAFETY: socket(2) with plain integers; a descriptor it
                 // returns is closed at once.
-                let fd = unsafe { libc::socket(domain, ty, 0) };
+                let fd = unsafe { libc::socket(domain, ty, protocol) };
                 let e = errno();
                 if fd >= 0 {
                     // SAFETY: the descriptor just returned.
@@ -305,10 +326,23 @@ mod tests {
                     Err(e)
                 }
             };
+            let socket = |domain, ty| socket_of(domain, ty, 0);
             assert_eq!(
                 socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC),
                 Ok(())
             );
+            assert_eq!(
+                socket_of(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+                Ok(())
+            );
+            // MPTCP and SCTP streams are beyond Landlock's TCP port rules.
+            for protocol in [libc::IPPROTO_MPTCP, libc::IPPROTO_SCTP] {
+                assert_eq!(
+                    socket_of(libc::AF_INET, libc::SOCK_STREAM, protocol),
+                    Err(Some(libc::EACCES)),
+                    "protocol {protocol}"
+                );
+            }
             assert_eq!(
                 socket(libc::AF_INET, libc::SOCK_DGRAM),
                 Err(Some(libc::EACCES))

@@ -287,6 +287,27 @@ fn a_declared_tools_output_is_shown_bounded_in_the_report_and_the_transcript() {
     }
 }
 
+/// `output: json`: the tool's stdout, parsed, is its result's `output`,
+/// with a step's later templates and `when` able to read it.
+#[test]
+fn a_json_tools_output_is_parsed_into_its_result() {
+    let tool = "name: lag\ntier: 1\ndescription: Replication lag as JSON.\nrun: [/usr/bin/printf, '{\"lag\": {\"seconds\": 7}, \"ok\": [1, 2]}']\noutput: json\n".to_string();
+    let runbook = "name: rb\ndescription: d\nhosts: [me]\nautonomy: L3\ntools: { observe: [lag] }\nsteps:\n  - id: look\n    call: lag\n";
+    let dir = estate(&[("lag", tool)], runbook);
+    let cfg = dir.path().to_str().unwrap();
+    let out = runwarden(&["run", "rb", "--host", "me", "--json", "--config", cfg]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let output = &report["steps"][0]["result"]["data"]["output"];
+    assert_eq!(output["lag"]["seconds"], 7, "{report:#}");
+    assert_eq!(output["ok"], serde_json::json!([1, 2]), "{report:#}");
+}
+
 /// `tools --json --host H` gives each schema as a model and an agent get it
 /// on that host: an allowlist argument lists the host's values, a path the
 /// directories it must be under; without `--host`, the schemas say neither.

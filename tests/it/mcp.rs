@@ -789,6 +789,21 @@ fn five_thousand_handshakes_never_grow_the_daemon_past_its_session_cap() {
         raw_post(&addr, "/api/v1/alerts", &[&addr, "evil.example"], alerts),
         400
     );
+    // One Host line that is a list (how a proxy merges two), or a name
+    // with a space or a user part: not one authority either.
+    for host in [
+        format!("{addr}, evil.example"),
+        format!("{addr},evil.example"),
+        format!("{addr} evil.example"),
+        format!("user@{addr}"),
+    ] {
+        assert_eq!(
+            raw_post(&addr, "/api/v1/alerts", &[&host], alerts),
+            400,
+            "Host: {host}"
+        );
+        assert_eq!(raw_post(&addr, path, &[&host], &init), 400, "Host: {host}");
+    }
     // An absolute-form target that names the daemon, as Host does, is served.
     assert_eq!(
         raw_post(&addr, &format!("http://{addr}{path}"), &[&addr], &init),

@@ -916,7 +916,7 @@ impl Call {
         if self.tool.output == Output::Json {
             data["output"] = match serde_json::from_str::<Value>(&stdout) {
                 Ok(mut v) => {
-                    crate::text::fit(&mut v, 0);
+                    crate::text::fit(&mut v, crate::text::MAX_VALUE_DEPTH);
                     v
                 }
                 Err(e) => json!({ "unparsed": format!("stdout is not JSON: {e}") }),
