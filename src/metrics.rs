@@ -520,8 +520,9 @@ impl Metrics {
                     .inc_by(0);
             }
             self.budget_exhausted.with_label_values(&[name]).inc_by(0);
+            // Every runbook's: a dashboard's "Rollouts halted" reads 0, not "No data".
+            self.rollouts_halted.with_label_values(&[name]).add(0);
             if rb.rollout.is_some() {
-                self.rollouts_halted.with_label_values(&[name]).add(0);
                 for event in ["started", "halted", "resumed", "aborted", "finished"] {
                     self.rollouts.with_label_values(&[name, event]).inc_by(0);
                 }
