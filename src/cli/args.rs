@@ -428,7 +428,7 @@ pub(crate) enum RolloutCommand {
         json: bool,
     },
     /// One rollout: each wave's hosts and outcomes, and what it waits on.
-    /// Exit 0 when finished ok, 1 when halted or aborted, else the state's code.
+    /// Exits with its worst verdict's code; a halted or aborted one never 0 or 75 (7 then).
     Status {
         /// The rollout's id (or a prefix of it).
         id: String,
