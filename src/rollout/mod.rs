@@ -230,6 +230,7 @@ impl Rollouts {
             s.state = State::Running;
             s.reason = None;
             s.accepted = s.failures;
+            s.waiting_on = "its next hosts".into();
         });
         tracing::info!(rollout = %now.id, "rollout {} resumed by {by}: {reason}", now.id);
         Ok(one.status())
