@@ -18,7 +18,13 @@
 //! 6. one notification whose alerts all name one (runbook, host), as
 //!    Alertmanager groups them: 100 (the baseline), 1,000 and 10,000
 //!    alerts, the answer's time, its time per alert against the baseline's
-//!    and the daemon's peak RSS (`RUNWARDEN_BENCH_ONLY=group` for this part alone).
+//!    and the daemon's peak RSS (`RUNWARDEN_BENCH_ONLY=group` for this part alone);
+//! 7. a staged rollout of 500 hosts (a canary of 1, then 10%, then 100%,
+//!    no pause) against the flat fan-out of the same hosts, rounds
+//!    interleaved on one daemon: each one's time from the request to the
+//!    last verdict, and the rollout's ratio with the waits it asks for
+//!    (its canary alone, and each wave's last run) taken out
+//!    (`RUNWARDEN_BENCH_ONLY=rollout` for this part alone).
 //!
 //! Figures only; nothing here asserts a time.
 
@@ -88,6 +94,10 @@ fn main() {
         ),
     );
 
+    if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("rollout") {
+        rollout_against_flat(root, &hosts);
+        return;
+    }
     // `RUNWARDEN_BENCH_ONLY=fanout`: just the scheduled fan-out.
     if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("fanout") {
         fan_out(root, &hosts);
@@ -719,4 +729,120 @@ timezone: UTC
             syncs / finished.max(1.0)
         );
     }
+}
+
+/// Part 7: one runbook's 500 hosts as a staged rollout (1, 10%, 100%, no
+/// pause) and the same hosts as a flat fan-out, rounds interleaved on one
+/// daemon, each timed from its request to its last verdict.
+fn rollout_against_flat(root: &Path, hosts: &[String]) {
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-rollout-")
+        .tempdir_in(std::env::var("RUNWARDEN_BENCH_ROLLOUT_DIR").unwrap_or("/var/tmp".into()))
+        .unwrap();
+    let f = dir.path();
+    write(f, "kill-switch/README", "");
+    write(f, "runwarden.yaml", "max_concurrent_runs: 8\n");
+    std::fs::create_dir_all(f.join("hosts")).unwrap();
+    for h in hosts {
+        std::fs::copy(
+            root.join(format!("hosts/{h}.yaml")),
+            f.join(format!("hosts/{h}.yaml")),
+        )
+        .unwrap();
+    }
+    let body = format!(
+        "description: b\nhosts: [{}]\nautonomy: L3\ntools: {{ observe: [disk_usage] }}\nsteps:\n  - call: disk_usage\n    args: {{ path: /tmp }}\n",
+        hosts.join(", ")
+    );
+    write(f, "runbooks/flat.yaml", &format!("name: flat\n{body}"));
+    write(
+        f,
+        "runbooks/staged.yaml",
+        &format!(
+            "name: staged\n{body}rollout:\n  canary: 1\n  waves: [\"10%\", \"100%\"]\n  pause: 0s\n  max_failures: 0\n"
+        ),
+    );
+    let d = start_quiet(f);
+    let finished = |runbook: &str| -> f64 {
+        get(&d.addr, "/metrics")
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "runwarden_runs_finished_total{{runbook=\"{runbook}\""
+                ))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let one = |runbook: &str| -> Duration {
+        let before = finished(runbook);
+        let t = Instant::now();
+        let resp = post(
+            &d.addr,
+            "/api/v1/runs",
+            &format!(r#"{{"runbook":"{runbook}","all_hosts":true}}"#),
+        );
+        assert!(resp.starts_with("HTTP/1.1 202"), "{resp}");
+        let deadline = t + Duration::from_secs(300);
+        loop {
+            if finished(runbook) - before >= hosts.len() as f64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{runbook}: not every host ended");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let took = t.elapsed();
+        // A rollout is over (its `finished` line written) before the next.
+        if runbook == "staged" {
+            let id = resp
+                .split("\"id\":\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap()
+                .to_string();
+            loop {
+                let s = get(&d.addr, &format!("/api/v1/rollouts/{id}"));
+                if s.contains("\"state\":\"finished\"") {
+                    break;
+                }
+                assert!(!s.contains("\"state\":\"halted\""), "{s}");
+                assert!(Instant::now() < deadline, "{s}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        took
+    };
+    let rounds: usize = std::env::var("RUNWARDEN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    // One of each first, unmeasured: files cached, pools warm.
+    one("flat");
+    one("staged");
+    let mut ratios = Vec::new();
+    println!(
+        "{} hosts, max_concurrent_runs 8: a rollout (1, 10%, 100%, no pause) vs a flat fan-out",
+        hosts.len()
+    );
+    for round in 1..=rounds {
+        let (flat, staged) = if round % 2 == 1 {
+            let f = one("flat");
+            (f, one("staged"))
+        } else {
+            let s = one("staged");
+            (one("flat"), s)
+        };
+        let ratio = staged.as_secs_f64() / flat.as_secs_f64();
+        ratios.push(ratio);
+        println!(
+            "  round {round}: flat {:>6.2} s, rollout {:>6.2} s, ratio {ratio:.3}",
+            flat.as_secs_f64(),
+            staged.as_secs_f64()
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "  rollout / flat, median of {rounds}: {:.3} (target <= 1.1, the canary and each wave's barrier included)",
+        ratios[ratios.len() / 2]
+    );
 }

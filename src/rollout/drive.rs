@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::{One, Rollouts, State, Status};
@@ -139,9 +140,11 @@ fn may_start(rs: &Rollouts, one: &One) -> Result<(), Stop> {
     if rs.scheduler.stopping() {
         return Err(Stop::Shutdown);
     }
-    let status = one.status();
+    // Looked at in place: this runs before every batch, and a rollout's
+    // status holds every host.
+    let status = one.status.borrow();
     if status.state != State::Running && status.state != State::Pausing {
-        return Err(Stop::Halt(status.reason.unwrap_or_default()));
+        return Err(Stop::Halt(status.reason.clone().unwrap_or_default()));
     }
     let config = rs.config.borrow().clone();
     if let Err(engaged) = rs.scheduler.killswitch(&config).check(&status.runbook) {
@@ -259,23 +262,24 @@ async fn run_wave(
     let mut halted = false;
     loop {
         let window = rs.config.borrow().settings.max_concurrent_runs.max(1);
-        let status = one.status();
-        let waiting: Vec<String> = status.waves[wave]
+        let room = window.saturating_sub(running.len());
+        let waiting: Vec<String> = one.status.borrow().waves[wave]
             .iter()
             .filter(|h| h.outcome == "waiting")
+            .take(room)
             .map(|h| h.host.clone())
             .collect();
-        let room = window.saturating_sub(running.len());
         if stop.is_none() && room > 0 && !waiting.is_empty() {
             match may_start(rs, one) {
                 Err(s) => stop = Some(s),
                 Ok(()) => {
-                    let batch: Vec<String> = waiting.into_iter().take(room).collect();
-                    one.status.send_modify(|s| {
+                    one.status.send_if_modified(|s| {
+                        let was = (s.state, s.waiting_on.len());
                         s.state = State::Running;
                         s.waiting_on = format!("the runs of wave {}", wave + 1);
+                        was != (s.state, s.waiting_on.len())
                     });
-                    match dispatch(rs, one, wave, &batch, keys).await {
+                    match dispatch(rs, one, wave, &waiting, keys).await {
                         Ok(started) => {
                             for (host, run_id) in started {
                                 running.push(ended(host, run_id));
@@ -293,18 +297,26 @@ async fn run_wave(
             halt(rs, one, why.clone());
             halted = true;
         }
-        let Some((host, run_id, end)) = running.next().await else {
+        let Some(first) = running.next().await else {
             break;
         };
-        let (outcome, detail) = match end {
-            Ok(report) => (
-                report.verdict.as_str().to_string(),
-                report.verdict_detail.clone(),
-            ),
-            Err(NoReport::Unstarted(why)) => ("broken".to_string(), why),
-            Err(NoReport::Stopping) => return Err(Stop::Shutdown),
-        };
-        record(rs, one, wave, &host, Some(&run_id), &outcome, &detail);
+        // Every run that ended meanwhile too, so the next batch fills
+        // every slot they freed at once.
+        let mut ended_now = vec![first];
+        while let Some(Some(more)) = running.next().now_or_never() {
+            ended_now.push(more);
+        }
+        for (host, run_id, end) in ended_now {
+            let (outcome, detail) = match end {
+                Ok(report) => (
+                    report.verdict.as_str().to_string(),
+                    report.verdict_detail.clone(),
+                ),
+                Err(NoReport::Unstarted(why)) => ("broken".to_string(), why),
+                Err(NoReport::Stopping) => return Err(Stop::Shutdown),
+            };
+            record(rs, one, wave, &host, Some(&run_id), &outcome, &detail);
+        }
     }
     match stop {
         Some(s) => Err(s),
@@ -321,14 +333,17 @@ async fn dispatch(
     hosts: &[String],
     keys: &[String],
 ) -> Result<Vec<(String, String)>, String> {
-    let status = one.status();
+    let (id, runbook, trigger) = {
+        let s = one.status.borrow();
+        (s.id.clone(), s.runbook.clone(), s.trigger)
+    };
     let mut keys = keys.to_vec();
-    keys.push(super::key(&status.id));
+    keys.push(super::key(&id));
     let reqs: Vec<RunRequest> = hosts
         .iter()
         .map(|h| {
-            let mut req = RunRequest::cli(status.runbook.clone(), h.clone(), false);
-            req.trigger = status.trigger;
+            let mut req = RunRequest::cli(runbook.clone(), h.clone(), false);
+            req.trigger = trigger;
             req.keys = keys.clone();
             req
         })
@@ -370,12 +385,15 @@ fn record(
     detail: &str,
 ) {
     let mut changed = false;
-    one.status
-        .send_modify(|s| changed = s.ended(host, run_id, outcome, detail));
+    let (mut id, mut runbook) = (String::new(), String::new());
+    one.status.send_if_modified(|s| {
+        changed = s.ended(host, run_id, outcome, detail);
+        (id, runbook) = (s.id.clone(), s.runbook.clone());
+        changed
+    });
     if !changed {
         return;
     }
-    let now = one.status();
     let event = RolloutEvent::Host {
         wave,
         host: host.to_string(),
@@ -383,7 +401,7 @@ fn record(
         outcome: outcome.to_string(),
         detail: crate::text::one_line(detail).chars().take(500).collect(),
     };
-    if let Err(e) = rs.audit.rollout(&now.id, &now.runbook, &event) {
-        tracing::error!(rollout = %now.id, "the outcome of {host} in rollout {} could not be written: {e}", now.id);
+    if let Err(e) = rs.audit.rollout(&id, &runbook, &event) {
+        tracing::error!(rollout = %id, "the outcome of {host} in rollout {id} could not be written: {e}");
     }
 }
