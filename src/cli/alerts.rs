@@ -48,6 +48,10 @@ pub(super) async fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: b
     let demotions = crate::audit::demotions(&config.settings);
     let mut all = crate::plan::notification(&n, &config, &killswitch, &demotions, &record, plans);
     done_when(&mut all, &n, &config).await;
+    let staged = rollouts(&all, &config);
+    if !staged.is_empty() {
+        all["rollouts"] = Value::Object(staged.clone());
+    }
     if as_json {
         println!("{all}");
         return Ok(0);
@@ -88,7 +92,48 @@ pub(super) async fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: b
             print_plan(&o["plan"]);
         }
     }
+    for (runbook, r) in &staged {
+        println!(
+            "runbook {runbook} has rollout: {}",
+            r["why"].as_str().unwrap_or("")
+        );
+        for line in r["waves"].as_array().into_iter().flatten() {
+            println!("  {}", line.as_str().unwrap_or(""));
+        }
+    }
     Ok(0)
+}
+
+/// The runbooks the notification would start that have `rollout:`: an
+/// alert's run is not staged (it remedies the host the alert names, now),
+/// and a user reading this should not expect it to wait for a canary; the
+/// waves its fan-outs take are shown beside that.
+fn rollouts(all: &Value, config: &crate::config::Config) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    let starts = all["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|a| a["outcomes"].as_array().into_iter().flatten())
+        .filter(|o| o["result"] == "would_start")
+        .filter_map(|o| o["runbook"].as_str());
+    for name in starts {
+        let Some(runbook) = config.runbooks.get(name) else {
+            continue;
+        };
+        if runbook.rollout.is_none() || out.contains_key(name) {
+            continue;
+        }
+        out.insert(
+            name.to_string(),
+            serde_json::json!({
+                "staged": false,
+                "why": "an alert's run starts on the host it names at once, not in waves; a schedule's fire, `run --all-hosts` and the API's all_hosts go in these",
+                "waves": crate::rollout::describe(config, runbook),
+            }),
+        );
+    }
+    out
 }
 
 /// For each run a runbook with `done_when` would start: what would be

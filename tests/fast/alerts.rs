@@ -784,3 +784,46 @@ async fn hand_runs_after_the_daemon_started_count_for_max_runs_and_cooldown() {
     assert_eq!(later["outcomes"][0]["result"], "cooldown", "{later:#}");
     d.shutdown().await.unwrap();
 }
+
+/// A runbook with `rollout:` started by an alert: `alerts test` says the
+/// alert's run is not staged and shows the waves its fan-outs take, in
+/// both its forms.
+#[test]
+fn alerts_test_says_an_alerts_run_is_not_staged_and_shows_the_waves() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    std::fs::remove_file(dir.path().join("runbooks/disk.yaml")).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::copy(
+        repo.join("hosts/web-01.yaml"),
+        dir.path().join("hosts/web-01.yaml"),
+    )
+    .unwrap();
+    let runbook = std::fs::read_to_string(repo.join("runbooks/disk-almost-full.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("runbooks/disk-almost-full.yaml"),
+        format!("{runbook}\nrollout:\n  canary: 1\n  waves: [\"100%\"]\n  pause: 5m\n"),
+    )
+    .unwrap();
+    let fixture = repo.join("tests/fixtures/alertmanager/firing-two-alerts.json");
+    let said = alerts_test(dir.path(), &fixture);
+    let r = &said["rollouts"]["disk-almost-full"];
+    assert_eq!(r["staged"], false, "{said:#}");
+    assert!(
+        r["why"].as_str().unwrap().contains("not in waves"),
+        "{said:#}"
+    );
+    assert_eq!(r["waves"][0], "wave 1: web-01", "{said:#}");
+    let text = runwarden_ok(&[
+        "alerts".as_ref(),
+        "test".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+        fixture.as_os_str(),
+    ]);
+    assert!(
+        text.contains("runbook disk-almost-full has rollout: an alert's run starts")
+            && text.contains("  wave 1: web-01"),
+        "{text}"
+    );
+}
