@@ -794,12 +794,9 @@ fn rollout_against_flat(root: &Path, hosts: &[String]) {
         let took = t.elapsed();
         // A rollout is over (its `finished` line written) before the next.
         if runbook == "staged" {
-            let id = resp
-                .split("\"id\":\"")
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap()
-                .to_string();
+            let body: serde_json::Value =
+                serde_json::from_str(resp.split_once("\r\n\r\n").unwrap().1).unwrap();
+            let id = body["rollout"]["id"].as_str().unwrap().to_string();
             loop {
                 let s = get(&d.addr, &format!("/api/v1/rollouts/{id}"));
                 if s.contains("\"state\":\"finished\"") {

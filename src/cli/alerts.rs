@@ -50,7 +50,7 @@ pub(super) async fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: b
     done_when(&mut all, &n, &config).await;
     let staged = rollouts(&all, &config);
     if !staged.is_empty() {
-        all["rollouts"] = Value::Object(staged.clone());
+        all["rollouts"] = Value::Object(staged);
     }
     if as_json {
         println!("{all}");
@@ -92,7 +92,7 @@ pub(super) async fn alerts_test(file: &Path, dir: &Path, as_json: bool, plans: b
             print_plan(&o["plan"]);
         }
     }
-    for (runbook, r) in &staged {
+    for (runbook, r) in all["rollouts"].as_object().into_iter().flatten() {
         println!(
             "runbook {runbook} has rollout: {}",
             r["why"].as_str().unwrap_or("")

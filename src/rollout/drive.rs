@@ -140,20 +140,27 @@ fn may_start(rs: &Rollouts, one: &One) -> Result<(), Stop> {
     if rs.scheduler.stopping() {
         return Err(Stop::Shutdown);
     }
-    // Looked at in place: this runs before every batch, and a rollout's
-    // status holds every host.
-    let status = one.status.borrow();
-    if status.state != State::Running && status.state != State::Pausing {
-        return Err(Stop::Halt(status.reason.clone().unwrap_or_default()));
-    }
+    // Looked at in place, not copied: this runs before every batch, and a
+    // rollout's status holds every host.
+    let (runbook, max_failures, counted) = {
+        let status = one.status.borrow();
+        if status.state != State::Running && status.state != State::Pausing {
+            return Err(Stop::Halt(status.reason.clone().unwrap_or_default()));
+        }
+        (
+            status.runbook.clone(),
+            status.max_failures,
+            status.counted(),
+        )
+    };
     let config = rs.config.borrow().clone();
-    if let Err(engaged) = rs.scheduler.killswitch(&config).check(&status.runbook) {
+    if let Err(engaged) = rs.scheduler.killswitch(&config).check(&runbook) {
         return Err(Stop::Halt(format!(
             "{engaged}; releasing the switch does not resume the rollout"
         )));
     }
-    if !crate::rules::rollout::may_go_on(status.max_failures, status.counted()) {
-        return Err(Stop::Halt(failures_why(&status)));
+    if !crate::rules::rollout::may_go_on(max_failures, counted) {
+        return Err(Stop::Halt(failures_why(&one.status.borrow())));
     }
     Ok(())
 }
@@ -273,11 +280,12 @@ async fn run_wave(
             match may_start(rs, one) {
                 Err(s) => stop = Some(s),
                 Ok(()) => {
+                    let waiting_on = format!("the runs of wave {}", wave + 1);
                     one.status.send_if_modified(|s| {
-                        let was = (s.state, s.waiting_on.len());
+                        let same = s.state == State::Running && s.waiting_on == waiting_on;
                         s.state = State::Running;
-                        s.waiting_on = format!("the runs of wave {}", wave + 1);
-                        was != (s.state, s.waiting_on.len())
+                        s.waiting_on = waiting_on;
+                        !same
                     });
                     match dispatch(rs, one, wave, &waiting, keys).await {
                         Ok(started) => {
