@@ -760,16 +760,36 @@ impl AuditLog {
         runbook: &str,
         event: &RolloutEvent,
     ) -> Result<(), AuditError> {
-        let mut e = no_run(runbook, Phase::Rollout);
-        if let RolloutEvent::Host { host, .. } = event {
-            e.host = host.clone();
-        }
-        e.outcome = Some(event.name().into());
-        let mut detail = serde_json::to_value(event).unwrap_or_default();
-        detail["rollout"] = Value::String(id.to_string());
-        e.detail = Some(detail);
-        self.append(e, true)
+        self.append(rollout_line(id, runbook, event), true)
     }
+
+    /// Several lines of rollout `id` (the hosts of a batch that ended
+    /// together), appended and synced at once.
+    pub(crate) fn rollout_all(
+        &self,
+        id: &str,
+        runbook: &str,
+        events: &[RolloutEvent],
+    ) -> Result<(), AuditError> {
+        let lines = events
+            .iter()
+            .map(|e| rollout_line(id, runbook, e))
+            .collect();
+        self.append_all(lines, true)
+    }
+}
+
+/// The line of one event of rollout `id`.
+fn rollout_line(id: &str, runbook: &str, event: &RolloutEvent) -> Entry {
+    let mut e = no_run(runbook, Phase::Rollout);
+    if let RolloutEvent::Host { host, .. } = event {
+        e.host = host.clone();
+    }
+    e.outcome = Some(event.name().into());
+    let mut detail = serde_json::to_value(event).unwrap_or_default();
+    detail["rollout"] = Value::String(id.to_string());
+    e.detail = Some(detail);
+    e
 }
 
 fn no_run(runbook: &str, phase: Phase) -> Entry {

@@ -314,6 +314,7 @@ async fn run_wave(
         while let Some(Some(more)) = running.next().now_or_never() {
             ended_now.push(more);
         }
+        let mut ends = Vec::with_capacity(ended_now.len());
         for (host, run_id, end) in ended_now {
             let (outcome, detail) = match end {
                 Ok(report) => (
@@ -323,8 +324,14 @@ async fn run_wave(
                 Err(NoReport::Unstarted(why)) => ("broken".to_string(), why),
                 Err(NoReport::Stopping) => return Err(Stop::Shutdown),
             };
-            record(rs, one, wave, &host, Some(&run_id), &outcome, &detail);
+            ends.push(End {
+                host,
+                run_id: Some(run_id),
+                outcome,
+                detail,
+            });
         }
+        record(rs, one, wave, ends);
     }
     match stop {
         Some(s) => Err(s),
@@ -361,7 +368,7 @@ async fn dispatch(
         .submit_all(reqs)
         .await
         .map_err(|e| format!("the runs of wave {} could not be recorded: {e}", wave + 1))?;
-    let mut started = Vec::new();
+    let (mut started, mut not_started) = (Vec::new(), Vec::new());
     for (host, o) in hosts.iter().zip(outcomes) {
         match o.run_id {
             Some(id) => {
@@ -373,43 +380,53 @@ async fn dispatch(
                 });
                 started.push((host.clone(), id));
             }
-            None => {
-                let why = format!("not started: {}", o.result.as_str());
-                record(rs, one, wave, host, None, "not_started", &why);
-            }
+            None => not_started.push(End {
+                host: host.clone(),
+                run_id: None,
+                outcome: "not_started".into(),
+                detail: format!("not started: {}", o.result.as_str()),
+            }),
         }
     }
+    record(rs, one, wave, not_started);
     Ok(started)
 }
 
-/// `host`'s outcome: in the status, and in the log.
-fn record(
-    rs: &Rollouts,
-    one: &One,
-    wave: usize,
-    host: &str,
-    run_id: Option<&str>,
-    outcome: &str,
-    detail: &str,
-) {
-    let mut changed = false;
-    let (mut id, mut runbook) = (String::new(), String::new());
-    one.status.send_if_modified(|s| {
-        changed = s.ended(host, run_id, outcome, detail);
-        (id, runbook) = (s.id.clone(), s.runbook.clone());
-        changed
-    });
-    if !changed {
+/// How one host's part of a wave ended (or why it did not start).
+struct End {
+    host: String,
+    run_id: Option<String>,
+    outcome: String,
+    detail: String,
+}
+
+/// The hosts' outcomes: in the status, and in the log in one synced
+/// append (hosts whose outcome was already recorded are left out).
+fn record(rs: &Rollouts, one: &One, wave: usize, ends: Vec<End>) {
+    if ends.is_empty() {
         return;
     }
-    let event = RolloutEvent::Host {
-        wave,
-        host: host.to_string(),
-        run_id: run_id.map(str::to_string),
-        outcome: outcome.to_string(),
-        detail: crate::text::one_line(detail).chars().take(500).collect(),
-    };
-    if let Err(e) = rs.audit.rollout(&id, &runbook, &event) {
-        tracing::error!(rollout = %id, "the outcome of {host} in rollout {id} could not be written: {e}");
+    let mut events = Vec::with_capacity(ends.len());
+    let (mut id, mut runbook) = (String::new(), String::new());
+    one.status.send_if_modified(|s| {
+        (id, runbook) = (s.id.clone(), s.runbook.clone());
+        for e in ends {
+            if s.ended(&e.host, e.run_id.as_deref(), &e.outcome, &e.detail) {
+                events.push(RolloutEvent::Host {
+                    wave,
+                    host: e.host,
+                    run_id: e.run_id,
+                    outcome: e.outcome,
+                    detail: crate::text::one_line(&e.detail).chars().take(500).collect(),
+                });
+            }
+        }
+        !events.is_empty()
+    });
+    if events.is_empty() {
+        return;
+    }
+    if let Err(e) = rs.audit.rollout_all(&id, &runbook, &events) {
+        tracing::error!(rollout = %id, "the outcomes of {} host(s) in rollout {id} could not be written: {e}", events.len());
     }
 }
