@@ -362,7 +362,7 @@ impl Metrics {
             rollouts: counter(
                 r,
                 "runwarden_rollouts_total",
-                "Rollouts by what happened to them: started, halted, resumed, aborted, finished.",
+                "Rollouts by what happened to them: started, halted, resumed, aborted, finished, taken_over (by this replica, from one that stopped renewing it).",
                 &["runbook", "event"],
             ),
             alerts_received: counter(
@@ -523,7 +523,14 @@ impl Metrics {
             // Every runbook's: a dashboard's "Rollouts halted" reads 0, not "No data".
             self.rollouts_halted.with_label_values(&[name]).add(0);
             if rb.rollout.is_some() {
-                for event in ["started", "halted", "resumed", "aborted", "finished"] {
+                for event in [
+                    "started",
+                    "halted",
+                    "resumed",
+                    "aborted",
+                    "finished",
+                    "taken_over",
+                ] {
                     self.rollouts.with_label_values(&[name, event]).inc_by(0);
                 }
             }

@@ -138,6 +138,7 @@ pub async fn serve(
         audit.clone(),
         metrics.clone(),
         config_rx.clone(),
+        store.clone(),
     );
     let going_on = rollouts
         .recover()
@@ -169,6 +170,13 @@ pub async fn serve(
         metrics.clone(),
         stop_rx.clone(),
     ));
+    if let Some(pg) = store.clone() {
+        workers.spawn(crate::rollout::takeover_worker(
+            rollouts.clone(),
+            pg,
+            stop_rx.clone(),
+        ));
+    }
     let shared_with = (&scheduler, &audit, &metrics);
     fleet_workers(&mut workers, store, &config_rx, shared_with, &stop_rx);
     // Installed before we say we are ready, so an early SIGHUP cannot kill the process.

@@ -736,6 +736,9 @@ pub(crate) enum RolloutEvent {
     },
     /// Every wave ran: the worst verdict and the failures.
     Finished { worst: Verdict, failures: u32 },
+    /// With shared state: this replica goes on with it, its driver `from`
+    /// having stopped renewing it; `token` fences out that one's writes.
+    TakenOver { from: String, token: i64 },
 }
 
 impl RolloutEvent {
@@ -748,6 +751,7 @@ impl RolloutEvent {
             RolloutEvent::Resumed { .. } => "resumed",
             RolloutEvent::Aborted { .. } => "aborted",
             RolloutEvent::Finished { .. } => "finished",
+            RolloutEvent::TakenOver { .. } => "taken_over",
         }
     }
 }

@@ -167,6 +167,16 @@ pub(super) fn status_text(v: &Value) -> String {
             .map(|why| format!(": {}", crate::text::printable(why)))
             .unwrap_or_default()
     );
+    if let Some(d) = v["decision"]["sent_to"].as_str() {
+        let _ = writeln!(
+            out,
+            "  {} sent to replica {d}, which drives it: applied within a third of the lease (`runwarden rollout status {}`)",
+            v["decision"]["verb"].as_str().unwrap_or("the decision"),
+            s("id")
+        );
+    } else if let Some(d) = v["driver"].as_str() {
+        let _ = writeln!(out, "  driven by replica {d}");
+    }
     let _ = writeln!(
         out,
         "  failures {} (max_failures {} counted from {}); waits on {}{}",

@@ -303,7 +303,6 @@ impl Config {
             let around = runbook::Around {
                 model: settings.model.is_some(),
                 prometheus: settings.prometheus.is_some(),
-                shared_state: settings.postgres.is_some(),
             };
             if let Some(rb) =
                 runbook::validate(raw, file, version, &known_hosts, &tools, around, &mut diags)

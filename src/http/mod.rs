@@ -616,6 +616,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
         return match s
             .rollouts
             .start(runbook, crate::origin::Trigger::Api, Vec::new())
+            .await
         {
             Ok(status) => answer(
                 StatusCode::ACCEPTED,

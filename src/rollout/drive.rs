@@ -27,17 +27,17 @@ enum Stop {
 }
 
 /// Drive `one` to its end: wave after wave, halted when it must be,
-/// until finished or aborted (or the daemon stops). `in_flight`: runs a
-/// restart found running for it (host, run id).
-pub(super) async fn drive(
-    rs: Arc<Rollouts>,
-    one: Arc<One>,
-    keys: Vec<String>,
-    in_flight: Vec<(String, String)>,
-) {
+/// until finished or aborted (or the daemon stops, or another replica
+/// takes it over). `in_flight`: runs a restart or a takeover found
+/// running for it (host, run id).
+pub(super) async fn drive(rs: Arc<Rollouts>, one: Arc<One>, in_flight: Vec<(String, String)>) {
     let mut in_flight = in_flight;
+    let keys = one.status.borrow().keys.clone();
     loop {
         if let Some(State::Aborted | State::Finished) = wait_for_a_person(&one).await {
+            return;
+        }
+        if !one.driven_here() {
             return;
         }
         let status = one.status();
@@ -258,7 +258,17 @@ async fn run_wave(
     let ended = |host: String, run_id: String| {
         let rs = rs.clone();
         async move {
-            let end = rs.scheduler.reports.ended(&run_id).await;
+            let end = match &rs.fleet {
+                None => match rs.scheduler.reports.ended(&run_id).await {
+                    Ok(report) => Some((
+                        report.verdict.as_str().to_string(),
+                        report.verdict_detail.clone(),
+                    )),
+                    Err(NoReport::Unstarted(why)) => Some(("broken".to_string(), why)),
+                    Err(NoReport::Stopping) => None,
+                },
+                Some(pg) => super::fleet::ended(&rs, pg, &run_id).await,
+            };
             (host, run_id, end)
         }
     };
@@ -277,6 +287,11 @@ async fn run_wave(
             .map(|h| h.host.clone())
             .collect();
         if stop.is_none() && room > 0 && !waiting.is_empty() {
+            if !super::fleet::held(rs, one).await {
+                // Another replica drives it now, or the daemon stops: the
+                // runs in flight are that one's to wait for.
+                return Err(Stop::Shutdown);
+            }
             match may_start(rs, one) {
                 Err(s) => stop = Some(s),
                 Ok(()) => {
@@ -316,13 +331,8 @@ async fn run_wave(
         }
         let mut ends = Vec::with_capacity(ended_now.len());
         for (host, run_id, end) in ended_now {
-            let (outcome, detail) = match end {
-                Ok(report) => (
-                    report.verdict.as_str().to_string(),
-                    report.verdict_detail.clone(),
-                ),
-                Err(NoReport::Unstarted(why)) => ("broken".to_string(), why),
-                Err(NoReport::Stopping) => return Err(Stop::Shutdown),
+            let Some((outcome, detail)) = end else {
+                return Err(Stop::Shutdown);
             };
             ends.push(End {
                 host,

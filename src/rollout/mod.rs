@@ -26,9 +26,11 @@
 //!   one without is never skipped.
 
 mod drive;
+mod fleet;
 mod record;
 mod status;
 
+pub(crate) use fleet::takeover_worker;
 pub(crate) use status::{State, Status};
 
 use std::collections::BTreeMap;
@@ -42,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::origin::Trigger;
 use crate::run::RunRequest;
 use crate::scheduler::Scheduler;
+use crate::store::{Begun, Decided, Postgres};
 
 /// Why a rollout did not start.
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +54,15 @@ pub(crate) enum NotStarted {
         "rollout {0} of this runbook is {1:?} and not over: one rollout of a runbook at a time (`runwarden rollout status {0}`; resume or abort it first)"
     )]
     Unfinished(String, State),
+    /// Another replica started the rollout of this schedule fire.
+    #[error("replica-shared rollout {0} already answers this schedule fire")]
+    Elsewhere(String),
     /// Its `started` line could not be written.
     #[error("the rollout could not be recorded, so it did not start: {0}")]
     Audit(#[from] AuditError),
+    /// The shared state could not record it.
+    #[error("the rollout could not be recorded in the shared state, so it did not start: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// Why a person's decision on a rollout was refused.
@@ -67,20 +76,43 @@ pub(crate) enum Refused {
     Over(String),
     #[error("say why (--reason): the audit log keeps who resumed or aborted a rollout, and why")]
     NoReason,
+    #[error("an earlier decision on rollout {0} waits for its driver: try again in a moment")]
+    Pending(String),
     #[error("the audit log could not record it, so nothing changed: {0}")]
     Audit(#[from] AuditError),
+    #[error("the shared state could not record it, so nothing changed: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// What became of a person's decision.
+pub(crate) enum Decision {
+    /// Applied here: the rollout now.
+    Applied(Status),
+    /// Recorded for the replica that drives the rollout, which applies it
+    /// within a third of the lease: the rollout as its driver last wrote it.
+    Sent {
+        status: serde_json::Value,
+        driver: String,
+    },
 }
 
 /// One rollout this daemon drives: its status, which the driver and a
 /// person's decisions change and everyone else watches.
 pub(crate) struct One {
     status: watch::Sender<Status>,
+    /// With shared state: this replica's hold on it.
+    hold: Option<fleet::Hold>,
 }
 
 impl One {
     /// Its status now.
     pub(crate) fn status(&self) -> Status {
         self.status.borrow().clone()
+    }
+
+    /// Whether this daemon drives it (another replica may have taken it).
+    fn driven_here(&self) -> bool {
+        self.hold.as_ref().is_none_or(|h| !h.lost())
     }
 }
 
@@ -91,6 +123,8 @@ pub(crate) struct Rollouts {
     metrics: Arc<Metrics>,
     config: watch::Receiver<Arc<Config>>,
     all: Mutex<BTreeMap<String, Arc<One>>>,
+    /// With `state.postgres`: the fleet's rollouts, one replica driving each.
+    fleet: Option<Arc<Postgres>>,
 }
 
 /// Rollouts kept once over, for `list` and `status`.
@@ -102,6 +136,7 @@ impl Rollouts {
         audit: Arc<AuditLog>,
         metrics: Arc<Metrics>,
         config: watch::Receiver<Arc<Config>>,
+        fleet: Option<Arc<Postgres>>,
     ) -> Arc<Rollouts> {
         Arc::new(Rollouts {
             scheduler,
@@ -109,36 +144,44 @@ impl Rollouts {
             metrics,
             config,
             all: Mutex::default(),
+            fleet,
         })
     }
 
     /// Start a rollout of `runbook` on its hosts (all but example ones),
     /// frozen now; `keys` go on every run it starts. Returns once its
-    /// `started` line is synced.
-    pub(crate) fn start(
+    /// `started` line is synced (and, with shared state, its row written:
+    /// a schedule fire every replica saw starts one rollout for the fleet).
+    pub(crate) async fn start(
         self: &Arc<Self>,
         runbook: &Runbook,
         trigger: Trigger,
         keys: Vec<String>,
     ) -> Result<Status, NotStarted> {
-        if let Some(going) = self
-            .list()
-            .into_iter()
-            .find(|r| r.runbook == runbook.name && !r.state.is_over())
+        if self.fleet.is_none()
+            && let Some(going) = self
+                .list()
+                .into_iter()
+                .find(|r| r.runbook == runbook.name && !r.state.is_over())
         {
             return Err(NotStarted::Unfinished(going.id, going.state));
         }
         let config = self.config.borrow().clone();
         let waves = plan(&config, runbook);
         let id = uuid::Uuid::now_v7().to_string();
-        let status = Status::new(
+        let mut status = Status::new(
             &id,
             &runbook.name,
             trigger,
             &waves,
             runbook.rollout.as_ref(),
         );
-        self.audit.rollout(
+        status.keys = keys;
+        let hold = match &self.fleet {
+            Some(pg) => Some(self.begin_shared(pg, &status).await?),
+            None => None,
+        };
+        let started = self.audit.rollout(
             &id,
             &runbook.name,
             &RolloutEvent::Started {
@@ -151,21 +194,76 @@ impl Rollouts {
                 pause_secs: status.pause_secs,
                 guard: status.guard.clone(),
             },
-        )?;
+        );
+        if let Err(e) = started {
+            if let (Some(pg), Some(hold)) = (&self.fleet, &hold) {
+                // Its row must not hold the runbook's one rollout.
+                status.state = State::Aborted;
+                status.reason = Some(format!("its started line could not be written: {e}"));
+                let text = serde_json::to_string(&status).unwrap_or_default();
+                let _ = pg
+                    .rollout_write(&id, hold.token, "aborted", &text, None)
+                    .await;
+            }
+            return Err(e.into());
+        }
         self.metrics
             .rollouts
             .with_label_values(&[&runbook.name, "started"])
             .inc();
         tracing::info!(rollout = %id, runbook = %runbook.name, "rollout {id} of {} started: {} wave(s)", runbook.name, waves.len());
-        let one = self.keep(status.clone());
-        tokio::spawn(drive::drive(self.clone(), one, keys, Vec::new()));
+        let one = self.keep(status.clone(), hold);
+        if let Some(pg) = &self.fleet {
+            tokio::spawn(fleet::keeper(self.clone(), one.clone(), pg.clone()));
+        }
+        tokio::spawn(drive::drive(self.clone(), one, Vec::new()));
         Ok(status)
     }
 
+    /// The fleet's row of a rollout about to start: this replica drives it.
+    async fn begin_shared(
+        &self,
+        pg: &Postgres,
+        status: &Status,
+    ) -> Result<fleet::Hold, NotStarted> {
+        // A schedule's fire, once for the fleet: every replica fires it.
+        let fire = match status.trigger {
+            Trigger::Schedule => status
+                .keys
+                .iter()
+                .find(|k| k.starts_with("cron:"))
+                .map(|k| format!("{} {k}", status.runbook)),
+            _ => None,
+        };
+        let text = serde_json::to_string(status).map_err(|e| {
+            NotStarted::Store(crate::store::StoreError::Local(format!(
+                "its status cannot be written as JSON: {e}"
+            )))
+        })?;
+        match pg
+            .rollout_begin(
+                &status.id,
+                &status.runbook,
+                fire.as_deref(),
+                "running",
+                &text,
+            )
+            .await?
+        {
+            Begun::Started { token } => Ok(fleet::Hold::new(token)),
+            Begun::FireTaken { id } => Err(NotStarted::Elsewhere(id)),
+            Begun::Going { id, state } => Err(NotStarted::Unfinished(
+                id,
+                serde_json::from_value(serde_json::Value::String(state)).unwrap_or(State::Running),
+            )),
+        }
+    }
+
     /// Hold `status` as one of this daemon's rollouts.
-    fn keep(&self, status: Status) -> Arc<One> {
+    fn keep(&self, status: Status, hold: Option<fleet::Hold>) -> Arc<One> {
         let one = Arc::new(One {
             status: watch::channel(status.clone()).0,
+            hold,
         });
         let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
         all.insert(status.id.clone(), one.clone());
@@ -197,9 +295,113 @@ impl Rollouts {
         }
     }
 
-    /// A person lets halted rollout `id` go on: the failures so far are
-    /// accepted, `max_failures` counts from now.
-    pub(crate) fn resume(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
+    /// Every rollout, newest first, as JSON: this daemon's; with shared
+    /// state the fleet's, each with the replica that drives it.
+    pub(crate) async fn listed(&self) -> Result<Vec<serde_json::Value>, crate::store::StoreError> {
+        match &self.fleet {
+            None => Ok(self.list().iter().map(json).collect()),
+            Some(pg) => Ok(pg
+                .rollouts(KEEP_OVER as i64)
+                .await?
+                .into_iter()
+                .map(shared)
+                .collect()),
+        }
+    }
+
+    /// One rollout (by id or an unambiguous prefix of one) as JSON.
+    pub(crate) async fn shown(
+        &self,
+        id: &str,
+    ) -> Result<Option<serde_json::Value>, crate::store::StoreError> {
+        match &self.fleet {
+            None => Ok(self.get(id).map(|o| json(&o.status()))),
+            Some(pg) => {
+                let mut rows = pg.rollouts_like(id).await?;
+                Ok(match rows.len() {
+                    1 => rows.pop().map(shared),
+                    _ => None,
+                })
+            }
+        }
+    }
+
+    /// A person's decision (`resume` or `abort`) on rollout `id`: applied
+    /// here when this daemon drives it; with shared state, recorded for
+    /// the replica that does (audited here too, with the person).
+    pub(crate) async fn decide(
+        &self,
+        id: &str,
+        resume: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<Decision, Refused> {
+        if reason.trim().is_empty() {
+            return Err(Refused::NoReason);
+        }
+        let here = self.get(id).filter(|o| o.driven_here());
+        let (Some(pg), None) = (&self.fleet, &here) else {
+            return match resume {
+                true => self.resume_here(id, by, reason),
+                false => self.abort_here(id, by, reason),
+            }
+            .map(Decision::Applied);
+        };
+        let mut rows = pg.rollouts_like(id).await?;
+        let (Some(row), None) = (rows.pop(), rows.pop()) else {
+            return Err(Refused::NotFound(id.to_string()));
+        };
+        let now = shared(row);
+        let full = now["id"].as_str().unwrap_or_default().to_string();
+        let runbook = now["runbook"].as_str().unwrap_or_default().to_string();
+        let verb = if resume { "resume" } else { "abort" };
+        let decision = serde_json::to_string(&fleet::Decision {
+            verb: verb.into(),
+            by: by.into(),
+            reason: reason.into(),
+            replica: pg.replica.clone(),
+        })
+        .unwrap_or_default();
+        match pg.rollout_decide(&full, resume, &decision).await? {
+            Decided::Waiting { status, driver } => {
+                let event = match resume {
+                    true => RolloutEvent::Resumed {
+                        by: by.to_string(),
+                        reason: reason.to_string(),
+                    },
+                    false => RolloutEvent::Aborted {
+                        by: by.to_string(),
+                        reason: reason.to_string(),
+                        never_started: Vec::new(),
+                    },
+                };
+                if let Err(e) = self.audit.rollout(&full, &runbook, &event) {
+                    // Recorded in the database already: the driver applies
+                    // it and writes it in its own log.
+                    tracing::error!(rollout = %full, "the {verb} of rollout {full} by {by} is sent to replica {driver}, but this replica's log could not record it: {e}");
+                }
+                tracing::info!(rollout = %full, "rollout {full}: {verb} by {by} sent to replica {driver}, which drives it");
+                Ok(Decision::Sent {
+                    status: shared((status, driver.clone())),
+                    driver,
+                })
+            }
+            Decided::NotFound => Err(Refused::NotFound(id.to_string())),
+            Decided::Pending => Err(Refused::Pending(full)),
+            Decided::State(state) => {
+                let state = serde_json::from_value(serde_json::Value::String(state))
+                    .unwrap_or(State::Running);
+                Err(match state.is_over() {
+                    true => Refused::Over(full),
+                    false => Refused::NotHalted { id: full, state },
+                })
+            }
+        }
+    }
+
+    /// A person lets halted rollout `id`, driven here, go on: the failures
+    /// so far are accepted, `max_failures` counts from now.
+    fn resume_here(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
         let one = self
             .get(id)
             .ok_or_else(|| Refused::NotFound(id.to_string()))?;
@@ -236,8 +438,9 @@ impl Rollouts {
         Ok(one.status())
     }
 
-    /// A person ends rollout `id`: nothing more starts; runs in flight finish.
-    pub(crate) fn abort(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
+    /// A person ends rollout `id`, driven here: nothing more starts; runs
+    /// in flight finish.
+    fn abort_here(&self, id: &str, by: &str, reason: &str) -> Result<Status, Refused> {
         let one = self
             .get(id)
             .ok_or_else(|| Refused::NotFound(id.to_string()))?;
@@ -280,6 +483,11 @@ impl Rollouts {
     /// (after [`Scheduler::recover`] closed the runs it left open).
     /// Returns how many go on.
     pub(crate) fn recover(self: &Arc<Self>) -> std::io::Result<usize> {
+        if self.fleet.is_some() {
+            // The fleet's rows are the record: the takeover worker goes on
+            // with what this replica (or another) left.
+            return Ok(0);
+        }
         let config = self.config.borrow().clone();
         let found = record::fold(self.audit.path())?;
         let mut going_on = 0;
@@ -312,10 +520,10 @@ impl Rollouts {
                     .with_label_values(&[&status.runbook])
                     .inc();
             }
-            let keys = r.keys;
+            status.keys = r.keys;
             let in_flight = r.in_flight;
             let runbook_known = config.runbooks.contains_key(&status.runbook);
-            let one = self.keep(status);
+            let one = self.keep(status, None);
             if state.is_over() {
                 continue;
             }
@@ -328,7 +536,7 @@ impl Rollouts {
                 continue;
             }
             going_on += 1;
-            tokio::spawn(drive::drive(self.clone(), one, keys, in_flight));
+            tokio::spawn(drive::drive(self.clone(), one, in_flight));
         }
         Ok(going_on)
     }
@@ -397,6 +605,21 @@ pub(crate) fn describe(config: &Config, runbook: &Runbook) -> Vec<String> {
     out
 }
 
+/// A rollout as the API shows it.
+fn json(s: &Status) -> serde_json::Value {
+    serde_json::to_value(s).unwrap_or_default()
+}
+
+/// A fleet's row as the API shows it: the status its driver wrote, and
+/// which replica that is.
+fn shared((status, driver): (String, String)) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("driver".into(), serde_json::Value::String(driver));
+    }
+    v
+}
+
 /// The key every run of rollout `id` carries: how a restarted daemon
 /// finds which hosts already ran.
 pub(crate) fn key(id: &str) -> String {
@@ -421,10 +644,17 @@ impl crate::trigger::Submit for Fanout {
                 .map(|rb| (rb.clone(), r.trigger, r.keys.clone()))
         });
         match staged {
-            Some((runbook, trigger, keys)) if !reqs.iter().any(|r| r.dry_run) => rollouts
-                .start(&runbook, trigger, keys)
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            Some((runbook, trigger, keys)) if !reqs.iter().any(|r| r.dry_run) => {
+                match rollouts.start(&runbook, trigger, keys).await {
+                    Ok(_) => Ok(()),
+                    // Every replica fires a schedule: one rollout answers it.
+                    Err(NotStarted::Elsewhere(id)) => {
+                        tracing::debug!("rollout {id} of another replica answers this fire");
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             _ => rollouts
                 .scheduler
                 .submit_all(reqs)

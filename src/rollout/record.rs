@@ -163,7 +163,7 @@ fn event(e: &Entry, found: &mut Vec<Found>, by_id: &mut HashMap<String, usize>) 
     let Some(&i) = by_id.get(id) else { return };
     let s = &mut found[i].status;
     match ev {
-        RolloutEvent::Started { .. } => {}
+        RolloutEvent::Started { .. } | RolloutEvent::TakenOver { .. } => {}
         RolloutEvent::Host {
             host,
             run_id,

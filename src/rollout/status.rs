@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::origin::Trigger;
 use crate::verdict::Verdict;
 
 /// Where a rollout stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum State {
     /// Dispatching a wave, or waiting for its runs.
@@ -27,6 +27,17 @@ pub(crate) enum State {
 }
 
 impl State {
+    /// As the fleet's row has it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Pausing => "pausing",
+            State::Halted => "halted",
+            State::Aborted => "aborted",
+            State::Finished => "finished",
+        }
+    }
+
     /// Whether nothing more will ever happen to it.
     pub(crate) fn is_over(self) -> bool {
         matches!(self, State::Aborted | State::Finished)
@@ -34,7 +45,7 @@ impl State {
 }
 
 /// One host of a rollout.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct HostOutcome {
     pub(crate) host: String,
     /// Its run, once one started.
@@ -57,8 +68,9 @@ impl HostOutcome {
     }
 }
 
-/// A rollout as `status` shows it.
-#[derive(Debug, Clone, Serialize)]
+/// A rollout as `status` shows it (and, with shared state, as the
+/// fleet's row keeps it for the replica that takes it over).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Status {
     pub(crate) id: String,
     pub(crate) runbook: String,
@@ -87,6 +99,10 @@ pub(crate) struct Status {
     /// Of the runs' verdicts so far, the worst (a host that never started counts as `failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) worst: Option<Verdict>,
+    /// Keys every run it starts carries besides its own (a schedule
+    /// fire's): what a replica that takes it over goes on with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) keys: Vec<String>,
 }
 
 impl Status {
@@ -127,6 +143,7 @@ impl Status {
             next_wave_at: None,
             waiting_on: "its first wave".into(),
             worst: None,
+            keys: Vec::new(),
         }
     }
 

@@ -30,11 +30,14 @@ const SYNC_GRACE: Duration = Duration::from_millis(5);
 /// well inside Alertmanager's 10 s webhook timeout.
 const PENDING_WAIT: Duration = Duration::from_secs(1);
 
-/// Whether a batch is a schedule's fire (every candidate a schedule's run).
+/// Whether a batch is a schedule's fire (every candidate a schedule's run),
+/// which every replica submits at once. A rollout's wave is not: one
+/// replica, its driver, submits it (see the rollout module).
 fn a_fire(candidates: &[Candidate]) -> bool {
-    candidates
-        .iter()
-        .all(|c| matches!(c, Candidate::Run(r) if r.trigger == crate::origin::Trigger::Schedule))
+    candidates.iter().all(|c| {
+        matches!(c, Candidate::Run(r) if r.trigger == crate::origin::Trigger::Schedule
+            && !r.keys.iter().any(|k| k.starts_with("rollout:")))
+    })
 }
 
 /// One trigger of a batch on its way through the stages of

@@ -46,9 +46,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(all(test, feature = "estate"))]
-pub(crate) use postgres::tests::{crossed, migrated};
+pub(crate) use postgres::tests::{crossed, leased, migrated};
 pub(crate) use postgres::{
-    LeaseWrite, PairRow, Postgres, RunWrite, Schema, TriggerRow, Writes, again,
+    Begun, Decided, LeaseWrite, PairRow, Postgres, RolloutTaken, RunWrite, Schema, TriggerRow,
+    Writes, again,
 };
 
 use crate::config::runbook::FleetBudget;

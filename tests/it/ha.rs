@@ -22,6 +22,7 @@ use pg::{PG_PASSWORD, Pg};
 mod demotion;
 mod mcp;
 mod queue;
+mod rollout;
 
 /// The hosts' own world, shared by every replica: per host a log, its
 /// logrotate configuration and the record `postrotate` appends to.

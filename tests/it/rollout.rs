@@ -14,7 +14,22 @@ use crate::util::*;
 /// var. Runbook `weekly` on every host with `rollout`, and `settings`.
 fn estate(bad: &[&str], slow: u32, rollout: &str, settings: &str) -> Estate {
     let e = Estate::new();
-    for i in 1..=5 {
+    hosts_and_fix(&e, 5, bad, slow);
+    e.runbook(
+        "weekly",
+        &format!(
+            "name: weekly\ndescription: t\nhosts: [h1, h2, h3, h4, h5]\nautonomy: L3\ntools: {{ approve: [fix] }}\nsteps:\n  - call: fix\n    reason: weekly maintenance\nrollout:\n{rollout}\n"
+        ),
+    );
+    std::fs::write(e.path().join("runwarden.yaml"), settings).unwrap();
+    e
+}
+
+/// Local hosts h1..h`n` (`bad` ones have the var `verdict: bad`) and the
+/// tool `fix` (tier 2): it sleeps `slow` seconds, then its verify probe
+/// passes only where the host's `verdict` is `good`.
+pub(crate) fn hosts_and_fix(e: &Estate, n: usize, bad: &[&str], slow: u32) {
+    for i in 1..=n {
         let name = format!("h{i}");
         let verdict = if bad.contains(&name.as_str()) {
             "bad"
@@ -34,14 +49,6 @@ fn estate(bad: &[&str], slow: u32, rollout: &str, settings: &str) -> Estate {
         ),
     )
     .unwrap();
-    e.runbook(
-        "weekly",
-        &format!(
-            "name: weekly\ndescription: t\nhosts: [h1, h2, h3, h4, h5]\nautonomy: L3\ntools: {{ approve: [fix] }}\nsteps:\n  - call: fix\n    reason: weekly maintenance\nrollout:\n{rollout}\n"
-        ),
-    );
-    std::fs::write(e.path().join("runwarden.yaml"), settings).unwrap();
-    e
 }
 
 /// Start a rollout of `weekly` through the API: its id.
@@ -75,7 +82,8 @@ fn runs_per_host(e: &Estate) -> std::collections::BTreeMap<String, usize> {
     n
 }
 
-fn outcome(status: &Value, host: &str) -> String {
+/// Host `host`'s outcome in a rollout's status.
+pub(crate) fn outcome(status: &Value, host: &str) -> String {
     status["waves"]
         .as_array()
         .unwrap()

@@ -459,8 +459,6 @@ pub(crate) struct Around {
     pub(crate) model: bool,
     /// runwarden.yaml has a `prometheus:`.
     pub(crate) prometheus: bool,
-    /// runwarden.yaml has `state.postgres`.
-    pub(crate) shared_state: bool,
 }
 
 /// The most steps a runbook may have: `budget.max_steps` is at most 1000.
@@ -521,7 +519,6 @@ pub(super) fn validate(
         rollout::Needs {
             hosts: &host_names,
             prometheus: around.prometheus,
-            shared_state: around.shared_state,
         },
         file,
         diags,

@@ -49,8 +49,6 @@ pub(super) struct Needs<'a> {
     pub(super) hosts: &'a [Arc<str>],
     /// runwarden.yaml has a `prometheus:` (for a guard).
     pub(super) prometheus: bool,
-    /// runwarden.yaml has `state.postgres`.
-    pub(super) shared_state: bool,
 }
 
 /// Check `rollout:`, each problem at its own line.
@@ -63,13 +61,6 @@ pub(super) fn validate(
     let spanned = raw.rollout.as_ref()?;
     let r = &spanned.value;
     let before = diags.len();
-    if needs.shared_state {
-        diags.at(
-            file,
-            spanned.referenced,
-            "rollout: is not available with state.postgres yet: a rollout is driven by the daemon that started it, and with replicas another one would take runs of its waves; remove rollout: or run this runbook from one daemon without shared state",
-        );
-    }
     let n = needs.hosts.len() as u32;
     let canary = match r.canary.as_ref().map(|c| (&c.value, c.referenced)) {
         None => Canary::First(0),

@@ -302,7 +302,7 @@ impl Postgres {
             .collect())
     }
 
-    /// Forget triggers, ended runs and approval requests older than `age`
+    /// Forget triggers, ended runs, approval requests and rollouts over older than `age`
     /// (the fleet's counters prune themselves in each fence).
     pub(crate) async fn prune(&self, age: Duration) -> Result<(), StoreError> {
         let ms = millis(age);
@@ -313,7 +313,9 @@ impl Postgres {
                       r AS (DELETE FROM runwarden_runs WHERE status <> 'running'
                             AND ended_at < clock_timestamp() - $1 * interval '1 millisecond'),
                       a AS (DELETE FROM runwarden_approvals
-                            WHERE expires_at < clock_timestamp() - $1 * interval '1 millisecond')
+                            WHERE expires_at < clock_timestamp() - $1 * interval '1 millisecond'),
+                      o AS (DELETE FROM runwarden_rollouts WHERE state IN ('aborted', 'finished')
+                            AND updated_at < clock_timestamp() - $1 * interval '1 millisecond')
                  SELECT 1",
                 &[(&ms, Type::INT8)],
             )

@@ -29,9 +29,11 @@ mod admit;
 mod batch;
 mod lease;
 mod listen;
+mod rollouts;
 mod switch;
 
 pub(crate) use batch::{LeaseWrite, PairRow, RunWrite, TriggerRow, Writes};
+pub(crate) use rollouts::{Begun, Decided, RolloutTaken};
 
 use super::{FleetSwitch, StoreError};
 use crate::config::PostgresSettings;
@@ -71,6 +73,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         12,
         include_str!("../../../migrations/0012_rules_in_rust.sql"),
     ),
+    (13, include_str!("../../../migrations/0013_rollouts.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
@@ -442,6 +445,15 @@ pub(crate) mod tests {
         pg: &crate::test_pg::Pg,
         replica: &str,
     ) -> (tempfile::TempDir, std::sync::Arc<super::Postgres>) {
+        leased(pg, replica, std::time::Duration::from_secs(30)).await
+    }
+
+    /// [`migrated`], its claims living `lease`.
+    pub(crate) async fn leased(
+        pg: &crate::test_pg::Pg,
+        replica: &str,
+        lease: std::time::Duration,
+    ) -> (tempfile::TempDir, std::sync::Arc<super::Postgres>) {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let url = dir.path().join("url");
@@ -449,7 +461,7 @@ pub(crate) mod tests {
         std::fs::set_permissions(&url, std::fs::Permissions::from_mode(0o600)).unwrap();
         let shared = crate::config::PostgresSettings {
             url_file: url,
-            lease: std::time::Duration::from_secs(30),
+            lease,
             ca_file: None,
         };
         let store = std::sync::Arc::new(super::Postgres::open(&shared, replica).unwrap());
