@@ -116,6 +116,7 @@ pub mod sandbox;
 pub mod scheduler;
 pub mod secret;
 pub mod signing;
+pub(crate) mod silence;
 pub mod state;
 pub mod store;
 pub mod text;

@@ -180,6 +180,24 @@ fn line(out: &mut String, e: &Entry) {
                 detail["detail"].as_str().unwrap_or("")
             );
         }
+        Some(Phase::Silence) => {
+            let id = detail["id"].as_str().unwrap_or("?");
+            let _ = match e.outcome.as_deref() {
+                Some("created") => writeln!(
+                    out,
+                    "\n── alerts silenced on {} (silence {id}, until {} at the latest)",
+                    detail["alertmanager"].as_str().unwrap_or("?"),
+                    detail["ends_at"].as_str().unwrap_or("?")
+                ),
+                Some("expired") => writeln!(out, "\n── silence {id} expired"),
+                other => writeln!(
+                    out,
+                    "\n── silence {}: {}",
+                    other.unwrap_or("?"),
+                    detail["why"].as_str().unwrap_or("")
+                ),
+            };
+        }
         Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment | Phase::Rollout) | None => {}
     }
 }

@@ -133,6 +133,11 @@ pub async fn serve(
         shared.clone(),
     );
     recover(&scheduler).await?;
+    // Silences of runs the last process left, now closed: expired. Only
+    // looked for when a runbook silences (the log's last day is read).
+    if config.runbooks.values().any(|r| r.silence.is_some()) {
+        tokio::spawn(crate::silence::expire_left(audit.clone()));
+    }
     let rollouts = crate::rollout::Rollouts::new(
         scheduler.clone(),
         audit.clone(),

@@ -613,6 +613,19 @@ impl AuditLog {
         self.append(e, true)
     }
 
+    /// A line about run `run`'s Alertmanager silence (see [`Phase::Silence`]), synced.
+    pub(crate) fn silence(
+        &self,
+        run: &RunInfo,
+        outcome: &str,
+        detail: Value,
+    ) -> Result<(), AuditError> {
+        let mut e = run.entry(Phase::Silence, None);
+        e.outcome = Some(outcome.into());
+        e.detail = Some(detail);
+        self.append(e, true)
+    }
+
     /// The alert `earlier` saw clear is back, and started `run`: a line of
     /// the earlier run (its fix did not hold), naming the new one.
     pub(crate) fn recurred(

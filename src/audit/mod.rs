@@ -110,6 +110,10 @@ pub enum Phase {
     /// host's outcome, halted, resumed, aborted, finished (no run:
     /// `run_id` is `-`, the rollout's id is in `detail.rollout`).
     Rollout,
+    /// An Alertmanager silence a run held over its changes: `created`
+    /// (with its id, before the first change), `expired`, or why there was
+    /// none (`unsilenced`) or it could not be expired (`not_expired`).
+    Silence,
 }
 
 /// One line of the log.

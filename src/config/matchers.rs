@@ -82,6 +82,16 @@ impl Matcher {
         })
     }
 
+    /// This matcher as Alertmanager's API v2 takes it in a silence.
+    pub(crate) fn to_api(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "value": self.value,
+            "isRegex": matches!(self.op, Op::Regex | Op::NotRegex),
+            "isEqual": matches!(self.op, Op::Equal | Op::Regex),
+        })
+    }
+
     /// The value this matcher requires of `label` exactly (`label="value"`), if it does.
     pub(crate) fn requires(&self, label: &str) -> Option<&str> {
         (self.op == Op::Equal && self.name == label).then_some(self.value.as_str())

@@ -49,7 +49,7 @@ pub(crate) use diag::{ConfigError, Diagnostic, did_you_mean};
 pub(crate) use model::{ApiKey, ModelEndpoint};
 pub(crate) use runbook::{
     AlertClears, Autonomy, Canary, DemoteAfter, MaxRuns, OnResolved, PlannedBy, Reach, Rollout,
-    Runbook,
+    Runbook, Silence,
 };
 
 use diag::Diagnostics;

@@ -183,6 +183,20 @@ pub(crate) struct Runbook {
     pub(crate) done_when: Option<DoneWhen>,
     /// How a fan-out reaches its hosts: a canary, then waves.
     pub(crate) rollout: Option<S<Rollout>>,
+    /// An Alertmanager silence held while a host's changes are made.
+    pub(crate) silence: Option<S<Silence>>,
+}
+
+/// `silence:` in a runbook.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Silence {
+    pub(crate) alertmanager: S<String>,
+    #[serde(default)]
+    pub(crate) matchers: Vec<S<String>>,
+    pub(crate) host_label: Option<S<String>>,
+    #[serde(rename = "for")]
+    pub(crate) longest: S<String>,
 }
 
 /// `rollout:` in a runbook.

@@ -127,6 +127,9 @@ pub(super) struct RunState {
     /// `done_when`: which of its alerts were seen firing before its first
     /// change (`None`: no change made yet).
     sighted: Option<Vec<bool>>,
+    /// `silence:`: asked for before its first change (`None`: not yet;
+    /// `Some(None)`: none held), expired when it ends.
+    silence: Option<Option<crate::silence::Held>>,
 }
 
 impl RunLoop<'_> {
@@ -154,6 +157,7 @@ impl RunLoop<'_> {
             handed_back_to: None,
             alert_check: None,
             sighted: None,
+            silence: None,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -241,7 +245,77 @@ impl RunLoop<'_> {
         {
             self.until_cleared(&mut s, &clears).await;
         }
+        if let Some(Some(held)) = s.silence.take() {
+            self.unsilence(&held).await;
+        }
         self.finish(s, started, started_at)
+    }
+
+    /// `silence:`: before the run's first change, a silence of the host's
+    /// matching alerts (never the one `done_when` waits on), written with
+    /// its id; Alertmanager unreachable leaves the run going on unsilenced,
+    /// and written so.
+    async fn silence(&self, s: &mut RunState) {
+        let Some(cfg) = &self.runbook.silence else {
+            s.silence = Some(None);
+            return;
+        };
+        let except = self
+            .runbook
+            .done_when
+            .as_ref()
+            .and(self.req.alert.as_ref())
+            .and_then(|a| a["labels"]["alertname"].as_str());
+        let matchers = crate::silence::matchers(cfg, &self.host.name, except);
+        let comment = format!(
+            "runwarden: run {} of {} changes {} (expired when the run ends)",
+            self.info.run_id, self.runbook.name, self.host.name
+        );
+        let (held, outcome, detail) = match crate::silence::hold(cfg, &matchers, &comment).await {
+            Ok(h) => {
+                let ends = jiff::Timestamp::now()
+                    + jiff::SignedDuration::try_from(cfg.longest).unwrap_or_default();
+                let detail = json!({
+                    "id": h.id,
+                    "alertmanager": h.alertmanager.as_str(),
+                    "matchers": matchers,
+                    "ends_at": ends.to_string(),
+                });
+                (Some(h), "created", detail)
+            }
+            Err(why) => {
+                tracing::warn!(run_id = %self.info.run_id, "no silence for this run's changes: {why}; the run goes on unsilenced");
+                let detail = json!({
+                    "alertmanager": cfg.alertmanager.as_str(),
+                    "why": format!("{why}; the run goes on unsilenced"),
+                });
+                (None, "unsilenced", detail)
+            }
+        };
+        s.tally
+            .written(self.runner.audit.silence(&self.info, outcome, detail));
+        s.silence = Some(held);
+    }
+
+    /// The run is over: its silence expired, and written so.
+    async fn unsilence(&self, held: &crate::silence::Held) {
+        let written = match crate::silence::expire(held).await {
+            Ok(()) => self
+                .runner
+                .audit
+                .silence(&self.info, "expired", json!({ "id": held.id })),
+            Err(why) => {
+                tracing::warn!(run_id = %self.info.run_id, "silence {} cannot be expired: {why}; it ends by itself at its end time, or at runwarden's next start", held.id);
+                self.runner.audit.silence(
+                    &self.info,
+                    "not_expired",
+                    json!({ "id": held.id, "why": why, "ends_by_itself": true }),
+                )
+            }
+        };
+        if let Err(e) = written {
+            tracing::error!(run_id = %self.info.run_id, "the end of silence {} could not be written: {e}", held.id);
+        }
     }
 
     /// Every call went well: the run is done when its alert clears
@@ -530,6 +604,11 @@ impl RunLoop<'_> {
         let action = permit.action();
         if self.req.dry_run && action.tier() == Tier::Change {
             return self.show(s, id, action, Some(permit.approved_by()), r);
+        }
+        // `silence:` before the first change, and before the fence, so the
+        // fence's proof is fresh for the intent line.
+        if action.tier() == Tier::Change && s.silence.is_none() {
+            self.silence(s).await;
         }
         // With shared state, the last word before the intent line: this run
         // still holds its lease, the fleet's switch is off, the fleet's

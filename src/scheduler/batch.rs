@@ -30,9 +30,8 @@ const SYNC_GRACE: Duration = Duration::from_millis(5);
 /// well inside Alertmanager's 10 s webhook timeout.
 const PENDING_WAIT: Duration = Duration::from_secs(1);
 
-/// Whether a batch is a schedule's fire (every candidate a schedule's run),
-/// which every replica submits at once. A rollout's wave is not: one
-/// replica, its driver, submits it (see the rollout module).
+/// Whether a batch is a schedule's fire, which every replica submits at
+/// once (a rollout's wave is one replica's, its driver's).
 fn a_fire(candidates: &[Candidate]) -> bool {
     candidates.iter().all(|c| {
         matches!(c, Candidate::Run(r) if r.trigger == crate::origin::Trigger::Schedule

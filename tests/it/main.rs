@@ -23,6 +23,7 @@ mod observability;
 mod observer;
 mod panics;
 mod rollout;
+mod silence;
 mod ssh;
 mod systemd;
 mod tools;

@@ -18,10 +18,12 @@ use serde_saphyr::Spanned;
 
 mod done_when;
 mod rollout;
+mod silence;
 mod steps;
 
 pub(crate) use done_when::AlertClears;
 pub(crate) use rollout::{Canary, Reach, Rollout};
+pub(crate) use silence::Silence;
 use steps::validate_step;
 
 use super::diag::{Diagnostics, did_you_mean};
@@ -362,6 +364,8 @@ pub(crate) struct Runbook {
     pub(crate) done_when: Option<AlertClears>,
     /// How a fan-out reaches the hosts: canaries, then waves.
     pub(crate) rollout: Option<Rollout>,
+    /// The Alertmanager silence a run holds while it changes its host.
+    pub(crate) silence: Option<Silence>,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub(crate) version: String,
     /// The file this runbook came from (for messages).
@@ -523,6 +527,7 @@ pub(super) fn validate(
         file,
         diags,
     );
+    let silence = silence::validate(&raw, file, diags);
     let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
     let agent = agent(&raw, &budget, model_configured, file, diags);
     let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
@@ -560,6 +565,7 @@ pub(super) fn validate(
         planner,
         done_when,
         rollout,
+        silence,
         version,
         source: file.to_path_buf(),
     })

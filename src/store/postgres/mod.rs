@@ -449,6 +449,7 @@ pub(crate) mod tests {
     }
 
     /// [`migrated`], its claims living `lease`.
+    #[cfg(feature = "estate")]
     pub(crate) async fn leased(
         pg: &crate::test_pg::Pg,
         replica: &str,
