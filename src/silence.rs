@@ -65,7 +65,15 @@ pub(crate) fn matchers(s: &Silence, host: &str, except: Option<&str>) -> Vec<Val
 
 /// Ask Alertmanager for a silence with `matchers`, ending after `s.longest`
 /// at the latest; `comment` says whose it is.
-pub(crate) async fn hold(s: &Silence, matchers: &[Value], comment: &str) -> Result<Held, String> {
+/// Why there is no silence, and whether Alertmanager may have made one
+/// all the same (the request was sent, its answer lost).
+#[derive(Debug)]
+pub(crate) struct NotHeld {
+    pub(crate) why: String,
+    pub(crate) lost_answer: bool,
+}
+
+pub(crate) async fn hold(s: &Silence, matchers: &[Value], comment: &str) -> Result<Held, NotHeld> {
     let now = jiff::Timestamp::now();
     let ends = now + jiff::SignedDuration::try_from(s.longest).unwrap_or_default();
     let url = api(&s.alertmanager, "api/v2/silences");
@@ -76,43 +84,79 @@ pub(crate) async fn hold(s: &Silence, matchers: &[Value], comment: &str) -> Resu
         "createdBy": "runwarden",
         "comment": comment,
     });
+    let lost = |e: reqwest::Error| NotHeld {
+        lost_answer: !e.is_connect(),
+        why: match e.is_timeout() {
+            true => format!("{url} did not answer within {ASK_TIMEOUT:?}"),
+            false => format!("{url} cannot be reached: {}", crate::error_chain(&e)),
+        },
+    };
     let answer = client()
         .post(url.clone())
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body.to_string())
         .send()
         .await
-        .map_err(|e| {
-            format!(
-                "{url} cannot be reached: {}",
-                crate::text::one_line(&e.to_string())
-            )
-        })?;
+        .map_err(lost)?;
     let status = answer.status();
-    let text = answer.text().await.unwrap_or_default();
+    let text = answer.text().await.map_err(lost)?;
+    let refused = |why: String| NotHeld {
+        lost_answer: false,
+        why,
+    };
     if !status.is_success() {
-        return Err(format!(
-            "{url} answered {status}: {}",
-            crate::text::one_line(&text)
-                .chars()
-                .take(300)
-                .collect::<String>()
-        ));
+        let said: String = crate::text::one_line(&text).chars().take(300).collect();
+        return Err(refused(format!("{url} answered {status}: {said}")));
     }
     let id = serde_json::from_str::<Value>(&text)
         .ok()
         .and_then(|v| v["silenceID"].as_str().map(String::from))
         .filter(|id| !id.is_empty() && id.len() <= 64 && !id.contains('/'))
         .ok_or_else(|| {
-            format!(
-                "{url} answered without a silence id: {}",
-                text.chars().take(200).collect::<String>()
-            )
+            let said: String = text.chars().take(200).collect();
+            refused(format!("{url} answered without a silence id: {said}"))
         })?;
     Ok(Held {
         id,
         alertmanager: s.alertmanager.clone(),
     })
+}
+
+/// Expire every silence Alertmanager at `alertmanager` holds for run
+/// `run_id` (its comment names the run): what a create whose answer was
+/// lost (a timeout, a dropped connection) may have left. Their ids.
+pub(crate) async fn expire_tagged(
+    alertmanager: &reqwest::Url,
+    run_id: &str,
+) -> Result<Vec<String>, String> {
+    let url = api(alertmanager, "api/v2/silences");
+    let answer = client()
+        .get(url.clone())
+        .send()
+        .await
+        .map_err(|e| format!("{url} cannot be reached: {}", crate::error_chain(&e)))?;
+    let text = answer
+        .text()
+        .await
+        .map_err(|e| format!("{url}: {}", crate::error_chain(&e)))?;
+    let all: Vec<Value> = serde_json::from_str(&text)
+        .map_err(|e| format!("{url} answered no list of silences: {e}"))?;
+    let tag = format!("run {run_id} ");
+    let mut expired = Vec::new();
+    for s in all {
+        let ours = s["createdBy"] == "runwarden"
+            && s["comment"].as_str().is_some_and(|c| c.contains(&tag))
+            && s["status"]["state"] != "expired";
+        if let (true, Some(id)) = (ours, s["id"].as_str()) {
+            let held = Held {
+                id: id.to_string(),
+                alertmanager: alertmanager.clone(),
+            };
+            expire(&held).await?;
+            expired.push(held.id);
+        }
+    }
+    Ok(expired)
 }
 
 /// Expire silence `h` now.
@@ -175,6 +219,7 @@ pub(crate) async fn expire_left(audit: Arc<AuditLog>) {
         Err(_) => return,
     };
     let mut open: Vec<(crate::audit::Entry, Held)> = Vec::new();
+    let mut unanswered: Vec<(crate::audit::Entry, reqwest::Url)> = Vec::new();
     let mut over = std::collections::HashSet::new();
     for e in lines {
         if e.phase == Some(Phase::Verdict) {
@@ -185,6 +230,15 @@ pub(crate) async fn expire_left(audit: Arc<AuditLog>) {
             continue;
         }
         let d = e.detail.clone().unwrap_or_default();
+        if e.outcome.as_deref() == Some("unsilenced")
+            && d["lost_answer"] == true
+            && let Some(am) = d["alertmanager"]
+                .as_str()
+                .and_then(|u| reqwest::Url::parse(u).ok())
+        {
+            unanswered.push((e, am));
+            continue;
+        }
         let Some(id) = d["id"].as_str().map(String::from) else {
             continue;
         };
@@ -205,6 +259,28 @@ pub(crate) async fn expire_left(audit: Arc<AuditLog>) {
             }
             Some("expired") => open.retain(|(_, h)| h.id != id),
             _ => {}
+        }
+    }
+    // A create whose answer was lost may have made one all the same.
+    for (line, am) in unanswered {
+        if !over.contains(&line.run_id) {
+            continue;
+        }
+        match expire_tagged(&am, &line.run_id).await {
+            Ok(ids) if ids.is_empty() => {}
+            Ok(ids) => {
+                let info = crate::audit::RunInfo::of(&line);
+                let detail = json!({ "ids": ids, "by": "the next start: a create whose answer was lost had made them" });
+                if let Err(e) = audit.silence(&info, "expired", detail) {
+                    tracing::error!(
+                        "the expiry of {} silence(s) could not be written: {e}",
+                        ids.len()
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %line.run_id, "silences a lost create may have left cannot be looked for: {e}")
+            }
         }
     }
     open.retain(|(line, _)| over.contains(&line.run_id));

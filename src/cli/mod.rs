@@ -42,7 +42,7 @@ use run::{read_alert, run, via_daemon};
 /// Exit code for usage and configuration errors.
 pub(crate) const EXIT_USAGE: i32 = 2;
 /// `run`: another run of the runbook on the host holds its lock (EX_TEMPFAIL).
-pub(crate) const EXIT_BUSY: i32 = 75;
+pub(crate) const EXIT_BUSY: i32 = crate::rules::exit::TRY_AGAIN;
 /// `check`, `serve`: this binary carries a constant that does not compile
 /// (EX_SOFTWARE): a build problem, named (see [`crate::compiled`]).
 pub(crate) const EXIT_SOFTWARE: i32 = 70;

@@ -9,6 +9,7 @@ use super::check::load;
 use super::{EXIT_BUSY, Exit, Failed};
 use crate::audit::AuditLog;
 use crate::report::render;
+use crate::rules::exit::HostEnd;
 use crate::run::RunRequest;
 use crate::run::Runner;
 use crate::run::StartError;
@@ -95,8 +96,8 @@ pub(super) struct ViaDaemon<'a> {
 
 /// `run --via-daemon`: start the runs through the daemon, wait for each
 /// run and print its report as a local run does (verdict detail included),
-/// exit with the worst verdict's code (75 when a run was refused as busy, 7
-/// when the kill switch refused it).
+/// exit as [`crate::rules::exit::fan_out`] says (the worst verdict; 75 or
+/// 7 only when every run that started ended `ok`).
 pub(super) async fn via_daemon(
     ask: ViaDaemon<'_>,
     runbook: &str,
@@ -161,7 +162,7 @@ pub(super) async fn via_daemon(
             .collect();
         println!("a real run's rollout, wave {}: {}", i + 1, names.join(" "));
     }
-    let mut worst = 0;
+    let mut ends = Vec::new();
     for o in answer["outcomes"].as_array().into_iter().flatten() {
         let host = o["host"].as_str().unwrap_or("?");
         let Some(id) = o["run_id"].as_str() else {
@@ -169,9 +170,8 @@ pub(super) async fn via_daemon(
             println!("{host}: not started ({result})");
             // A switch engaged is not "busy, try again": a retrying script
             // must not loop on it.
-            worst = worst.max(match result {
-                "kill_switch" => Verdict::Halted.exit_code(),
-                _ => EXIT_BUSY,
+            ends.push(HostEnd::NotStarted {
+                kill_switch: result == "kill_switch",
             });
             continue;
         };
@@ -204,12 +204,11 @@ pub(super) async fn via_daemon(
                     .unwrap_or_default()
             ),
         }
-        let code = verdict
-            .parse::<Verdict>()
-            .map_or(Verdict::Broken.exit_code(), Verdict::exit_code);
-        worst = worst.max(code);
+        ends.push(HostEnd::Ran(
+            verdict.parse::<Verdict>().unwrap_or(Verdict::Broken),
+        ));
     }
-    Ok(worst)
+    Ok(crate::rules::exit::fan_out(ends))
 }
 
 /// The JSON answer to `req`, if it could be sent and read (a poll tries again).

@@ -71,7 +71,10 @@ pub(super) async fn drive(rs: Arc<Rollouts>, one: Arc<One>, in_flight: Vec<(Stri
 /// While `one` is halted, wait for a person; its state after.
 async fn wait_for_a_person(one: &One) -> Option<State> {
     let mut rx = one.status.subscribe();
-    match rx.wait_for(|s| s.state != State::Halted).await {
+    match rx
+        .wait_for(|s| s.state != State::Halted || !one.driven_here())
+        .await
+    {
         Ok(s) => Some(s.state),
         Err(_) => None,
     }

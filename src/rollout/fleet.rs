@@ -12,9 +12,14 @@
 //!   lease, and brings back the decisions people took through other
 //!   replicas. A write refused by the fence means another replica took
 //!   the rollout: this one stops driving it at once.
-//! - A driver dispatches only while its last write is fresher than half
-//!   the lease: a replica cut off from the database stops starting hosts
-//!   before anyone may take the rollout over (fail closed).
+//! - A driver dispatches a batch only after a write made for it renewed
+//!   its hold, so the batch's triggers are committed well inside the lease
+//!   that write bought: a replica cut off from the database, or frozen,
+//!   starts no host (fail closed), and a takeover, which waits for the
+//!   lease to expire, reads back every trigger its driver committed. What
+//!   this cannot close: a batch's admission that takes longer than a whole
+//!   lease after that write (PostgreSQL stalled on it) could commit after
+//!   a takeover's read.
 //! - The taker reconciles before it dispatches anything: a host whose
 //!   trigger started a run waits for that run, one whose trigger started
 //!   nothing is counted as not started, and only hosts no trigger names
@@ -40,6 +45,8 @@ pub(super) struct Hold {
     lost: AtomicBool,
     /// When the last write that renewed the hold was sent.
     proven: Mutex<Instant>,
+    /// The driver asks for a write now: it dispatches on a fresh proof.
+    renew: tokio::sync::Notify,
 }
 
 impl Hold {
@@ -48,6 +55,7 @@ impl Hold {
             token,
             lost: AtomicBool::new(false),
             proven: Mutex::new(Instant::now()),
+            renew: tokio::sync::Notify::new(),
         }
     }
 
@@ -55,38 +63,38 @@ impl Hold {
         self.lost.load(Ordering::Acquire)
     }
 
-    fn proven_within(&self, d: Duration) -> bool {
-        self.proven
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
-            < d
+    fn proven_at(&self) -> Instant {
+        *self.proven.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Wait until this replica may dispatch hosts of `one`: true at once
-/// without shared state; with it, once the hold was renewed within half
-/// the lease. False when another replica took the rollout over.
+/// Wait until this replica may dispatch hosts of `one`: at once without
+/// shared state; with it, once a write sent after this call renewed the
+/// hold (so the batch goes out on a proof a full lease ahead of any
+/// takeover, not on one up to a third of a lease old). False when another
+/// replica took the rollout over, or the daemon stops.
 pub(super) async fn held(rs: &Rollouts, one: &One) -> bool {
     let (Some(pg), Some(hold)) = (&rs.fleet, &one.hold) else {
         return true;
     };
+    let asked = Instant::now();
+    hold.renew.notify_one();
     let mut said = false;
     loop {
         if hold.lost() {
             return false;
         }
-        if hold.proven_within(pg.lease / 2) {
+        if hold.proven_at() >= asked {
             return true;
         }
-        if !said {
-            tracing::warn!(rollout = %one.status.borrow().id, "rollout {}: its hold in the shared state was not renewed within half the lease; nothing more is dispatched until it is", one.status.borrow().id);
+        if !said && asked.elapsed() > pg.lease / 2 {
+            tracing::warn!(rollout = %one.status.borrow().id, "rollout {}: its hold in the shared state cannot be renewed; nothing more is dispatched until it is", one.status.borrow().id);
             said = true;
         }
         if rs.scheduler.stopping() {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -118,6 +126,18 @@ pub(super) async fn keeper(rs: Arc<Rollouts>, one: Arc<One>, pg: Arc<Postgres>) 
             Ok(None) => {
                 hold.lost.store(true, Ordering::Release);
                 tracing::warn!(rollout = %id, "rollout {id} is driven by another replica now: this one stops driving it");
+                // Its halt is the new driver's to count now; the driver
+                // task waiting for a person here is woken, and ends.
+                let runbook = one.status.borrow().runbook.clone();
+                if state == State::Halted {
+                    rs.metrics
+                        .rollouts_halted
+                        .with_label_values(&[&runbook])
+                        .dec();
+                }
+                one.status.send_modify(|s| {
+                    s.waiting_on = "nothing here: another replica drives it".into();
+                });
                 return;
             }
             Ok(Some(decision)) => {
@@ -141,6 +161,7 @@ pub(super) async fn keeper(rs: Arc<Rollouts>, one: Arc<One>, pg: Arc<Postgres>) 
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
+            () = hold.renew.notified() => {}
             () = tokio::time::sleep(every) => {}
         }
     }

@@ -15,6 +15,7 @@
 //! - [`budget`]: whether the fleet budgets take one more tier-2 call.
 //! - [`demotion`]: whether a failed run demotes its runbook to L2, and
 //!   whether a person may promote it yet.
+//! - [`exit`]: how a command that reached several hosts exits.
 //! - [`kill_switch`]: which engaged switch, if any, stops a runbook.
 //! - [`rollout`]: a fan-out's waves, and whether its next host may start.
 //!
@@ -24,6 +25,7 @@
 pub mod admission;
 pub(crate) mod budget;
 pub(crate) mod demotion;
+pub(crate) mod exit;
 pub(crate) mod kill_switch;
 pub(crate) mod rollout;
 

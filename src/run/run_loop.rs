@@ -130,6 +130,8 @@ pub(super) struct RunState {
     /// `silence:`: asked for before its first change (`None`: not yet;
     /// `Some(None)`: none held), expired when it ends.
     silence: Option<Option<crate::silence::Held>>,
+    /// The silence's create was sent and its answer lost.
+    silence_lost: bool,
 }
 
 impl RunLoop<'_> {
@@ -158,6 +160,7 @@ impl RunLoop<'_> {
             alert_check: None,
             sighted: None,
             silence: None,
+            silence_lost: false,
             budgets: crate::store::Budgets::new(
                 self.runner.config.settings.fleet_budget,
                 &self.runbook.name,
@@ -247,6 +250,8 @@ impl RunLoop<'_> {
         }
         if let Some(Some(held)) = s.silence.take() {
             self.unsilence(&held).await;
+        } else if s.silence_lost {
+            self.unsilence_lost().await;
         }
         self.finish(s, started, started_at)
     }
@@ -271,10 +276,10 @@ impl RunLoop<'_> {
             "runwarden: run {} of {} changes {} (expired when the run ends)",
             self.info.run_id, self.runbook.name, self.host.name
         );
+        let ends = jiff::Timestamp::now()
+            + jiff::SignedDuration::try_from(cfg.longest).unwrap_or_default();
         let (held, outcome, detail) = match crate::silence::hold(cfg, &matchers, &comment).await {
             Ok(h) => {
-                let ends = jiff::Timestamp::now()
-                    + jiff::SignedDuration::try_from(cfg.longest).unwrap_or_default();
                 let detail = json!({
                     "id": h.id,
                     "alertmanager": h.alertmanager.as_str(),
@@ -283,18 +288,43 @@ impl RunLoop<'_> {
                 });
                 (Some(h), "created", detail)
             }
-            Err(why) => {
-                tracing::warn!(run_id = %self.info.run_id, "no silence for this run's changes: {why}; the run goes on unsilenced");
+            Err(not) => {
+                tracing::warn!(run_id = %self.info.run_id, "no silence for this run's changes: {}; the run goes on unsilenced", not.why);
                 let detail = json!({
                     "alertmanager": cfg.alertmanager.as_str(),
-                    "why": format!("{why}; the run goes on unsilenced"),
+                    "why": format!("{}; the run goes on unsilenced", not.why),
+                    "lost_answer": not.lost_answer,
                 });
                 (None, "unsilenced", detail)
             }
         };
+        let lost_answer = detail["lost_answer"] == true;
         s.tally
             .written(self.runner.audit.silence(&self.info, outcome, detail));
         s.silence = Some(held);
+        s.silence_lost = lost_answer;
+    }
+
+    /// A create whose answer was lost may have made a silence all the
+    /// same: looked for by the run's id when the run ends, and expired.
+    async fn unsilence_lost(&self) {
+        let Some(cfg) = &self.runbook.silence else {
+            return;
+        };
+        let detail = match crate::silence::expire_tagged(&cfg.alertmanager, &self.info.run_id).await
+        {
+            Ok(ids) if ids.is_empty() => return,
+            Ok(ids) => {
+                json!({ "ids": ids, "by": "the run's end: a create whose answer was lost had made them" })
+            }
+            Err(why) => {
+                tracing::warn!(run_id = %self.info.run_id, "silences a lost create may have made cannot be looked for: {why}; runwarden's next start looks again");
+                return;
+            }
+        };
+        if let Err(e) = self.runner.audit.silence(&self.info, "expired", detail) {
+            tracing::error!(run_id = %self.info.run_id, "the expiry of a silence could not be written: {e}");
+        }
     }
 
     /// The run is over: its silence expired, and written so.

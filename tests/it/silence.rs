@@ -221,16 +221,6 @@ fn check_refuses_a_silence_that_cannot_work_at_its_line() {
     let out = e.run(&["check"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    // A URL with credentials: they would be written in the audit log.
-    let secret = estate("am:hunter2@127.0.0.1:9093", 0);
-    let out = secret.run(&["check"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("must not carry credentials"), "{err}");
-    assert!(
-        !err.contains("hunter2"),
-        "the password is not repeated: {err}"
-    );
     for said in [
         "maint.yaml:10:17: silence.alertmanager \"ftp://am\" must be an http:// or https:// URL",
         "maint.yaml:11:14: silence.matchers:",
@@ -238,4 +228,108 @@ fn check_refuses_a_silence_that_cannot_work_at_its_line() {
     ] {
         assert!(err.contains(said), "{said:?} in {err}");
     }
+    // A URL with credentials: they would be written in the audit log.
+    for url in [
+        "am:hunter2@127.0.0.1:9093",
+        "127.0.0.1:9093/?access_token=hunter2",
+    ] {
+        let secret = estate(url, 0);
+        let out = secret.run(&["check"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("must not carry credentials"), "{err}");
+        assert!(
+            !err.contains("hunter2"),
+            "the password is not repeated: {err}"
+        );
+    }
+}
+
+/// A proxy in front of Alertmanager that forwards each request and holds
+/// the answer to a POST for `hold` before passing it on: Alertmanager made
+/// the silence, runwarden never heard its id. Its address.
+fn slow_proxy(am: &str, hold: Duration) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let am = am.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let am = am.clone();
+            std::thread::spawn(move || {
+                // One request: its head, then Content-Length bytes of body.
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                let body_at = loop {
+                    let n = client.read(&mut buf).unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    req.extend_from_slice(&buf[..n]);
+                    if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&req[..body_at]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap_or(0));
+                while req.len() < body_at + len {
+                    let n = client.read(&mut buf).unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    req.extend_from_slice(&buf[..n]);
+                }
+                // Forwarded as HTTP/1.0-style: one request, then close.
+                let text = String::from_utf8_lossy(&req).replacen("HTTP/1.1", "HTTP/1.0", 1);
+                let mut upstream = std::net::TcpStream::connect(&am).unwrap();
+                upstream.write_all(text.as_bytes()).unwrap();
+                let mut answer = Vec::new();
+                let _ = upstream.read_to_end(&mut answer);
+                if head.starts_with("post") {
+                    std::thread::sleep(hold);
+                }
+                let _ = client.write_all(&answer);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_silence_whose_answer_was_lost_is_found_by_its_run_and_expired_at_the_runs_end() {
+    let e0 = Estate::new();
+    let (_am, am) = alertmanager_with_alerts(&e0);
+    let proxy = slow_proxy(&am, Duration::from_secs(5));
+    let e = estate(&proxy, 0);
+    let out = e.run(&["run", "maint", "--host", "h1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = e.audit();
+    let silence: Vec<&Value> = lines.iter().filter(|l| l["phase"] == "silence").collect();
+    assert_eq!(silence[0]["outcome"], "unsilenced", "{silence:#?}");
+    assert_eq!(silence[0]["detail"]["lost_answer"], true, "{silence:#?}");
+    assert!(
+        silence[0]["detail"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within"),
+        "{silence:#?}"
+    );
+    // Alertmanager made it all the same; the run's end found it by its
+    // run id and expired it.
+    let made: Vec<Value> = silences(&am)
+        .into_iter()
+        .filter(|s| s["createdBy"] == "runwarden")
+        .collect();
+    assert_eq!(made.len(), 1, "{made:#?}");
+    assert_eq!(made[0]["status"]["state"], "expired", "{made:#?}");
+    assert_eq!(silence[1]["outcome"], "expired", "{silence:#?}");
+    assert_eq!(silence[1]["detail"]["ids"][0], made[0]["id"]);
 }

@@ -38,11 +38,16 @@ pub(super) fn validate(
     let before = diags.len();
     let url = s.alertmanager.value.trim_end_matches('/');
     let alertmanager = match reqwest::Url::parse(url) {
-        Ok(u) if !u.username().is_empty() || u.password().is_some() => {
+        Ok(u)
+            if !u.username().is_empty()
+                || u.password().is_some()
+                || u.query().is_some()
+                || u.fragment().is_some() =>
+        {
             diags.at(
                 file,
                 s.alertmanager.referenced,
-                "silence.alertmanager must not carry credentials: the URL is written in the audit log; put Alertmanager behind a proxy on loopback that adds them",
+                "silence.alertmanager must not carry credentials (no user, password or query string): the URL is written in the audit log; put Alertmanager behind a proxy on loopback that adds them",
             );
             None
         }
