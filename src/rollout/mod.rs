@@ -211,22 +211,29 @@ impl Rollouts {
                 "its status cannot be written as JSON: {e}"
             )))
         })?;
-        match pg
-            .rollout_begin(
-                &status.id,
-                &status.runbook,
-                fire.as_deref(),
-                "running",
-                &text,
-            )
-            .await?
-        {
-            Begun::Started { token } => Ok(fleet::Hold::new(token)),
-            Begun::FireTaken { id } => Err(NotStarted::Elsewhere(id)),
-            Begun::Going { id, state } => Err(NotStarted::Unfinished(
-                id,
-                serde_json::from_value(serde_json::Value::String(state)).unwrap_or(State::Running),
-            )),
+        // The rollout that held the runbook may end between the insert
+        // and the look at it: then the insert is tried once more.
+        let mut again = true;
+        loop {
+            let begun = pg
+                .rollout_begin(
+                    &status.id,
+                    &status.runbook,
+                    fire.as_deref(),
+                    "running",
+                    &text,
+                )
+                .await?;
+            return match begun {
+                Begun::Started { token } => Ok(fleet::Hold::new(token)),
+                Begun::FireTaken { id } => Err(NotStarted::Elsewhere(id)),
+                Begun::Going { id, .. } if id.is_empty() && std::mem::take(&mut again) => continue,
+                Begun::Going { id, state } => Err(NotStarted::Unfinished(
+                    id,
+                    serde_json::from_value(serde_json::Value::String(state))
+                        .unwrap_or(State::Running),
+                )),
+            };
         }
     }
 
