@@ -449,6 +449,8 @@ struct Fold {
     demoted: Demoted,
     /// Runs a later run took over (`resumes:RUN`).
     resumed: std::collections::HashSet<String>,
+    /// Dry runs: they change nothing, so their end starts no cooldown.
+    dry: std::collections::HashSet<String>,
 }
 
 impl Fold {
@@ -466,6 +468,11 @@ impl Fold {
             // Handed to the fleet's queue: the replica that took it keeps
             // its run, its end and its count.
             return;
+        }
+        if matches!(e.phase, Some(Phase::Queued | Phase::Start))
+            && e.detail.as_ref().is_some_and(|d| d["dry_run"] == true)
+        {
+            self.dry.insert(e.run_id.clone());
         }
         match e.phase {
             Some(Phase::Segment) => self.segment(&e),
@@ -522,6 +529,10 @@ impl Fold {
         let Ok(ts) = e.ts.parse::<jiff::Timestamp>() else {
             return;
         };
+        if self.dry.remove(&e.run_id) {
+            // A dry run changed nothing: no cooldown from it.
+            return;
+        }
         match (handed, began) {
             // It did nothing: no cooldown or deduplication from it.
             // Handed to the fleet's queue: another replica ran it.

@@ -130,3 +130,30 @@ pub(super) fn man(dir: Option<&Path>) -> Exit {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code the binary exits with has its row in the table the
+    /// README and `runwarden man` print.
+    #[test]
+    fn the_exit_table_has_a_row_for_every_code_the_binary_exits_with() {
+        let table = marked("exit codes");
+        let mut codes: Vec<i32> = crate::verdict::Verdict::ALL
+            .iter()
+            .map(|v| v.exit_code())
+            .collect();
+        codes.extend([
+            super::super::EXIT_USAGE,
+            super::super::EXIT_SOFTWARE,
+            super::super::EXIT_BUSY,
+        ]);
+        for code in codes {
+            assert!(
+                table.lines().any(|l| l.starts_with(&format!("| {code} |"))),
+                "exit code {code} has no row in the README's exit table:\n{table}"
+            );
+        }
+    }
+}

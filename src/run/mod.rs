@@ -368,7 +368,11 @@ impl Runner {
             };
             let run_id = lease.id().run_id.clone();
             if let Err(e) = lease
-                .finish(verdict.as_str(), &self.audit.head().to_string())
+                .finish(
+                    verdict.as_str(),
+                    &self.audit.head().to_string(),
+                    req.dry_run,
+                )
                 .await
             {
                 tracing::warn!(%run_id, "the verdict could not be recorded in the shared state ({e}); its lease expires and another replica closes it as interrupted");

@@ -275,7 +275,10 @@ impl SharedState for Local {
             .entry((req.runbook.clone(), req.host.clone()))
             .or_default();
         slot.in_flight = false;
-        slot.ended = Some(Instant::now());
+        // A dry run changed nothing: its end starts no cooldown.
+        if !req.dry_run {
+            slot.ended = Some(Instant::now());
+        }
         if cleared {
             slot.keys.clear();
         }

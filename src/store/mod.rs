@@ -375,11 +375,20 @@ impl Lease {
     /// is tried for as long as the lease would have lived; if it never
     /// answers, the lease expires and another replica closes the run
     /// `interrupted`.
-    pub(crate) async fn finish(self, verdict: &str, audit_head: &str) -> Result<(), StoreError> {
+    pub(crate) async fn finish(
+        self,
+        verdict: &str,
+        audit_head: &str,
+        dry_run: bool,
+    ) -> Result<(), StoreError> {
         self.renewals.abort();
         let give_up = tokio::time::Instant::now() + self.store.lease;
         loop {
-            match self.store.finish(&self.id, verdict, audit_head).await {
+            match self
+                .store
+                .finish(&self.id, verdict, audit_head, dry_run)
+                .await
+            {
                 Ok(()) => return Ok(()),
                 Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
                 Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,

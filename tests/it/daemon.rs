@@ -747,6 +747,44 @@ fn run_history_comes_from_the_audit_log_for_every_process_and_survives_a_restart
     assert!(String::from_utf8_lossy(&ambiguous.stderr).contains("give more of the id"));
 }
 
+/// A dry run changes nothing, so it starts no cooldown: the real run an
+/// alert asks for right after it starts, by the daemon's memory and, after
+/// a restart, by what it reads back from the audit log.
+#[test]
+fn a_dry_run_starts_no_cooldown_before_or_after_a_restart() {
+    let steps = "  - call: disk_usage\n    args: { path: /tmp }\n";
+    let dry = |d: &Daemon| {
+        let (status, body) = d.request(
+            "POST",
+            "/api/v1/runs",
+            &[("Content-Type", "application/json")],
+            br#"{"runbook": "disk-alert", "hosts": ["web-01"], "dry_run": true}"#,
+        );
+        assert_eq!(status, 202, "{body}");
+        let runs = d.settled_runs();
+        assert_eq!(runs[0]["dry_run"], true, "{runs:#?}");
+    };
+    let e = alert_estate("web-01", steps);
+    let d = Daemon::start(&e);
+    dry(&d);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    drop(d);
+    let e = alert_estate("web-01", steps);
+    let d = Daemon::start(&e);
+    dry(&d);
+    drop(d);
+    let d = Daemon::start(&e);
+    assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    // The real run's end does start it.
+    d.settled_runs();
+    let mut other: Value = serde_json::from_str(FIRING).unwrap();
+    other["groupKey"] = "another-group".into();
+    for a in other["alerts"].as_array_mut().unwrap() {
+        a["fingerprint"] = format!("x{}", a["fingerprint"].as_str().unwrap()).into();
+    }
+    assert_eq!(results(&d.post_alerts(&other.to_string()).1)[0], "cooldown");
+}
+
 #[test]
 fn cooldown_and_deduplication_survive_a_restart() {
     let e = alert_estate("web-01", DISK_STEPS);

@@ -378,6 +378,44 @@ fn max_runs_holds_across_three_replicas_racing_for_one_host() {
     );
 }
 
+/// With shared state too, a dry run starts no cooldown: the fleet's lease
+/// keeps the last real run's end.
+#[test]
+fn a_dry_run_starts_no_cooldown_in_the_fleet() {
+    let pg = Pg::start();
+    let site = Site::new();
+    let fleet = fleet(&pg, 1, LONG, "", &|e| {
+        e.host("h1", &site.host("h1", ""));
+        e.runbook("rot", &rot_runbook(&site, "h1", 0));
+    });
+    let (status, answer) = fleet[0].post(
+        "/api/v1/runs",
+        &json!({ "runbook": "rot", "hosts": ["h1"], "dry_run": true }).to_string(),
+    );
+    assert_eq!(status, 202, "{answer}");
+    settled(&fleet[0]);
+    assert!(site.rotations("h1").is_empty(), "a dry run rotates nothing");
+    // Its lease given back (the API may show the verdict a moment before).
+    let freed = || {
+        wait_for("the run's lease freed", Duration::from_secs(10), || {
+            (pg.sql("SELECT run_id IS NULL FROM runwarden_leases WHERE host = 'h1'") == "t")
+                .then_some(())
+        })
+    };
+    freed();
+    let (status, a) = fleet[0].post("/api/v1/alerts", &notification(&["h1"]));
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["outcomes"][0]["result"], "started", "{a}");
+    settled(&fleet[0]);
+    freed();
+    // The real run's end starts it: another alert for h1 waits.
+    let mut again: Value = serde_json::from_str(&notification(&["h1"])).unwrap();
+    again["alerts"][0]["fingerprint"] = "another".into();
+    again["groupKey"] = "another".into();
+    let (_, a) = fleet[0].post("/api/v1/alerts", &again.to_string());
+    assert_eq!(a["outcomes"][0]["result"], "cooldown", "{a}");
+}
+
 #[test]
 fn the_same_notification_posted_to_three_replicas_starts_exactly_one_run() {
     let pg = Pg::start();

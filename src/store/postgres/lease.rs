@@ -162,21 +162,24 @@ impl Postgres {
     }
 
     /// The run ended with `verdict`: record it and free the lease (its end
-    /// starts the cooldown), unless another claim has taken over.
+    /// starts the cooldown, unless `dry_run`: it changed nothing), unless
+    /// another claim has taken over.
     pub(crate) async fn finish(
         &self,
         lease: &crate::store::LeaseId,
         verdict: &str,
         audit_head: &str,
+        dry_run: bool,
     ) -> Result<(), StoreError> {
         self.with("recording the verdict", |c| async move {
             c.execute(
                 "WITH ended AS (UPDATE runwarden_runs SET status = 'ended', verdict = $2, audit_head = $3,
                          ended_at = clock_timestamp()
                      WHERE run_id = $1 AND status = 'running' RETURNING run_id)
-                 UPDATE runwarden_leases SET expires_at = NULL, run_id = NULL, ended_at = clock_timestamp()
+                 UPDATE runwarden_leases SET expires_at = NULL, run_id = NULL,
+                        ended_at = CASE WHEN $7 THEN ended_at ELSE clock_timestamp() END
                      WHERE runbook = $4 AND host = $5 AND token = $6",
-                &[&lease.run_id, &verdict, &audit_head, &lease.runbook, &lease.host, &lease.token],
+                &[&lease.run_id, &verdict, &audit_head, &lease.runbook, &lease.host, &lease.token, &dry_run],
             )
             .await
         })
