@@ -546,6 +546,12 @@ impl Metrics {
                 other => other.as_str(),
             };
             for host in &rb.hosts {
+                // "Capped (last hour)" reads 0, not "No data", where a cap can bite.
+                if rb.max_runs.is_some() {
+                    self.triggers_capped
+                        .with_label_values(&[name, host])
+                        .inc_by(0);
+                }
                 for tool in &rb.approve {
                     for outcome in ["ok", "error", "timeout"] {
                         self.tool_calls

@@ -146,3 +146,34 @@ async fn the_top_row_is_what_is_stopped_now_and_links_to_its_runs() {
     }
     daemon.shutdown().await.unwrap();
 }
+
+/// "Capped (last hour)" has a series to read before the first cap: 0 for
+/// each host of a runbook with `max_runs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capped_series_starts_at_zero_where_a_cap_can_bite() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let rb = dir.path().join("runbooks/disk.yaml");
+    let text = std::fs::read_to_string(&rb).unwrap();
+    std::fs::write(
+        &rb,
+        text.replace(
+            "cooldown: 1h\n",
+            "cooldown: 1h\nmax_runs: { count: 3, per: 1h }\n",
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path()).await;
+    for host in ["web-01", "web-02"] {
+        assert_eq!(
+            metric(
+                &d,
+                &format!("runwarden_triggers_capped_total{{host=\"{host}\",runbook=\"disk\"}}")
+            )
+            .await,
+            Some(0.0),
+            "{host}"
+        );
+    }
+    d.shutdown().await.unwrap();
+}
