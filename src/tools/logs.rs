@@ -50,9 +50,16 @@ pub(crate) async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
         .filter(|l| l.starts_with("error:"))
         .take(10)
         .collect();
+    // One `rotating log PATH, log->rotateCount is N` line per log it
+    // rotates; its `renaming` lines are every older copy it shifts (a
+    // thousand a log with `rotate 1000`, most of them absent), no count.
     let rotated: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.starts_with("renaming "))
+        .filter_map(|l| l.strip_prefix("rotating log "))
+        .map(|l| {
+            l.split_once(", log->rotateCount")
+                .map_or(l, |(path, _)| path)
+        })
         .take(50)
         .collect();
     let after = mtime(&state);

@@ -48,6 +48,47 @@ fn logrotate_case(dir_mode: u32) -> (Estate, std::path::PathBuf) {
     (e, logs)
 }
 
+/// Three logs of one glob, `rotate 1000`: logrotate -v prints a `renaming`
+/// line for every older copy it shifts (a thousand a log, most of them not
+/// there); the report counts the logs it rotated, three.
+#[test]
+fn rotate_logs_counts_the_logs_it_rotated_not_logrotates_rename_lines() {
+    let (e, logs) = logrotate_case(0o755);
+    for name in ["web.log", "worker.log"] {
+        std::fs::write(logs.join(name), "line\n").unwrap();
+    }
+    let conf = e.work().join("app.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "{}/*.log {{\n  rotate 1000\n  missingok\n  notifempty\n}}\n",
+            logs.display()
+        ),
+    )
+    .unwrap();
+    let (code, report) = e.run_json("rot", "h", &[]);
+    assert_eq!(code, 0, "{report:#}");
+    let r = &step(&report, "rotate")["result"];
+    let rotated: Vec<&str> = r["data"]["rotated"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = ["api.log", "web.log", "worker.log"]
+        .iter()
+        .map(|n| logs.join(n).display().to_string())
+        .collect();
+    assert_eq!(rotated, expected, "{r:#}");
+    assert!(
+        r["data"]["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("3 file(s) rotated"),
+        "{r:#}"
+    );
+}
+
 #[test]
 fn rotate_logs_rotates_and_verifies() {
     let (e, logs) = logrotate_case(0o755);
