@@ -87,9 +87,17 @@ pub(crate) async fn rotate(ctx: &Ctx<'_>, config: &Path) -> ToolResult {
     } else {
         format!("not verified: {}", out.failure_text())
     });
-    if result.outcome == Outcome::Ok && !errors.is_empty() {
-        result.outcome = Outcome::Error;
-        result.error = Some(format!("logrotate exited 0 but reported: {}", errors[0]));
+    if let Some(e) = errors.first() {
+        // Its own `error:` line says what went wrong; the last line of its
+        // output is often only where it stopped.
+        match result.outcome {
+            Outcome::Ok => {
+                result.outcome = Outcome::Error;
+                result.error = Some(format!("logrotate exited 0 but reported: {e}"));
+            }
+            Outcome::Error => result.error = Some(format!("logrotate failed: {e}")),
+            Outcome::Timeout => {}
+        }
     }
     result.verified = Some(verified);
     result

@@ -114,6 +114,12 @@ fn rotate_logs_reports_the_real_insecure_permissions_failure() {
         evidence.contains("parent directory has insecure permissions"),
         "{evidence}"
     );
+    // The error a person reads quotes logrotate's own `error:` line.
+    let error = r["error"].as_str().unwrap();
+    assert!(
+        error.contains("parent directory has insecure permissions"),
+        "{error}"
+    );
     assert!(!logs.join("api.log.1").exists(), "nothing rotated");
 }
 
