@@ -84,6 +84,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub(crate) mod access;
 pub mod agent;
 pub mod app;
 pub mod audit;
@@ -161,6 +162,8 @@ pub(crate) fn chain_text(messages: impl Iterator<Item = String>) -> String {
 }
 
 /// Compare two secrets without leaking, through timing, how much of a guess was right.
+/// (A length that differs is told at once: every secret compared here is a
+/// token or a digest whose length is no secret.)
 pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }

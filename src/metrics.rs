@@ -300,7 +300,7 @@ impl Metrics {
             mcp_refused: counter(
                 r,
                 "runwarden_mcp_sessions_refused_total",
-                "MCP sessions of /mcp refused or ended early, by reason: sessions (mcp_max_sessions open already: 429), host (a Host header not the daemon's: 403), handshake_timeout (no tool call within mcp_handshake_timeout of the handshake).",
+                "MCP sessions of /mcp refused or ended early, by reason: sessions (mcp_max_sessions open already: 429), host (a Host header not the daemon's: 403), scope (a principal that may not start the runbook, or that holds approve: 403), handshake_timeout (no tool call within mcp_handshake_timeout of the handshake).",
                 &["reason"],
             ),
             model_claims: counter(
@@ -570,7 +570,7 @@ impl Metrics {
             self.alerts_received.with_label_values(&[status]).inc_by(0);
         }
         self.audit_write_failures.inc_by(0);
-        for reason in ["sessions", "host", "handshake_timeout"] {
+        for reason in ["sessions", "host", "scope", "handshake_timeout"] {
             self.mcp_refused.with_label_values(&[reason]).inc_by(0);
         }
         for runbook in config.runbooks.keys() {

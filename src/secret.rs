@@ -8,7 +8,6 @@
 //! it is logged, audited, shown to a model or an MCP client, or printed:
 //! every secret read here is [`held`], and [`redact_held`] cuts each one out.
 
-use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -58,21 +57,20 @@ pub enum SecretError {
     /// setting and the variable or file).
     #[error("{0}: empty or not one line")]
     NotOneLine(String),
-    /// The approvers file says something that is not `NAME TOKEN` lines
-    /// with tokens of at least 16 characters, or names nobody.
-    #[error("{}{}: {why}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
-    Approvers {
-        /// The file.
-        path: PathBuf,
-        /// The line, when one is at fault.
-        line: Option<usize>,
-        /// What is wrong.
-        why: String,
-    },
 }
 
 /// Read a secret file, refusing one that its group or others can read or write.
 pub(crate) fn read_file(path: &Path, what: &str) -> Result<String, SecretError> {
+    let text = read_private(path, what)?;
+    hold_text(&text);
+    Ok(text)
+}
+
+/// Read a file only its owner may read, as [`read_file`] does, without
+/// holding what it says as a secret: for a file whose secrets are hashes
+/// (the principals file), where holding every line would cut ordinary
+/// words (`principals:`) out of every output.
+pub(crate) fn read_private(path: &Path, what: &str) -> Result<String, SecretError> {
     let read = |source: crate::files::OpenError| SecretError::Read {
         what: what.to_string(),
         path: path.to_path_buf(),
@@ -91,7 +89,6 @@ pub(crate) fn read_file(path: &Path, what: &str) -> Result<String, SecretError> 
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::Read::take(file, 64 << 10), &mut text)
         .map_err(|e| read(e.into()))?;
-    hold_text(&text);
     Ok(text)
 }
 
@@ -271,38 +268,6 @@ pub(crate) fn redact(bytes: &[u8], secret: &str) -> Vec<u8> {
     out
 }
 
-/// The approvers file: `NAME TOKEN` lines (`#` comments), each token at
-/// least 16 characters, keyed by token. Read by the gate and checked by the
-/// configuration loader.
-pub(crate) fn read_approvers(file: &Path) -> Result<HashMap<Vec<u8>, String>, SecretError> {
-    let text = read_file(file, "approvers file")?;
-    let wrong = |line: Option<usize>, why: String| SecretError::Approvers {
-        path: file.to_path_buf(),
-        line,
-        why,
-    };
-    let mut approvers = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(name), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(wrong(Some(i + 1), "expected `NAME TOKEN`".into()));
-        };
-        if token.len() < 16 {
-            let why = format!("the token of {name} is shorter than 16 characters");
-            return Err(wrong(Some(i + 1), why));
-        }
-        approvers.insert(token.as_bytes().to_vec(), name.to_string());
-    }
-    if approvers.is_empty() {
-        return Err(wrong(None, "names no approver".into()));
-    }
-    Ok(approvers)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,7 +286,7 @@ mod tests {
         };
         read_token(&write("token", "tok-AAAA-BBBB-CCCC-1111\n"), "t").unwrap();
         read_file(&write("url", "postgres://rw:pa55-w0rd-xyz@db/rw\n"), "u").unwrap();
-        read_approvers(&write("approvers", "alice appr-ZZZZ-YYYY-XXXX-2222\n")).unwrap();
+        hold("appr-ZZZZ-YYYY-XXXX-2222");
         let said = "Authorization: Bearer tok-AAAA-BBBB-CCCC-1111 from db pa55-w0rd-xyz, appr-ZZZZ-YYYY-XXXX-2222";
         let cut = redact_held(said).expect("secrets in it");
         assert_eq!(

@@ -198,7 +198,10 @@ fn line(out: &mut String, e: &Entry) {
                 ),
             };
         }
-        Some(Phase::KillSwitch | Phase::Autonomy | Phase::Segment | Phase::Rollout) | None => {}
+        Some(
+            Phase::KillSwitch | Phase::Autonomy | Phase::Segment | Phase::Rollout | Phase::Access,
+        )
+        | None => {}
     }
 }
 

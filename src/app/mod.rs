@@ -120,7 +120,16 @@ pub async fn serve(
         Some(t) => WebhookToken::Bearer(t),
         None => WebhookToken::None,
     }));
-    let approvals = approvals_of(&config)?;
+    let access = match &config.settings.principals_file {
+        Some(f) => Some(Arc::new(crate::access::Access::load(f)?)),
+        None => None,
+    };
+    // L2 approvals, once a principals file says who may decide.
+    let approvals = access.as_ref().map(|_| {
+        Arc::new(crate::gate::approvals::Approvals::new(
+            config.settings.approval_timeout,
+        ))
+    });
     let store = crate::store::workers::shared_state(&config).await?;
     // The one place that knows which: everything else holds a SharedState.
     let shared = crate::state::chosen(store.clone());
@@ -192,7 +201,7 @@ pub async fn serve(
         config_tx,
         Secrets {
             token: token.clone(),
-            approvals,
+            access: access.clone(),
             loopback: listen.ip().is_loopback(),
         },
         metrics.clone(),
@@ -218,6 +227,7 @@ pub async fn serve(
         metrics,
         audit,
         token,
+        access,
         mcp: mcp.clone(),
         listen: bound,
     };
@@ -235,17 +245,6 @@ pub async fn serve(
     let _ = server.await;
     workers.shutdown().await;
     Ok(())
-}
-
-/// L2 approvals, when `approvers_file` names who may decide.
-fn approvals_of(config: &Config) -> anyhow::Result<Option<Arc<crate::gate::approvals::Approvals>>> {
-    Ok(match &config.settings.approvers_file {
-        Some(f) => Some(Arc::new(crate::gate::approvals::Approvals::load(
-            f,
-            config.settings.approval_timeout,
-        )?)),
-        None => None,
-    })
 }
 
 /// Say the daemon is ready: to `ready` (tests), and to systemd
@@ -416,7 +415,7 @@ async fn approval_age_worker(
 /// The secrets `serve` holds that a reload re-reads.
 struct Secrets {
     token: Arc<std::sync::RwLock<WebhookToken>>,
-    approvals: Option<Arc<crate::gate::approvals::Approvals>>,
+    access: Option<Arc<crate::access::Access>>,
     /// Whether the daemon listens on loopback (where no token is allowed).
     loopback: bool,
 }
@@ -450,15 +449,15 @@ impl Secrets {
             }
         };
         *self.token.write().unwrap_or_else(|p| p.into_inner()) = token;
-        match (&self.approvals, &config.settings.approvers_file) {
-            (Some(a), Some(f)) => match a.reload(f) {
-                Ok(n) => tracing::info!("approvers re-read from {}: {n} approver(s)", f.display()),
+        match (&self.access, &config.settings.principals_file) {
+            (Some(a), Some(f)) => match a.reload() {
+                Ok(n) => tracing::info!("principals re-read from {}: {n} principal(s)", f.display()),
                 Err(e) => problems.push(format!(
-                    "approvers file refused, nobody can approve until it is fixed and runwarden reloads (systemctl reload runwarden): {e}"
+                    "principals file refused, no principal's token is taken and nobody can approve until it is fixed and runwarden reloads (systemctl reload runwarden): {e}"
                 )),
             },
             (None, Some(_)) | (Some(_), None) => tracing::warn!(
-                "approvers_file was added or removed: that takes a restart of runwarden serve"
+                "principals_file was added or removed: that takes a restart of runwarden serve"
             ),
             (None, None) => {}
         }

@@ -490,6 +490,31 @@ impl AuditLog {
         self.append(e, true)
     }
 
+    /// A caller's decision on a scope that changes who may act (see
+    /// [`crate::access::Scope::audited`]): allowed or refused, with the
+    /// principal and the token's id, never the token. `what` is what was
+    /// asked (`approve 0193…`, `engage`); `via` the way in (`api`, `slack`).
+    pub(crate) fn access(&self, d: &AccessDecision<'_>) -> Result<(), AuditError> {
+        let mut e = no_run(d.runbook.unwrap_or("-"), Phase::Access);
+        e.outcome = Some(
+            if d.refused.is_none() {
+                "allowed"
+            } else {
+                "refused"
+            }
+            .into(),
+        );
+        e.detail = Some(json!({
+            "principal": d.caller.name(),
+            "token_id": d.caller.token_id,
+            "scope": d.scope.name(),
+            "what": d.what,
+            "via": d.via,
+            "why": d.refused,
+        }));
+        self.append(e, true)
+    }
+
     /// A timed kill switch released itself at its time (`source`: `file`
     /// or `fleet`): who engaged it, why, and until when.
     pub(crate) fn kill_switch_ended(
@@ -855,4 +880,16 @@ pub(crate) struct ModelTurn {
     /// a turn without a call, whatever it began to write.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cut_off_at: Option<u32>,
+}
+
+/// What [`AuditLog::access`] records.
+pub(crate) struct AccessDecision<'a> {
+    pub(crate) caller: &'a crate::access::Caller,
+    pub(crate) scope: crate::access::Scope,
+    /// The runbook it concerns (`None`: every runbook).
+    pub(crate) runbook: Option<&'a str>,
+    pub(crate) what: &'a str,
+    pub(crate) via: &'static str,
+    /// Why it was refused; `None`: allowed.
+    pub(crate) refused: Option<String>,
 }

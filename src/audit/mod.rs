@@ -47,10 +47,11 @@ pub(crate) mod runs;
 
 pub(crate) use follow::demotions;
 pub(crate) use lines::permitted;
-pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use lines::{
-    Dispatched, ModelTurn, Origin, QueueNote, Queued, RolloutEvent, RunEnd, alert_of_record, handed,
+    AccessDecision, Dispatched, ModelTurn, Origin, QueueNote, Queued, RolloutEvent, RunEnd,
+    alert_of_record, handed,
 };
+pub use lines::{AuditTicket, Permitted, RunInfo};
 pub(crate) use log::Written;
 pub use log::{AuditError, AuditLog, torn_path};
 pub(crate) use query::{entries, process_alive, promotion, run_lines, this_process};
@@ -114,6 +115,10 @@ pub enum Phase {
     /// (with its id, before the first change), `expired`, or why there was
     /// none (`unsilenced`) or it could not be expired (`not_expired`).
     Silence,
+    /// A principal's decision on a scope that changes who may act
+    /// (`approve`, `kill:*`, `rollout:control`): `allowed` or `refused`,
+    /// with the principal and its token's id (no run: `run_id` is `-`).
+    Access,
 }
 
 /// One line of the log.

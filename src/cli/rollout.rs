@@ -7,13 +7,15 @@ use serde_json::{Value, json};
 
 use super::args::RolloutCommand;
 use super::{EXIT_BUSY, Exit, Failed};
-use crate::config::Config;
 use crate::verdict::Verdict;
 
 /// The daemon's API, with its token if there is one.
 pub(super) struct Api {
     base: String,
     token: Option<String>,
+    /// Whether the token (or none) is not a principal's: the daemon then
+    /// takes who decides from the request, else from the token.
+    says_who: bool,
     client: reqwest::Client,
 }
 
@@ -24,11 +26,12 @@ impl Api {
         token_file: Option<&Path>,
         dir: &Path,
     ) -> Result<Api, Failed> {
+        let settings = crate::config::Settings::load(dir).ok();
         let base = match daemon {
             Some(d) => d,
-            None => match Config::load(dir) {
-                Ok(c) => format!("http://{}", c.settings.listen),
-                Err(_) => format!("http://{}", crate::config::DEFAULT_LISTEN),
+            None => match &settings {
+                Some(s) => format!("http://{}", s.listen),
+                None => format!("http://{}", crate::config::DEFAULT_LISTEN),
             },
         };
         let token = match token_file {
@@ -40,9 +43,18 @@ impl Api {
             ),
             None => None,
         };
+        // The webhook token (or none) says nobody; a principal's says who.
+        let webhook = settings
+            .and_then(|s| s.webhook_token_file)
+            .and_then(|f| crate::secret::read_token(&f, "webhook_token_file").ok());
+        let says_who = match &token {
+            None => true,
+            Some(t) => webhook.is_some_and(|w| crate::same_secret(w.as_bytes(), t.as_bytes())),
+        };
         Ok(Api {
             base: base.trim_end_matches('/').to_string(),
             token,
+            says_who,
             client: reqwest::Client::new(),
         })
     }
@@ -139,7 +151,10 @@ pub(super) async fn rollout(
 }
 
 async fn decide(api: &Api, id: &str, verb: &str, reason: &str) -> Exit {
-    let body = json!({ "by": crate::gate::killswitch::who(), "reason": reason });
+    let body = match api.says_who {
+        true => json!({ "by": crate::gate::killswitch::who(), "reason": reason }),
+        false => json!({ "reason": reason }),
+    };
     let v = api
         .call(
             reqwest::Method::POST,

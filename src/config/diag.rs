@@ -99,37 +99,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Suggest the closest known name for a misspelt one ("did you mean ...").
-pub(crate) fn did_you_mean<'a>(wrong: &str, known: impl IntoIterator<Item = &'a str>) -> String {
-    let best = known
-        .into_iter()
-        .map(|k| (edit_distance(wrong, k), k))
-        .filter(|(d, k)| *d <= 3.max(k.len() / 3))
-        .min();
-    match best {
-        Some((_, k)) => format!(" (did you mean \"{k}\"?)"),
-        None => String::new(),
-    }
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = if ca == *cb {
-                prev
-            } else {
-                1 + prev.min(row[j]).min(cur)
-            };
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
+pub(crate) use crate::text::did_you_mean;
 
 /// Every unknown key of the file at once, each with a did-you-mean: the
 /// keys of the mapping serde stopped in, then, with those lines (and what

@@ -108,8 +108,9 @@ pub struct Settings {
     pub(crate) webhook_token_file: Option<PathBuf>,
     /// How long `serve` waits for in-flight runs on SIGTERM.
     pub(crate) shutdown_grace: Duration,
-    /// `NAME TOKEN` lines: the people who may approve L2 calls.
-    pub(crate) approvers_file: Option<PathBuf>,
+    /// Who may do what through the daemon (see [`crate::access`]): a
+    /// principals file, or the older approvers file of `NAME TOKEN` lines.
+    pub(crate) principals_file: Option<PathBuf>,
     /// How long an approval request waits before it counts as denied.
     pub(crate) approval_timeout: Duration,
     /// Where each new approval request is POSTed (chat-ops).
@@ -423,9 +424,9 @@ impl Config {
                 diags.file(&settings_file, e.to_string());
             }
         }
-        match &s.approvers_file {
+        match &s.principals_file {
             Some(f) => {
-                if let Err(e) = crate::secret::read_approvers(f) {
+                if let Err(e) = crate::access::file::read(f) {
                     diags.file(&settings_file, e.to_string());
                 }
             }
@@ -437,7 +438,7 @@ impl Config {
                 {
                     diags.file(
                         &rb.source,
-                        format!("runbook \"{}\" is autonomy L2, but runwarden.yaml sets no approvers_file: under serve every tier-2 call would be denied (no_approver)", rb.name),
+                        format!("runbook \"{}\" is autonomy L2, but runwarden.yaml sets no principals_file: under serve every tier-2 call would be denied (no_approver)", rb.name),
                     );
                 }
             }

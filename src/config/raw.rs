@@ -37,6 +37,9 @@ pub(crate) struct Settings {
     pub(crate) max_concurrent_runs: Option<S<u32>>,
     pub(crate) webhook_token_file: Option<S<String>>,
     pub(crate) shutdown_grace: Option<S<String>>,
+    /// Who may do what (`principals:`), or the older approvers file.
+    pub(crate) principals_file: Option<S<String>>,
+    /// The older name of `principals_file`.
     pub(crate) approvers_file: Option<S<String>>,
     pub(crate) approval_timeout: Option<S<String>>,
     pub(crate) approval_webhook: Option<S<String>>,
@@ -185,6 +188,8 @@ pub(crate) struct Runbook {
     pub(crate) rollout: Option<S<Rollout>>,
     /// An Alertmanager silence held while a host's changes are made.
     pub(crate) silence: Option<S<Silence>>,
+    /// Whoever started a run may not approve its calls.
+    pub(crate) four_eyes: Option<S<bool>>,
 }
 
 /// `silence:` in a runbook.

@@ -89,7 +89,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         fleet_budget,
         postgres,
         replica,
-        approvers_file: settings.approvers_file.as_ref().map(|f| dir.join(&f.value)),
+        principals_file: principals_file(&settings, &settings_file, diags).map(|f| dir.join(f)),
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
         audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
@@ -238,7 +238,7 @@ impl Settings {
     pub(crate) fn secret_files(&self) -> Vec<std::path::PathBuf> {
         let mut paths: Vec<std::path::PathBuf> = [
             self.mcp_token_file.as_ref(),
-            self.approvers_file.as_ref(),
+            self.principals_file.as_ref(),
             self.webhook_token_file.as_ref(),
             self.prometheus
                 .as_ref()
@@ -481,5 +481,28 @@ fn replica(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> St
                     .collect()
             })
             .unwrap_or_else(|| "localhost".into()),
+    }
+}
+
+/// `principals_file`, or its older name `approvers_file`: one of the two.
+fn principals_file<'a>(
+    settings: &'a super::raw::Settings,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<&'a str> {
+    match (&settings.principals_file, &settings.approvers_file) {
+        (Some(p), Some(a)) => {
+            diags.at(
+                file,
+                a.referenced,
+                format!(
+                    "approvers_file is the older name of principals_file, which is set too (line {}): keep principals_file alone",
+                    p.referenced.line()
+                ),
+            );
+            None
+        }
+        (Some(f), None) | (None, Some(f)) => Some(f.value.as_str()),
+        (None, None) => None,
     }
 }

@@ -12,13 +12,11 @@
 //! A quarter of it is its unit tests (paused time).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::secret::SecretError;
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -147,6 +145,10 @@ pub(crate) struct Request {
     /// when an agent plans the run over MCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) agent: Option<String>,
+    /// The principal who started the run, when one did (the runs API,
+    /// `/mcp`): under `four_eyes` it may not decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) requested_by: Option<String>,
     /// Where it stands.
     #[serde(flatten)]
     pub(crate) state: State,
@@ -155,9 +157,11 @@ pub(crate) struct Request {
 /// Why a decision was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub(crate) enum DecisionError {
-    /// The token is not an approver's.
-    #[error("unknown approver token")]
-    Unauthorized,
+    /// Four-eyes: the approver is who started the run.
+    #[error(
+        "runbook {0} takes four eyes: whoever started a run cannot decide its calls; ask another approver"
+    )]
+    OwnRun(String),
     /// No such request.
     #[error("no approval request {0}")]
     NotFound(String),
@@ -186,13 +190,10 @@ struct Entry {
     tx: watch::Sender<State>,
 }
 
-/// The L2 approval store: requests, their waiting runs, and who may decide.
+/// The L2 approval store: requests and their waiting runs. Who may
+/// decide is [`crate::access`]'s to say; a decision here is already
+/// authorized and carries its approver.
 pub(crate) struct Approvals {
-    /// token -> approver name; replaced whole on SIGHUP, so a revoked
-    /// approver's token stops working at once.
-    approvers: std::sync::RwLock<HashMap<Vec<u8>, String>>,
-    /// Whether the last reload refused the file (the list is then empty).
-    refused: std::sync::atomic::AtomicBool,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
     /// The approval webhook's last POST of each request still being sent:
@@ -232,56 +233,13 @@ pub(crate) fn digest(
 }
 
 impl Approvals {
-    /// Load approvers from a file of `NAME TOKEN` lines (`#` comments).
-    pub(crate) fn load(file: &Path, timeout: Duration) -> Result<Approvals, SecretError> {
-        Ok(Approvals {
-            approvers: std::sync::RwLock::new(crate::secret::read_approvers(file)?),
-            refused: Default::default(),
+    /// A store whose requests expire after `timeout`.
+    pub(crate) fn new(timeout: Duration) -> Approvals {
+        Approvals {
             timeout,
             entries: Mutex::default(),
             sending: Mutex::default(),
-        })
-    }
-
-    /// Read the approvers file again (SIGHUP); on error the old list stays.
-    /// Returns how many approvers it names.
-    ///
-    /// A file that cannot be accepted fails closed: the old list is dropped
-    /// too (a revocation must never be undone by a mistake in the new
-    /// file), and nobody can approve until a reload accepts a file.
-    pub(crate) fn reload(&self, file: &Path) -> Result<usize, SecretError> {
-        let read = crate::secret::read_approvers(file);
-        let mut approvers = self.approvers.write().unwrap_or_else(|p| p.into_inner());
-        self.refused
-            .store(read.is_err(), std::sync::atomic::Ordering::Relaxed);
-        match read {
-            Ok(list) => {
-                let n = list.len();
-                *approvers = list;
-                Ok(n)
-            }
-            Err(e) => {
-                approvers.clear();
-                Err(e)
-            }
         }
-    }
-
-    /// Whether the last reload refused the approvers file (nobody can approve).
-    pub(crate) fn refused(&self) -> bool {
-        self.refused.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The approver a token belongs to (compared without timing leaks).
-    pub(crate) fn approver(&self, token: &[u8]) -> Option<String> {
-        let approvers = self.approvers.read().unwrap_or_else(|p| p.into_inner());
-        let mut found = None;
-        for (t, name) in approvers.iter() {
-            if crate::same_secret(t, token) {
-                found = Some(name.clone());
-            }
-        }
-        found
     }
 
     /// Open a request; the receiver sees its state change.
@@ -304,16 +262,17 @@ impl Approvals {
         rx
     }
 
-    /// Approve or deny. Exactly one decision counts.
+    /// Approve or deny, as `by` (an authorized approver). Exactly one
+    /// decision counts.
     pub(crate) fn decide(
         &self,
         id: &str,
-        token: &[u8],
+        by: &str,
         digest: &str,
         approve: bool,
         comment: &str,
     ) -> Result<Request, DecisionError> {
-        let who = self.approver(token).ok_or(DecisionError::Unauthorized)?;
+        let who = by.to_string();
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let e = entries
             .get_mut(id)
@@ -533,16 +492,8 @@ async fn post(url: &str, request: &Request) {
 mod tests {
     use super::*;
 
-    fn approvals() -> (tempfile::TempDir, Approvals) {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("approvers");
-        std::fs::write(
-            &f,
-            "# on-call\nalice aaaaaaaaaaaaaaaaaaaa\nbob bbbbbbbbbbbbbbbbbbbb\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        (dir, Approvals::load(&f, Duration::from_secs(300)).unwrap())
+    fn approvals() -> ((), Approvals) {
+        ((), Approvals::new(Duration::from_secs(300)))
     }
 
     fn request(id: &str) -> Request {
@@ -562,6 +513,7 @@ mod tests {
             expires_at: String::new(),
             keys: vec!["fp:abc".into()],
             agent: None,
+            requested_by: None,
             state: State::Pending,
         }
     }
@@ -632,15 +584,10 @@ mod tests {
     }
 
     #[test]
-    fn one_decision_with_the_right_digest_and_token() {
+    fn one_decision_with_the_right_digest() {
         let (_d, a) = approvals();
         let mut rx = a.open(request("x"));
         let d = a.get("x").unwrap().digest;
-        assert_eq!(
-            a.decide("x", b"wrong-token-wrong-token", &d, true, "")
-                .unwrap_err(),
-            DecisionError::Unauthorized
-        );
         let other = digest(
             "r",
             2,
@@ -651,13 +598,10 @@ mod tests {
             "stuck",
         );
         assert_eq!(
-            a.decide("x", b"aaaaaaaaaaaaaaaaaaaa", &other, true, "")
-                .unwrap_err(),
+            a.decide("x", "alice", &other, true, "").unwrap_err(),
             DecisionError::StaleDigest
         );
-        let r = a
-            .decide("x", b"aaaaaaaaaaaaaaaaaaaa", &d, true, "ok by me")
-            .unwrap();
+        let r = a.decide("x", "alice", &d, true, "ok by me").unwrap();
         assert_eq!(
             r.state,
             State::Approved(Decided {
@@ -674,8 +618,7 @@ mod tests {
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), r.state);
         assert_eq!(
-            a.decide("x", b"bbbbbbbbbbbbbbbbbbbb", &d, false, "")
-                .unwrap_err(),
+            a.decide("x", "bob", &d, false, "").unwrap_err(),
             DecisionError::AlreadyDecided("x".into())
         );
         assert!(!a.close("x", State::Expired), "a decision is final");
@@ -708,7 +651,7 @@ mod tests {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(120)).await;
             decider
-                .decide("x", b"bbbbbbbbbbbbbbbbbbbb", &digest, false, "not now")
+                .decide("x", "bob", &digest, false, "not now")
                 .unwrap();
         });
         let resolution = a.wait("x", rx, || None).await;
@@ -744,10 +687,7 @@ mod tests {
             );
             // Decided after the end: refused.
             let digest = a.get("x").unwrap().digest;
-            assert!(
-                a.decide("x", b"aaaaaaaaaaaaaaaaaaaa", &digest, true, "")
-                    .is_err()
-            );
+            assert!(a.decide("x", "alice", &digest, true, "").is_err());
         }
     }
 }

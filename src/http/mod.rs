@@ -31,8 +31,10 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+mod approvals;
 mod rollouts;
 
+use crate::access::{Caller, Scope};
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -63,6 +65,8 @@ pub(crate) struct AppState {
     pub(crate) audit: Arc<AuditLog>,
     /// The bearer token the API requires (re-read on SIGHUP).
     pub(crate) token: Arc<std::sync::RwLock<WebhookToken>>,
+    /// Who may do what (`principals_file`, re-read on SIGHUP).
+    pub(crate) access: Option<Arc<crate::access::Access>>,
     /// `/mcp`: MCP sessions of agents (see [`crate::mcp::http`]).
     pub(crate) mcp: crate::mcp::http::Endpoint,
     /// The address the daemon listens on: a name `/mcp` answers to.
@@ -171,9 +175,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/v1/rollouts", get(rollouts::list))
         .route("/api/v1/rollouts/{id}", get(rollouts::show))
         .route("/api/v1/rollouts/{id}/{decision}", post(rollouts::decide))
-        .route("/api/v1/approvals", get(approvals_list))
-        .route("/api/v1/approvals/{id}", get(approval_show))
-        .route("/api/v1/approvals/{id}/{decision}", post(approval_decide))
+        .route("/api/v1/approvals", get(approvals::list))
+        .route("/api/v1/approvals/{id}", get(approvals::show))
+        .route("/api/v1/approvals/{id}/{decision}", post(approvals::decide))
         .route("/mcp", axum::routing::any(mcp))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(guarded, guard))
@@ -184,12 +188,13 @@ pub(crate) fn router(state: AppState) -> Router {
 /// token, never from a web page; then MCP's streamable HTTP transport.
 async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response {
     let config = s.config.borrow().clone();
-    let Some(file) = config.settings.mcp_token_file.clone() else {
+    let file = config.settings.mcp_token_file.clone();
+    if file.is_none() && s.access.is_none() {
         return problem(
             StatusCode::NOT_FOUND,
-            "no MCP endpoint: set mcp_token_file in runwarden.yaml",
+            "no MCP endpoint: set mcp_token_file (or principals_file) in runwarden.yaml",
         );
-    };
+    }
     let headers = req.headers();
     if from_a_web_page(headers) {
         return problem(
@@ -214,28 +219,85 @@ async fn mcp(State(s): State<AppState>, req: axum::extract::Request) -> Response
             "the Host header does not name this daemon: add the name clients use to mcp_allowed_hosts in runwarden.yaml",
         );
     }
-    // Read at every request: a token changed or revoked counts at once.
+    let given = bearer(headers).unwrap_or("").to_string();
+    let caller = match mcp_caller(&s, &given, file).await {
+        Ok(c) => c,
+        Err(refused) => return *refused,
+    };
+    // An agent never approves: its principal may not hold the scope, so
+    // a call it asks for and a decision on it are never one token's.
+    if caller.holds(Scope::Approve) {
+        s.metrics.mcp_refused.with_label_values(&["scope"]).inc();
+        return problem(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} holds approve: an agent's principal never may (it would approve its own calls); give the agent a principal without approve",
+                caller.name()
+            ),
+        );
+    }
+    let runbook = req.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "runbook")
+            .map(|(_, v)| v.into_owned())
+    });
+    let may = match &runbook {
+        Some(rb) => crate::access::authorize(&caller, Scope::RunTrigger, Some(rb), None),
+        None if caller.holds(Scope::RunTrigger) => Ok(()),
+        None => crate::access::authorize(&caller, Scope::RunTrigger, None, None),
+    };
+    if let Err(r) = may {
+        s.metrics.mcp_refused.with_label_values(&["scope"]).inc();
+        return problem(StatusCode::FORBIDDEN, r);
+    }
+    s.mcp.handle(req).await
+}
+
+/// Who an MCP client is: a principal's token, or `mcp_token_file`'s (read
+/// at every request, so a token changed or revoked counts at once).
+async fn mcp_caller(
+    s: &AppState,
+    given: &str,
+    file: Option<std::path::PathBuf>,
+) -> Result<Caller, Box<Response>> {
+    if let Some(access) = &s.access {
+        match access
+            .principals()
+            .authenticate(given.as_bytes(), jiff::Timestamp::now())
+        {
+            Ok(c) => return Ok(c),
+            Err(e @ crate::access::Unknown::Expired { .. }) => {
+                return Err(no(StatusCode::UNAUTHORIZED, e));
+            }
+            Err(crate::access::Unknown::Token) => {}
+        }
+    }
+    let unknown = || {
+        problem(
+            StatusCode::UNAUTHORIZED,
+            "an MCP client needs `Authorization: Bearer` with the token of mcp_token_file or a principal's",
+        )
+    };
+    let Some(file) = file else {
+        return Err(Box::new(unknown()));
+    };
     let token = match tokio::task::spawn_blocking(move || {
         crate::secret::read_token(&file, "mcp_token_file")
     })
     .await
     {
         Ok(Ok(t)) => t,
-        Ok(Err(e)) => return mcp_unavailable(e.to_string()),
-        Err(e) => return mcp_unavailable(format!("the reading thread failed: {e}")),
+        Ok(Err(e)) => return Err(Box::new(mcp_unavailable(e.to_string()))),
+        Err(e) => {
+            return Err(Box::new(mcp_unavailable(format!(
+                "the reading thread failed: {e}"
+            ))));
+        }
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !crate::same_secret(given.trim().as_bytes(), token.as_bytes()) {
-        return problem(
-            StatusCode::UNAUTHORIZED,
-            "an MCP client needs `Authorization: Bearer` with the token of mcp_token_file",
-        );
+    match crate::same_secret(given.as_bytes(), token.as_bytes()) {
+        true => Ok(Caller::mcp_token()),
+        false => Err(Box::new(unknown())),
     }
-    s.mcp.handle(req).await
 }
 
 /// 400 for a request whose authority is not one name (RFC 9112 §3.2): two
@@ -360,35 +422,13 @@ async fn guard(
             "requests from a web page are refused: call the API from Alertmanager, curl or the runwarden CLI",
         );
     }
-    let token = match s.token.read().unwrap_or_else(|p| p.into_inner()).clone() {
-        WebhookToken::None => None,
-        WebhookToken::Bearer(t) => Some(t),
-        // Why is in the daemon's log, not told to whoever asks.
-        WebhookToken::Refused if !req.uri().path().starts_with("/api/v1/approvals") => {
-            return problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the webhook token file was refused at the last reload (the daemon's log says why); no token is taken until it is fixed and runwarden reloads",
-            );
-        }
-        WebhookToken::Refused => None,
+    let caller = match caller_of(&s, headers) {
+        Ok(c) => c,
+        Err(refused) => return *refused,
     };
-    if token.is_none() {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        if !loopback_host(host) {
-            return problem(
-                StatusCode::MISDIRECTED_REQUEST,
-                format!(
-                    "Host {host:?} is not a loopback name; without a webhook token only requests to 127.0.0.1, [::1] or localhost are answered (set webhook_token_file to serve other names)"
-                ),
-            );
-        }
-    }
     // Without a token, a browser's "simple" cross-site POST (a form) is the
     // threat: it cannot send JSON. With one, it cannot send the token.
-    if token.is_none() && req.method() != axum::http::Method::GET {
+    if caller.token_id == LOOPBACK && req.method() != axum::http::Method::GET {
         let json = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -401,21 +441,100 @@ async fn guard(
             );
         }
     }
-    if let Some(token) = &token
-        && !req.uri().path().starts_with("/api/v1/approvals")
-    {
-        match bearer(headers) {
-            Some(g) if crate::same_secret(g.as_bytes(), token) => {}
-            Some(_) => return problem(StatusCode::UNAUTHORIZED, "wrong bearer token"),
-            None => {
-                return problem(
-                    StatusCode::UNAUTHORIZED,
-                    "missing `Authorization: Bearer` header (the webhook token)",
-                );
+    let mut req = req;
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// How a request without a token is known: to loopback, on a daemon
+/// with no webhook token.
+const LOOPBACK: &str = "loopback";
+
+/// Who sends the request ([`crate::access`]): a principal's token, the
+/// webhook token, or (with no webhook token) a request to loopback; or
+/// the answer that refuses it.
+fn caller_of(s: &AppState, headers: &HeaderMap) -> Result<Caller, Box<Response>> {
+    let given = bearer(headers);
+    let principals = s.access.as_ref().map(|a| a.principals());
+    if let (Some(g), Some(ps)) = (given, &principals) {
+        match ps.authenticate(g.as_bytes(), jiff::Timestamp::now()) {
+            Ok(c) => return Ok(c),
+            Err(e @ crate::access::Unknown::Expired { .. }) => {
+                return Err(no(StatusCode::UNAUTHORIZED, e));
             }
+            Err(crate::access::Unknown::Token) => {}
         }
     }
-    next.run(req).await
+    // A principal's token while the principals file is refused: nobody
+    // is known (fail closed), and saying so beats "unknown token".
+    let refused = s.access.as_ref().is_some_and(|a| a.refused());
+    let unknown = |wrong: &'static str| match refused {
+        true => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the principals file was refused at the last reload (the daemon's log says why): no principal's token is taken and nobody can approve until it is fixed and runwarden reloads",
+        ),
+        false => problem(StatusCode::UNAUTHORIZED, wrong),
+    };
+    match s.token.read().unwrap_or_else(|p| p.into_inner()).clone() {
+        WebhookToken::Bearer(t) => match given {
+            Some(g) if crate::same_secret(g.as_bytes(), &t) => {
+                Ok(Caller::webhook("webhook_token_file"))
+            }
+            Some(_) => Err(Box::new(unknown("wrong bearer token"))),
+            None => Err(no(
+                StatusCode::UNAUTHORIZED,
+                "missing `Authorization: Bearer` header (the webhook token, or a principal's)",
+            )),
+        },
+        // Why is in the daemon's log, not told to whoever asks.
+        WebhookToken::Refused => Err(no(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the webhook token file was refused at the last reload (the daemon's log says why); no token is taken until it is fixed and runwarden reloads",
+        )),
+        WebhookToken::None => {
+            if given.is_some() {
+                return Err(Box::new(unknown("unknown token")));
+            }
+            let host = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("");
+            if !loopback_host(host) {
+                return Err(no(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!(
+                        "Host {host:?} is not a loopback name; without a webhook token only requests to 127.0.0.1, [::1] or localhost are answered without a principal's token (set webhook_token_file, or send a principal's token)"
+                    ),
+                ));
+            }
+            Ok(Caller::webhook(LOOPBACK))
+        }
+    }
+}
+
+/// The refusal of a caller that holds `scope` for no runbook at all.
+fn refused_any(caller: &Caller, scope: Scope) -> Response {
+    match crate::access::authorize(caller, scope, None, None) {
+        Err(r) => refuse(caller, r),
+        Ok(()) => problem(
+            StatusCode::FORBIDDEN,
+            format!("{} holds no {scope}", caller.name()),
+        ),
+    }
+}
+
+/// 403 for what `caller` may not do, or 401 for a caller no principal
+/// is (the webhook token, loopback): it was never asked who it is.
+fn refuse(caller: &Caller, refused: crate::access::Refused) -> Response {
+    if caller.builtin() {
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "this takes a principal's token (`Authorization: Bearer`) holding the scope; {refused}"
+            ),
+        );
+    }
+    problem(StatusCode::FORBIDDEN, refused)
 }
 
 /// The credentials of `Authorization: Bearer X`; the scheme is case-insensitive (RFC 7235).
@@ -434,6 +553,65 @@ fn loopback_host(host: &str) -> bool {
         || name
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The one answer to "may this caller do this here": [`crate::access::authorize`],
+/// and for a scope that changes who may act, its audit line, allowed or
+/// refused, written before the answer. An audit line that cannot be
+/// written refuses (fail closed).
+pub(crate) fn allow(
+    s: &AppState,
+    caller: &Caller,
+    scope: Scope,
+    runbook: Option<&str>,
+    tier: Option<u8>,
+    what: &str,
+) -> Result<(), Box<Response>> {
+    allow_unless(s, caller, scope, runbook, tier, what, None)
+}
+
+/// [`allow`], refused for `veto` too (a rule of the runbook's, such as
+/// four eyes) when the scope alone allows it: one decision, one line.
+pub(crate) fn allow_unless(
+    s: &AppState,
+    caller: &Caller,
+    scope: Scope,
+    runbook: Option<&str>,
+    tier: Option<u8>,
+    what: &str,
+    veto: Option<String>,
+) -> Result<(), Box<Response>> {
+    let decided =
+        crate::access::authorize(caller, scope, runbook, tier).and_then(|()| match veto {
+            None => Ok(()),
+            Some(why) => Err(crate::access::Refused {
+                principal: caller.name().to_string(),
+                token_id: caller.token_id.clone(),
+                why,
+            }),
+        });
+    if scope.audited() {
+        let line = crate::audit::AccessDecision {
+            caller,
+            scope,
+            runbook,
+            what,
+            via: "api",
+            refused: decided.as_ref().err().map(|r| r.why.clone()),
+        };
+        if let Err(e) = s.audit.access(&line) {
+            return Err(no(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the decision could not be audited, so nothing was done: {e}; retry"),
+            ));
+        }
+    }
+    decided.map_err(|r| Box::new(refuse(caller, r)))
+}
+
+/// [`problem`], boxed: what a check that refuses returns.
+pub(super) fn no(status: StatusCode, reason: impl std::fmt::Display) -> Box<Response> {
+    Box::new(problem(status, reason))
 }
 
 fn problem(status: StatusCode, reason: impl std::fmt::Display) -> Response {
@@ -507,8 +685,12 @@ struct RunsQuery {
 /// The run history, from the audit log: every run of any process, across restarts.
 async fn runs(
     State(s): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     query: Result<axum::extract::Query<RunsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    if !caller.holds(Scope::RunRead) {
+        return refused_any(&caller, Scope::RunRead);
+    }
     let q = match query {
         Ok(q) => q.0,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
@@ -528,6 +710,7 @@ async fn runs(
     let path = s.audit.path().to_path_buf();
     match tokio::task::spawn_blocking(move || crate::audit::runs::list(&path, &filter)).await {
         Ok(Ok(mut list)) => {
+            list.retain(|r| caller.may(Scope::RunRead, &r.runbook));
             // As `GET /api/v1/runs/{id}` says it: a run whose verdict line
             // is written and whose report is a moment away is still running.
             for run in &mut list {
@@ -562,7 +745,11 @@ struct StartBody {
 /// Start runs as the scheduler decides every trigger: the kill switch,
 /// one run per (runbook, host), cooldown and `max_concurrent_runs` hold.
 /// Answers 202 with each host's outcome and the id of each run it started.
-async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
+async fn start_runs(
+    State(s): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    body: Bytes,
+) -> Response {
     let body: StartBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -584,6 +771,16 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             ),
         );
     };
+    if let Err(refused) = allow(
+        &s,
+        &caller,
+        Scope::RunTrigger,
+        Some(&runbook.name),
+        None,
+        "run",
+    ) {
+        return *refused;
+    }
     let hosts: Vec<String> = match (body.all_hosts, body.hosts.is_empty()) {
         (true, true) => runbook.hosts.iter().map(|h| h.to_string()).collect(),
         (false, false) => body.hosts,
@@ -639,6 +836,7 @@ async fn start_runs(State(s): State<AppState>, body: Bytes) -> Response {
             planner: Default::default(),
             together: None,
             agent: None,
+            by: (!caller.builtin()).then(|| caller.name().to_string()),
         })
         .collect();
     match s.scheduler.submit_all(reqs).await {
@@ -677,8 +875,12 @@ struct FleetRunsQuery {
 /// replica's own audit log holds the detail).
 async fn fleet_runs(
     State(s): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     query: Result<axum::extract::Query<FleetRunsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    if !caller.holds(Scope::RunRead) {
+        return refused_any(&caller, Scope::RunRead);
+    }
     let q = match query {
         Ok(q) => q.0,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
@@ -690,7 +892,16 @@ async fn fleet_runs(
         .fleet_runs(q.runbook.as_deref(), q.host.as_deref(), limit)
         .await
     {
-        Ok(Some(runs)) => axum::Json(json!({ "runs": runs })).into_response(),
+        Ok(Some(mut runs)) => {
+            if let Some(list) = runs.as_array_mut() {
+                list.retain(|r| {
+                    r["runbook"]
+                        .as_str()
+                        .is_some_and(|rb| caller.may(Scope::RunRead, rb))
+                });
+            }
+            axum::Json(json!({ "runs": runs })).into_response()
+        }
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
             "no shared state: runwarden.yaml sets no state.postgres, so this daemon's runs are all there is (GET /api/v1/runs)",
@@ -701,11 +912,20 @@ async fn fleet_runs(
 
 /// One run as the history shows it, with its full report while this daemon
 /// remembers it (`report`).
-async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+async fn run(
+    State(s): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
     let path = s.audit.path().to_path_buf();
     let found = tokio::task::spawn_blocking(move || crate::audit::runs::one(&path, &id)).await;
     match found {
         Ok(Ok(Some(summary))) => {
+            let may =
+                crate::access::authorize(&caller, Scope::RunRead, Some(&summary.runbook), None);
+            if let Err(r) = may {
+                return refuse(&caller, r);
+            }
             let mut v = serde_json::to_value(&summary).unwrap_or_default();
             if let Some(report) = s.scheduler.reports.get(&summary.run_id) {
                 v["report"] = serde_json::to_value(report).unwrap_or_default();
@@ -735,9 +955,13 @@ async fn run(State(s): State<AppState>, Path(id): Path<String>) -> Response {
 )]
 async fn alerts(
     State(s): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     query: axum::extract::RawQuery,
     body: Bytes,
 ) -> Response {
+    if !caller.holds(Scope::RunTrigger) && !caller.holds(Scope::RunRead) {
+        return refused_any(&caller, Scope::RunTrigger);
+    }
     let plan = match plan_asked(query.0.as_deref()) {
         Ok(plan) => plan,
         Err(why) => return problem(StatusCode::BAD_REQUEST, why),
@@ -749,6 +973,9 @@ async fn alerts(
     if plan {
         return plan_notification(&s, notification).await;
     }
+    if !caller.holds(Scope::RunTrigger) {
+        return refused_any(&caller, Scope::RunTrigger);
+    }
     for a in &notification.alerts {
         let status = if a.status == "firing" {
             "firing"
@@ -758,7 +985,31 @@ async fn alerts(
         s.metrics.alerts_received.with_label_values(&[status]).inc();
     }
     let config = s.config.borrow().clone();
-    let candidates = candidates(&notification, &config);
+    // A runbook the caller may not start is out of its scope: recorded
+    // and answered as such, and nothing starts.
+    let candidates: Vec<_> = candidates(&notification, &config)
+        .into_iter()
+        .map(|c| {
+            use crate::trigger::alerts::Candidate;
+            let refused = match &c {
+                Candidate::Run(r) => {
+                    crate::access::authorize(&caller, Scope::RunTrigger, Some(&r.runbook), None)
+                        .err()
+                }
+                _ => None,
+            };
+            match (c, refused) {
+                (c @ Candidate::Run(_), Some(refused)) => Candidate::OutOfScope {
+                    fingerprint: c.fingerprint().to_string(),
+                    runbook: c.names().0.to_string(),
+                    host: c.names().1.to_string(),
+                    keys: c.names().2.to_vec(),
+                    why: refused.to_string(),
+                },
+                (c, _) => c,
+            }
+        })
+        .collect();
     // Every candidate goes to the scheduler, which counts and records each
     // once; the answer says what became of each, and why when it is known.
     let outcomes = match s.scheduler.submit_candidates(&candidates).await {
@@ -915,130 +1166,6 @@ async fn plan_notification(s: &AppState, n: Notification) -> Response {
             format!("cannot read the audit log for cooldowns: {e}"),
         ),
         Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
-}
-
-/// The approver token of a request, or why it is refused.
-fn approver_token(
-    s: &AppState,
-    headers: &HeaderMap,
-) -> Result<Vec<u8>, (StatusCode, &'static str)> {
-    let Some(approvals) = &s.scheduler.approvals else {
-        return Err((
-            StatusCode::SERVICE_UNAVAILABLE,
-            "approvals are not configured: set approvers_file in runwarden.yaml",
-        ));
-    };
-    if approvals.refused() {
-        return Err((
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the approvers file was refused at the last reload: nobody can approve until it is fixed and runwarden reloads",
-        ));
-    }
-    let token = bearer(headers).map(|t| t.as_bytes().to_vec()).ok_or((
-        StatusCode::UNAUTHORIZED,
-        "missing `Authorization: Bearer` header with an approver token",
-    ))?;
-    if approvals.approver(&token).is_none() {
-        return Err((StatusCode::UNAUTHORIZED, "unknown approver token"));
-    }
-    Ok(token)
-}
-
-async fn approvals_list(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err((status, why)) = approver_token(&s, &headers) {
-        return problem(status, why);
-    }
-    let here = s.scheduler.approvals.as_deref();
-    let list = match s.scheduler.state().approvals(here, None).await {
-        Ok(list) => list,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
-    axum::Json(json!({ "approvals": list })).into_response()
-}
-
-async fn approval_show(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Err((status, why)) = approver_token(&s, &headers) {
-        return problem(status, why);
-    }
-    let here = s.scheduler.approvals.as_deref();
-    let found = match s.scheduler.state().approvals(here, Some(&id)).await {
-        Ok(mut list) => list.pop(),
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
-    match found {
-        Some(r) => axum::Json(r).into_response(),
-        None => problem(StatusCode::NOT_FOUND, format!("no approval request {id}")),
-    }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DecisionBody {
-    digest: String,
-    #[serde(default)]
-    comment: String,
-}
-
-async fn approval_decide(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path((id, decision)): Path<(String, String)>,
-    body: Bytes,
-) -> Response {
-    let token = match approver_token(&s, &headers) {
-        Ok(t) => t,
-        Err((status, why)) => return problem(status, why),
-    };
-    let approve = match decision.as_str() {
-        "approve" => true,
-        "deny" => false,
-        other => {
-            return problem(
-                StatusCode::NOT_FOUND,
-                format!("no action {other:?}: use approve or deny"),
-            );
-        }
-    };
-    let body: DecisionBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!("expected {{\"digest\": \"...\", \"comment\": \"...\"}}: {e}"),
-            );
-        }
-    };
-    let Some(approvals) = s.scheduler.approvals.as_ref() else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "no approvals here: runwarden.yaml sets no approvers_file".to_string(),
-        );
-    };
-    use crate::gate::approvals::DecisionError;
-    let decided = match s
-        .scheduler
-        .state()
-        .decide_approval(approvals, &id, &token, &body.digest, approve, &body.comment)
-        .await
-    {
-        Ok(decided) => decided,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
-    match decided {
-        Ok(r) => axum::Json(r).into_response(),
-        Err(e @ DecisionError::Unauthorized) => problem(StatusCode::UNAUTHORIZED, e.to_string()),
-        Err(e @ DecisionError::NotFound(_)) => problem(StatusCode::NOT_FOUND, e.to_string()),
-        Err(
-            e @ (DecisionError::StaleDigest
-            | DecisionError::AlreadyDecided(_)
-            | DecisionError::Expired(_)
-            | DecisionError::Withdrawn(_)),
-        ) => problem(StatusCode::CONFLICT, e.to_string()),
     }
 }
 

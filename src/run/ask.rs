@@ -82,6 +82,7 @@ impl RunLoop<'_> {
             expires_at: String::new(),
             keys: self.req.keys.clone(),
             agent: self.req.agent.as_ref().map(|a| a.client.clone()),
+            requested_by: self.req.by.clone(),
             state: State::Pending,
         });
         // With shared state, any replica lists it and takes the decision.

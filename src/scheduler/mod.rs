@@ -396,6 +396,7 @@ impl Scheduler {
                 keys: Vec::new(),
                 together: None,
                 agent: None,
+                by: None,
             },
         );
         info.planner = String::new();

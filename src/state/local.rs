@@ -376,12 +376,12 @@ impl SharedState for Local {
         &'a self,
         here: &'a Approvals,
         id: &'a str,
-        token: &'a [u8],
+        by: &'a str,
         digest: &'a str,
         approve: bool,
         comment: &'a str,
     ) -> Pending<'a, Result<Request, DecisionError>> {
-        let decided = here.decide(id, token, digest, approve, comment);
+        let decided = here.decide(id, by, digest, approve, comment);
         Box::pin(async move { Ok(decided) })
     }
 

@@ -199,14 +199,15 @@ pub(crate) trait SharedState: Send + Sync {
         id: Option<&'a str>,
     ) -> Pending<'a, Vec<Request>>;
 
-    /// A person's decision on request `id`, whose token `here` knows,
-    /// taken exactly once: with shared state in the fleet's table (the
-    /// replica whose run waits reads it back), else by `here`.
+    /// A person's decision on request `id`, as `by` (authorized by
+    /// [`crate::access`]), taken exactly once: with shared state in the
+    /// fleet's table (the replica whose run waits reads it back), else by
+    /// `here`.
     fn decide_approval<'a>(
         &'a self,
         here: &'a Approvals,
         id: &'a str,
-        token: &'a [u8],
+        by: &'a str,
         digest: &'a str,
         approve: bool,
         comment: &'a str,

@@ -327,6 +327,7 @@ pub fn candidates(n: &Notification, config: &Config) -> Vec<Candidate> {
                     keys: keys(),
                     together: None,
                     agent: None,
+                    by: None,
                 })),
                 None => out.push(Candidate::OutOfScope {
                     runbook: rb.name.clone(),

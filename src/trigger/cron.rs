@@ -147,6 +147,7 @@ fn fire_requests(cfg: &Config, rb: &crate::config::Runbook, fired: &Zoned) -> Ve
             alert: None,
             together: None,
             agent: None,
+            by: None,
             keys: vec![format!("cron:{}", fired.timestamp())],
         })
         .collect()

@@ -48,6 +48,10 @@ pub struct RunRequest {
     /// An MCP session's run: the agent that plans its calls, taken by the
     /// run when it starts.
     pub(crate) agent: Option<std::sync::Arc<AgentSlot>>,
+    /// The principal who asked for it (the runs API, an MCP session);
+    /// `None` for a schedule, an alert or the command line. Under four
+    /// eyes it may not approve the run's calls.
+    pub(crate) by: Option<String>,
 }
 
 /// Where an MCP session's agent waits for the run that it plans.
@@ -154,6 +158,7 @@ impl RunRequest {
             planner: q.planner,
             together,
             agent: None,
+            by: None,
         })
     }
 
@@ -217,6 +222,7 @@ impl RunRequest {
             planner: Default::default(),
             together: None,
             agent: None,
+            by: None,
         }
     }
 }

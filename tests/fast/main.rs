@@ -13,6 +13,7 @@ pub use std::time::Duration;
 
 pub use serde_json::Value;
 
+mod access;
 mod agent;
 mod alerts;
 mod api;

@@ -364,7 +364,7 @@ fn secret_files_anyone_else_can_read_are_refused_with_the_fix() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("approvers file") && err.contains("chmod 600"),
+        err.contains("principals file") && err.contains("chmod 600"),
         "{err}"
     );
     // The webhook token.
@@ -553,4 +553,159 @@ fn a_request_stays_when_the_runbook_ignores_resolution_or_another_alert_resolved
     assert_eq!(status, 200, "{body}");
     assert_eq!(d.settled_runs()[0]["status"], "ok");
     assert!(state_file(&e).exists(), "the approved rotation ran");
+}
+
+fn sha(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Principals instead of the approvers file: alice starts the run and may
+/// approve disk-*, carol may approve disk-*, bob may approve other-* only;
+/// the runbook takes four eyes.
+fn principals_estate() -> Estate {
+    let e = l2_estate("5m");
+    let path = e.path().join("runbooks/disk-l2.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}four_eyes: true\n")).unwrap();
+    let grant = |name: &str, approve: &str, extra: &str| {
+        format!(
+            "  {name}:\n    tokens: [{{ id: {name}-1, sha256: {} }}]\n    scopes:\n      approve: {{ runbooks: [\"{approve}\"] }}\n{extra}",
+            sha(&format!("{name}-token-0123456789abcdef"))
+        )
+    };
+    write_secret(
+        &e.path().join("principals.yaml"),
+        &format!(
+            "principals:\n{}{}{}",
+            grant(
+                "alice",
+                "disk-*",
+                "      run:trigger: { runbooks: [disk-l2] }\n      run:read: {}\n"
+            ),
+            grant("bob", "other-*", ""),
+            grant("carol", "disk-*", ""),
+        ),
+    );
+    std::fs::write(
+        e.path().join("runwarden.yaml"),
+        "principals_file: principals.yaml\napproval_timeout: 5m\n",
+    )
+    .unwrap();
+    e
+}
+
+fn bearer(name: &str) -> String {
+    format!("Bearer {name}-token-0123456789abcdef")
+}
+
+/// Who may decide is the token's principal, for the runbooks its grant
+/// names, never the person who started the run under four eyes, and never
+/// a name in the body; each decision, allowed or refused, is audited with
+/// the principal and the token's id before it is taken.
+#[test]
+fn an_approval_is_the_tokens_principals_within_its_scope_and_four_eyes() {
+    let e = principals_estate();
+    let d = Daemon::start(&e);
+    let alice = bearer("alice");
+    let start = json!({ "runbook": "disk-l2", "hosts": ["web-01"] }).to_string();
+    let (status, body) = d.request(
+        "POST",
+        "/api/v1/runs",
+        &[
+            ("Authorization", &alice),
+            ("Content-Type", "application/json"),
+        ],
+        start.as_bytes(),
+    );
+    assert_eq!(status, 202, "{body}");
+    let r = {
+        let started = Instant::now();
+        loop {
+            let (status, body) = d.request(
+                "GET",
+                "/api/v1/approvals",
+                &[("Authorization", &alice)],
+                b"",
+            );
+            assert_eq!(status, 200, "{body}");
+            let list: Value = serde_json::from_str(&body).unwrap();
+            if let Some(r) = list["approvals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["state"] == "pending")
+            {
+                break r.clone();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no approval request"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(r["requested_by"], "alice", "{r:#}");
+    let (id, digest) = id_digest(&r);
+
+    let (status, body) = decide(&d, &bearer("bob"), &id, "approve", &digest);
+    assert_eq!(status, 403, "bob's grant is for other-*: {body}");
+    assert!(
+        body.contains("holds approve only for runbooks other-*"),
+        "{body}"
+    );
+    let (status, body) = decide(&d, &alice, &id, "approve", &digest);
+    assert_eq!(status, 403, "four eyes: {body}");
+    assert!(body.contains("four eyes"), "{body}");
+    let named = json!({ "digest": digest, "by": "carol" }).to_string();
+    let (status, body) = d.request(
+        "POST",
+        &format!("/api/v1/approvals/{id}/approve"),
+        &[
+            ("Authorization", &alice),
+            ("Content-Type", "application/json"),
+        ],
+        named.as_bytes(),
+    );
+    assert_eq!(status, 400, "a body naming the approver: {body}");
+    assert!(!state_file(&e).exists(), "nothing ran");
+
+    let (status, body) = decide(&d, &bearer("carol"), &id, "approve", &digest);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(d.settled_runs()[0]["status"], "ok");
+    assert!(state_file(&e).exists(), "logrotate ran");
+    let intent = e
+        .audit_phase("intent")
+        .into_iter()
+        .find(|l| l["tool"] == "rotate_logs")
+        .unwrap();
+    assert_eq!(intent["approved_by"], "person:carol");
+    let access: Vec<(String, String, String)> = e
+        .audit_phase("access")
+        .iter()
+        .map(|l| {
+            (
+                l["detail"]["principal"].as_str().unwrap().to_string(),
+                l["detail"]["token_id"].as_str().unwrap().to_string(),
+                l["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("bob", "bob-1", "refused"),
+        ("alice", "alice-1", "refused"),
+        ("carol", "carol-1", "allowed"),
+    ];
+    assert_eq!(
+        access,
+        want.map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())),
+    );
+    let log = serde_json::to_string(&e.audit()).unwrap();
+    assert!(
+        log.contains("carol-1") && !log.contains("token-0123456789abcdef"),
+        "the token's id, never the token"
+    );
 }

@@ -366,6 +366,9 @@ pub(crate) struct Runbook {
     pub(crate) rollout: Option<Rollout>,
     /// The Alertmanager silence a run holds while it changes its host.
     pub(crate) silence: Option<Silence>,
+    /// Whoever started a run (a principal, through the API or `/mcp`) may
+    /// not approve its calls: another person must.
+    pub(crate) four_eyes: bool,
     /// sha256 of the file's bytes: which version of the runbook a run used.
     pub(crate) version: String,
     /// The file this runbook came from (for messages).
@@ -528,6 +531,17 @@ pub(super) fn validate(
         diags,
     );
     let silence = silence::validate(&raw, file, diags);
+    let four_eyes = raw.four_eyes.as_ref().is_some_and(|f| f.value);
+    if let Some(f) = raw.four_eyes.as_ref().filter(|f| f.value)
+        && autonomy != Some(Autonomy::L2)
+        && raw.demote_after.is_none()
+    {
+        diags.at(
+            file,
+            f.referenced,
+            "four_eyes: true, but no call of this runbook waits for a person: it takes autonomy: L2 (or demote_after, whose demotion makes it wait)",
+        );
+    }
     let steps = steps(&raw, file, tools, (&observe, &approve), diags)?;
     let agent = agent(&raw, &budget, model_configured, file, diags);
     let planner = planner(&raw, agent.as_ref(), model_configured, file, diags);
@@ -566,6 +580,7 @@ pub(super) fn validate(
         done_when,
         rollout,
         silence,
+        four_eyes,
         version,
         source: file.to_path_buf(),
     })

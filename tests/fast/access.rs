@@ -1,0 +1,155 @@
+//! Principals and scopes through the daemon's API: each token does what
+//! its principal's grants say, for the runbooks they name, and nothing
+//! more; an expired token is refused; the webhook token keeps what it had.
+
+use super::*;
+
+const AM: &str = "am-token-0123456789abcdef";
+const OPS: &str = "ops-token-0123456789abcdef";
+const OLD: &str = "old-token-0123456789abcdef";
+
+fn sha(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn principals(dir: &Path) {
+    let f = dir.join("principals.yaml");
+    std::fs::write(
+        &f,
+        format!(
+            "principals:\n\
+             \x20 alertmanager:\n\
+             \x20   tokens: [{{ id: am-1, sha256: {} }}]\n\
+             \x20   scopes:\n\
+             \x20     run:trigger: {{ runbooks: [\"cert-*\"] }}\n\
+             \x20 ops:\n\
+             \x20   tokens: [{{ id: ops-1, sha256: {} }}, {{ id: ops-old, sha256: {}, expires: 2020-01-01 }}]\n\
+             \x20   scopes:\n\
+             \x20     run:trigger: {{ runbooks: [disk] }}\n\
+             \x20     run:read: {{ runbooks: [disk] }}\n",
+            sha(AM),
+            sha(OPS),
+            sha(OLD)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let settings = dir.join("runwarden.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(
+        &settings,
+        format!("{text}principals_file: principals.yaml\n"),
+    )
+    .unwrap();
+}
+
+async fn call(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let c = client();
+    let mut r = match method {
+        "GET" => c.get(d.url(path)),
+        _ => c.post(d.url(path)),
+    }
+    .bearer_auth(token);
+    if let Some(b) = body {
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, json_of(r).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_does_what_its_principal_is_granted_and_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    principals(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let run = serde_json::json!({ "runbook": "disk", "hosts": ["web-01"] });
+
+    // Alertmanager's token may start cert-* only: the disk alert is out
+    // of its scope, answered and recorded as such, and starts nothing.
+    let (status, body) = call(&d, "POST", "/api/v1/alerts", AM, Some(notification())).await;
+    assert_eq!(status, 200, "{body}");
+    let first = &body["outcomes"][0];
+    assert_eq!(first["result"], "out_of_scope", "{body}");
+    assert!(
+        first["why"].as_str().unwrap().contains(
+            "alertmanager (token am-1) holds run:trigger only for runbooks cert-*, not for runbook \"disk\""
+        ),
+        "{body}"
+    );
+    assert!(first.get("run_id").is_none(), "{body}");
+    for (method, path, body) in [
+        ("POST", "/api/v1/runs", Some(run.clone())),
+        ("GET", "/api/v1/runs", None),
+        ("GET", "/api/v1/approvals", None),
+    ] {
+        let (status, answer) = call(&d, method, path, AM, body).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+    }
+
+    // ops may start and read disk.
+    let (status, body) = call(&d, "POST", "/api/v1/runs", OPS, Some(run.clone())).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["outcomes"][0]["result"], "started", "{body}");
+    let run_id = body["outcomes"][0]["run_id"].as_str().unwrap().to_string();
+    let (status, body) = call(&d, "GET", &format!("/api/v1/runs/{run_id}"), OPS, None).await;
+    assert_eq!(
+        (status, &body["runbook"]),
+        (200, &Value::from("disk")),
+        "{body}"
+    );
+
+    // Its expired token is no token, and says so.
+    let (status, body) = call(&d, "GET", "/api/v1/runs", OLD, None).await;
+    assert_eq!(status, 401, "{body}");
+    let why = body["error"].as_str().unwrap();
+    assert!(
+        why.contains("token ops-old of ops expired at 2020-01-01"),
+        "{why}"
+    );
+
+    // A token nobody has is refused; the webhook token keeps what it had.
+    let (status, _) = call(&d, "GET", "/api/v1/runs", "nobody-has-this-token-000", None).await;
+    assert_eq!(status, 401);
+    let (status, body) = call(&d, "GET", "/api/v1/runs", TOKEN, None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(&d, "GET", "/api/v1/approvals", TOKEN, None).await;
+    assert_eq!(status, 401, "the webhook token never approves: {body}");
+    d.shutdown().await.unwrap();
+}
+
+/// `check` names the principals file's line when a scope is misspelt.
+#[test]
+fn check_refuses_a_principals_file_it_cannot_take_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    principals(dir.path());
+    let f = dir.path().join("principals.yaml");
+    let text = std::fs::read_to_string(&f)
+        .unwrap()
+        .replace("run:read:", "run:raed:");
+    std::fs::write(&f, text).unwrap();
+    let cfg = dir.path().to_str().unwrap();
+    let out = runwarden(&["check", "--config", cfg]);
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("principals.yaml:10:")
+            && said.contains("unknown scope \"run:raed\" (did you mean \"run:read\"?)"),
+        "{said}"
+    );
+}
