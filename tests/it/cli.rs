@@ -242,7 +242,7 @@ fn check_refuses_what_serve_refuses() {
                 )
                 .unwrap()
             },
-            "cannot read approvers file",
+            "cannot read principals file",
         ),
         (
             "an approvers file others can read",
@@ -262,7 +262,7 @@ fn check_refuses_what_serve_refuses() {
             |e| {
                 e.runbook("l2", "name: l2\ndescription: t\nhosts: [h]\nautonomy: L2\ntools: { observe: [disk_usage], approve: [restart_service] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n");
             },
-            "is autonomy L2, but runwarden.yaml sets no approvers_file",
+            "is autonomy L2, but runwarden.yaml sets no principals_file",
         ),
     ];
     for (what, break_it, says) in cases {
