@@ -7,6 +7,7 @@ use super::*;
 const AM: &str = "am-token-0123456789abcdef";
 const OPS: &str = "ops-token-0123456789abcdef";
 const OLD: &str = "old-token-0123456789abcdef";
+const BOTH: &str = "both-token-0123456789abcdef";
 
 fn sha(token: &str) -> String {
     use sha2::Digest;
@@ -30,10 +31,16 @@ fn principals(dir: &Path) {
              \x20   tokens: [{{ id: ops-1, sha256: {} }}, {{ id: ops-old, sha256: {}, expires: 2020-01-01 }}]\n\
              \x20   scopes:\n\
              \x20     run:trigger: {{ runbooks: [disk] }}\n\
-             \x20     run:read: {{ runbooks: [disk] }}\n",
+             \x20     run:read: {{ runbooks: [disk] }}\n\
+             \x20 both:\n\
+             \x20   tokens: [{{ id: both-1, sha256: {} }}]\n\
+             \x20   scopes:\n\
+             \x20     run:trigger: {{}}\n\
+             \x20     approve: {{}}\n",
             sha(AM),
             sha(OPS),
-            sha(OLD)
+            sha(OLD),
+            sha(BOTH)
         ),
     )
     .unwrap();
@@ -152,4 +159,58 @@ fn check_refuses_a_principals_file_it_cannot_take_at_its_line() {
             && said.contains("unknown scope \"run:raed\" (did you mean \"run:read\"?)"),
         "{said}"
     );
+}
+
+/// `/mcp` takes a principal's token for the runbook its URL names, and
+/// never one whose principal may approve: an agent would approve itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_token_may_start_its_runbook_and_never_approve() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    principals(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "1" } }
+    });
+    let mcp = |token: &'static str, runbook: &'static str| {
+        let body = init.to_string();
+        let url = d.url(&format!("/mcp?runbook={runbook}&host=web-01"));
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(token)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, body) = mcp(BOTH, "disk").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("both holds approve"), "{body}");
+    let (status, body) = mcp(AM, "disk").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("holds run:trigger only for runbooks cert-*"),
+        "{body}"
+    );
+    let (status, body) = mcp(OLD, "disk").await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = mcp(OPS, "disk").await;
+    assert_eq!(status, 200, "ops may start disk: {body}");
+    assert!(
+        metric(
+            &d,
+            r#"runwarden_mcp_sessions_refused_total{reason="scope"}"#
+        )
+        .await
+            == Some(2.0),
+        "both refusals counted"
+    );
+    d.shutdown().await.unwrap();
 }
