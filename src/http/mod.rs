@@ -260,17 +260,8 @@ async fn mcp_caller(
     given: &str,
     file: Option<std::path::PathBuf>,
 ) -> Result<Caller, Box<Response>> {
-    if let Some(access) = &s.access {
-        match access
-            .principals()
-            .authenticate(given.as_bytes(), jiff::Timestamp::now())
-        {
-            Ok(c) => return Ok(c),
-            Err(e @ crate::access::Unknown::Expired { .. }) => {
-                return Err(no(StatusCode::UNAUTHORIZED, e));
-            }
-            Err(crate::access::Unknown::Token) => {}
-        }
+    if let Some(c) = principal(s, Some(given))? {
+        return Ok(c);
     }
     let unknown = || {
         problem(
@@ -450,20 +441,29 @@ async fn guard(
 /// with no webhook token.
 const LOOPBACK: &str = "loopback";
 
+/// The principal whose token `given` is (`None`: no principal's), or 401
+/// for a principal's token that expired.
+fn principal(s: &AppState, given: Option<&str>) -> Result<Option<Caller>, Box<Response>> {
+    let (Some(given), Some(access)) = (given, &s.access) else {
+        return Ok(None);
+    };
+    match access
+        .principals()
+        .authenticate(given.as_bytes(), jiff::Timestamp::now())
+    {
+        Ok(c) => Ok(Some(c)),
+        Err(e @ crate::access::Unknown::Expired { .. }) => Err(no(StatusCode::UNAUTHORIZED, e)),
+        Err(crate::access::Unknown::Token) => Ok(None),
+    }
+}
+
 /// Who sends the request ([`crate::access`]): a principal's token, the
 /// webhook token, or (with no webhook token) a request to loopback; or
 /// the answer that refuses it.
 fn caller_of(s: &AppState, headers: &HeaderMap) -> Result<Caller, Box<Response>> {
     let given = bearer(headers);
-    let principals = s.access.as_ref().map(|a| a.principals());
-    if let (Some(g), Some(ps)) = (given, &principals) {
-        match ps.authenticate(g.as_bytes(), jiff::Timestamp::now()) {
-            Ok(c) => return Ok(c),
-            Err(e @ crate::access::Unknown::Expired { .. }) => {
-                return Err(no(StatusCode::UNAUTHORIZED, e));
-            }
-            Err(crate::access::Unknown::Token) => {}
-        }
+    if let Some(c) = principal(s, given)? {
+        return Ok(c);
     }
     // A principal's token while the principals file is refused: nobody
     // is known (fail closed), and saying so beats "unknown token".

@@ -42,10 +42,15 @@ fn state_file(e: &Estate) -> std::path::PathBuf {
 /// Post the alert and wait for its approval request.
 fn pending(d: &Daemon) -> Value {
     assert_eq!(results(&d.post_alerts(FIRING).1)[0], "started");
+    waiting(d, ALICE)
+}
+
+/// The first request still pending, as `token` lists it, within 10 s.
+fn waiting(d: &Daemon, token: &str) -> Value {
     let started = Instant::now();
     loop {
         let (status, body) =
-            d.request("GET", "/api/v1/approvals", &[("Authorization", ALICE)], b"");
+            d.request("GET", "/api/v1/approvals", &[("Authorization", token)], b"");
         assert_eq!(status, 200, "{body}");
         let list: Value = serde_json::from_str(&body).unwrap();
         if let Some(r) = list["approvals"]
@@ -622,32 +627,7 @@ fn an_approval_is_the_tokens_principals_within_its_scope_and_four_eyes() {
         start.as_bytes(),
     );
     assert_eq!(status, 202, "{body}");
-    let r = {
-        let started = Instant::now();
-        loop {
-            let (status, body) = d.request(
-                "GET",
-                "/api/v1/approvals",
-                &[("Authorization", &alice)],
-                b"",
-            );
-            assert_eq!(status, 200, "{body}");
-            let list: Value = serde_json::from_str(&body).unwrap();
-            if let Some(r) = list["approvals"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["state"] == "pending")
-            {
-                break r.clone();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no approval request"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
+    let r = waiting(&d, &alice);
     assert_eq!(r["requested_by"], "alice", "{r:#}");
     let (id, digest) = id_digest(&r);
 
