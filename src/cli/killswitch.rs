@@ -328,32 +328,9 @@ fn sweep(ks: &KillSwitch, settings: &crate::config::Settings) {
     }
 }
 
-/// The shortest and longest `--for` a timed switch takes: one shorter than
-/// a second stops nothing a person could see, and one past a century is
-/// a typo for an untimed switch.
-const SHORTEST: std::time::Duration = std::time::Duration::from_secs(1);
-const LONGEST: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
-
 /// When a switch engaged now `--for d` ends, or why `d` is refused.
 fn timed_for(d: std::time::Duration) -> Result<jiff::Timestamp, Failed> {
-    if d < SHORTEST {
-        return Err(Failed::usage(format!(
-            "--for {} stops nothing: a timed switch holds at least 1s (omit --for for a switch that holds until released)",
-            humantime::format_duration(d)
-        )));
-    }
-    if d > LONGEST {
-        return Err(Failed::usage(format!(
-            "--for {} is past a century: omit --for for a switch that holds until released",
-            humantime::format_duration(d)
-        )));
-    }
-    jiff::SignedDuration::try_from(d)
-        .ok()
-        .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
-        .ok_or_else(|| {
-            Failed::usage("--for is too long: omit --for for a switch that holds until released")
-        })
+    crate::gate::killswitch::end_for(d, "--for").map_err(Failed::usage)
 }
 
 /// What stops runs now: this machine's switch files and, with shared state,

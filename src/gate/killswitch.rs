@@ -245,6 +245,17 @@ impl KillSwitch {
         reason: &str,
         until: Option<jiff::Timestamp>,
     ) -> std::io::Result<EngagedFile> {
+        self.engage_as(runbook, &who(), reason, until)
+    }
+
+    /// [`KillSwitch::engage`] as `by` (a principal, through the API or chat).
+    pub(crate) fn engage_as(
+        &self,
+        runbook: Option<&str>,
+        by: &str,
+        reason: &str,
+        until: Option<jiff::Timestamp>,
+    ) -> std::io::Result<EngagedFile> {
         crate::files::make_dir(&self.dir)?;
         let _lock = self.lock()?;
         let target = self.file(runbook);
@@ -258,7 +269,7 @@ impl KillSwitch {
         };
         let mut body = format!(
             "engaged_by: {}\nengaged_at: {now}\nreason: {}\n",
-            who(),
+            crate::text::one_line(by),
             crate::text::one_line(reason)
         );
         if let Some(t) = until {
@@ -349,6 +360,49 @@ pub(crate) struct EngagedFile {
     pub(crate) until: Option<jiff::Timestamp>,
     /// The switch that was in force before, which this one kept.
     pub(crate) kept: Option<String>,
+}
+
+/// The shortest and longest time a timed switch takes: one shorter than
+/// a second stops nothing a person could see, and one past a century is
+/// a typo for an untimed switch.
+const SHORTEST: std::time::Duration = std::time::Duration::from_secs(1);
+const LONGEST: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// When a switch engaged now for `d` ends, or why `d` is refused (`what`:
+/// how the caller named it, `--for` or `for`).
+pub(crate) fn end_for(d: std::time::Duration, what: &str) -> Result<jiff::Timestamp, String> {
+    let shown = humantime::format_duration(d);
+    if d < SHORTEST {
+        return Err(format!(
+            "{what} {shown} stops nothing: a timed switch holds at least 1s (omit {what} for a switch that holds until released)"
+        ));
+    }
+    if d > LONGEST {
+        return Err(format!(
+            "{what} {shown} is past a century: omit {what} for a switch that holds until released"
+        ));
+    }
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| jiff::Timestamp::now().checked_add(d).ok())
+        .ok_or_else(|| {
+            format!("{what} is too long: omit {what} for a switch that holds until released")
+        })
+}
+
+/// What an engage through the daemon did (the API, chat).
+#[derive(Debug, Clone)]
+pub(crate) struct Switched {
+    /// `global`, or the runbook's name.
+    pub(crate) scope: String,
+    /// Until when it holds now (`None`: until released). An untimed
+    /// switch in force stays untimed; of two ends the later wins.
+    pub(crate) until: Option<jiff::Timestamp>,
+    /// `fleet` (every replica, with shared state) or `replica` (this
+    /// machine's file).
+    pub(crate) reach: &'static str,
+    /// Why it reached less than asked (the fleet's switch was not reached).
+    pub(crate) warning: Option<String>,
 }
 
 /// A switch file as read: its text, which file it was, and until when it

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 mod approvals;
+mod killswitch;
 mod rollouts;
 
 use crate::access::{Caller, Scope};
@@ -178,6 +179,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/v1/approvals", get(approvals::list))
         .route("/api/v1/approvals/{id}", get(approvals::show))
         .route("/api/v1/approvals/{id}/{decision}", post(approvals::decide))
+        .route(
+            "/api/v1/kill-switch",
+            get(killswitch::status)
+                .post(killswitch::engage)
+                .delete(killswitch::release),
+        )
         .route("/mcp", axum::routing::any(mcp))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(guarded, guard))

@@ -250,6 +250,60 @@ impl SharedState for Fleet {
         KillSwitch::new(dir.to_path_buf()).with_fleet(Some(self.store.switch.clone()))
     }
 
+    fn engage_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+        by: &'a str,
+        reason: &'a str,
+        for_: Option<Duration>,
+    ) -> Pending<'a, crate::gate::killswitch::Switched> {
+        Box::pin(async move {
+            let scope = runbook.unwrap_or(crate::rules::kill_switch::GLOBAL);
+            match self.store.engage(scope, by, reason, for_).await {
+                Ok(done) => Ok(crate::gate::killswitch::Switched {
+                    scope: scope.to_string(),
+                    until: done.until,
+                    reach: "fleet",
+                    warning: None,
+                }),
+                // A stop that cannot reach the fleet still stops here.
+                Err(e) => super::engage_file(
+                    ks,
+                    runbook,
+                    by,
+                    reason,
+                    for_,
+                    Some(format!(
+                        "the fleet's switch was not reached ({e}): engaged on this replica only; engage it again when the database answers"
+                    )),
+                ),
+            }
+        })
+    }
+
+    fn release_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+    ) -> Pending<'a, bool> {
+        Box::pin(async move {
+            let here = super::release_file(ks, runbook)?;
+            let scope = runbook.unwrap_or(crate::rules::kill_switch::GLOBAL);
+            let fleet = self.store.release(scope).await?;
+            Ok(here || fleet)
+        })
+    }
+
+    fn switches<'a>(&'a self, ks: &'a KillSwitch) -> Pending<'a, Vec<(String, String)>> {
+        Box::pin(async move {
+            let mut all = super::switch_files(ks)?;
+            let fleet = self.store.switches().await?;
+            all.extend(fleet.into_iter().map(|(s, d)| (format!("fleet:{s}"), d)));
+            Ok(all)
+        })
+    }
+
     fn demotions(&self, settings: &Settings) -> Demotions {
         crate::audit::demotions(settings).with_fleet(Some(self.store.demoted.clone()))
     }

@@ -411,6 +411,29 @@ impl SharedState for Local {
         KillSwitch::new(dir.to_path_buf())
     }
 
+    fn engage_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+        by: &'a str,
+        reason: &'a str,
+        for_: Option<Duration>,
+    ) -> Pending<'a, crate::gate::killswitch::Switched> {
+        Box::pin(async move { super::engage_file(ks, runbook, by, reason, for_, None) })
+    }
+
+    fn release_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+    ) -> Pending<'a, bool> {
+        Box::pin(async move { super::release_file(ks, runbook) })
+    }
+
+    fn switches<'a>(&'a self, ks: &'a KillSwitch) -> Pending<'a, Vec<(String, String)>> {
+        Box::pin(async move { super::switch_files(ks) })
+    }
+
     fn demotions(&self, settings: &Settings) -> Demotions {
         crate::audit::demotions(settings)
     }

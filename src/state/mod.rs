@@ -246,7 +246,89 @@ pub(crate) trait SharedState: Send + Sync {
     /// shared state the fleet's switch beside them.
     fn kill_switch(&self, dir: &Path) -> KillSwitch;
 
+    /// Engage the switch of `runbook` (`None`: every runbook) as `by`, for
+    /// `for_` (`None`: until released): with shared state the fleet's, which
+    /// every replica's gate reads within a second (this machine's file when
+    /// the database cannot be reached, and the answer says so), else
+    /// `ks`'s file. A switch in force is never weakened.
+    fn engage_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+        by: &'a str,
+        reason: &'a str,
+        for_: Option<Duration>,
+    ) -> Pending<'a, crate::gate::killswitch::Switched>;
+
+    /// Release the switch of `runbook` (`None`: the global one): this
+    /// machine's file and, with shared state, the fleet's. Whether either
+    /// was engaged; an error when the fleet's could not be released.
+    fn release_switch<'a>(
+        &'a self,
+        ks: &'a KillSwitch,
+        runbook: Option<&'a str>,
+    ) -> Pending<'a, bool>;
+
+    /// What stops runs now (scope, what a person reads): `ks`'s files and,
+    /// with shared state, the fleet's switches (scopes `fleet:SCOPE`).
+    fn switches<'a>(&'a self, ks: &'a KillSwitch) -> Pending<'a, Vec<(String, String)>>;
+
     /// The demotions a run's gate asks: this machine's record, and with
     /// shared state the fleet's beside it.
     fn demotions(&self, settings: &Settings) -> Demotions;
+}
+
+/// Engage `ks`'s file for `runbook` as `by` (both backends: the fleet's
+/// fallback when the database cannot be reached says so in `warning`).
+fn engage_file(
+    ks: &KillSwitch,
+    runbook: Option<&str>,
+    by: &str,
+    reason: &str,
+    for_: Option<Duration>,
+    warning: Option<String>,
+) -> Result<crate::gate::killswitch::Switched, StoreError> {
+    let until = match for_ {
+        None => None,
+        Some(d) => Some(
+            jiff::Timestamp::now()
+                .checked_add(
+                    jiff::SignedDuration::try_from(d)
+                        .map_err(|e| StoreError::Local(format!("a kill switch for {d:?}: {e}")))?,
+                )
+                .map_err(|e| StoreError::Local(format!("a kill switch for {d:?}: {e}")))?,
+        ),
+    };
+    let done = ks.engage_as(runbook, by, reason, until).map_err(|e| {
+        StoreError::Local(format!(
+            "cannot engage the kill switch in {}: {e}",
+            ks.dir().display()
+        ))
+    })?;
+    Ok(crate::gate::killswitch::Switched {
+        scope: runbook
+            .unwrap_or(crate::rules::kill_switch::GLOBAL)
+            .to_string(),
+        until: done.until,
+        reach: "replica",
+        warning,
+    })
+}
+
+/// Release `ks`'s file for `runbook`: whether it was engaged.
+fn release_file(ks: &KillSwitch, runbook: Option<&str>) -> Result<bool, StoreError> {
+    ks.release(runbook).map_err(|e| {
+        StoreError::Local(format!(
+            "cannot release {}: {e}",
+            ks.file_of(runbook).display()
+        ))
+    })
+}
+
+/// `ks`'s switch files in force; a directory that cannot be read stops
+/// everything, and is listed as the global switch saying why.
+fn switch_files(ks: &KillSwitch) -> Result<Vec<(String, String)>, StoreError> {
+    Ok(ks
+        .status()
+        .unwrap_or_else(|engaged| vec![(engaged.scope, engaged.detail)]))
 }

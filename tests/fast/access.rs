@@ -8,6 +8,8 @@ const AM: &str = "am-token-0123456789abcdef";
 const OPS: &str = "ops-token-0123456789abcdef";
 const OLD: &str = "old-token-0123456789abcdef";
 const BOTH: &str = "both-token-0123456789abcdef";
+const ONCALL: &str = "oncall-token-0123456789abcdef";
+const LEAD: &str = "lead-token-0123456789abcdef";
 
 fn sha(token: &str) -> String {
     use sha2::Digest;
@@ -32,15 +34,27 @@ fn principals(dir: &Path) {
              \x20   scopes:\n\
              \x20     run:trigger: {{ runbooks: [disk] }}\n\
              \x20     run:read: {{ runbooks: [disk] }}\n\
+             \x20     kill:engage: {{ runbooks: [disk] }}\n\
              \x20 both:\n\
              \x20   tokens: [{{ id: both-1, sha256: {} }}]\n\
              \x20   scopes:\n\
              \x20     run:trigger: {{}}\n\
-             \x20     approve: {{}}\n",
+             \x20     approve: {{}}\n\
+             \x20 oncall:\n\
+             \x20   tokens: [{{ id: oncall-1, sha256: {} }}]\n\
+             \x20   scopes:\n\
+             \x20     kill:engage: {{}}\n\
+             \x20     run:read: {{}}\n\
+             \x20 lead:\n\
+             \x20   tokens: [{{ id: lead-1, sha256: {} }}]\n\
+             \x20   scopes:\n\
+             \x20     kill:release: {{}}\n",
             sha(AM),
             sha(OPS),
             sha(OLD),
-            sha(BOTH)
+            sha(BOTH),
+            sha(ONCALL),
+            sha(LEAD)
         ),
     )
     .unwrap();
@@ -64,6 +78,7 @@ async fn call(
     let c = client();
     let mut r = match method {
         "GET" => c.get(d.url(path)),
+        "DELETE" => c.delete(d.url(path)),
         _ => c.post(d.url(path)),
     }
     .bearer_auth(token);
@@ -147,7 +162,7 @@ fn check_refuses_a_principals_file_it_cannot_take_at_its_line() {
     let f = dir.path().join("principals.yaml");
     let text = std::fs::read_to_string(&f)
         .unwrap()
-        .replace("run:read:", "run:raed:");
+        .replacen("run:read:", "run:raed:", 1);
     std::fs::write(&f, text).unwrap();
     let cfg = dir.path().to_str().unwrap();
     let out = runwarden(&["check", "--config", cfg]);
@@ -212,5 +227,155 @@ async fn an_agents_token_may_start_its_runbook_and_never_approve() {
             == Some(2.0),
         "both refusals counted"
     );
+    d.shutdown().await.unwrap();
+}
+
+/// The kill switch over HTTP: a principal's token holding `kill:engage`
+/// for what it stops engages it (every runbook needs `runbooks: ["*"]`),
+/// `kill:release` releases it, and neither is the other; every decision,
+/// allowed or refused, is audited with the principal and token id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kill_switch_over_http_takes_a_principal_holding_its_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    principals(dir.path());
+    let d = Daemon::start(dir.path()).await;
+    let ks = dir.path().join("kill-switch");
+    let engage = |runbook: Option<&str>| {
+        let mut b = serde_json::json!({ "reason": "INC-77 disk alarms" });
+        if let Some(rb) = runbook {
+            b["runbook"] = rb.into();
+        }
+        b
+    };
+
+    // ops holds kill:engage for disk only: not every runbook at once.
+    let (status, body) = call(&d, "POST", "/api/v1/kill-switch", OPS, Some(engage(None))).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not for every runbook at once"),
+        "{body}"
+    );
+    assert!(!ks.join("ENGAGED").exists());
+    // The webhook token and Alertmanager's never stop anything.
+    for token in [TOKEN, AM] {
+        let (status, body) =
+            call(&d, "POST", "/api/v1/kill-switch", token, Some(engage(None))).await;
+        assert!(status == 401 || status == 403, "{status} {body}");
+    }
+    // Bad bodies are refused before anything is decided.
+    for (bad, says) in [
+        (serde_json::json!({}), "reason"),
+        (serde_json::json!({ "reason": " " }), "reason"),
+        (serde_json::json!({ "reason": "x", "for": "soon" }), "for"),
+        (
+            serde_json::json!({ "reason": "x", "runbook": "dsik" }),
+            "did you mean \"disk\"",
+        ),
+        (serde_json::json!({ "reason": "x", "by": "mallory" }), "by"),
+    ] {
+        let (status, body) =
+            call(&d, "POST", "/api/v1/kill-switch", ONCALL, Some(bad.clone())).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains(says),
+            "{bad}: {body}"
+        );
+    }
+    assert!(!ks.join("ENGAGED").exists());
+
+    // ops stops disk; the file names ops and why.
+    let (status, body) = call(
+        &d,
+        "POST",
+        "/api/v1/kill-switch",
+        OPS,
+        Some(engage(Some("disk"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["scope"], "disk", "{body}");
+    let file = std::fs::read_to_string(ks.join("disk.ENGAGED")).unwrap();
+    assert!(file.contains("engaged_by: ops (token ops-1)"), "{file}");
+    assert!(file.contains("reason: INC-77 disk alarms"), "{file}");
+    // A run of disk is refused now.
+    let run = serde_json::json!({ "runbook": "disk", "hosts": ["web-01"] });
+    let (_, body) = call(&d, "POST", "/api/v1/runs", OPS, Some(run)).await;
+    assert_eq!(body["outcomes"][0]["result"], "kill_switch", "{body}");
+
+    // on-call stops everything, for an hour.
+    let mut timed = engage(None);
+    timed["for"] = "1h".into();
+    let (status, body) = call(&d, "POST", "/api/v1/kill-switch", ONCALL, Some(timed)).await;
+    assert_eq!(status, 200, "{body}");
+    let until: jiff::Timestamp = body["until"].as_str().unwrap().parse().unwrap();
+    let left = until.duration_since(jiff::Timestamp::now()).as_secs();
+    assert!((3500..=3600).contains(&left), "{body}");
+    let (status, body) = call(&d, "GET", "/api/v1/kill-switch", ONCALL, None).await;
+    assert_eq!(status, 200, "{body}");
+    let scopes: Vec<&str> = body["engaged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(scopes, ["global", "disk"], "{body}");
+
+    // Engaging is not releasing.
+    let (status, body) = call(&d, "DELETE", "/api/v1/kill-switch", ONCALL, None).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("holds no kill:release"),
+        "{body}"
+    );
+    assert!(ks.join("ENGAGED").exists());
+    let (status, body) = call(&d, "DELETE", "/api/v1/kill-switch", LEAD, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["was_engaged"], true, "{body}");
+    assert!(!ks.join("ENGAGED").exists());
+    // What still stops runs is said: disk's own switch.
+    assert_eq!(body["still_engaged"][0]["scope"], "disk", "{body}");
+    let (status, body) = call(&d, "DELETE", "/api/v1/kill-switch?runbook=disk", LEAD, None).await;
+    assert_eq!(
+        (status, &body["was_engaged"]),
+        (200, &Value::from(true)),
+        "{body}"
+    );
+    assert!(!ks.join("disk.ENGAGED").exists());
+
+    // Every decision is in the audit log, with the token's id, never the token.
+    let lines = audit_lines(dir.path());
+    let access: Vec<&Value> = lines.iter().filter(|l| l["phase"] == "access").collect();
+    let said: Vec<(String, String, bool)> = access
+        .iter()
+        .map(|l| {
+            (
+                l["detail"]["principal"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                l["detail"]["scope"].as_str().unwrap().to_string(),
+                l["detail"]["why"].is_null(),
+            )
+        })
+        .collect();
+    for want in [
+        ("ops", "kill:engage", false),
+        ("ops", "kill:engage", true),
+        ("oncall", "kill:engage", true),
+        ("oncall", "kill:release", false),
+        ("lead", "kill:release", true),
+    ] {
+        let want = (want.0.to_string(), want.1.to_string(), want.2);
+        assert!(said.contains(&want), "{want:?} not in {said:?}");
+    }
+    let log = std::fs::read_to_string(dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(!log.contains(ONCALL) && !log.contains(LEAD));
     d.shutdown().await.unwrap();
 }

@@ -92,14 +92,6 @@ async fn run_renew(d: &Daemon) -> Value {
     verdict_of(d, &run_id).await["report"].clone()
 }
 
-fn audit_lines(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("state/audit.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 fn intents_of(dir: &Path, run_id: &str) -> usize {
     audit_lines(dir)
         .iter()

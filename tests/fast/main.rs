@@ -88,6 +88,15 @@ fn small_segments(dir: &Path) {
     std::fs::write(&settings, yaml).unwrap();
 }
 
+/// The audit log's lines, as written.
+fn audit_lines(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("state/audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// How many closed audit segments `state/` holds.
 fn segments(dir: &Path) -> usize {
     std::fs::read_dir(dir.join("state"))

@@ -20,6 +20,7 @@ pub(crate) mod pg;
 use pg::{PG_PASSWORD, Pg};
 
 mod demotion;
+mod killswitch;
 mod mcp;
 mod queue;
 mod rollout;
