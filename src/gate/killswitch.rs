@@ -12,6 +12,10 @@
 //! and writes an audit line naming who engaged it and why. A file that says
 //! no `until` (or one that cannot be read) is untimed: it holds until a
 //! person releases it.
+//!
+//! One file: the switch file's format, the lock an engage and a sweep
+//! share, and the fleet's view beside the files are one switch, and the
+//! rule "never weaken one in force" is reviewed across all three.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
