@@ -181,12 +181,7 @@ async fn engage(
 /// `release`: this machine's file and, with shared state, the fleet's
 /// switch; then what stays engaged, and where.
 async fn release(t: &Target) -> Exit {
-    let Target {
-        settings,
-        ks,
-        fleet,
-        ..
-    } = t;
+    let Target { ks, fleet, .. } = t;
     let runbook = t.runbook.as_deref();
     let here = ks.release(runbook).map_err(|e| {
         Failed::code(
@@ -208,7 +203,7 @@ async fn release(t: &Target) -> Exit {
             })?;
         said.push(format!("the fleet's switch ({scope}) {}", was(released)));
     }
-    let left = engaged(ks, fleet.as_deref(), &settings.replica)
+    let left = crate::state::in_force(ks, fleet.as_deref())
         .await
         .unwrap_or_else(|e| vec![("global".into(), e)]);
     println!("released: {}", said.join("; "));
@@ -231,14 +226,13 @@ async fn status_json(t: &Target) -> Exit {
         fleet,
         ..
     } = t;
-    let engaged: Vec<serde_json::Value> =
-        match engaged(ks, fleet.as_deref(), &settings.replica).await {
-            Ok(list) => list
-                .into_iter()
-                .map(|(scope, detail)| serde_json::json!({ "scope": scope, "detail": detail }))
-                .collect(),
-            Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
-        };
+    let engaged: Vec<serde_json::Value> = match crate::state::in_force(ks, fleet.as_deref()).await {
+        Ok(list) => list
+            .into_iter()
+            .map(|(scope, detail)| serde_json::json!({ "scope": scope, "detail": detail }))
+            .collect(),
+        Err(e) => vec![serde_json::json!({ "scope": "global", "detail": e })],
+    };
     let (demoted, _) = super::promote::in_force(settings, fleet.clone()).await;
     let (capped, _) = capped(dir, fleet.as_deref()).await;
     println!(
@@ -280,7 +274,7 @@ async fn status(t: &Target) -> Exit {
     for problem in problem.into_iter().chain(problem_caps) {
         eprintln!("warning: {problem}");
     }
-    match engaged(ks, fleet.as_deref(), &settings.replica).await {
+    match crate::state::in_force(ks, fleet.as_deref()).await {
         Ok(list) if list.is_empty() => {
             println!("released: no switch file in {shown}");
             Ok(0)
@@ -331,42 +325,6 @@ fn sweep(ks: &KillSwitch, settings: &crate::config::Settings) {
 /// When a switch engaged now `--for d` ends, or why `d` is refused.
 fn timed_for(d: std::time::Duration) -> Result<jiff::Timestamp, Failed> {
     crate::gate::killswitch::end_for(d, "--for").map_err(Failed::usage)
-}
-
-/// What stops runs now: this machine's switch files and, with shared state,
-/// the fleet's switch and every other replica's own files as each last
-/// published them (with where to release them); `status` lists it and
-/// `release` says it stays engaged.
-async fn engaged(
-    ks: &KillSwitch,
-    fleet: Option<&crate::store::Postgres>,
-    me: &str,
-) -> Result<Vec<(String, String)>, String> {
-    let mut list = ks.status().map_err(|e| e.to_string())?;
-    let Some(store) = fleet else {
-        return Ok(list);
-    };
-    match store.switches().await {
-        Ok(on) => list.extend(
-            on.into_iter()
-                .map(|(scope, d)| (format!("fleet:{scope}"), d)),
-        ),
-        Err(e) => list.push((
-            "fleet".into(),
-            format!("unknown, {e} (each replica still fences its calls against it)"),
-        )),
-    }
-    let others = store.replica_switches().await.unwrap_or_default();
-    list.extend(others.into_iter().filter(|r| r.replica != me).map(|r| {
-        (
-            format!("{} on replica {}", r.scope, r.replica),
-            format!(
-                "{} (release it there: runwarden kill-switch release on {})",
-                r.detail, r.replica
-            ),
-        )
-    }));
-    Ok(list)
 }
 
 /// A (runbook, host) whose `max_runs` is reached now: its triggers are

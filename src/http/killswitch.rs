@@ -34,12 +34,9 @@ pub(super) struct Which {
     runbook: Option<String>,
 }
 
-/// What a person engages, or why not: a reason, a runbook this daemon
-/// runs, a time between a second and a century.
-fn engage_of(
-    s: &AppState,
-    body: &[u8],
-) -> Result<(EngageBody, Option<std::time::Duration>), Box<Response>> {
+/// What a person engages, or why not: a reason, a time between a second
+/// and a century.
+fn engage_of(body: &[u8]) -> Result<(EngageBody, Option<std::time::Duration>), Box<Response>> {
     let bad = |why: String| {
         super::no(
             StatusCode::BAD_REQUEST,
@@ -66,11 +63,10 @@ fn engage_of(
         Some(text) => {
             let d = humantime::parse_duration(text)
                 .map_err(|e| bad(format!("for {text:?} is no duration ({e})")))?;
-            crate::gate::killswitch::end_for(d, "for").map_err(bad)?;
+            crate::gate::killswitch::end_for(d, "`for`").map_err(bad)?;
             Some(d)
         }
     };
-    known(s, b.runbook.as_deref())?;
     Ok((b, for_))
 }
 
@@ -96,7 +92,7 @@ pub(super) async fn engage(
     axum::Extension(caller): axum::Extension<Caller>,
     body: Bytes,
 ) -> Response {
-    let (b, for_) = match engage_of(&s, &body) {
+    let (b, for_) = match engage_of(&body) {
         Ok(v) => v,
         Err(r) => return *r,
     };
@@ -107,6 +103,10 @@ pub(super) async fn engage(
         crate::text::one_line(&b.reason)
     );
     if let Err(refused) = allow(&s, &caller, Scope::KillEngage, runbook, None, &what) {
+        return *refused;
+    }
+    // Which runbooks exist is told only to a caller that may stop them.
+    if let Err(refused) = known(&s, runbook) {
         return *refused;
     }
     let by = engaged_by(&caller);
@@ -150,9 +150,6 @@ pub(super) async fn release(
         Ok(Query(w)) => w.runbook,
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    if let Err(refused) = known(&s, runbook.as_deref()) {
-        return *refused;
-    }
     let what = format!(
         "release {}",
         runbook
@@ -167,6 +164,9 @@ pub(super) async fn release(
         None,
         &what,
     ) {
+        return *refused;
+    }
+    if let Err(refused) = known(&s, runbook.as_deref()) {
         return *refused;
     }
     let config = s.config.borrow().clone();

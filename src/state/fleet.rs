@@ -268,16 +268,12 @@ impl SharedState for Fleet {
                     warning: None,
                 }),
                 // A stop that cannot reach the fleet still stops here.
-                Err(e) => super::engage_file(
-                    ks,
-                    runbook,
-                    by,
-                    reason,
-                    for_,
-                    Some(format!(
+                Err(e) => {
+                    let warning = format!(
                         "the fleet's switch was not reached ({e}): engaged on this replica only; engage it again when the database answers"
-                    )),
-                ),
+                    );
+                    super::engage_file(ks, runbook, by, reason, for_, Some(warning)).await
+                }
             }
         })
     }
@@ -297,10 +293,9 @@ impl SharedState for Fleet {
 
     fn switches<'a>(&'a self, ks: &'a KillSwitch) -> Pending<'a, Vec<(String, String)>> {
         Box::pin(async move {
-            let mut all = super::switch_files(ks)?;
-            let fleet = self.store.switches().await?;
-            all.extend(fleet.into_iter().map(|(s, d)| (format!("fleet:{s}"), d)));
-            Ok(all)
+            super::in_force(ks, Some(&self.store))
+                .await
+                .map_err(StoreError::Local)
         })
     }
 

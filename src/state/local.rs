@@ -419,7 +419,7 @@ impl SharedState for Local {
         reason: &'a str,
         for_: Option<Duration>,
     ) -> Pending<'a, crate::gate::killswitch::Switched> {
-        Box::pin(async move { super::engage_file(ks, runbook, by, reason, for_, None) })
+        Box::pin(super::engage_file(ks, runbook, by, reason, for_, None))
     }
 
     fn release_switch<'a>(
@@ -431,7 +431,7 @@ impl SharedState for Local {
     }
 
     fn switches<'a>(&'a self, ks: &'a KillSwitch) -> Pending<'a, Vec<(String, String)>> {
-        Box::pin(async move { super::switch_files(ks) })
+        Box::pin(async move { super::in_force(ks, None).await.map_err(StoreError::Local) })
     }
 
     fn demotions(&self, settings: &Settings) -> Demotions {

@@ -278,9 +278,10 @@ pub(crate) trait SharedState: Send + Sync {
     fn demotions(&self, settings: &Settings) -> Demotions;
 }
 
-/// Engage `ks`'s file for `runbook` as `by` (both backends: the fleet's
-/// fallback when the database cannot be reached says so in `warning`).
-fn engage_file(
+/// Engage `ks`'s file for `runbook` as `by`, off the async threads (it
+/// takes the switch directory's lock): both backends, the fleet's as its
+/// fallback when the database cannot be reached, which `warning` says.
+async fn engage_file(
     ks: &KillSwitch,
     runbook: Option<&str>,
     by: &str,
@@ -288,27 +289,33 @@ fn engage_file(
     for_: Option<Duration>,
     warning: Option<String>,
 ) -> Result<crate::gate::killswitch::Switched, StoreError> {
-    let until = match for_ {
-        None => None,
-        Some(d) => Some(
-            jiff::Timestamp::now()
-                .checked_add(
-                    jiff::SignedDuration::try_from(d)
-                        .map_err(|e| StoreError::Local(format!("a kill switch for {d:?}: {e}")))?,
+    let until = for_
+        .map(|d| crate::gate::killswitch::end_for(d, "`for`"))
+        .transpose()
+        .map_err(StoreError::Local)?;
+    let scope = runbook
+        .unwrap_or(crate::rules::kill_switch::GLOBAL)
+        .to_string();
+    let (ks, runbook, by, reason) = (
+        ks.clone(),
+        runbook.map(String::from),
+        by.to_string(),
+        reason.to_string(),
+    );
+    let done = tokio::task::spawn_blocking(move || {
+        ks.engage_as(runbook.as_deref(), &by, &reason, until)
+            .map_err(|e| {
+                format!(
+                    "cannot engage the kill switch in {}: {e}",
+                    ks.dir().display()
                 )
-                .map_err(|e| StoreError::Local(format!("a kill switch for {d:?}: {e}")))?,
-        ),
-    };
-    let done = ks.engage_as(runbook, by, reason, until).map_err(|e| {
-        StoreError::Local(format!(
-            "cannot engage the kill switch in {}: {e}",
-            ks.dir().display()
-        ))
-    })?;
+            })
+    })
+    .await
+    .map_err(|e| StoreError::Local(format!("engaging the kill switch: {e}")))?
+    .map_err(StoreError::Local)?;
     Ok(crate::gate::killswitch::Switched {
-        scope: runbook
-            .unwrap_or(crate::rules::kill_switch::GLOBAL)
-            .to_string(),
+        scope,
         until: done.until,
         reach: "replica",
         warning,
@@ -325,10 +332,42 @@ fn release_file(ks: &KillSwitch, runbook: Option<&str>) -> Result<bool, StoreErr
     })
 }
 
-/// `ks`'s switch files in force; a directory that cannot be read stops
-/// everything, and is listed as the global switch saying why.
-fn switch_files(ks: &KillSwitch) -> Result<Vec<(String, String)>, StoreError> {
-    Ok(ks
-        .status()
-        .unwrap_or_else(|engaged| vec![(engaged.scope, engaged.detail)]))
+/// What stops runs now: this machine's switch files and, with shared state,
+/// the fleet's switch and every other replica's own files as each last
+/// published them (with where to release them); `kill-switch status` and
+/// `GET /api/v1/kill-switch` list it, and a release says it stays engaged.
+pub(crate) async fn in_force(
+    ks: &KillSwitch,
+    fleet: Option<&crate::store::Postgres>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut list = ks.status().map_err(|e| e.to_string())?;
+    let Some(store) = fleet else {
+        return Ok(list);
+    };
+    match store.switches().await {
+        Ok(on) => list.extend(
+            on.into_iter()
+                .map(|(scope, d)| (format!("fleet:{scope}"), d)),
+        ),
+        Err(e) => list.push((
+            "fleet".into(),
+            format!("unknown, {e} (each replica still fences its calls against it)"),
+        )),
+    }
+    let others = store.replica_switches().await.unwrap_or_default();
+    list.extend(
+        others
+            .into_iter()
+            .filter(|r| r.replica != store.replica)
+            .map(|r| {
+                (
+                    format!("{} on replica {}", r.scope, r.replica),
+                    format!(
+                        "{} (release it there: runwarden kill-switch release on {})",
+                        r.detail, r.replica
+                    ),
+                )
+            }),
+    );
+    Ok(list)
 }
