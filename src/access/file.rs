@@ -9,6 +9,7 @@
 //!     scopes:
 //!       approve: { runbooks: ["staging-*"] }
 //!       kill:engage: {}
+//!     chat: ["slack:T0123ABCD/U0456EFGH"]
 //!   alertmanager:
 //!     tokens: [{ id: am-1, sha256: 2c26b46b… }]
 //!     scopes:
@@ -56,6 +57,9 @@ struct RawFile {
 struct RawPrincipal {
     #[serde(default)]
     tokens: Vec<RawToken>,
+    /// Who the principal is in chat: `slack:TEAM/USER`.
+    #[serde(default)]
+    chat: Vec<Spanned<String>>,
     #[serde(default)]
     scopes: BTreeMap<String, Spanned<Option<RawGrant>>>,
 }
@@ -121,6 +125,7 @@ fn yaml(path: &Path, text: &str) -> Result<Principals, FileError> {
     })?;
     let mut hashes = HashSet::new();
     let mut ids = HashSet::new();
+    let mut identities = HashSet::new();
     let mut list = Vec::new();
     for (name, p) in raw.principals {
         let here = p.referenced;
@@ -134,12 +139,36 @@ fn yaml(path: &Path, text: &str) -> Result<Principals, FileError> {
             ));
         }
         let p = p.value;
-        if p.tokens.is_empty() {
+        let mut chat = Vec::new();
+        for c in &p.chat {
+            if !chat_identity(&c.value) {
+                return Err(at(
+                    path,
+                    c.referenced,
+                    format!(
+                        "chat identity {:?} of {name}: write slack:TEAM/USER (the workspace's and the member's ids, e.g. slack:T0123ABCD/U0456EFGH)",
+                        c.value
+                    ),
+                ));
+            }
+            if !identities.insert(c.value.clone()) {
+                return Err(at(
+                    path,
+                    c.referenced,
+                    format!(
+                        "chat identity {} is another principal's too: one person is one principal",
+                        c.value
+                    ),
+                ));
+            }
+            chat.push(c.value.clone());
+        }
+        if p.tokens.is_empty() && chat.is_empty() {
             return Err(at(
                 path,
                 here,
                 format!(
-                    "principal {name} has no token: nothing can act as it (add tokens:, or remove it)"
+                    "principal {name} has no token and no chat identity: nothing can act as it (add tokens: or chat:, or remove it)"
                 ),
             ));
         }
@@ -270,6 +299,7 @@ fn yaml(path: &Path, text: &str) -> Result<Principals, FileError> {
         list.push(Principal {
             name,
             tokens,
+            chat,
             grants,
         });
     }
@@ -327,6 +357,7 @@ fn lines(path: &Path, text: &str) -> Result<Principals, FileError> {
                 sha256,
                 expires: None,
             }],
+            chat: Vec::new(),
             grants: vec![Grant::everywhere(Scope::Approve)],
         });
     }
@@ -334,6 +365,17 @@ fn lines(path: &Path, text: &str) -> Result<Principals, FileError> {
         return Err(wrong(1, "names no approver".into()));
     }
     Ok(Principals::new(list))
+}
+
+/// `slack:TEAM/USER`: two Slack ids (capital letters and digits).
+fn chat_identity(s: &str) -> bool {
+    let id = |s: &str| {
+        (2..=32).contains(&s.len())
+            && s.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+    };
+    s.strip_prefix("slack:")
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(team, user)| id(team) && id(user))
 }
 
 fn hex32(s: &str) -> Option<[u8; 32]> {

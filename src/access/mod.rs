@@ -153,6 +153,9 @@ pub(crate) struct Token {
 pub(crate) struct Principal {
     pub(crate) name: String,
     pub(crate) tokens: Vec<Token>,
+    /// Who it is in chat (`slack:TEAM/USER`): a click of that user acts
+    /// as this principal, within its grants.
+    pub(crate) chat: Vec<String>,
     pub(crate) grants: Vec<Grant>,
 }
 
@@ -223,6 +226,7 @@ fn builtin(name: &str, token_id: &str, scopes: &[Scope]) -> Caller {
         principal: Arc::new(Principal {
             name: name.into(),
             tokens: Vec::new(),
+            chat: Vec::new(),
             grants: scopes.iter().map(|s| Grant::everywhere(*s)).collect(),
         }),
         token_id: token_id.into(),
@@ -344,6 +348,39 @@ impl Principals {
         Ok(Caller {
             principal: p.clone(),
             token_id: t.id.clone(),
+            builtin: false,
+        })
+    }
+}
+
+impl Caller {
+    /// A chat user no principal names: it may do nothing, and what it
+    /// tried is audited under its identity.
+    pub(crate) fn stranger(identity: &str) -> Caller {
+        Caller {
+            principal: Arc::new(Principal {
+                name: identity.into(),
+                tokens: Vec::new(),
+                chat: Vec::new(),
+                grants: Vec::new(),
+            }),
+            token_id: identity.into(),
+            builtin: false,
+        }
+    }
+}
+
+impl Principals {
+    /// The caller a chat identity (`slack:TEAM/USER`) is, if a principal
+    /// names it; its "token id" is the identity.
+    pub(crate) fn chat(&self, identity: &str) -> Option<Caller> {
+        let p = self
+            .list
+            .iter()
+            .find(|p| p.chat.iter().any(|c| c == identity))?;
+        Some(Caller {
+            principal: p.clone(),
+            token_id: identity.to_string(),
             builtin: false,
         })
     }

@@ -115,6 +115,13 @@ pub struct Settings {
     pub(crate) approval_timeout: Duration,
     /// Where each new approval request is POSTed (chat-ops).
     pub(crate) approval_webhook: Option<String>,
+    /// The secret (owner-only) that signs each approval webhook POST
+    /// (`X-Runwarden-Signature`, see [`crate::hmac`]).
+    pub(crate) approval_webhook_secret_file: Option<PathBuf>,
+    /// Where people and bridges reach the daemon (`http://HOST:PORT`, no
+    /// trailing path): the approve and deny links of a request. Default:
+    /// `http://LISTEN`.
+    pub(crate) external_url: Option<String>,
     /// The model planner's endpoint; runbooks' `agent` goals need it.
     pub(crate) model: Option<ModelEndpoint>,
     /// Tier-2 calls across every run on this machine, within a window.
@@ -132,6 +139,23 @@ pub struct Settings {
     pub(crate) mcp_limits: McpLimits,
     /// The Prometheus that evaluates the alerting rules (`done_when`).
     pub(crate) prometheus: Option<crate::prometheus::Endpoint>,
+    /// Slack (`chat.slack`): approval requests posted there, and its
+    /// clicks and `/runwarden stop` taken at `/api/v1/chat/slack`.
+    pub(crate) slack: Option<SlackSettings>,
+}
+
+/// `chat.slack` in runwarden.yaml.
+#[derive(Debug, Clone)]
+pub(crate) struct SlackSettings {
+    /// The app's signing secret (owner-only): its first line, and the one
+    /// before it on a second line during a rotation.
+    pub(crate) signing_secret_file: PathBuf,
+    /// The bot's token (`xoxb-...`, owner-only).
+    pub(crate) bot_token_file: PathBuf,
+    /// Where requests are posted (a channel id, `C0123ABCD`).
+    pub(crate) channel: String,
+    /// Slack's Web API (default `https://slack.com/api`).
+    pub(crate) api_url: String,
 }
 
 /// How far the daemon's `/mcp` lets its clients go: no client can grow
@@ -419,6 +443,14 @@ impl Config {
         for (file, what) in [
             (&s.webhook_token_file, "webhook_token_file"),
             (&s.mcp_token_file, "mcp_token_file"),
+            (
+                &s.approval_webhook_secret_file,
+                "approval_webhook_secret_file",
+            ),
+            (
+                &s.slack.as_ref().map(|s| s.bot_token_file.clone()),
+                "chat.slack.bot_token_file",
+            ),
         ] {
             if let Some(Err(e)) = file.as_ref().map(|f| crate::secret::read_token(f, what)) {
                 diags.file(&settings_file, e.to_string());

@@ -43,10 +43,16 @@ pub(crate) struct Settings {
     pub(crate) approvers_file: Option<S<String>>,
     pub(crate) approval_timeout: Option<S<String>>,
     pub(crate) approval_webhook: Option<S<String>>,
+    /// The secret that signs each approval webhook POST.
+    pub(crate) approval_webhook_secret_file: Option<S<String>>,
+    /// The URL people and bridges reach the daemon at (approve/deny links).
+    pub(crate) external_url: Option<S<String>>,
     pub(crate) model: Option<S<Model>>,
     pub(crate) fleet_budget: Option<FleetBudget>,
     /// Where state shared by several daemons lives (`postgres:`).
     pub(crate) state: Option<State>,
+    /// Where people are told and answer (`slack:`).
+    pub(crate) chat: Option<Chat>,
     /// This daemon's name among several (default: the hostname).
     pub(crate) replica: Option<S<String>>,
     /// The bearer token of the daemon's `/mcp` (none: no `/mcp`).
@@ -105,6 +111,23 @@ pub(crate) struct AuditRotation {
 #[serde(deny_unknown_fields)]
 pub(crate) struct State {
     pub(crate) postgres: Option<Postgres>,
+}
+
+/// `chat:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Chat {
+    pub(crate) slack: Option<S<Slack>>,
+}
+
+/// `chat.slack:` in runwarden.yaml.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Slack {
+    pub(crate) signing_secret_file: S<String>,
+    pub(crate) bot_token_file: S<String>,
+    pub(crate) channel: S<String>,
+    pub(crate) api_url: Option<S<String>>,
 }
 
 /// `state.postgres:` in runwarden.yaml.

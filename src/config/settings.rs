@@ -60,6 +60,25 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             format!("approval_webhook \"{}\" is not a URL", url.value),
         );
     }
+    if let Some(url) = &settings.external_url
+        && !reqwest::Url::parse(&url.value).is_ok_and(|u| u.scheme().starts_with("http"))
+    {
+        diags.at(
+            &settings_file,
+            url.referenced,
+            format!(
+                "external_url \"{}\" is not an http(s) URL (how people reach this daemon, e.g. https://runwarden.staging.example)",
+                url.value
+            ),
+        );
+    }
+    if let (Some(secret), None) = (&settings.approval_webhook_secret_file, &settings.approval_webhook) {
+        diags.at(
+            &settings_file,
+            secret.referenced,
+            "approval_webhook_secret_file signs the approval webhook, but no approval_webhook is set",
+        );
+    }
     let model = settings
         .model
         .as_ref()
@@ -69,6 +88,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .as_ref()
         .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
     let postgres = postgres(&settings, dir, &settings_file, diags);
+    let slack = slack(&settings, dir, &settings_file, diags);
     let replica = replica(&settings, &settings_file, diags);
     let mcp_idle_timeout = settings
         .mcp_idle_timeout
@@ -81,6 +101,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .as_ref()
         .and_then(|p| prometheus(p, dir, &settings_file, diags));
     let settings = Settings {
+        slack,
         prometheus,
         mcp_token_file: settings.mcp_token_file.as_ref().map(|f| dir.join(&f.value)),
         mcp_idle_timeout,
@@ -92,6 +113,14 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         principals_file: principals_file(&settings, &settings_file, diags).map(|f| dir.join(f)),
         approval_timeout,
         approval_webhook: settings.approval_webhook.as_ref().map(|u| u.value.clone()),
+        approval_webhook_secret_file: settings
+            .approval_webhook_secret_file
+            .as_ref()
+            .map(|f| dir.join(&f.value)),
+        external_url: settings
+            .external_url
+            .as_ref()
+            .map(|u| u.value.trim_end_matches('/').to_string()),
         audit_log: resolve(&settings.audit_log, "state/audit.jsonl"),
         audit_rotation,
         audit_head: match &settings.audit_head {
@@ -240,6 +269,9 @@ impl Settings {
             self.mcp_token_file.as_ref(),
             self.principals_file.as_ref(),
             self.webhook_token_file.as_ref(),
+            self.approval_webhook_secret_file.as_ref(),
+            self.slack.as_ref().map(|s| &s.signing_secret_file),
+            self.slack.as_ref().map(|s| &s.bot_token_file),
             self.prometheus
                 .as_ref()
                 .and_then(|p| p.bearer_token_file.as_ref()),
@@ -455,6 +487,40 @@ fn postgres(
                 })
                 .unwrap_or(Duration::from_secs(15)),
         })
+}
+
+/// `chat.slack:`: its files resolved, its URL an http(s) one.
+fn slack(
+    settings: &raw::Settings,
+    dir: &Path,
+    file: &Path,
+    diags: &mut Diagnostics,
+) -> Option<super::SlackSettings> {
+    let s = settings.chat.as_ref()?.slack.as_ref()?;
+    let at = s.referenced;
+    let s = &s.value;
+    let api_url = match &s.api_url {
+        None => "https://slack.com/api".to_string(),
+        Some(u) => {
+            if !reqwest::Url::parse(&u.value).is_ok_and(|url| url.scheme().starts_with("http")) {
+                diags.at(
+                    file,
+                    u.referenced,
+                    format!("chat.slack.api_url \"{}\" is not an http(s) URL", u.value),
+                );
+            }
+            u.value.trim_end_matches('/').to_string()
+        }
+    };
+    if s.channel.value.trim().is_empty() {
+        diags.at(file, at, "chat.slack.channel is empty: name the channel's id (C0123ABCD)");
+    }
+    Some(super::SlackSettings {
+        signing_secret_file: dir.join(&s.signing_secret_file.value),
+        bot_token_file: dir.join(&s.bot_token_file.value),
+        channel: s.channel.value.clone(),
+        api_url,
+    })
 }
 
 /// `replica:`, this daemon's name among the replicas (the host name,

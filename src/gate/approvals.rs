@@ -149,6 +149,14 @@ pub(crate) struct Request {
     /// `/mcp`): under `four_eyes` it may not decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) requested_by: Option<String>,
+    /// The alert that started the run (its labels and annotations, where
+    /// a value usually is): untrusted text, shown to a person as such.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) alert: Option<Value>,
+    /// What the run may still spend when it asks: steps, tier-2 calls,
+    /// seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) budget_left: Option<Value>,
     /// Where it stands.
     #[serde(flatten)]
     pub(crate) state: State,
@@ -196,10 +204,6 @@ struct Entry {
 pub(crate) struct Approvals {
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
-    /// The approval webhook's last POST of each request still being sent:
-    /// the next one of the same request waits for it, so a chat bridge
-    /// hears `pending` before `withdrawn`.
-    sending: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
 }
 
 /// A decision's comment as it is kept: no control characters, at most 500.
@@ -238,7 +242,6 @@ impl Approvals {
         Approvals {
             timeout,
             entries: Mutex::default(),
-            sending: Mutex::default(),
         }
     }
 
@@ -443,51 +446,6 @@ impl Approvals {
     }
 }
 
-impl Approvals {
-    /// POST `request` as it stands to the approval webhook at `url`, in the
-    /// background, after any POST of the same request still on its way
-    /// (one request's messages arrive in the order they were sent; others
-    /// do not wait). Its answer changes nothing: only a decision through
-    /// the API approves.
-    pub(crate) fn notify(&self, url: String, request: Request) {
-        let mut sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
-        sending.retain(|_, h| !h.is_finished());
-        let before = sending.remove(&request.id);
-        let id = request.id.clone();
-        let post = tokio::spawn(async move {
-            if let Some(before) = before {
-                let _ = before.await;
-            }
-            post(&url, &request).await;
-        });
-        sending.insert(id, post);
-    }
-}
-
-/// One POST of an approval request to the webhook at `url`.
-async fn post(url: &str, request: &Request) {
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(5))
-        .build();
-    let Ok(client) = client else { return };
-    let body = serde_json::to_vec(request).unwrap_or_default();
-    let post = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body);
-    if let Err(e) = post.send().await {
-        // The URL may carry a token: name only its host.
-        let host = reqwest::Url::parse(url)
-            .ok()
-            .and_then(|u| u.host_str().map(String::from))
-            .unwrap_or_default();
-        tracing::warn!(
-            "approval webhook at {host}: {}",
-            crate::error_chain(&e.without_url())
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,6 +472,8 @@ mod tests {
             keys: vec!["fp:abc".into()],
             agent: None,
             requested_by: None,
+            alert: None,
+            budget_left: None,
             state: State::Pending,
         }
     }

@@ -134,6 +134,15 @@ impl Budget {
         self.limits.max_duration
     }
 
+    /// What the run may still spend: steps, tier-2 calls, whole seconds.
+    pub(crate) fn left(&self) -> serde_json::Value {
+        serde_json::json!({
+            "steps": self.limits.max_steps.saturating_sub(self.steps),
+            "mutations": self.limits.max_mutations.saturating_sub(self.mutations),
+            "seconds": self.remaining().as_secs(),
+        })
+    }
+
     /// Time left before `max_duration`.
     pub(crate) fn remaining(&self) -> Duration {
         self.limits

@@ -5,6 +5,7 @@
 //! call it held) or a denial with its own reason.
 
 use super::run_loop::{RunLoop, RunState};
+use crate::chat::Event;
 use crate::gate::approvals::{self, Cancel, Decided, Request, Resolution, State};
 use crate::gate::{Denial, DenyReason, Hold, Permit};
 use crate::report::StepReport;
@@ -83,6 +84,8 @@ impl RunLoop<'_> {
             keys: self.req.keys.clone(),
             agent: self.req.agent.as_ref().map(|a| a.client.clone()),
             requested_by: self.req.by.clone(),
+            alert: self.req.alert.clone(),
+            budget_left: Some(s.gate.budget().left()),
             state: State::Pending,
         });
         // With shared state, any replica lists it and takes the decision.
@@ -99,8 +102,8 @@ impl RunLoop<'_> {
         if let Some(m) = &self.runner.metrics {
             m.approvals_pending.inc();
         }
-        if let (Some(url), Some(req)) = (&self.runner.approval_webhook, approvals.get(&id)) {
-            approvals.notify(url.clone(), req);
+        if let (Some(chat), Some(req)) = (&self.runner.chat, approvals.get(&id)) {
+            chat.tell(&self.runner.config.settings, Event::Opened, req);
         }
         Ok((id, rx))
     }
@@ -131,6 +134,10 @@ impl RunLoop<'_> {
         resolution: &Resolution,
     ) {
         tracing::info!(approval_id = %id, run_id = %self.info.run_id, decision = ?resolution, "approval decided");
+        // However it was settled, whoever was asked hears how it ended.
+        if let (Some(chat), Some(req)) = (&self.runner.chat, approvals.get(id)) {
+            chat.tell(&self.runner.config.settings, Event::Settled, req);
+        }
         if let Some(req) = approvals.get(id)
             && matches!(
                 resolution,

@@ -116,8 +116,9 @@ pub struct Runner {
     pub(crate) shutdown: Option<watch::Receiver<bool>>,
     /// Open approval requests (L2); `None` where nobody can be asked.
     pub(crate) approvals: Option<Arc<Approvals>>,
-    /// Where to POST each new approval request (chat-ops); nothing runs because it answered.
-    pub(crate) approval_webhook: Option<String>,
+    /// Who is told of each approval request (the webhook, Slack); nothing
+    /// runs because one answered.
+    pub(crate) chat: Option<Arc<crate::chat::Outbox>>,
     /// What this run and the others must agree on: this machine's own
     /// state, or the fleet's (`state.postgres`).
     pub(crate) state: Arc<dyn crate::state::SharedState>,
@@ -142,7 +143,7 @@ impl Runner {
             metrics: None,
             shutdown: None,
             approvals: None,
-            approval_webhook: None,
+            chat: None,
             state: crate::state::chosen(None),
             model_progress: None,
             clears: None,

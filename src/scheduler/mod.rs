@@ -63,6 +63,8 @@ pub(crate) struct Scheduler {
     demotions: Mutex<Option<crate::gate::Demotions>>,
     /// The alerts this daemon's runs saw clear (`done_when`), for `recurred`.
     clears: Arc<crate::done_when::Clears>,
+    /// Who is told of approval requests (the webhook, Slack).
+    chat: Arc<crate::chat::Outbox>,
 }
 
 impl Scheduler {
@@ -78,6 +80,7 @@ impl Scheduler {
         let limit = config.borrow().settings.max_concurrent_runs;
         Arc::new(Scheduler {
             clears: Default::default(),
+            chat: Default::default(),
             config,
             audit,
             metrics,
@@ -211,7 +214,7 @@ impl Scheduler {
             metrics: Some(self.metrics.clone()),
             shutdown: Some(self.shutdown.clone()),
             approvals: self.approvals.clone(),
-            approval_webhook: config.settings.approval_webhook.clone(),
+            chat: Some(self.chat.clone()),
             model_progress: None,
             clears: Some(self.clears.clone()),
         };
@@ -364,9 +367,6 @@ impl Scheduler {
                     continue;
                 }
                 tracing::info!(approval_id = %req.id, run_id = %req.run_id, runbook = %req.runbook, host = %req.host, "approval withdrawn: {why}");
-                if let Some(url) = &config.settings.approval_webhook {
-                    approvals.notify(url.clone(), req.clone());
-                }
                 out.push(req);
             }
         }
