@@ -18,7 +18,7 @@ pub(crate) const WINDOW_SECS: i64 = 300;
 /// `VERSION=HEX`: the signature of `body` sent at `timestamp`.
 pub(crate) fn sign(secret: &[u8], version: &str, timestamp: i64, body: &[u8]) -> String {
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
-    let tag = hmac::sign(&key, &message(version, timestamp, body));
+    let tag = hmac::sign(&key, &message(version, &timestamp.to_string(), body));
     format!("{version}={}", hex(tag.as_ref()))
 }
 
@@ -75,7 +75,8 @@ pub(crate) fn verify(
         .and_then(|s| s.strip_prefix('='))
         .and_then(unhex)
         .ok_or(Refused::Malformed)?;
-    let message = message(version, at, body);
+    // Signed as sent: the timestamp's own text, not the number read from it.
+    let message = message(version, timestamp, body);
     let signed = secrets.iter().any(|secret| {
         let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
         hmac::verify(&key, &message, &tag).is_ok()
@@ -83,7 +84,7 @@ pub(crate) fn verify(
     signed.then_some(()).ok_or(Refused::Mismatch)
 }
 
-fn message(version: &str, timestamp: i64, body: &[u8]) -> Vec<u8> {
+fn message(version: &str, timestamp: &str, body: &[u8]) -> Vec<u8> {
     let mut m = format!("{version}:{timestamp}:").into_bytes();
     m.extend_from_slice(body);
     m
@@ -151,7 +152,11 @@ mod tests {
         );
         // Another version, odd hex, no number, nothing at all.
         let v1 = SLACK_SIG.replacen("v0=", "v1=", 1);
-        for (ts, sig) in [(SLACK_TS, v1.as_str()), (SLACK_TS, "v0=abc"), ("soon", SLACK_SIG)] {
+        for (ts, sig) in [
+            (SLACK_TS, v1.as_str()),
+            (SLACK_TS, "v0=abc"),
+            ("soon", SLACK_SIG),
+        ] {
             assert_eq!(
                 check(&[SLACK_SECRET], ts, sig, SLACK_BODY, at),
                 Err(Refused::Malformed)

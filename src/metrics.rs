@@ -118,6 +118,8 @@ pub(crate) struct Metrics {
     /// `Host` not the daemon's) and sessions ended without a call
     /// (`handshake_timeout`).
     pub(crate) mcp_refused: IntCounterVec,
+    /// Requests to `/api/v1/chat/slack` refused before they were read.
+    pub(crate) chat_refused: IntCounterVec,
     /// `runwarden_host_transport_errors_total`.
     pub(crate) transport_errors: IntCounterVec,
 }
@@ -301,6 +303,12 @@ impl Metrics {
                 r,
                 "runwarden_mcp_sessions_refused_total",
                 "MCP sessions of /mcp refused or ended early, by reason: sessions (mcp_max_sessions open already: 429), host (a Host header not the daemon's: 403), scope (a principal that may not start the runbook, or that holds approve: 403), handshake_timeout (no tool call within mcp_handshake_timeout of the handshake).",
+                &["reason"],
+            ),
+            chat_refused: counter(
+                r,
+                "runwarden_chat_requests_refused_total",
+                "Requests to /api/v1/chat/slack refused (401) before anything in them was read, by reason: unsigned (no timestamp or signature), malformed, stale (a timestamp more than 5 minutes from this clock: a replay), mismatch (no signing secret made the signature).",
                 &["reason"],
             ),
             model_claims: counter(
@@ -572,6 +580,9 @@ impl Metrics {
         self.audit_write_failures.inc_by(0);
         for reason in ["sessions", "host", "scope", "handshake_timeout"] {
             self.mcp_refused.with_label_values(&[reason]).inc_by(0);
+        }
+        for reason in ["unsigned", "malformed", "stale", "mismatch"] {
+            self.chat_refused.with_label_values(&[reason]).inc_by(0);
         }
         for runbook in config.runbooks.keys() {
             self.internal_errors.with_label_values(&[runbook]).inc_by(0);

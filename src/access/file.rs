@@ -371,7 +371,8 @@ fn lines(path: &Path, text: &str) -> Result<Principals, FileError> {
 fn chat_identity(s: &str) -> bool {
     let id = |s: &str| {
         (2..=32).contains(&s.len())
-            && s.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+            && s.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
     };
     s.strip_prefix("slack:")
         .and_then(|rest| rest.split_once('/'))

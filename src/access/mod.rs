@@ -355,7 +355,8 @@ impl Principals {
 
 impl Caller {
     /// A chat user no principal names: it may do nothing, and what it
-    /// tried is audited under its identity.
+    /// tried is audited under its identity (`slack:TEAM/USER`, which no
+    /// principal's name can be: names hold no `:`).
     pub(crate) fn stranger(identity: &str) -> Caller {
         Caller {
             principal: Arc::new(Principal {
@@ -367,6 +368,13 @@ impl Caller {
             token_id: identity.into(),
             builtin: false,
         }
+    }
+}
+
+impl Caller {
+    /// Whether this is a chat user no principal names ([`Caller::stranger`]).
+    pub(crate) fn stranger_in_chat(&self) -> bool {
+        self.principal.name.contains(':')
     }
 }
 
@@ -450,6 +458,7 @@ mod tests {
                 sha256: Sha256::digest(token.as_bytes()).into(),
                 expires: None,
             }],
+            chat: Vec::new(),
             grants,
         }
     }

@@ -87,10 +87,12 @@ async fn call(s: &SlackSettings, token: &str, method: &str, body: &Value) -> Res
         .await
         .map_err(|e| format!("{method}: {}", crate::error_chain(&e.without_url())))?;
     let status = answer.status();
-    let bytes = answer
-        .bytes()
-        .await
-        .map_err(|e| format!("{method}: HTTP {status}: {}", crate::error_chain(&e.without_url())))?;
+    let bytes = answer.bytes().await.map_err(|e| {
+        format!(
+            "{method}: HTTP {status}: {}",
+            crate::error_chain(&e.without_url())
+        )
+    })?;
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{method}: HTTP {status}, not Slack's JSON: {e}"))?;
     match v["ok"].as_bool() {
@@ -146,7 +148,10 @@ pub(crate) fn message(r: &Request) -> (String, Value) {
     let pending = state["state"] == "pending";
     let ended = ended(&state);
     let text = match pending {
-        true => format!("runwarden asks to run {} on {} ({})", r.tool, r.host, r.runbook),
+        true => format!(
+            "runwarden asks to run {} on {} ({})",
+            r.tool, r.host, r.runbook
+        ),
         false => format!("{} on {}: {ended}", r.tool, r.host),
     };
     let mut blocks = vec![json!({
@@ -183,7 +188,12 @@ pub(crate) fn message(r: &Request) -> (String, Value) {
 
 /// How a settled request ended, in a person's words.
 fn ended(state: &Value) -> String {
-    let by = state["by"].as_str().unwrap_or("someone");
+    let by = match state["via"].as_str() {
+        Some(via) if !via.is_empty() => {
+            format!("{} via {via}", state["by"].as_str().unwrap_or("someone"))
+        }
+        _ => state["by"].as_str().unwrap_or("someone").to_string(),
+    };
     let comment = match state["comment"].as_str() {
         Some(c) if !c.is_empty() => format!(": {c}"),
         _ => String::new(),
@@ -272,12 +282,18 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound, String> {
             response_url: v["response_url"].as_str().map(String::from),
         });
     }
-    match (fields.get("command"), fields.get("team_id"), fields.get("user_id")) {
+    match (
+        fields.get("command"),
+        fields.get("team_id"),
+        fields.get("user_id"),
+    ) {
         (Some(_), Some(team), Some(user)) => Ok(Inbound::Command {
             user: format!("slack:{team}/{user}"),
             text: fields.get("text").cloned().unwrap_or_default(),
         }),
-        _ => Err("neither a click (payload) nor a slash command (command, team_id, user_id)".into()),
+        _ => {
+            Err("neither a click (payload) nor a slash command (command, team_id, user_id)".into())
+        }
     }
 }
 
@@ -292,7 +308,10 @@ pub(crate) fn reply(response_url: Option<String>, text: String) {
             .header("content-type", "application/json")
             .body(body.to_string());
         if let Err(e) = post.send().await {
-            tracing::warn!("Slack response_url: {}", crate::error_chain(&e.without_url()));
+            tracing::warn!(
+                "Slack response_url: {}",
+                crate::error_chain(&e.without_url())
+            );
         }
     });
 }
@@ -365,7 +384,10 @@ mod tests {
         );
         assert!(matches!(
             parse(&click(STOP, "stop")).unwrap(),
-            Inbound::Click { action: Action::Stop, .. }
+            Inbound::Click {
+                action: Action::Stop,
+                ..
+            }
         ));
         assert!(parse(&click("someone_elses", "x")).is_err());
         assert!(parse(&click(DENY, "no-digest")).is_err());

@@ -34,10 +34,19 @@ pub(crate) struct Hook {
 impl Hook {
     /// The webhook `settings` name, at `url`.
     pub(crate) fn of(settings: &Settings, url: String) -> Hook {
+        Hook::new(
+            url,
+            settings.approval_webhook_secret_file.clone(),
+            external_url(settings),
+        )
+    }
+
+    /// The webhook at `url`, signed with `secret_file`, its links under `base`.
+    pub(crate) fn new(url: String, secret_file: Option<PathBuf>, base: String) -> Hook {
         Hook {
             url,
-            secret_file: settings.approval_webhook_secret_file.clone(),
-            base: external_url(settings),
+            secret_file,
+            base,
         }
     }
 
@@ -69,11 +78,17 @@ impl Hook {
                 }
             };
             let now = jiff::Timestamp::now().as_second();
-            post = post
-                .header(TIMESTAMP, now.to_string())
-                .header(SIGNATURE, crate::hmac::sign(secret.as_bytes(), "v1", now, &body));
+            post = post.header(TIMESTAMP, now.to_string()).header(
+                SIGNATURE,
+                crate::hmac::sign(secret.as_bytes(), "v1", now, &body),
+            );
         }
-        if let Err(e) = post.body(body).send().await.and_then(|r| r.error_for_status()) {
+        if let Err(e) = post
+            .body(body)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+        {
             // The URL may carry a token: name only its host.
             let host = reqwest::Url::parse(&self.url)
                 .ok()

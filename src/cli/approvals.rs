@@ -32,7 +32,12 @@ pub(super) async fn approvals(
         .map_err(Failed::usage)?
         .trim()
         .to_string();
-    let client = reqwest::Client::new();
+    // The daemon says a decision came "via CLI" (a label for people: the
+    // token says who).
+    let client = reqwest::Client::builder()
+        .user_agent(crate::http::CLI_USER_AGENT)
+        .build()
+        .map_err(|e| Failed::usage(crate::error_chain(&e)))?;
     let call = |method: reqwest::Method, path: String, body: Option<Value>| {
         let mut req = client
             .request(method, format!("{base}{path}"))

@@ -72,7 +72,10 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
             ),
         );
     }
-    if let (Some(secret), None) = (&settings.approval_webhook_secret_file, &settings.approval_webhook) {
+    if let (Some(secret), None) = (
+        &settings.approval_webhook_secret_file,
+        &settings.approval_webhook,
+    ) {
         diags.at(
             &settings_file,
             secret.referenced,
@@ -513,7 +516,11 @@ fn slack(
         }
     };
     if s.channel.value.trim().is_empty() {
-        diags.at(file, at, "chat.slack.channel is empty: name the channel's id (C0123ABCD)");
+        diags.at(
+            file,
+            at,
+            "chat.slack.channel is empty: name the channel's id (C0123ABCD)",
+        );
     }
     Some(super::SlackSettings {
         signing_secret_file: dir.join(&s.signing_secret_file.value),

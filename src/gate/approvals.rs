@@ -29,6 +29,22 @@ pub(crate) struct Decided {
     pub(crate) by: String,
     /// What they wrote.
     pub(crate) comment: String,
+    /// The door it came through: `API`, `CLI` or `Slack`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) via: String,
+}
+
+/// A person's decision as it is asked for: who (authorized by
+/// [`crate::access`]), through which door, on which digest.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decision<'a> {
+    pub(crate) by: &'a str,
+    /// `API`, `CLI` or `Slack`.
+    pub(crate) via: &'a str,
+    /// The digest the person was shown.
+    pub(crate) digest: &'a str,
+    pub(crate) approve: bool,
+    pub(crate) comment: &'a str,
 }
 
 /// Where a request stands. Everything but `Pending` is final. As the API
@@ -267,15 +283,7 @@ impl Approvals {
 
     /// Approve or deny, as `by` (an authorized approver). Exactly one
     /// decision counts.
-    pub(crate) fn decide(
-        &self,
-        id: &str,
-        by: &str,
-        digest: &str,
-        approve: bool,
-        comment: &str,
-    ) -> Result<Request, DecisionError> {
-        let who = by.to_string();
+    pub(crate) fn decide(&self, id: &str, d: &Decision) -> Result<Request, DecisionError> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let e = entries
             .get_mut(id)
@@ -296,14 +304,15 @@ impl Approvals {
             let _ = e.tx.send(State::Expired);
             return Err(DecisionError::Expired(id.to_string()));
         }
-        if !crate::same_secret(e.request.digest.as_bytes(), digest.as_bytes()) {
+        if !crate::same_secret(e.request.digest.as_bytes(), d.digest.as_bytes()) {
             return Err(DecisionError::StaleDigest);
         }
         let decided = Decided {
-            by: who,
-            comment: clean_comment(comment),
+            by: d.by.to_string(),
+            comment: clean_comment(d.comment),
+            via: d.via.to_string(),
         };
-        e.request.state = if approve {
+        e.request.state = if d.approve {
             State::Approved(decided)
         } else {
             State::Denied(decided)
@@ -447,14 +456,25 @@ impl Approvals {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    fn decision<'a>(by: &'a str, digest: &'a str, approve: bool, comment: &'a str) -> Decision<'a> {
+        Decision {
+            by,
+            via: "API",
+            digest,
+            approve,
+            comment,
+        }
+    }
 
     fn approvals() -> ((), Approvals) {
         ((), Approvals::new(Duration::from_secs(300)))
     }
 
-    fn request(id: &str) -> Request {
+    /// A pending request of runbook `rb` on host `web`.
+    pub(crate) fn request(id: &str) -> Request {
         let args = json!({"unit": "nginx.service"});
         Request {
             id: id.into(),
@@ -478,71 +498,6 @@ mod tests {
         }
     }
 
-    /// A chat bridge that answers a `pending` message slowly still hears
-    /// the same request's `withdrawn` after it, never before; another
-    /// request's message does not wait for it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_requests_messages_reach_the_webhook_in_the_order_sent() {
-        use std::io::{BufRead, Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/chat", listener.local_addr().unwrap());
-        let heard: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
-        let log = heard.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().take(3) {
-                let log = log.clone();
-                std::thread::spawn(move || {
-                    let mut stream = stream.unwrap();
-                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-                    let mut len = 0;
-                    loop {
-                        let mut line = String::new();
-                        reader.read_line(&mut line).unwrap();
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap();
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let mut body = vec![0; len];
-                    reader.read_exact(&mut body).unwrap();
-                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                    if v["state"] == "pending" && v["id"] == "slow" {
-                        std::thread::sleep(Duration::from_millis(400));
-                    }
-                    log.lock().unwrap().push(format!(
-                        "{} {}",
-                        v["id"].as_str().unwrap(),
-                        v["state"].as_str().unwrap()
-                    ));
-                    stream
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                        .unwrap();
-                });
-            }
-        });
-        let (_d, a) = approvals();
-        a.notify(url.clone(), request("slow"));
-        let mut withdrawn = request("slow");
-        withdrawn.state = State::Withdrawn {
-            why: "resolved".into(),
-        };
-        a.notify(url.clone(), withdrawn);
-        a.notify(url, request("other"));
-        let started = std::time::Instant::now();
-        while heard.lock().unwrap().len() < 3 {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{:?}",
-                heard.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let heard = heard.lock().unwrap().clone();
-        assert_eq!(heard, ["other pending", "slow pending", "slow withdrawn"]);
-    }
-
     #[test]
     fn one_decision_with_the_right_digest() {
         let (_d, a) = approvals();
@@ -558,15 +513,19 @@ mod tests {
             "stuck",
         );
         assert_eq!(
-            a.decide("x", "alice", &other, true, "").unwrap_err(),
+            a.decide("x", &decision("alice", &other, true, ""))
+                .unwrap_err(),
             DecisionError::StaleDigest
         );
-        let r = a.decide("x", "alice", &d, true, "ok by me").unwrap();
+        let r = a
+            .decide("x", &decision("alice", &d, true, "ok by me"))
+            .unwrap();
         assert_eq!(
             r.state,
             State::Approved(Decided {
                 by: "alice".into(),
-                comment: "ok by me".into()
+                comment: "ok by me".into(),
+                via: "API".into()
             })
         );
         // As the API shows it: the decision beside `state`.
@@ -578,7 +537,7 @@ mod tests {
         assert!(rx.has_changed().unwrap());
         assert_eq!(*rx.borrow_and_update(), r.state);
         assert_eq!(
-            a.decide("x", "bob", &d, false, "").unwrap_err(),
+            a.decide("x", &decision("bob", &d, false, "")).unwrap_err(),
             DecisionError::AlreadyDecided("x".into())
         );
         assert!(!a.close("x", State::Expired), "a decision is final");
@@ -611,7 +570,7 @@ mod tests {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(120)).await;
             decider
-                .decide("x", "bob", &digest, false, "not now")
+                .decide("x", &decision("bob", &digest, false, "not now"))
                 .unwrap();
         });
         let resolution = a.wait("x", rx, || None).await;
@@ -619,7 +578,8 @@ mod tests {
             resolution,
             Resolution::Denied(Decided {
                 by: "bob".into(),
-                comment: "not now".into()
+                comment: "not now".into(),
+                via: "API".into()
             })
         );
     }
@@ -647,7 +607,10 @@ mod tests {
             );
             // Decided after the end: refused.
             let digest = a.get("x").unwrap().digest;
-            assert!(a.decide("x", "alice", &digest, true, "").is_err());
+            assert!(
+                a.decide("x", &decision("alice", &digest, true, ""))
+                    .is_err()
+            );
         }
     }
 }

@@ -12,11 +12,11 @@ use serde_json::json;
 
 use super::{AppState, allow_unless, no, problem};
 use crate::access::{Caller, Scope};
-use crate::gate::approvals::{Approvals, DecisionError, Request};
+use crate::gate::approvals::{Approvals, Decision, DecisionError, Request};
 
 /// The approvals store, or why there is none, for a caller that is a
 /// principal (the webhook token and loopback never decide).
-fn store<'a>(s: &'a AppState, caller: &Caller) -> Result<&'a Approvals, Box<Response>> {
+pub(super) fn store<'a>(s: &'a AppState, caller: &Caller) -> Result<&'a Approvals, Box<Response>> {
     let Some(approvals) = s.scheduler.approvals.as_deref() else {
         return Err(no(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -109,6 +109,7 @@ pub(super) async fn decide(
     State(s): State<AppState>,
     axum::Extension(caller): axum::Extension<Caller>,
     Path((id, decision)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
     let here = match store(&s, &caller) {
@@ -156,26 +157,31 @@ pub(super) async fn decide(
         Some(2),
         &what,
         veto,
+        "api",
     );
     if let Err(refused) = allowed {
         return *refused;
     }
-    let decided = match s
-        .scheduler
-        .state()
-        .decide_approval(
-            here,
-            &id,
-            caller.name(),
-            &body.digest,
-            approve,
-            &body.comment,
-        )
-        .await
-    {
+    let cli = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| ua == super::CLI_USER_AGENT);
+    let d = Decision {
+        by: caller.name(),
+        via: if cli { "CLI" } else { "API" },
+        digest: &body.digest,
+        approve,
+        comment: &body.comment,
+    };
+    let decided = match s.scheduler.state().decide_approval(here, &id, &d).await {
         Ok(decided) => decided,
         Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    answer(decided)
+}
+
+/// A decision's answer: the request as it now stands, or why not.
+pub(super) fn answer(decided: Result<Request, DecisionError>) -> Response {
     match decided {
         Ok(r) => axum::Json(r).into_response(),
         Err(e @ DecisionError::OwnRun(_)) => problem(StatusCode::FORBIDDEN, e.to_string()),
@@ -198,7 +204,7 @@ fn bad_body(e: serde_json::Error) -> Response {
 
 /// A runbook with `four_eyes: true`: whoever started the run does not
 /// decide its calls.
-fn own_run(s: &AppState, caller: &Caller, r: &Request) -> Option<String> {
+pub(super) fn own_run(s: &AppState, caller: &Caller, r: &Request) -> Option<String> {
     let config = s.config.borrow().clone();
     let four_eyes = config
         .runbooks

@@ -110,14 +110,7 @@ pub(super) async fn engage(
         return *refused;
     }
     let by = engaged_by(&caller);
-    let config = s.config.borrow().clone();
-    let ks = s.scheduler.killswitch(&config);
-    match s
-        .scheduler
-        .state()
-        .engage_switch(&ks, runbook, &by, &b.reason, for_)
-        .await
-    {
+    match engage_now(&s, &caller, runbook, &b.reason, for_).await {
         Ok(done) => axum::Json(json!({
             "engaged": true,
             "scope": done.scope,
@@ -127,15 +120,37 @@ pub(super) async fn engage(
             "warning": done.warning,
         }))
         .into_response(),
-        // Nothing was engaged: say so loudly, and how else to stop.
+        // Nothing was engaged: say so loudly.
         Err(e) => problem(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the kill switch was NOT engaged: {e}; stop runs another way (`runwarden kill-switch engage` on the host, or `touch {}/ENGAGED`)",
-                ks.dir().display()
-            ),
+            format!("the kill switch was NOT engaged: {e}"),
         ),
     }
+}
+
+/// Engage the switch of `runbook` (`None`: every runbook) as `caller`,
+/// once [`allow`] said it may: what was engaged, or why nothing was and
+/// how else to stop runs.
+pub(super) async fn engage_now(
+    s: &AppState,
+    caller: &Caller,
+    runbook: Option<&str>,
+    reason: &str,
+    for_: Option<std::time::Duration>,
+) -> Result<crate::gate::killswitch::Switched, String> {
+    let by = engaged_by(caller);
+    let config = s.config.borrow().clone();
+    let ks = s.scheduler.killswitch(&config);
+    s.scheduler
+        .state()
+        .engage_switch(&ks, runbook, &by, reason, for_)
+        .await
+        .map_err(|e| {
+            format!(
+                "{e}; stop runs another way (`runwarden kill-switch engage` on the host, or `touch {}/ENGAGED`)",
+                ks.dir().display()
+            )
+        })
 }
 
 /// `DELETE /api/v1/kill-switch[?runbook=NAME]`: releases that switch
@@ -215,9 +230,12 @@ pub(super) async fn status(
 }
 
 /// Who engaged a switch, as its file and row say: the principal, and
-/// which of its tokens.
+/// which of its tokens (or its chat identity).
 fn engaged_by(caller: &Caller) -> String {
-    format!("{} (token {})", caller.name(), caller.token_id)
+    match caller.token_id.starts_with("slack:") {
+        true => format!("{} ({})", caller.name(), caller.token_id),
+        false => format!("{} (token {})", caller.name(), caller.token_id),
+    }
 }
 
 /// Switches as the API lists them: the global one first.

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 mod approvals;
+mod chat;
 mod killswitch;
 mod rollouts;
 
@@ -185,6 +186,7 @@ pub(crate) fn router(state: AppState) -> Router {
                 .post(killswitch::engage)
                 .delete(killswitch::release),
         )
+        .route("/api/v1/chat/slack", post(chat::slack))
         .route("/mcp", axum::routing::any(mcp))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(guarded, guard))
@@ -407,7 +409,8 @@ async fn guard(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !req.uri().path().starts_with("/api/") {
+    // Slack signs what it sends instead: checked by the route itself.
+    if !req.uri().path().starts_with("/api/") || req.uri().path() == "/api/v1/chat/slack" {
         return next.run(req).await;
     }
     if let Some(refused) = ambiguous_authority(&req) {
@@ -443,6 +446,9 @@ async fn guard(
     req.extensions_mut().insert(caller);
     next.run(req).await
 }
+
+/// The runwarden CLI's `User-Agent`: a decision it sends is shown "via CLI".
+pub(crate) const CLI_USER_AGENT: &str = concat!("runwarden-cli/", env!("CARGO_PKG_VERSION"));
 
 /// How a request without a token is known: to loopback, on a daemon
 /// with no webhook token.
@@ -574,11 +580,13 @@ pub(crate) fn allow(
     tier: Option<u8>,
     what: &str,
 ) -> Result<(), Box<Response>> {
-    allow_unless(s, caller, scope, runbook, tier, what, None)
+    allow_unless(s, caller, scope, runbook, tier, what, None, "api")
 }
 
 /// [`allow`], refused for `veto` too (a rule of the runbook's, such as
-/// four eyes) when the scope alone allows it: one decision, one line.
+/// four eyes) when the scope alone allows it: one decision, one line,
+/// which names the door it came through (`via`: `api`, `slack`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn allow_unless(
     s: &AppState,
     caller: &Caller,
@@ -587,6 +595,7 @@ pub(crate) fn allow_unless(
     tier: Option<u8>,
     what: &str,
     veto: Option<String>,
+    via: &'static str,
 ) -> Result<(), Box<Response>> {
     let decided =
         crate::access::authorize(caller, scope, runbook, tier).and_then(|()| match veto {
@@ -603,7 +612,7 @@ pub(crate) fn allow_unless(
             scope,
             runbook,
             what,
-            via: "api",
+            via,
             refused: decided.as_ref().err().map(|r| r.why.clone()),
         };
         if let Err(e) = s.audit.access(&line) {

@@ -172,14 +172,18 @@ impl RunLoop<'_> {
     ) -> Result<Permit, Denial> {
         let deny = |reason, detail: String| Err(denial(&hold, reason, detail));
         match resolution {
-            Resolution::Approved(Decided { by, comment }) => {
+            Resolution::Approved(Decided { by, comment, via }) => {
+                let via = match via.is_empty() {
+                    true => String::new(),
+                    false => format!(" via {via}"),
+                };
                 r.detail = Some(match comment.is_empty() {
-                    true => format!("approved by {by}"),
-                    false => format!("approved by {by}: {comment}"),
+                    true => format!("approved by {by}{via}"),
+                    false => format!("approved by {by}{via}: {comment}"),
                 });
                 s.gate.approved(hold, by)
             }
-            Resolution::Denied(Decided { by, comment }) => deny(
+            Resolution::Denied(Decided { by, comment, .. }) => deny(
                 DenyReason::ApprovalDenied,
                 format!("{by} denied approval {id}: {comment}"),
             ),

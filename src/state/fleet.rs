@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
-    Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings, SharedState,
+    Admitted, ApprovalState, Approvals, Ask, Decided, Decision, DecisionError, DemoteAfter,
+    Demotion, Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings,
+    SharedState,
 };
 use crate::rules::admission::{self as rules, DUPLICATE_WINDOW, Holder};
 use crate::rules::{TriggerResult, kill_switch};
@@ -212,16 +213,15 @@ impl SharedState for Fleet {
         &'a self,
         _: &'a Approvals,
         id: &'a str,
-        by: &'a str,
-        digest: &'a str,
-        approve: bool,
-        comment: &'a str,
+        d: &'a Decision<'a>,
     ) -> Pending<'a, Result<Request, DecisionError>> {
         Box::pin(async move {
-            let comment = crate::gate::approvals::clean_comment(comment);
-            self.store
-                .decide_approval(id, digest, approve, by, &comment)
-                .await
+            let comment = crate::gate::approvals::clean_comment(d.comment);
+            let d = Decision {
+                comment: &comment,
+                ..*d
+            };
+            self.store.decide_approval(id, &d).await
         })
     }
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Admitted, ApprovalState, Approvals, Ask, Decided, DecisionError, DemoteAfter, Demotion,
-    Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings, SharedState,
+    Admitted, ApprovalState, Approvals, Ask, Decided, Decision, DecisionError, DemoteAfter,
+    Demotion, Demotions, Failure, KillSwitch, Pending, PromoteRefused, Request, Settings,
+    SharedState,
 };
 use crate::audit::follow::{Others, Seen};
 use crate::config::MaxRuns;
@@ -376,12 +377,9 @@ impl SharedState for Local {
         &'a self,
         here: &'a Approvals,
         id: &'a str,
-        by: &'a str,
-        digest: &'a str,
-        approve: bool,
-        comment: &'a str,
+        d: &'a Decision<'a>,
     ) -> Pending<'a, Result<Request, DecisionError>> {
-        let decided = here.decide(id, by, digest, approve, comment);
+        let decided = here.decide(id, d);
         Box::pin(async move { Ok(decided) })
     }
 

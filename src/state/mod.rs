@@ -38,7 +38,7 @@ pub(crate) use local::{Local, Slot};
 use std::path::Path;
 
 use crate::config::{DemoteAfter, Settings};
-use crate::gate::approvals::{Approvals, DecisionError, Request, State as ApprovalState};
+use crate::gate::approvals::{Approvals, Decision, DecisionError, Request, State as ApprovalState};
 use crate::gate::demotion::{Demotion, Failure, PromoteRefused};
 use crate::gate::{Demotions, KillSwitch};
 use crate::store::{Lease, StoreError};
@@ -207,10 +207,7 @@ pub(crate) trait SharedState: Send + Sync {
         &'a self,
         here: &'a Approvals,
         id: &'a str,
-        by: &'a str,
-        digest: &'a str,
-        approve: bool,
-        comment: &'a str,
+        d: &'a Decision<'a>,
     ) -> Pending<'a, Result<Request, DecisionError>>;
 
     /// The fleet's runs, newest first (`GET /api/v1/fleet/runs`); `None`

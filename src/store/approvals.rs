@@ -2,7 +2,7 @@
 //! run waits, decided through any replica, read back by the first.
 
 use super::{Postgres, StoreError};
-use crate::gate::approvals::{DecisionError, Request, State};
+use crate::gate::approvals::{Decision, DecisionError, Request, State};
 
 impl Postgres {
     /// Share a request this replica's run waits on.
@@ -36,17 +36,14 @@ impl Postgres {
     pub(crate) async fn decide_approval(
         &self,
         id: &str,
-        digest: &str,
-        approve: bool,
-        by: &str,
-        comment: &str,
+        d: &Decision<'_>,
     ) -> Result<Result<Request, DecisionError>, StoreError> {
         let (outcome, request): (String, Option<String>) = self
             .with("recording the decision", |c| async move {
                 let row = c
                     .query_one(
-                        "SELECT outcome, request::text FROM runwarden_decide($1, $2, $3, $4, $5)",
-                        &[&id, &digest, &approve, &by, &comment],
+                        "SELECT outcome, request::text FROM runwarden_decide($1, $2, $3, $4, $5, $6)",
+                        &[&id, &d.digest, &d.approve, &d.by, &d.comment, &d.via],
                     )
                     .await?;
                 Ok((row.get(0), row.get(1)))

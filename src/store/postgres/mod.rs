@@ -74,6 +74,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../../migrations/0012_rules_in_rust.sql"),
     ),
     (13, include_str!("../../../migrations/0013_rollouts.sql")),
+    (14, include_str!("../../../migrations/0014_decided_via.sql")),
 ];
 
 /// The notification channel of the fleet's kill switch.
