@@ -6,6 +6,7 @@
 
 mod adversarial;
 mod approvals;
+mod chat;
 mod cli;
 mod daemon;
 mod declared;
