@@ -19,6 +19,7 @@ use crate::util::*;
 pub(crate) mod pg;
 use pg::{PG_PASSWORD, Pg};
 
+mod chat;
 mod demotion;
 mod killswitch;
 mod mcp;
