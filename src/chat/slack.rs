@@ -9,7 +9,7 @@
 //! shown as the untrusted text it is; the budget left; the digest; when it
 //! expires. The bot token is read at each call and never logged.
 //!
-//! Incoming (`POST /api/v1/chat/slack`, see [`crate::http`]): Slack's `v0`
+//! Incoming (`POST /api/v1/chat/slack`, served in `src/http/chat.rs`): Slack's `v0`
 //! signature of `v0:TIMESTAMP:BODY` under the app's signing secret (the
 //! file's first line, and a second during a rotation), checked before
 //! anything is parsed. A click or command is then only a claim by a

@@ -29,6 +29,7 @@ mod diag;
 pub(crate) mod host;
 pub mod matchers;
 pub(crate) mod model;
+mod peers;
 mod raw;
 mod read;
 pub(crate) mod runbook;

@@ -7,10 +7,10 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 
 use super::diag::Diagnostics;
+use super::peers;
 use super::read::{parse, read_file};
 use super::{
-    AuditHead, ConfigError, DEFAULT_LISTEN, PostgresSettings, Rotation, Settings, duration, model,
-    raw, runbook,
+    AuditHead, ConfigError, DEFAULT_LISTEN, Rotation, Settings, duration, model, raw, runbook,
 };
 use crate::host::safe_name;
 
@@ -90,8 +90,8 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
         .fleet_budget
         .as_ref()
         .and_then(|f| runbook::fleet_budget(f, &settings_file, diags));
-    let postgres = postgres(&settings, dir, &settings_file, diags);
-    let slack = slack(&settings, dir, &settings_file, diags);
+    let postgres = peers::postgres(&settings, dir, &settings_file, diags);
+    let slack = peers::slack(&settings, dir, &settings_file, diags);
     let replica = replica(&settings, &settings_file, diags);
     let mcp_idle_timeout = settings
         .mcp_idle_timeout
@@ -102,7 +102,7 @@ pub(super) fn load_settings(dir: &Path, diags: &mut Diagnostics) -> Settings {
     let prometheus = settings
         .prometheus
         .as_ref()
-        .and_then(|p| prometheus(p, dir, &settings_file, diags));
+        .and_then(|p| peers::prometheus(p, dir, &settings_file, diags));
     let settings = Settings {
         slack,
         prometheus,
@@ -213,38 +213,6 @@ fn mcp_limits(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) ->
         handshake_timeout,
         allowed_hosts,
     }
-}
-
-/// `prometheus:`: an http(s) URL, a token file beside the config, a timeout.
-fn prometheus(
-    raw: &raw::Prometheus,
-    dir: &Path,
-    file: &Path,
-    diags: &mut Diagnostics,
-) -> Option<crate::prometheus::Endpoint> {
-    let url = match reqwest::Url::parse(&raw.url.value) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") => url,
-        _ => {
-            diags.at(
-                file,
-                raw.url.referenced,
-                format!(
-                    "prometheus.url \"{}\" is not an http(s) URL; write e.g. http://127.0.0.1:9090",
-                    raw.url.value
-                ),
-            );
-            return None;
-        }
-    };
-    let timeout = match &raw.timeout {
-        Some(t) => duration(t, "prometheus.timeout", file, diags)?,
-        None => Duration::from_secs(10),
-    };
-    Some(crate::prometheus::Endpoint {
-        url,
-        bearer_token_file: raw.bearer_token_file.as_ref().map(|f| dir.join(&f.value)),
-        timeout,
-    })
 }
 
 impl Settings {
@@ -461,73 +429,6 @@ fn timezone(settings: &raw::Settings, file: &Path, diags: &mut Diagnostics) -> j
             }
             jiff::tz::TimeZone::UTC
         })
-}
-
-/// `state.postgres:`, the shared state, if the settings name one.
-fn postgres(
-    settings: &raw::Settings,
-    dir: &Path,
-    file: &Path,
-    diags: &mut Diagnostics,
-) -> Option<PostgresSettings> {
-    settings
-        .state
-        .as_ref()
-        .and_then(|s| s.postgres.as_ref())
-        .map(|pg| PostgresSettings {
-            url_file: dir.join(&pg.url_file.value),
-            ca_file: pg.ca_file.as_ref().map(|f| dir.join(&f.value)),
-            lease: pg
-                .lease
-                .as_ref()
-                .and_then(|l| duration(l, "state.postgres.lease", file, diags))
-                .filter(|l| {
-                    let ok = (Duration::from_secs(3)..=Duration::from_secs(600)).contains(l);
-                    if !ok && let Some(at) = &pg.lease {
-                        diags.at(file, at.referenced, "state.postgres.lease must be between 3s and 10m: a shorter one expires between two renewals, a longer one keeps a dead replica's runs for that long");
-                    }
-                    ok
-                })
-                .unwrap_or(Duration::from_secs(15)),
-        })
-}
-
-/// `chat.slack:`: its files resolved, its URL an http(s) one.
-fn slack(
-    settings: &raw::Settings,
-    dir: &Path,
-    file: &Path,
-    diags: &mut Diagnostics,
-) -> Option<super::SlackSettings> {
-    let s = settings.chat.as_ref()?.slack.as_ref()?;
-    let at = s.referenced;
-    let s = &s.value;
-    let api_url = match &s.api_url {
-        None => "https://slack.com/api".to_string(),
-        Some(u) => {
-            if !reqwest::Url::parse(&u.value).is_ok_and(|url| url.scheme().starts_with("http")) {
-                diags.at(
-                    file,
-                    u.referenced,
-                    format!("chat.slack.api_url \"{}\" is not an http(s) URL", u.value),
-                );
-            }
-            u.value.trim_end_matches('/').to_string()
-        }
-    };
-    if s.channel.value.trim().is_empty() {
-        diags.at(
-            file,
-            at,
-            "chat.slack.channel is empty: name the channel's id (C0123ABCD)",
-        );
-    }
-    Some(super::SlackSettings {
-        signing_secret_file: dir.join(&s.signing_secret_file.value),
-        bot_token_file: dir.join(&s.bot_token_file.value),
-        channel: s.channel.value.clone(),
-        api_url,
-    })
 }
 
 /// `replica:`, this daemon's name among the replicas (the host name,
