@@ -36,6 +36,9 @@ const UPDATED: &str = r#"{"ok": true, "channel": "C123ABC456", "ts": "1401383885
 pub struct Heard {
     pub path: String,
     pub authorization: String,
+    /// Every header, its name lowercased.
+    pub headers: Vec<(String, String)>,
+    pub raw: Vec<u8>,
     pub body: Value,
 }
 
@@ -63,8 +66,12 @@ impl SlackDouble {
                     }
                     let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
                     let (mut length, mut authorization) = (0, String::new());
+                    let mut headers = Vec::new();
                     let mut line = String::new();
                     while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                        if let Some((k, v)) = line.split_once(':') {
+                            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                        }
                         let lower = line.to_ascii_lowercase();
                         if let Some(v) = lower.strip_prefix("content-length:") {
                             length = v.trim().parse().unwrap_or(0);
@@ -76,6 +83,7 @@ impl SlackDouble {
                     }
                     let mut body = vec![0; length];
                     let _ = reader.read_exact(&mut body);
+                    let raw = body.clone();
                     let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
                     let answer = match path.as_str() {
                         "/api/chat.postMessage" => POSTED,
@@ -85,6 +93,8 @@ impl SlackDouble {
                     log.lock().unwrap().push(Heard {
                         path,
                         authorization,
+                        headers,
+                        raw,
                         body,
                     });
                     let _ = (&conn).write_all(
@@ -724,4 +734,88 @@ fn slack_down_changes_no_decision() {
     );
     assert_eq!(status, 200, "{answer}");
     assert_eq!(d.settled_runs()[0]["status"], "ok");
+}
+
+/// The approval webhook, signed: each POST carries a timestamp and a `v1`
+/// signature a bridge verifies with the shared secret, and links to the
+/// API that still need a principal's token; it is told when a request
+/// opens and when it is settled, by whom and how.
+#[test]
+fn the_approval_webhook_is_signed_and_told_how_a_request_ended() {
+    let slack = SlackDouble::start();
+    let e = estate(&slack);
+    write_secret(&e.path().join("hook-secret"), "bridge-secret-0123456789\n");
+    let settings = e.path().join("runwarden.yaml");
+    let text = std::fs::read_to_string(&settings).unwrap();
+    std::fs::write(
+        &settings,
+        format!(
+            "{text}approval_webhook: {}/hook\napproval_webhook_secret_file: hook-secret\nexternal_url: https://runwarden.example\n",
+            slack.base
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(&e);
+    let r = start(&d);
+    let id = r["id"].as_str().unwrap().to_string();
+    let opened = slack.wait("/hook", 1);
+    let verify = |h: &Heard| {
+        let header = |name: &str| {
+            h.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {name}: {:?}", h.headers))
+        };
+        let ts = header("x-runwarden-timestamp");
+        assert!((now() - ts.parse::<i64>().unwrap()).abs() < 30, "{ts}");
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"bridge-secret-0123456789");
+        let mut message = format!("v1:{ts}:").into_bytes();
+        message.extend_from_slice(&h.raw);
+        let sig = header("x-runwarden-signature");
+        let hex = sig.strip_prefix("v1=").unwrap_or_else(|| panic!("{sig}"));
+        let tag: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        ring::hmac::verify(&key, &message, &tag).expect("signed with the shared secret");
+        // One byte changed no longer verifies.
+        let mut other = message.clone();
+        *other.last_mut().unwrap() ^= 1;
+        assert!(ring::hmac::verify(&key, &other, &tag).is_err());
+    };
+    verify(&opened[0]);
+    let body = &opened[0].body;
+    assert_eq!(body["event"], "opened", "{body:#}");
+    assert_eq!(body["state"], "pending");
+    assert_eq!(body["id"], id.as_str());
+    assert_eq!(
+        body["links"]["approve"],
+        format!("https://runwarden.example/api/v1/approvals/{id}/approve")
+    );
+    assert!(body["budget_left"]["steps"].is_number(), "{body:#}");
+    // A link is the API's: without a principal's token it approves nothing.
+    let (status, _) = d.request(
+        "POST",
+        &format!("/api/v1/approvals/{id}/approve"),
+        &[("Content-Type", "application/json")],
+        json!({ "digest": r["digest"] }).to_string().as_bytes(),
+    );
+    assert_eq!(status, 401);
+    let (status, _) = send(&d, &click(&slack, "UCAROL", "runwarden_deny", &value(&r)));
+    assert_eq!(status, 200);
+    let settled = slack.wait("/hook", 2);
+    verify(&settled[1]);
+    let body = &settled[1].body;
+    assert_eq!(
+        (&body["event"], &body["state"], &body["by"], &body["via"]),
+        (
+            &json!("settled"),
+            &json!("denied"),
+            &json!("carol"),
+            &json!("Slack")
+        ),
+        "{body:#}"
+    );
+    assert_eq!(d.settled_runs()[0]["status"], "denied");
 }
