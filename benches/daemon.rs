@@ -25,6 +25,13 @@
 //!    last verdict, and the rollout's ratio with the waits it asks for
 //!    (its canary alone, and each wave's last run) taken out
 //!    (`RUNWARDEN_BENCH_ONLY=rollout` for this part alone).
+//! 8. what deciding who may ask costs a request, against a bare `/healthz`
+//!    200 from the same daemon on the same kept-alive connection, rounds
+//!    interleaved: a principal's token and `authorize()` (`GET
+//!    /api/v1/approvals`), and Slack's signature check (a signed
+//!    `/runwarden help` to `/api/v1/chat/slack`: secret file read, HMAC,
+//!    parse); p50 and p99 of each and their ratios
+//!    (`RUNWARDEN_BENCH_ONLY=chat` for this part alone).
 //!
 //! Figures only; nothing here asserts a time.
 
@@ -59,6 +66,10 @@ fn main() {
     }
     if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("group") {
         one_group();
+        return;
+    }
+    if std::env::var("RUNWARDEN_BENCH_ONLY").as_deref() == Ok("chat") {
+        who_may_ask();
         return;
     }
     let dir = tempfile::Builder::new()
@@ -257,6 +268,147 @@ fn main() {
 
 /// Part 6: one notification, all its alerts for one (runbook, host), a
 /// fresh host each time, so each starts one run and deduplicates the rest.
+/// One request on a kept-alive connection: its time, after checking the
+/// answer is `status`.
+fn kept_alive(c: &mut std::io::BufReader<TcpStream>, request: &[u8], status: &str) -> Duration {
+    use std::io::{BufRead, Read};
+    let t = Instant::now();
+    c.get_mut().write_all(request).unwrap();
+    let mut line = String::new();
+    c.read_line(&mut line).unwrap();
+    assert!(line.starts_with(status), "{line}");
+    let mut length = 0;
+    loop {
+        line.clear();
+        c.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    c.read_exact(&mut body).unwrap();
+    t.elapsed()
+}
+
+fn who_may_ask() {
+    use sha2::Digest;
+    let dir = tempfile::Builder::new()
+        .prefix("rw-bench-chat-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = dir.path();
+    let secret = |rel: &str, text: &str| {
+        write(root, rel, text);
+        std::fs::set_permissions(
+            root.join(rel),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+    };
+    let token = "bench-token-0123456789abcdef";
+    let sha: String = sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    write(root, "kill-switch/README", "");
+    secret(
+        "principals.yaml",
+        &format!(
+            "principals:\n  carol:\n    tokens: [{{ id: carol-1, sha256: {sha} }}]\n    chat: [\"slack:T0BENCH/UCAROL\"]\n    scopes:\n      approve: {{}}\n"
+        ),
+    );
+    secret("slack-signing", "8f742231b10e8888abcd99yyyzzz85a5\n");
+    secret("slack-bot", "xoxb-bench-0123456789abcdef\n");
+    write(
+        root,
+        "runwarden.yaml",
+        "principals_file: principals.yaml\nchat:\n  slack:\n    signing_secret_file: slack-signing\n    bot_token_file: slack-bot\n    channel: C0BENCH\n    api_url: http://127.0.0.1:9/api\n",
+    );
+    write(
+        root,
+        "hosts/h.yaml",
+        "name: h\nconnection: local\npaths: [/tmp]\n",
+    );
+    write(
+        root,
+        "runbooks/l2.yaml",
+        "name: l2\ndescription: b\nhosts: [h]\nautonomy: L2\ntools: { observe: [disk_usage] }\nsteps:\n  - call: disk_usage\n    args: { path: /tmp }\n",
+    );
+    let d = start_quiet(root);
+    std::thread::sleep(Duration::from_millis(300));
+    let connect = || {
+        let c = TcpStream::connect(&d.addr).unwrap();
+        c.set_nodelay(true).unwrap();
+        std::io::BufReader::new(c)
+    };
+    let (mut bare, mut api, mut slack) = (connect(), connect(), connect());
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_vec();
+    let approvals = format!(
+        "GET /api/v1/approvals HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .into_bytes();
+    // Slack's documented slash command form, its command ours.
+    let form = "token=gIkuvaNzQIHg97ATvDxqgjtO&team_id=T0BENCH&team_domain=example&channel_id=C0BENCH&channel_name=oncall&user_id=UCAROL&user_name=carol&command=%2Frunwarden&text=help&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1234%2F5678&trigger_id=13345224609.738474920.8088930838d88f008e0&api_app_id=A123456";
+    let signed = |at: i64| {
+        let key =
+            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"8f742231b10e8888abcd99yyyzzz85a5");
+        let tag = ring::hmac::sign(&key, format!("v0:{at}:{form}").as_bytes());
+        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "POST /api/v1/chat/slack HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nX-Slack-Request-Timestamp: {at}\r\nX-Slack-Signature: v0={hex}\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        )
+        .into_bytes()
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let rounds: usize = std::env::var("CHAT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let (mut b, mut a, mut s) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds + 200 {
+        let slack_request = signed(now());
+        let took = (
+            kept_alive(&mut bare, &healthz, "HTTP/1.1 200"),
+            kept_alive(&mut api, &approvals, "HTTP/1.1 200"),
+            kept_alive(&mut slack, &slack_request, "HTTP/1.1 200"),
+        );
+        // The first 200 warm the connections and caches.
+        if i >= 200 {
+            b.push(took.0);
+            a.push(took.1);
+            s.push(took.2);
+        }
+    }
+    for v in [&mut b, &mut a, &mut s] {
+        v.sort();
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!("who may ask, {rounds} interleaved rounds on kept-alive connections:");
+    for (name, v) in [
+        ("bare /healthz 200", &b),
+        ("token + authorize()", &a),
+        ("Slack signature", &s),
+    ] {
+        println!(
+            "  {name:<22}: p50 {:>7.1} µs, p99 {:>7.1} µs; ratio to bare p50 {:.2}, p99 {:.2}",
+            us(percentile(v, 0.5)),
+            us(percentile(v, 0.99)),
+            percentile(v, 0.5).as_secs_f64() / percentile(&b, 0.5).as_secs_f64(),
+            percentile(v, 0.99).as_secs_f64() / percentile(&b, 0.99).as_secs_f64(),
+        );
+    }
+    println!("  (target: signature check + authorize() at most 1.1x the bare answer at p50)");
+}
+
 fn one_group() {
     let dir = tempfile::Builder::new()
         .prefix("rw-bench-group-")

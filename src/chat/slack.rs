@@ -316,9 +316,46 @@ pub(crate) fn reply(response_url: Option<String>, text: String) {
     });
 }
 
+/// Which version of a file: its inode, size, and when its content and its
+/// mode or owner last changed (a chmod is seen too).
+type Version = (u64, u64, Option<std::time::SystemTime>, i64, i64);
+
+/// The signing secrets read last: from which file, which version of it.
+type Cached = (std::path::PathBuf, Version, Vec<String>);
+
 /// The signing secrets: the file's first line, and a second (the one
-/// before) during a rotation.
+/// before) during a rotation. The file is read again whenever it changed
+/// (a rotation needs no reload); a burst of clicks costs one `stat` each.
 pub(crate) fn signing_secrets(s: &SlackSettings) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::MetadataExt;
+    static LAST: Mutex<Option<Cached>> = Mutex::new(None);
+    let version = std::fs::metadata(&s.signing_secret_file)
+        .map(|m| {
+            (
+                m.ino(),
+                m.size(),
+                m.modified().ok(),
+                m.ctime(),
+                m.ctime_nsec(),
+            )
+        })
+        .ok();
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let (Some((file, seen, secrets)), Some(now)) = (last.as_ref(), version)
+        && *file == s.signing_secret_file
+        && *seen == now
+    {
+        return Ok(secrets.clone());
+    }
+    // Read with every check a secret file gets (owner-only, a regular file).
+    let secrets = read_signing_secrets(s)?;
+    if let Some(now) = version {
+        *last = Some((s.signing_secret_file.clone(), now, secrets.clone()));
+    }
+    Ok(secrets)
+}
+
+fn read_signing_secrets(s: &SlackSettings) -> Result<Vec<String>, String> {
     let text = crate::secret::read_file(&s.signing_secret_file, "chat.slack.signing_secret_file")
         .map_err(|e| e.to_string())?;
     let secrets: Vec<String> = text
