@@ -1213,7 +1213,7 @@ fn the_schema_is_migrated_once_checked_at_start_and_the_url_file_guarded() {
     assert!(!serve.status.success());
     assert!(String::from_utf8_lossy(&serve.stderr).contains("runwarden db migrate"));
     for expect in [
-        "applied migration(s) [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]",
+        "applied migration(s) [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]",
         "the schema is current; nothing to do",
     ] {
         let out = r.e.run(&["db", "migrate"]);
