@@ -560,14 +560,6 @@ fn a_request_stays_when_the_runbook_ignores_resolution_or_another_alert_resolved
     assert!(state_file(&e).exists(), "the approved rotation ran");
 }
 
-fn sha(token: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Principals instead of the approvers file: alice starts the run and may
 /// approve disk-*, carol may approve disk-*, bob may approve other-* only;
 /// the runbook takes four eyes.
@@ -579,7 +571,7 @@ fn principals_estate() -> Estate {
     let grant = |name: &str, approve: &str, extra: &str| {
         format!(
             "  {name}:\n    tokens: [{{ id: {name}-1, sha256: {} }}]\n    scopes:\n      approve: {{ runbooks: [\"{approve}\"] }}\n{extra}",
-            sha(&format!("{name}-token-0123456789abcdef"))
+            sha256_hex(&format!("{name}-token-0123456789abcdef"))
         )
     };
     write_secret(

@@ -151,20 +151,18 @@ pub fn slack_settings(e: &Estate, slack: &SlackDouble) -> String {
     )
 }
 
-/// Headers of a request Slack signed with `secret` at `at` (Unix seconds).
-pub fn signed(secret: &str, at: i64, body: &[u8]) -> [(String, String); 3] {
+/// Headers (`NAME: VALUE`) of a request Slack signed with `secret` at `at`
+/// (Unix seconds).
+pub fn signed(secret: &str, at: i64, body: &[u8]) -> Vec<String> {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
     let mut message = format!("v0:{at}:").into_bytes();
     message.extend_from_slice(body);
     let tag = ring::hmac::sign(&key, &message);
     let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    [
-        ("X-Slack-Request-Timestamp".into(), at.to_string()),
-        ("X-Slack-Signature".into(), format!("v0={hex}")),
-        (
-            "Content-Type".into(),
-            "application/x-www-form-urlencoded".into(),
-        ),
+    vec![
+        format!("X-Slack-Request-Timestamp: {at}"),
+        format!("X-Slack-Signature: v0={hex}"),
+        "Content-Type: application/x-www-form-urlencoded".into(),
     ]
 }
 
@@ -219,10 +217,8 @@ fn command(user: &str, text: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-/// POST `body` to `addr`'s Slack endpoint, signed with `secret` at `at`.
-pub fn send_at(addr: &str, secret: &str, at: i64, body: &[u8]) -> (u16, String) {
-    let headers = signed(secret, at, body);
-    let headers: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+/// POST `body` to `addr`'s Slack endpoint with `headers`.
+fn post_slack(addr: &str, headers: &[String], body: &[u8]) -> (u16, String) {
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     http_with(
         addr,
@@ -234,16 +230,13 @@ pub fn send_at(addr: &str, secret: &str, at: i64, body: &[u8]) -> (u16, String) 
     .expect("the daemon answers")
 }
 
-fn send(d: &Daemon, body: &[u8]) -> (u16, String) {
-    send_at(&d.addr, SECRET, now(), body)
+/// POST `body` to `addr`'s Slack endpoint, signed with `secret` at `at`.
+pub fn send_at(addr: &str, secret: &str, at: i64, body: &[u8]) -> (u16, String) {
+    post_slack(addr, &signed(secret, at, body), body)
 }
 
-fn sha(token: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+fn send(d: &Daemon, body: &[u8]) -> (u16, String) {
+    send_at(&d.addr, SECRET, now(), body)
 }
 
 /// An L2 runbook with four eyes; alice (Slack UALICE) starts runs and may
@@ -265,7 +258,7 @@ fn estate(slack: &SlackDouble) -> Estate {
     let person = |name: &str, user: &str, scopes: &str| {
         format!(
             "  {name}:\n    tokens: [{{ id: {name}-1, sha256: {} }}]\n    chat: [\"slack:{TEAM}/{user}\"]\n    scopes:\n{scopes}",
-            sha(&format!("{name}-token-0123456789abcdef"))
+            sha256_hex(&format!("{name}-token-0123456789abcdef"))
         )
     };
     write_secret(
@@ -393,29 +386,13 @@ fn only_a_request_slack_signed_in_the_last_five_minutes_is_read() {
     let (status, body) = send_at(&d.addr, SECRET, now() - 400, &approve);
     assert_eq!(status, 401, "a replay: {body}");
     assert!(body.contains("from this machine's clock"), "{body}");
-    let (status, body) = http_with(
-        &d.addr,
-        "POST",
-        "/api/v1/chat/slack",
-        &String::from_utf8_lossy(&approve),
-        &["Content-Type: application/x-www-form-urlencoded"],
-    )
-    .unwrap();
+    let form = ["Content-Type: application/x-www-form-urlencoded".to_string()];
+    let (status, body) = post_slack(&d.addr, &form, &approve);
     assert_eq!(status, 401, "unsigned: {body}");
     // A signature over other bytes than were sent.
     let mut tampered = approve.clone();
     tampered.extend_from_slice(b"&x=1");
-    let headers = signed(SECRET, now(), &approve);
-    let headers: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    let (status, _) = http_with(
-        &d.addr,
-        "POST",
-        "/api/v1/chat/slack",
-        &String::from_utf8_lossy(&tampered),
-        &headers,
-    )
-    .unwrap();
+    let (status, _) = post_slack(&d.addr, &signed(SECRET, now(), &approve), &tampered);
     assert_eq!(status, 401);
     let (status, body) = send_at(&d.addr, OLD_SECRET, now(), &approve);
     assert_eq!(status, 401, "the old secret before a rotation: {body}");
@@ -503,18 +480,9 @@ fn a_click_decides_once_as_the_mapped_principal_and_the_message_is_rewritten() {
 
     let approve = click(&slack, "UCAROL", "runwarden_approve", &value(&r));
     let headers = signed(SECRET, now(), &approve);
-    let headers: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     // Slack's retry sends the same bytes with the same signature.
     for n in [4, 5] {
-        let (status, body) = http_with(
-            &d.addr,
-            "POST",
-            "/api/v1/chat/slack",
-            &String::from_utf8_lossy(&approve),
-            &headers,
-        )
-        .unwrap();
+        let (status, body) = post_slack(&d.addr, &headers, &approve);
         assert_eq!(status, 200, "{body}");
         slack.wait_reply(n);
     }

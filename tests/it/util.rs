@@ -172,6 +172,15 @@ pub fn sh(program: &str, args: &[&str]) -> String {
 }
 
 /// A secret file (token, approvers, model key): only its owner may read it.
+/// A token's SHA-256 in hex, as a principals file holds it.
+pub fn sha256_hex(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 pub fn write_secret(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap();

@@ -6,14 +6,6 @@
 use super::*;
 use crate::chat::{SECRET, SlackDouble, click, now, send_at, slack_settings};
 
-fn sha(token: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[test]
 fn one_click_delivered_to_three_replicas_is_one_decision() {
     let pg = Pg::start();
@@ -31,7 +23,7 @@ fn one_click_delivered_to_three_replicas_is_one_decision() {
             &e.path().join("principals.yaml"),
             &format!(
                 "principals:\n  carol:\n    tokens: [{{ id: carol-1, sha256: {} }}]\n    chat: [\"slack:T0RUNWARD/UCAROL\"]\n    scopes:\n      approve: {{}}\n",
-                sha("carol-token-0123456789abcdef")
+                sha256_hex("carol-token-0123456789abcdef")
             ),
         );
         let settings = e.path().join("runwarden.yaml");

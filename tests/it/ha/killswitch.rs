@@ -8,22 +8,14 @@ use super::*;
 const ONCALL: &str = "oncall-token-0123456789abcdef";
 const LEAD: &str = "lead-token-0123456789abcdef";
 
-fn sha(token: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// `oncall` may stop everything and read; `lead` may release.
 fn principals(e: &Estate) {
     write_secret(
         &e.path().join("principals.yaml"),
         &format!(
             "principals:\n  oncall:\n    tokens: [{{ id: oncall-phone, sha256: {} }}]\n    scopes:\n      kill:engage: {{}}\n      run:read: {{}}\n  lead:\n    tokens: [{{ id: lead-1, sha256: {} }}]\n    scopes:\n      kill:release: {{}}\n",
-            sha(ONCALL),
-            sha(LEAD)
+            sha256_hex(ONCALL),
+            sha256_hex(LEAD)
         ),
     );
 }
