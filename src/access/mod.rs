@@ -376,6 +376,12 @@ impl Caller {
     pub(crate) fn stranger_in_chat(&self) -> bool {
         self.principal.name.contains(':')
     }
+
+    /// Whether it is known by a chat identity rather than a token
+    /// ([`Principals::chat`], [`Caller::stranger`]).
+    pub(crate) fn in_chat(&self) -> bool {
+        self.token_id.contains(':')
+    }
 }
 
 impl Principals {

@@ -232,7 +232,7 @@ pub(super) async fn status(
 /// Who engaged a switch, as its file and row say: the principal, and
 /// which of its tokens (or its chat identity).
 fn engaged_by(caller: &Caller) -> String {
-    match caller.token_id.starts_with("slack:") {
+    match caller.in_chat() {
         true => format!("{} ({})", caller.name(), caller.token_id),
         false => format!("{} (token {})", caller.name(), caller.token_id),
     }
